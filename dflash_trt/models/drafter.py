@@ -1,0 +1,149 @@
+"""The DFlash drafter (DFlash paper, arXiv 2602.06036, sec. 3; z-lab/dflash `DFlashDraftModel`).
+
+A stack of Qwen3-style pre-norm decoder layers that denoises a whole block in one pass:
+- Target features of the context tokens (the outputs of `target_layer_ids`, concatenated) are fused
+  once: H = hidden_norm(fc(features)).
+- KV injection: every layer i projects H with its OWN k_proj/v_proj into extra K/V rows
+  (K = RoPE(k_norm(k_proj_i(H))) at the context tokens' positions, V = v_proj_i(H)). These are
+  cached per committed token; H never goes through input_layernorm, o_proj or the MLP.
+- The block [last verified token, MASK x (B-1)] is embedded with the TARGET's embedding; its
+  queries attend to all cached context K/V and to the whole block bidirectionally ("full_attention"
+  layers) or causally in a window ("sliding_attention" layers). Outputs go through the final `norm`
+  and then the TARGET's lm_head (done by the proposer).
+Parameter names are those of the z-lab / ModelOpt checkpoint (no `model.` prefix).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_trt.config import DrafterConfig
+from dflash_trt.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.runtime.kv_cache import KVCache
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+
+    def project_kv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [n, t, hidden] -> (K, V) [n, kv_heads, t, head_dim]; K is k_norm'd and RoPE'd."""
+        n, t, _ = h.shape
+        k = self.k_norm(self.k_proj(h).view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(h).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """x [n, t, hidden] (already input_layernorm'd), ctx_k/ctx_v [n, kv_heads, c, d],
+        mask bool [n, 1, t, c + t] or None. Returns [n, t, hidden]."""
+        n, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k_blk, v_blk = self.project_kv(x, cos, sin)
+        k = torch.cat([ctx_k, k_blk], dim=2)
+        v = torch.cat([ctx_v, v_blk], dim=2)
+        return self.o_proj(attention(q, k, v, mask, self.scale))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg, layer_idx)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter network. Keys: fc, hidden_norm, layers.N.*, norm (z-lab format)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty context cache (projected K/V of committed tokens) for `batch` rows."""
+        cfg = self.config
+        p = self.fc.weight
+        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim, p.dtype, p.device)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [n, c, len(ids) * target_hidden] -> H [n, c, hidden] = hidden_norm(fc(.))."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """KV injection without a cache: per layer (K, V) [n, kv_heads, c, head_dim] of context
+        tokens with `features` [n, c, fc_in] at `positions` [n, c]. Reference for the fused op."""
+        h = self.fuse(features)
+        cos, sin = self.rotary(positions)
+        return [layer.self_attn.project_kv(h, cos, sin) for layer in self.layers]
+
+    def inject_context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       rows: torch.Tensor | None = None) -> None:
+        """Write the context K/V of new committed tokens into every layer of `cache`.
+
+        features [n, c, fc_in], positions [n, c] int64 (padding entries may point at any slot
+        >= the row's committed length: they are masked until overwritten).
+        """
+        for i, (k, v) in enumerate(self.context_kv(features, positions)):
+            cache.write(i, rows, positions, k, v)
+
+    def block_mask(self, layer_type: str, ctx_lens: torch.Tensor, max_ctx: int, block_positions: torch.Tensor) -> torch.Tensor | None:
+        """Bool mask [n, 1, B, max_ctx + B]: context slot j is visible iff j < ctx_lens[r]; block
+        keys are all visible (full_attention) or causal within `sliding_window` (sliding_attention)."""
+        dev = block_positions.device
+        n, b = block_positions.shape
+        ctx_pos = torch.arange(max_ctx, device=dev).expand(n, max_ctx)
+        key_pos = torch.cat([ctx_pos, block_positions], dim=1)  # [n, c + B]
+        valid = torch.cat([ctx_pos < ctx_lens[:, None], torch.ones(n, b, dtype=torch.bool, device=dev)], dim=1)
+        mask = valid[:, None, :].expand(n, b, max_ctx + b)
+        if layer_type == "sliding_attention":
+            q = block_positions[:, :, None]
+            k = key_pos[:, None, :]
+            mask = mask & (k <= q)
+            if self.config.sliding_window is not None:
+                mask = mask & (q - k < self.config.sliding_window)
+        return mask[:, None]
+
+    def forward(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
+                ctx_lens: torch.Tensor, max_ctx: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Denoise one block per row.
+
+        Args:
+            block_embeds: [n, B, hidden] target embeddings of [last token, MASK x (B-1)].
+            block_positions: [n, B] int64 absolute positions (start .. start + B - 1).
+            cache: context cache holding K/V of slots [0, ctx_lens[r]) of each row.
+            ctx_lens: [n] int64 committed context lengths; max_ctx: host int >= ctx_lens.max().
+        Returns:
+            [n, B, hidden] final-normed hidden states (feed positions 1..B-1 to the target lm_head).
+        """
+        cos, sin = self.rotary(block_positions)
+        masks: dict[str, torch.Tensor] = {}
+        x = block_embeds.to(self.fc.weight.dtype)
+        for i, layer in enumerate(self.layers):
+            kind = self.config.layer_types[i]
+            if kind not in masks:
+                masks[kind] = self.block_mask(kind, ctx_lens, max_ctx, block_positions)
+            ctx_k, ctx_v = cache.read(i, rows, max_ctx)
+            x = layer(x, cos, sin, ctx_k, ctx_v, masks[kind])
+        return self.norm(x)

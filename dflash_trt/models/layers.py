@@ -1,0 +1,147 @@
+"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU MLP, attention.
+
+Parameter names follow Hugging Face (`weight`, `gate_proj`, ...) so checkpoints load by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Llama/Qwen3): x * rsqrt(mean(x^2) + eps) * weight, computed in float32.
+
+    Input [..., dim] any float dtype; output the input dtype.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+class SwiGLU(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)); [..., hidden] -> [..., hidden]."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (float32) and the cos/sin attention factor for RoPE.
+
+    Supports plain RoPE (`scaling` None), "linear" (position interpolation), "llama3" (Llama 3.1
+    frequency-band scaling) and "yarn" (arXiv 2309.00071), with the parameters of HF config.json.
+    """
+    dim = head_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if scaling is None:
+        return inv_freq, 1.0
+    kind = scaling["rope_type"]
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"]), 1.0
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        original = scaling.get("original_max_position_embeddings") or max_position_embeddings
+        factor = scaling.get("factor") or max_position_embeddings / original
+        factor = float(factor)
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+        beta_fast = scaling.get("beta_fast") or 32
+        beta_slow = scaling.get("beta_slow") or 1
+
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        interpolated = inv_freq / factor
+        return interpolated * (1 - extrapolation) + inv_freq * extrapolation, float(attn)
+    raise ValueError(f"unsupported rope type {kind!r}")
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX-style (rotate-half) RoPE with a precomputed cos/sin table.
+
+    `forward(positions)` with positions int64 [...] returns (cos, sin), each [..., head_dim] float32.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_position_embeddings: int):
+        super().__init__()
+        inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling, max_position_embeddings)
+        self.inv_freq = inv_freq  # plain attribute: stays float32 when the module is cast
+        self._table_len = 0
+        self._cos = self._sin = None
+
+    def _grow(self, length: int, device: torch.device) -> None:
+        length = max(length, 2 * self._table_len, 256)
+        t = torch.arange(length, dtype=torch.float32, device=device)
+        freqs = torch.outer(t, self.inv_freq.to(device))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self._cos = emb.cos() * self.attention_factor
+        self._sin = emb.sin() * self.attention_factor
+        self._table_len = length
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if need > self._table_len or self._cos.device != positions.device:
+            self._grow(need, positions.device)
+        return self._cos[positions], self._sin[positions]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [b, heads, t, head_dim] by cos/sin [b, t, head_dim]; computed in x.dtype."""
+    cos = cos.unsqueeze(1).to(x.dtype)
+    sin = sin.unsqueeze(1).to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Grouped-query attention. q [b, hq, tq, d], k/v [b, hkv, tk, d], mask bool [b, 1, tq, tk]
+    (True = attend) or None (attend everywhere). Returns [b, tq, hq * d]."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    b, h, t, d = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * d)

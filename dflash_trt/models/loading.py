@@ -1,0 +1,99 @@
+"""Strict loading and saving of Hugging Face safetensors checkpoints.
+
+Reads `model.safetensors` or a sharded `model.safetensors.index.json` folder (HF format). Loading is
+strict: every key the module needs must be present with the exact shape, and every key in the file
+must be used (a converter that silently left keys random produced zero acceptance in a public
+project). Errors name the key and the expected shape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from dflash_trt.errors import CheckpointError
+
+
+def safetensors_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (single file, sharded index, or any *.safetensors).
+
+    Raises:
+        CheckpointError: the folder has no safetensors weights.
+    """
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{folder}: index names shard(s) that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"{folder}: no *.safetensors weights found; save the model with "
+            "`save_pretrained(..., safe_serialization=True)`"
+        )
+    return files
+
+
+def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only)."""
+    out: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                t = f.get_tensor(key)
+                if dtype is not None and t.is_floating_point():
+                    t = t.to(dtype)
+                out[key] = t
+    return out
+
+
+def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, folder: str | Path,
+                ignore: Iterable[str] = ()) -> None:
+    """Assign `tensors` to `module`'s parameters by name, strictly.
+
+    Args:
+        module: built with the checkpoint's config (may live on the meta device).
+        tensors: {HF key: tensor}. Keys in `ignore` are allowed and skipped (e.g. a tied lm_head).
+        what / folder: used in error messages ("target", "drafter").
+    Raises:
+        CheckpointError: a key is missing, unexpected, or has the wrong shape; the message names the
+            key, the expected shape and the checkpoint folder.
+    """
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    ignore = set(ignore)
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        shown = ", ".join(f"{k} {list(expected[k])}" for k in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise CheckpointError(f"{what} checkpoint {folder}: missing key(s) {shown}{more}; the checkpoint does not match its config.json")
+    unexpected = [k for k in tensors if k not in expected and k not in ignore]
+    if unexpected:
+        raise CheckpointError(
+            f"{what} checkpoint {folder}: unexpected key(s) {', '.join(unexpected[:5])}; "
+            "the checkpoint has weights this architecture does not use (wrong model type or config?)"
+        )
+    for k, shape in expected.items():
+        if tuple(tensors[k].shape) != shape:
+            raise CheckpointError(
+                f"{what} checkpoint {folder}: key {k} has shape {list(tensors[k].shape)}, expected {list(shape)}"
+            )
+    module.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
+
+
+def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Write `config.json` and `model.safetensors` into `folder` (created if needed)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})

@@ -1,0 +1,152 @@
+"""The target model: a compact Llama / Qwen3 decoder with a position-addressed KV cache.
+
+Module and parameter names mirror Hugging Face (`model.layers.N.self_attn.q_proj.weight`, ...) so a
+HF safetensors checkpoint loads by name (see `dflash_trt.models.loading`).
+
+Target features for the drafter: id l is the OUTPUT of decoder layer l, i.e. HF
+`output_hidden_states[l + 1]` (hidden_states[0] is the embedding output). For the LAST layer HF
+returns the output after the final RMSNorm, and z-lab's reference (`extract_context_feature`) feeds
+exactly that tensor to the drafter; so does this model: id num_layers - 1 gives the normed output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dflash_trt.config import TargetConfig
+from dflash_trt.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.runtime.kv_cache import KVCache
+
+
+class TargetAttention(nn.Module):
+    def __init__(self, cfg: TargetConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, rope, positions, mask, cache: KVCache, rows, kv_len):
+        n, t, _ = x.shape
+        q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        cache.write(self.layer_idx, rows, positions, k, v.transpose(1, 2))
+        k_all, v_all = cache.read(self.layer_idx, rows, kv_len)
+        return self.o_proj(attention(q, k_all, v_all, mask, self.scale))
+
+
+class TargetDecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = TargetAttention(cfg, layer_idx)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, positions, mask, cache, rows, kv_len):
+        x = x + self.self_attn(self.input_layernorm(x), rope, positions, mask, cache, rows, kv_len)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TargetBackbone(nn.Module):
+    """HF `model.` prefix: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(TargetDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class TargetOutput:
+    """logits: [n, k, vocab] float32 for the requested positions; features: [n, t, len(ids) * hidden]
+    (model dtype) or None when no feature layers were requested."""
+
+    logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+class TargetModel(nn.Module):
+    """A Llama / Qwen3 causal LM (`LlamaForCausalLM`, `Qwen3ForCausalLM` layouts)."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = TargetBackbone(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        """Input embedding matrix [vocab, hidden] (shared with the drafter)."""
+        return self.model.embed_tokens.weight
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """Output projection [vocab, hidden] (the embedding when tied; shared with the drafter)."""
+        return self.embed_weight if self.lm_head is None else self.lm_head.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
+        return torch.matmul(hidden, self.head_weight.t()).float()
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""
+        cfg = self.config
+        p = self.embed_weight
+        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim, p.dtype, p.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
+                rows: torch.Tensor | None = None, feature_layer_ids: tuple[int, ...] = (),
+                logits_index: torch.Tensor | None = None) -> TargetOutput:
+        """Run tokens through the target, writing their K/V into `cache`.
+
+        Args:
+            input_ids: [n, t] int64.
+            positions: [n, t] int64 absolute positions; token (r, i) attends to cache slots
+                0..positions[r, i] of its row (causal by position, so right-padding is harmless).
+            cache: the target KVCache; slots `positions` of `rows` are overwritten.
+            kv_len: host int >= positions.max() + 1: how many slots attention reads.
+            rows: [n] int64 cache rows of the n inputs, or None for all rows (n == cache.batch).
+            feature_layer_ids: target layer ids whose outputs to return as drafter features.
+            logits_index: [n, k] int64 indices into t of the positions that need logits, or None
+                for all t positions.
+        Returns:
+            TargetOutput with logits [n, k or t, vocab] float32.
+        """
+        x = self.model.embed_tokens(input_ids)
+        rope = self.rotary(positions)
+        key_pos = torch.arange(kv_len, device=positions.device)
+        mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])
+        wanted = {lid: None for lid in feature_layer_ids}
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, positions, mask, cache, rows, kv_len)
+            if i in wanted and i != last:
+                wanted[i] = x
+        x = self.model.norm(x)
+        if last in wanted:
+            wanted[last] = x
+        features = torch.cat([wanted[lid] for lid in feature_layer_ids], dim=-1) if feature_layer_ids else None
+        if logits_index is not None:
+            x = torch.gather(x, 1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
+        return TargetOutput(self.compute_logits(x), features)

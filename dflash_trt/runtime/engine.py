@@ -1,0 +1,218 @@
+"""The decode loop: prefill, then draft -> verify -> commit until every request stops.
+
+DFlash (DFlash paper sec. 3, DFLASH.md sec. 4): per step, the proposer drafts block_size - 1
+tokens for every active request in ONE drafter pass, the target verifies each block in ONE
+forward pass, the verifier keeps the longest accepted prefix plus one target token, the target KV
+cache rolls back to the accepted length (a pointer move) and the target features of the kept
+tokens become new drafter context. Autoregressive mode ("ar") is the same loop with no drafter
+and blocks of one token: the baseline every speedup is measured against.
+
+Requests of different lengths decode together with ragged acceptance; each request has its own
+RNG, so its output does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.models.target import TargetModel
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits, sample
+from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
+from dflash_trt.runtime.verifier import greedy_accept, speculative_sample
+
+MODES = ("dflash", "ar")
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    context_len: int
+    generator: torch.Generator | None
+    out: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    start: int = 0  # absolute position of `out[-1]` = committed target KV length
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    def emit(self, tokens: list[int]) -> int:
+        """Append tokens in order, applying every stop check to each; return how many were taken."""
+        for n, tok in enumerate(tokens, 1):
+            self.out.append(tok)
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+            elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
+                self.finish_reason = "length"
+            if self.finish_reason:
+                return n
+        return len(tokens)
+
+
+class Engine:
+    """Batched speculative (DFlash) and autoregressive generation over one target.
+
+    Args:
+        target: the target model (eval mode).
+        proposer: a DFlashProposer, or None (then only mode "ar" works).
+        eos_token_ids: default stop tokens for requests whose params give none.
+    """
+
+    def __init__(self, target: TargetModel, proposer: DFlashProposer | None = None,
+                 eos_token_ids: tuple[int, ...] = ()):
+        self.target = target
+        self.proposer = proposer
+        self.eos_token_ids = tuple(eos_token_ids) or target.config.eos_token_id
+
+    @property
+    def context_len(self) -> int:
+        return self.target.config.max_position_embeddings
+
+    def _make_request(self, prompt: list[int], params: SamplingParams) -> _Request:
+        vocab = self.target.config.vocab_size
+        if not prompt:
+            raise InvalidRequestError("empty prompt: give at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt) + 1 > self.context_len:
+            raise PromptTooLongError(
+                f"prompt of {len(prompt)} tokens leaves no room in the target's context of {self.context_len} "
+                f"tokens; shorten it to at most {self.context_len - 1} tokens"
+            )
+        stop = params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
+        gen = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            gen = torch.Generator().manual_seed(seed)
+        return _Request(list(prompt), params, frozenset() if params.ignore_eos else frozenset(stop),
+                        self.context_len, gen)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 mode: str = "dflash") -> list[GenerationResult]:
+        """Generate completions for a batch of tokenized prompts.
+
+        Args:
+            prompts: n lists of token ids (any lengths).
+            params: one SamplingParams for all, or one per prompt.
+            mode: "dflash" (speculative) or "ar" (autoregressive baseline).
+        Returns:
+            n GenerationResults in prompt order (completion token ids, finish_reason, metrics).
+        Raises:
+            InvalidRequestError, PromptTooLongError: bad request (nothing is generated).
+            DFlashError: mode "dflash" without a drafter; non-finite target logits.
+        """
+        if mode not in MODES:
+            raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "dflash" and self.proposer is None:
+            raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        reqs = [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
+        if not reqs:
+            return []
+        t0 = time.perf_counter()
+        block = self.proposer.block_size if mode == "dflash" else 1
+        capacity = max(len(r.prompt) + r.params.max_tokens for r in reqs) + block + 1
+        cache = self.target.new_cache(len(reqs), capacity)
+        if mode == "dflash":
+            self.proposer.reset(len(reqs), capacity)
+        self._prefill(reqs, cache, mode)
+        ttft = time.perf_counter() - t0
+        for r in reqs:
+            r.metrics.time_to_first_token_s = ttft
+            r.metrics.prompt_tokens = len(r.prompt)
+            if r.finish_reason:
+                r.metrics.total_time_s = ttft
+        while True:
+            active = [i for i, r in enumerate(reqs) if not r.finish_reason]
+            if not active:
+                break
+            self._step(reqs, active, cache, mode, block)
+            now = time.perf_counter() - t0
+            for i in active:
+                if reqs[i].finish_reason:
+                    reqs[i].metrics.total_time_s = now
+        results = []
+        for r in reqs:
+            r.metrics.completion_tokens = len(r.out)
+            results.append(GenerationResult(r.out, r.finish_reason, r.metrics))
+        return results
+
+    def _feature_ids(self, mode: str) -> tuple[int, ...]:
+        return self.proposer.feature_layer_ids if mode == "dflash" else ()
+
+    def _prefill(self, reqs: list[_Request], cache, mode: str) -> None:
+        lens = [len(r.prompt) for r in reqs]
+        longest = max(lens)
+        ids = torch.zeros(len(reqs), longest, dtype=torch.int64)
+        for i, r in enumerate(reqs):
+            ids[i, : lens[i]] = torch.tensor(r.prompt)
+        positions = torch.arange(longest).expand(len(reqs), longest)
+        last = torch.tensor(lens)[:, None] - 1
+        out = self.target(ids, positions, cache, longest, None, self._feature_ids(mode), last)
+        if not torch.isfinite(out.logits).all():
+            raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
+                              "this dtype?); try --dtype float32")
+        if mode == "dflash":
+            self.proposer.add_context(out.features, positions, None)
+        for i, r in enumerate(reqs):
+            r.start = lens[i]
+            cache.set_length(i, lens[i])
+            logits = out.logits[i, 0]
+            tok = int(logits.argmax()) if r.params.greedy else sample(probs_from_logits(logits, r.params), r.generator)
+            r.emit([tok])
+
+    def _step(self, reqs: list[_Request], active: list[int], cache, mode: str, block: int) -> None:
+        batch = [reqs[i] for i in active]
+        rows = None if len(active) == len(reqs) else torch.tensor(active)
+        last = torch.tensor([r.out[-1] for r in batch])
+        starts = torch.tensor([r.start for r in batch])
+        max_start = max(r.start for r in batch)
+        if mode == "dflash":
+            drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
+                                           [r.generator for r in batch])
+            tokens = torch.cat([last[:, None], drafts.tokens], dim=1)
+        else:
+            drafts = None
+            tokens = last[:, None]
+        positions = starts[:, None] + torch.arange(block)
+        out = self.target(tokens, positions, cache, max_start + block, rows, self._feature_ids(mode))
+        k = block - 1
+        if any(r.params.greedy for r in batch):
+            g_acc, g_next = greedy_accept(tokens[:, 1:], out.logits)
+        # a block reaching past the drafter's context is verified as a plain one-token step
+        can_draft = [k > 0 and r.start + block <= self.proposer.max_position for r in batch]
+        for j, r in enumerate(batch):
+            kj = k if can_draft[j] else 0
+            if r.params.greedy:
+                acc, nxt = min(g_acc[j], kj), g_next[j]
+                if acc < g_acc[j]:  # drafting was not allowed here: take the target's own token
+                    nxt = int(out.logits[j, 0].argmax())
+            else:
+                p = probs_from_logits(out.logits[j, : kj + 1], r.params)
+                q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
+                acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, p, r.generator)
+            taken = r.emit(tokens[j, 1 : acc + 1].tolist() + [nxt])
+            m = r.metrics
+            m.verify_steps += 1
+            m.drafted_tokens += kj
+            kept = min(acc, taken)
+            m.accepted_tokens += kept
+            if k:
+                if not m.accepted_per_position:
+                    m.accepted_per_position = [0] * k
+                for pos in range(kept):
+                    m.accepted_per_position[pos] += 1
+            r.start += acc + 1
+            cache.set_length(active[j], r.start)
+        if mode == "dflash":
+            # KV injection of the block's target features; slots past each row's accepted length
+            # hold rejected drafts' features and stay masked until overwritten.
+            self.proposer.add_context(out.features, positions, rows)

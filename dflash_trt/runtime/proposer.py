@@ -1,0 +1,90 @@
+"""The DFlash proposer: one drafter pass drafts a whole block (DFlash paper sec. 3.2).
+
+It owns the drafter's context cache and knows nothing about verification. The verifier gets a
+`DraftBatch` and knows nothing about how it was drafted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.target import TargetModel
+from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
+
+
+@dataclass
+class DraftBatch:
+    """Drafts for n rows, handed from proposer to verifier.
+
+    tokens: [n, k] int64, k = block_size - 1 drafted tokens per row.
+    probs:  list of n entries, each [k, V] float32 q (sampled drafts) or None (argmax drafts).
+    """
+
+    tokens: torch.Tensor
+    probs: list[torch.Tensor | None]
+
+
+class DFlashProposer:
+    """Drafts blocks of `block_size` tokens with a DFlash drafter over a shared target.
+
+    The block input is [last verified token, mask x (block_size - 1)] embedded with the target's
+    embedding; draft logits use the target's lm_head (both frozen, not part of the drafter).
+    """
+
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
+                 sample_drafts: bool = True):
+        self.drafter = drafter
+        self.target = target
+        self.block_size = block_size or drafter.config.block_size
+        self.mask_token_id = drafter.config.mask_token_id
+        self.sample_drafts = sample_drafts
+        self.cache = None
+
+    @property
+    def feature_layer_ids(self) -> tuple[int, ...]:
+        return self.drafter.config.target_layer_ids
+
+    @property
+    def max_position(self) -> int:
+        """Drafting is skipped for blocks that would reach past the drafter's context."""
+        return self.drafter.config.max_position_embeddings
+
+    def reset(self, batch: int, capacity: int) -> None:
+        self.cache = self.drafter.new_cache(batch, capacity)
+
+    def add_context(self, features: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """KV injection of newly committed tokens: features [n, c, fc_in] at positions [n, c]."""
+        self.drafter.inject_context(features, positions, self.cache, rows)
+
+    def propose(self, last_tokens: torch.Tensor, starts: torch.Tensor, max_start: int, rows: torch.Tensor | None,
+                params: list[SamplingParams], generators: list[torch.Generator | None]) -> DraftBatch:
+        """Draft block_size - 1 tokens per row.
+
+        Args:
+            last_tokens: [n] int64 the last verified token of each row (block position 0).
+            starts: [n] int64 its absolute position (= committed context length of the row).
+            max_start: host int == starts.max().
+            rows: [n] cache rows, or None for all rows.
+            params / generators: per row; greedy rows draft by argmax, sampling rows sample from q
+                (or argmax when `sample_drafts` is False).
+        """
+        b = self.block_size
+        n = last_tokens.shape[0]
+        offsets = torch.arange(b, device=last_tokens.device)
+        block = torch.full((n, b), self.mask_token_id, dtype=torch.int64, device=last_tokens.device)
+        block[:, 0] = last_tokens
+        positions = starts[:, None] + offsets
+        embeds = torch.nn.functional.embedding(block, self.target.embed_weight)
+        hidden = self.drafter(embeds, positions, self.cache, starts, max_start, rows)
+        logits = self.target.compute_logits(hidden[:, 1:].to(self.target.embed_weight.dtype))  # [n, b-1, V]
+        tokens = logits.argmax(-1)
+        probs: list[torch.Tensor | None] = [None] * n
+        for r, p in enumerate(params):
+            if not p.greedy and self.sample_drafts:
+                q = probs_from_logits(logits[r], p)
+                probs[r] = q
+                tokens[r] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
+        return DraftBatch(tokens, probs)

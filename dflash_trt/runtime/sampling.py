@@ -1,0 +1,72 @@
+"""Sampling parameters and the logits -> probabilities transform (pure functions).
+
+Temperature, top-k and top-p shape the TARGET distribution p; the verifier keeps exactly that
+distribution (lossless speculative sampling). temperature == 0 means greedy: an exact argmax
+branch, never a tiny temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters (OpenAI / TensorRT-LLM names).
+
+    max_tokens: completion tokens at most (>= 1). stop_token_ids: tokens that end the output
+    (included once); None means the target's EOS ids. seed: per-request RNG seed (sampling);
+    None draws one from torch's global RNG. ignore_eos: do not stop at EOS (benchmarks).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and self.temperature == self.temperature):
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p.
+
+    top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted distribution
+    whose mass reaches top_p (the token that crosses it included). Requires temperature > 0.
+    """
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < params.top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from probs [V] with `generator`."""
+    return int(torch.multinomial(probs, 1, generator=generator))

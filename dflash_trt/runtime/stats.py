@@ -1,0 +1,56 @@
+"""Per-request decoding statistics, returned by the decode loop (never printed by it).
+
+Definitions (TensorRT-LLM / DFlash paper names):
+- drafted_tokens: draft tokens proposed to the verifier (block_size - 1 per verify step).
+- accepted_tokens: draft tokens the target kept AND that were emitted (nothing past a stop).
+- verify_steps: target forward passes after prefill that decoded this request.
+- acceptance_length (tau): tokens emitted per verify step = (accepted + bonus/recovered) / steps.
+- acceptance_rate: accepted_tokens / drafted_tokens, within [0, 1] (0 when nothing was drafted).
+- accepted_per_position[j]: verify steps in which draft position j + 1 was accepted and emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    time_to_first_token_s: float = 0.0
+    total_time_s: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau: tokens per verify step (1.0 for autoregressive decoding)."""
+        decoded = self.completion_tokens - 1  # the first token comes from prefill
+        return decoded / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(acceptance_length=self.acceptance_length, acceptance_rate=self.acceptance_rate,
+                 tokens_per_s=self.tokens_per_s)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """One request's output: token_ids (completion only), finish_reason ("stop" | "length"), metrics."""
+
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    text: str | None = None
