@@ -65,11 +65,12 @@ class Pipeline:
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash") -> list[GenerationResult]:
-        results = self.engine.generate(prompts, params, mode)
+                 mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:
+        """Engine.generate plus detokenized `text` on each result."""
+        results = self.engine.generate(prompts, params, mode, on_tokens)
         for r in results:
             r.text = self.decode(r.token_ids)
         return results

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -39,9 +40,12 @@ class _Request:
     finish_reason: str | None = None
     start: int = 0  # absolute position of `out[-1]` = committed target KV length
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    index: int = 0
+    on_tokens: Callable[[int, list[int]], None] | None = None
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
+        taken = len(tokens)
         for n, tok in enumerate(tokens, 1):
             self.out.append(tok)
             if tok in self.stop_ids:
@@ -49,8 +53,11 @@ class _Request:
             elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
                 self.finish_reason = "length"
             if self.finish_reason:
-                return n
-        return len(tokens)
+                taken = n
+                break
+        if self.on_tokens is not None:
+            self.on_tokens(self.index, tokens[:taken])
+        return taken
 
 
 class Engine:
@@ -93,13 +100,15 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash") -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens: Callable[[int, list[int]], None] | None = None) -> list[GenerationResult]:
         """Generate completions for a batch of tokenized prompts.
 
         Args:
             prompts: n lists of token ids (any lengths).
             params: one SamplingParams for all, or one per prompt.
             mode: "dflash" (speculative) or "ar" (autoregressive baseline).
+            on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
+                (for streaming); stop checks have already been applied to them.
         Returns:
             n GenerationResults in prompt order (completion token ids, finish_reason, metrics).
         Raises:
@@ -115,6 +124,8 @@ class Engine:
         if len(plist) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         reqs = [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
+        for i, r in enumerate(reqs):
+            r.index, r.on_tokens = i, on_tokens
         if not reqs:
             return []
         t0 = time.perf_counter()

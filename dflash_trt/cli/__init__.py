@@ -1,0 +1,50 @@
+"""The `dflash-trt` command. Each subcommand lives in its own module and is imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> "module:function" (the click command object)
+SUBCOMMANDS = {
+    "generate": "dflash_trt.cli.generate:generate",
+    "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in SUBCOMMANDS:
+            return None
+        module, attr = SUBCOMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="dflash-trt")
+def cli():
+    """DFlash block-diffusion speculative decoding: generate, build, serve, train."""
+
+
+def main() -> None:
+    """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), no traceback."""
+    from dflash_trt.errors import DFlashError
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except DFlashError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except FileNotFoundError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,106 @@
+"""`dflash-trt generate`: run DFlash (or autoregressive) generation on prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from dflash_trt.errors import InvalidRequestError
+
+
+def read_prompts_file(path: str) -> list[dict]:
+    """JSONL with one object per line: {"prompt": text} (plain) or {"messages": [...]} (chat).
+
+    Raises:
+        InvalidRequestError: unreadable, empty, malformed JSON, or a line with neither field
+            (the message gives the line number).
+    """
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read prompts file {path}: {exc.strerror}") from exc
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
+            raise InvalidRequestError(f'{path}:{n}: expected an object with "prompt" or "messages"')
+        items.append(obj)
+    if not items:
+        raise InvalidRequestError(f"{path}: no prompts in the file")
+    return items
+
+
+def encode_item(pipe, item: dict) -> list[int]:
+    if "messages" in item:
+        if not getattr(pipe.tokenizer, "chat_template", None):
+            raise InvalidRequestError("the target's tokenizer has no chat template for 'messages'")
+        out = pipe.tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return pipe.encode(item["prompt"])
+
+
+@click.command()
+@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
+@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
+@click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
+@click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
+@click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
+@click.option("--max-tokens", default=256, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
+@click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--mode", type=click.Choice(["dflash", "ar"]), default="dflash", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
+def generate(target, drafter, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
+             mode, dtype, batch_size, as_json):
+    """Generate text with DFlash speculative decoding and report acceptance statistics."""
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    given = [x is not None for x in (prompt, chat, prompts_file)]
+    if sum(given) != 1:
+        raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    items = read_prompts_file(prompts_file) if prompts_file else ([{"prompt": prompt}] if prompt is not None else
+                                                                   [{"messages": [{"role": "user", "content": chat}]}])
+    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+    prompts = [encode_item(pipe, it) for it in items]
+    stream = not as_json and len(prompts) == 1
+    shown = {"text": ""}
+    sofar: list[int] = []
+
+    def on_tokens(_i, toks):
+        sofar.extend(toks)
+        text = pipe.decode(sofar)
+        sys.stdout.write(text[len(shown["text"]):])
+        sys.stdout.flush()
+        shown["text"] = text
+
+    for lo in range(0, len(prompts), batch_size):
+        chunk = prompts[lo : lo + batch_size]
+        results = pipe.generate(chunk, params, mode, on_tokens if stream else None)
+        for res in results:
+            m = res.metrics
+            if as_json:
+                click.echo(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                                       "metrics": m.to_dict()}))
+                continue
+            if not stream:
+                click.echo(res.text)
+            else:
+                click.echo()
+            click.echo(
+                f"[{mode}] {m.completion_tokens} tokens, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
+                f"acceptance rate={m.acceptance_rate:.2f}, TTFT={m.time_to_first_token_s * 1000:.0f} ms, "
+                f"{m.tokens_per_s:.1f} tok/s", err=True)

