@@ -11,6 +11,7 @@ import click
 SUBCOMMANDS = {
     "generate": "dflash_trt.cli.generate:generate",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
+    "train-drafter": "dflash_trt.cli.train_drafter:train_drafter",
 }
 
 
