@@ -60,12 +60,14 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 @click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
 @click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--export-partial", is_flag=True,
+              help="Export even if the run stopped early (time limit); training.json then says finished: false.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1))
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
-                  anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype, seed,
-                  threads):
+                  anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
+                  export_partial, seed, threads):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     import torch
 
@@ -123,7 +125,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     if not state.finished:
         click.echo(f"paused at step {state.step}/{state.total_steps} (checkpoint in {work / 'run'}); "
                    "rerun the same command with --resume to continue")
-        return
+        if not export_partial:
+            return
     last = state.history[-1] if state.history else {}
     info = {
         "target": str(path), "command": "dflash-trt " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -135,7 +138,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                         "response_token_coverage": round(coverage(samples, draft_ids, tcfg.vocab_size), 5)
                         if draft_ids is not None else 1.0},
         "init": {"mode": init_mode, "source_layers": src_layers},
-        "train_config": tc.__dict__, "steps": state.step, "blocks": state.blocks,
+        "train_config": tc.__dict__, "steps": state.step, "total_steps": state.total_steps,
+        "finished": state.finished, "blocks": state.blocks,
         "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),
         "final_train_acceptance_estimate": 1 + last.get("accepted", 0.0),
         "history": state.history,

@@ -14,6 +14,7 @@ the figure a trained drafter must beat. Writes acceptance.json, acceptance.md an
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import tempfile
 import time
@@ -47,8 +48,12 @@ def per_position_rate(results) -> list[float]:
 
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
-             batch_size: int = 40) -> dict:
+             batch_size: int = 40, drafter_keys: dict[str, str] | None = None) -> dict:
     """tau and parity of each drafter (name -> DFlashDrafter) on each prompt set (name -> texts).
+
+    `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
+    `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
+    with more drafters only decodes what is new.
 
     Returns {"sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
     "parity_count", "per_position", "seconds"}}}}}.
@@ -60,7 +65,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
     for set_name, texts in sets.items():
         ids = [encode_prompt(tokenizer, t) for t in texts]
-        key = f"{set_name}:{len(ids)}:{max_tokens}:{hash(json.dumps(ids)) & 0xFFFFFFFF}"
+        key = f"{set_name}:{len(ids)}:{max_tokens}:{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]}"
         if key not in cache:
             engine = Engine(target, None, stops)
             t0 = time.perf_counter()
@@ -74,6 +79,10 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
         entry = {"prompts": len(ids), "ar_tokens": sum(len(o) for o in ar), "ar_seconds": cache[key]["seconds"],
                  "drafters": {}}
         for name, drafter in drafters.items():
+            dkey = f"{key}:{(drafter_keys or {}).get(name)}:{block_size}"
+            if (drafter_keys or {}).get(name) and dkey in cache:
+                entry["drafters"][name] = cache[dkey]
+                continue
             engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
             t0 = time.perf_counter()
             results = []
@@ -84,6 +93,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
                 "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
                 "per_position": [round(x, 4) for x in per_position_rate(results)],
                 "seconds": round(time.perf_counter() - t0, 1)}
+            if (drafter_keys or {}).get(name) and ar_cache is not None:
+                cache[dkey] = entry["drafters"][name]
+                ar_cache.write_text(json.dumps(cache))
         report["sets"][set_name] = entry
     return report
 
@@ -126,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--out", default=None, help="report folder (default: print only)")
+    ap.add_argument("--cache", default=None, help="JSON cache of AR outputs and drafter results (default: OUT/eval_cache.json)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -136,6 +149,10 @@ def main(argv: list[str] | None = None) -> dict:
     path, target, tokenizer, stops = load_target_and_tokenizer(args.target)
     paths = args.drafter or [str(default_drafter_path())]
     drafters = {Path(p).name: load_drafter(p) for p in paths}
+    keys = {}
+    for name, p in zip(drafters, paths):
+        weights = Path(p) / "model.safetensors"
+        keys[name] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
     if args.untrained:
         first = next(iter(drafters.values())).config
         cfg = new_drafter_config(target.config, first.num_hidden_layers, first.block_size, first.mask_token_id,
@@ -147,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size,
-                      out / "ar_outputs.json" if out else None)
+                      Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys)
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
     print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"]} for n, d in e["drafters"].items()}
