@@ -7,8 +7,8 @@ format (DFLASH.md sec. 3), loadable strictly by `dflash_trt.models.checkpoints.l
 Vocabulary: a drafter trained over a reduced draft vocabulary is exported WITH `d2t` (int64 offsets,
 EAGLE-3 / vLLM `speculators` convention) and `draft_vocab_size` in config.json; our runtime loads
 it and drafts over those lm_head rows only. TensorRT-LLM's and SGLang's DFlash loaders and vLLM's
-z-lab `dflash` loader expect the full vocabulary (no `d2t`): `full_vocab_copy` writes that variant
-(same weights, the full target lm_head at inference).
+z-lab `dflash` loader expect the full vocabulary (the z-lab format has no `d2t`): `full_vocab_copy`
+writes that variant (same weights, the full target lm_head at inference).
 
     python -m dflash_trt.training.export SRC DST     # full-vocabulary copy of a drafter folder
 """
@@ -64,13 +64,48 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafte
     plt.close(fig)
 
 
+def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
+    """README.md of an exported drafter: what it is and which loaders accept it."""
+    reduced = cfg.draft_vocab_size is not None
+    data = info.get("data", {})
+    lines = [
+        "# DFlash drafter",
+        "",
+        f"{cfg.num_hidden_layers} layer(s), block size {cfg.block_size}, hidden {cfg.hidden_size}, target layers "
+        f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained by `dflash-trt train-drafter` "
+        f"({info.get('steps')} steps on {data.get('samples')} target-written samples; see training.json, loss.png"
+        " and acceptance.* when present).",
+        "",
+        "## Vocabulary and loaders",
+        "",
+    ]
+    if reduced:
+        lines += [
+            f"This export predicts over a REDUCED draft vocabulary of {cfg.draft_vocab_size} target tokens: "
+            "config.json has `draft_vocab_size` and model.safetensors has `d2t` (int64 offsets, target id = "
+            "draft id + d2t[draft id], the EAGLE-3 / vLLM `speculators` convention).",
+            "",
+            "- dflash-trt (this package): loads it and drafts over those lm_head rows only.",
+            "- TensorRT-LLM (`DFlashDecodingConfig`), SGLang (`--speculative-algorithm DFLASH`) and vLLM's `dflash` "
+            "method expect z-lab-format drafters over the FULL target vocabulary; the z-lab format has no `d2t`, so "
+            "do not give them this folder (not tested here: TensorRT-LLM cannot be installed on the machine that "
+            "made it). For them, write the full-vocabulary variant (same weights, no `d2t`):",
+            "  `python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER`.",
+        ]
+    else:
+        lines += ["Full target vocabulary, z-lab / ModelOpt format (`DFlashDraftModel`): loadable by dflash-trt, "
+                  "TensorRT-LLM's DFlash loader, SGLang and vLLM's `dflash` method."]
+    return "\n".join(lines) + "\n"
+
+
 def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict, history: list[dict],
                    dtype: torch.dtype = torch.float32, extra_files: dict[str, str | bytes] | None = None) -> Path:
     """Write `drafter` to `out` atomically (temp folder + rename; an existing `out` is replaced).
 
     Contents: config.json (trained; `draft_vocab_size` when reduced), model.safetensors (floating
     weights in `dtype`; `d2t` int64 when reduced), training.json (`training_info` + versions),
-    loss.png (when `history` is not empty), plus `extra_files` {name: text or bytes}.
+    loss.png (when `history` is not empty), README.md (which loaders accept it), plus `extra_files`
+    {name: text or bytes}.
     Returns the final path.
     """
     out = Path(out)
@@ -86,6 +121,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
         (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
         if history:
             plot_loss(history, tmp / "loss.png")
+        (tmp / "README.md").write_text(bundle_readme(cfg, info))
         for name, content in (extra_files or {}).items():
             target = tmp / name
             target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
@@ -113,8 +149,10 @@ def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
     try:
         save_checkpoint(tmp, hf, tensors)
         for f in src.iterdir():
-            if f.name not in ("config.json", "model.safetensors") and f.is_file():
+            if f.name not in ("config.json", "model.safetensors", "README.md") and f.is_file():
                 shutil.copy2(f, tmp / f.name)
+        info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
+        (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
         if dst.exists():
             shutil.rmtree(dst)
         shutil.move(str(tmp), str(dst))

@@ -49,7 +49,8 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
             "--init", "random", "--gen-batch-size", "8"]
     res = _run(args)
     assert res.exit_code == 0, res.output + repr(res.exception)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "loss.png", "model.safetensors", "training.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "loss.png", "model.safetensors",
+                                                     "training.json"]
     info = json.loads((out / "training.json").read_text())
     assert info["data"]["samples"] == 16 and info["steps"] == 8 and info["draft_vocab"]["size"] == 32
     drafter = load_drafter(out)
