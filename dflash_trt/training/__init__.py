@@ -11,4 +11,5 @@ Modules, in pipeline order:
 - `trainer`: the resumable training loop.
 - `export`: the z-lab checkpoint folder, training.json and the loss-curve plot.
 - `evaluate`: acceptance length (tau) and greedy parity on held-out prompts.
+- `pipeline`: the glue the `dflash-trt train-drafter` command runs (load, data, train data).
 """
