@@ -9,6 +9,10 @@
 # is about 1 h of data generation + 1 h of training + 15 min of evaluation on an idle 2-core CPU
 # (single-threaded processes; the CPU was shared with other work when the shipped drafter was made).
 #
+# The shipped drafter was exported at step 526 of the 640-step schedule (the session that made it
+# ran out of time), hence --max-steps 526; drop it to run the whole schedule.
+# Rerunning after "paused" continues from the last checkpoint (bitwise the same weights on CPU).
+#
 # Usage: build_scripts/train_default_drafter.sh            (rerun until it prints "wrote trained drafter")
 #   WORK=/path/to/work CHUNK_MIN=60 PYTHON=.venv/bin/python build_scripts/train_default_drafter.sh
 set -euo pipefail
@@ -25,8 +29,9 @@ log=$(mktemp)
 "$PYTHON" -c 'from dflash_trt.cli import main; main()' train-drafter \
   --out "$OUT" --work-dir "$WORK" \
   --num-layers 2 --block-size 16 --init target --draft-vocab-size 8192 --soft-weight 0.5 \
-  --max-samples 1152 --max-new-tokens 128 --epochs 2 --anchors 32 --seqs-per-step 4 --lr 6e-4 \
-  --checkpoint-every 25 --export-dtype bfloat16 --time-limit-min "$CHUNK_MIN" "${resume[@]}" | tee "$log"
+  --max-samples 1024 --max-new-tokens 128 --epochs 2.5 --anchors 32 --seqs-per-step 4 --lr 6e-4 \
+  --checkpoint-every 25 --export-dtype bfloat16 --time-limit-min "$CHUNK_MIN" \
+  --max-steps 526 "${resume[@]}" | tee "$log"
 if grep -q "wrote trained drafter" "$log"; then
   # acceptance figures beside the checkpoint: tau (trained vs untrained, same shape) + greedy parity
   "$PYTHON" -c 'from dflash_trt.cli import main; main()' init-drafter \

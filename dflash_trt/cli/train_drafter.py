@@ -60,6 +60,8 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 @click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
 @click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--max-steps", default=None, type=click.IntRange(1),
+              help="Stop after this optimizer step (the LR schedule stays that of --epochs) and export.")
 @click.option("--export-partial", is_flag=True,
               help="Export even if the run stopped early (time limit); training.json then says finished: false.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -67,7 +69,7 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
                   anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
-                  export_partial, seed, threads):
+                  max_steps, export_partial, seed, threads):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     import torch
 
@@ -121,8 +123,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                      lr=lr, soft_weight=soft_weight, max_seq_len=max_seq_len, seed=seed,
                      checkpoint_every=checkpoint_every)
     state = train(drafter, data, tc, work / "run", resume=resume,
-                  time_limit_s=time_limit_min * 60 if time_limit_min else None)
-    if not state.finished:
+                  time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps)
+    reached_max = max_steps is not None and state.step >= max_steps
+    if not state.finished and not reached_max:
         click.echo(f"paused at step {state.step}/{state.total_steps} (checkpoint in {work / 'run'}); "
                    "rerun the same command with --resume to continue")
         if not export_partial:

@@ -125,6 +125,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
         for name, content in (extra_files or {}).items():
             target = tmp / name
             target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
+        tmp.chmod(0o755)  # mkdtemp makes 0700; an exported folder (package data) must be readable
         old = out.with_name(f".{out.name}.old")
         if out.exists():
             out.rename(old)
