@@ -9,6 +9,8 @@ import click
 
 # name -> "module:function" (the click command object)
 SUBCOMMANDS = {
+    "build": "dflash_trt.cli.build:build",
+    "check": "dflash_trt.cli.check:check",
     "generate": "dflash_trt.cli.generate:generate",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
 }

@@ -49,6 +49,8 @@ def encode_item(pipe, item: dict) -> list[int]:
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
+@click.option("--bundle", type=click.Path(), default=None,
+              help="A `dflash-trt build` bundle folder (verified, FP8/NVFP4 dequantized); replaces --target/--drafter.")
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
@@ -62,7 +64,7 @@ def encode_item(pipe, item: dict) -> list[int]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
-def generate(target, drafter, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
+def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
@@ -74,7 +76,14 @@ def generate(target, drafter, prompt, chat, prompts_file, max_tokens, temperatur
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     items = read_prompts_file(prompts_file) if prompts_file else ([{"prompt": prompt}] if prompt is not None else
                                                                    [{"messages": [{"role": "user", "content": chat}]}])
-    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
+        from dflash_trt.api import load_bundle
+
+        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash")
+    else:
+        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}

@@ -25,22 +25,27 @@ def _build_on_meta(cls, cfg):
     return module
 
 
-def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TargetModel:
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                tensors: dict[str, torch.Tensor] | None = None) -> TargetModel:
     """Load a HF causal-LM folder (config.json + safetensors) as a TargetModel in eval mode.
+
+    `tensors` (HF names, already in `dtype`) replaces reading the folder's safetensors, e.g. weights
+    dequantized from a quantized bundle (`dflash_trt.build.dequant`); they are loaded just as strictly.
 
     Raises:
         CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure.
     """
     cfg = TargetConfig.from_pretrained(path)
     model = _build_on_meta(TargetModel, cfg)
-    tensors = read_tensors(path, dtype, device)
+    tensors = read_tensors(path, dtype, device) if tensors is None else tensors
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
     return model.eval().requires_grad_(False)
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
-    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode.
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 tensors: dict[str, torch.Tensor] | None = None) -> DFlashDrafter:
+    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode (`tensors`: see `load_target`).
 
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
@@ -48,7 +53,8 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     """
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
-    load_strict(model, read_tensors(path, dtype, device), "drafter", path)
+    tensors = read_tensors(path, dtype, device) if tensors is None else tensors
+    load_strict(model, tensors, "drafter", path)
     return model.eval().requires_grad_(False)
 
 
