@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.build.quantize import E4M3_MAX, import_modelopt
+from dflash_trt.errors import ConfigError
 from dflash_trt.models.checkpoints import load_drafter
 from dflash_trt.models.loading import save_checkpoint
 from dflash_trt.models.target import TargetModel
@@ -56,9 +57,14 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     engine = Engine(target, DFlashProposer(drafter, target))
     params = SamplingParams(max_tokens=draft_tokens, ignore_eos=True)
 
+    room = target.config.max_position_embeddings - draft_tokens - 2 * drafter.config.block_size
+    if room < 1:
+        raise ConfigError(f"the target's context ({target.config.max_position_embeddings}) is too short to calibrate the "
+                          f"drafter with {draft_tokens} drafted tokens per prompt")
+
     def loop(_model):
         for p in prompts:
-            engine.generate([p], params, "dflash")
+            engine.generate([p[:room]], params, "dflash")
 
     with torch.no_grad():
         mtq.quantize(drafter, copy.deepcopy(mtq.FP8_DEFAULT_CFG), loop)

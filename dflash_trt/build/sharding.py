@@ -60,6 +60,13 @@ class ShardSpec:
                    int(config.get("head_size") or config["hidden_size"] // heads))
 
 
+def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two tensors (same dtype and shape). Works for float8 (torch.equal does not on CPU)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
 def rule_for(name: str, tensor: torch.Tensor) -> str:
     """The split rule of one TensorRT-LLM tensor (COLUMN, ROW, QKV, VOCAB or REPLICATED).
 
@@ -142,7 +149,7 @@ def merge_tensor(name: str, pieces: list[torch.Tensor], spec: ShardSpec) -> torc
     if len(pieces) != tp:
         raise ConfigError(f"{name}: {len(pieces)} pieces for tp {tp}")
     if rule == REPLICATED or tp == 1:
-        if any(not torch.equal(p, pieces[0]) for p in pieces[1:]):
+        if any(not tensors_equal(p, pieces[0]) for p in pieces[1:]):
             raise ConfigError(f"{name}: replicated tensor differs between ranks")
         return pieces[0]
     if rule in (COLUMN, VOCAB):
@@ -159,7 +166,7 @@ def merge_tensor(name: str, pieces: list[torch.Tensor], spec: ShardSpec) -> torc
         group = tp // kv
         for parts in (ks, vs):
             for r in range(tp):
-                if not torch.equal(parts[r], parts[(r // group) * group]):
+                if not tensors_equal(parts[r], parts[(r // group) * group]):
                     raise ConfigError(f"{name}: replicated KV head differs between ranks")
         ks, vs = ks[::group], vs[::group]
     return torch.cat(qs + ks + vs, dim=0)

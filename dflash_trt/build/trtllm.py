@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from dflash_trt.build.schema import validate_llm_args
-from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict
+from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict, tensors_equal
 from dflash_trt.errors import BuildError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -205,7 +205,7 @@ def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_
                     nvfp4=(config.get("quantization") or {}).get("quant_algo") == "NVFP4")
     ranks = split_state_dict(full, spec)
     merged = merge_state_dicts(ranks, spec)
-    bad = [k for k in full if not torch.equal(merged[k], full[k])]
+    bad = [k for k in full if not tensors_equal(merged[k], full[k])]
     if bad:
         raise BuildError(f"tensor-parallel shards do not reassemble to the unsharded tensors: {bad[:5]}")
     out.mkdir(parents=True, exist_ok=True)
