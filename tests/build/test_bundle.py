@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import build_bundle
+from build_helpers import build_bundle
 from dflash_trt.build.manifest import SCHEMA_VERSION, load_manifest, sha256_file
 from dflash_trt.errors import BuildError, BundleError, ConfigError, IncompatibleModelsError
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import write_tiny_drafter, write_tiny_target
+from build_helpers import write_tiny_drafter, write_tiny_target
 from dflash_trt.compat import ERROR, WARNING, check_checkpoints
 
 
