@@ -118,7 +118,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
                 load_drafter_model: bool = True) -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`, dequantizing FP8 / NVFP4 weights to `dtype`
-    (see `dflash_trt.build.dequant`; activations are not quantized on this path).
+    (see `dflash_trt.models.dequant`; activations are not quantized on this path).
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
@@ -129,7 +129,6 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    from dflash_trt.build.dequant import read_dequantized
     from dflash_trt.build.manifest import load_manifest
     from dflash_trt.models.checkpoints import load_drafter, load_target
 
@@ -140,11 +139,10 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     drafter_path = root / manifest["models"]["drafter"]["path"]
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
-    model = load_target(target_path, torch_dtype, tensors=read_dequantized(target_path, torch_dtype))
+    model = load_target(target_path, torch_dtype)  # FP8 / NVFP4 weights are dequantized on load
     proposer = None
     if load_drafter_model:
-        drafter = load_drafter(drafter_path, torch_dtype, tensors=read_dequantized(drafter_path, torch_dtype))
-        proposer = DFlashProposer(drafter, model, block_size)
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size)
     tokenizer = AutoTokenizer.from_pretrained(str(root / manifest["tokenizer"]["path"]))
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

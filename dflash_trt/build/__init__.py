@@ -2,7 +2,7 @@
 
 Modules: `quantize` (ModelOpt configs, CPU NVFP4 op, calibration prompts), `drafter_quant` (FP8 drafter),
 `sharding` (TensorRT-LLM per-rank split rules and their inverse), `schema` (trtllm-serve YAML fields),
-`trtllm` (the files TensorRT-LLM reads), `manifest` (sha256-verified bundle manifest), `dequant`
-(reading FP8 / NVFP4 checkpoints back for the CPU runtime), `pipeline` (the build steps).
+`trtllm` (the files TensorRT-LLM reads), `manifest` (sha256-verified bundle manifest), `pipeline` (the
+build steps). The runtime side, reading FP8 / NVFP4 checkpoints back, is `dflash_trt.models.dequant`.
 Heavy dependencies (modelopt, tensorrt_llm) are imported lazily.
 """

@@ -5,7 +5,7 @@ calibrate it with ModelOpt (`mtq.FP8_DEFAULT_CFG`, max calibration) while it dra
 target on the calibration prompts (its inputs are target features, so it cannot be calibrated
 alone), then write the same per-tensor FP8 layout as ModelOpt's unified checkpoint:
 `X.weight` float8_e4m3fn, `X.weight_scale` = amax(|W|) / 448, `X.input_scale` = calibrated amax(|x|) / 448,
-plus `quantization_config` in config.json and `hf_quant_config.json`. `dflash_trt.build.dequant`
+plus `quantization_config` in config.json and `hf_quant_config.json`. `dflash_trt.models.dequant`
 reads it back.
 """
 

@@ -185,11 +185,13 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     state: dict = {}
 
     def load_and_quantize():
-        state["tok"] = AutoTokenizer.from_pretrained(str(opts.target))
         model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval()
-        state["calib"] = calibration_token_ids(state["tok"], opts.calib_size, opts.calib_prompts)
+        state["calib"] = []
+        if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
+            tok = AutoTokenizer.from_pretrained(str(opts.target))
+            state["calib"] = calibration_token_ids(tok, opts.calib_size, opts.calib_prompts)
         state["model"] = quantize_model(model, opts.quant, opts.kv_cache_dtype, hf_forward_loop(state["calib"]))
-        return f"({len(state['calib'])} calibration prompts)" if opts.quant != "none" else "(no quantization)"
+        return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
 
     def export_checkpoint():
         cfg = trtllm.export_trtllm_checkpoint(state["model"], root / "trtllm_checkpoint", opts.tp_size, root,

@@ -70,7 +70,7 @@ def _store_unquantized_as(folder: Path, dtype: torch.dtype) -> None:
     """Rewrite a checkpoint's float32 non-scale tensors in `dtype` (scales stay float32); set config dtype."""
     from safetensors.torch import load_file, save_file
 
-    from dflash_trt.build.dequant import SCALE_SUFFIXES
+    from dflash_trt.models.dequant import SCALE_SUFFIXES
 
     for file in sorted(folder.glob("*.safetensors")):
         tensors = load_file(str(file))

@@ -25,27 +25,34 @@ def _build_on_meta(cls, cfg):
     return module
 
 
-def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                tensors: dict[str, torch.Tensor] | None = None) -> TargetModel:
+def _read_weights(path, dtype, device):
+    """The folder's tensors in `dtype`; ModelOpt FP8 / NVFP4 checkpoints are dequantized first."""
+    from dflash_trt.models.dequant import dequantize_tensors, quant_algo
+
+    algo = quant_algo(path)
+    if algo is None:
+        return read_tensors(path, dtype, device)
+    return dequantize_tensors(read_tensors(path, None, device), algo, dtype)
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TargetModel:
     """Load a HF causal-LM folder (config.json + safetensors) as a TargetModel in eval mode.
 
-    `tensors` (HF names, already in `dtype`) replaces reading the folder's safetensors, e.g. weights
-    dequantized from a quantized bundle (`dflash_trt.build.dequant`); they are loaded just as strictly.
+    A ModelOpt FP8 / NVFP4 unified checkpoint is dequantized to `dtype` on load (`dflash_trt.models.dequant`).
 
     Raises:
         CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure.
     """
     cfg = TargetConfig.from_pretrained(path)
     model = _build_on_meta(TargetModel, cfg)
-    tensors = read_tensors(path, dtype, device) if tensors is None else tensors
+    tensors = _read_weights(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
     return model.eval().requires_grad_(False)
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 tensors: dict[str, torch.Tensor] | None = None) -> DFlashDrafter:
-    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode (`tensors`: see `load_target`).
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
+    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode (FP8 drafters dequantized on load).
 
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
@@ -53,8 +60,7 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     """
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
-    tensors = read_tensors(path, dtype, device) if tensors is None else tensors
-    load_strict(model, tensors, "drafter", path)
+    load_strict(model, _read_weights(path, dtype, device), "drafter", path)
     return model.eval().requires_grad_(False)
 
 

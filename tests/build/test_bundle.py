@@ -155,7 +155,7 @@ CONFIGS = [("none", 1, "none", "auto"), ("fp8", 3, "fp8", "fp8"), ("nvfp4", 1, "
 @pytest.mark.parametrize("quant,tp,drafter_quant,kv", CONFIGS)
 def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path, tiny_pair, quant, tp, drafter_quant, kv):
     from dflash_trt.api import load_bundle
-    from dflash_trt.build.dequant import quant_algo
+    from dflash_trt.models.dequant import quant_algo
     from dflash_trt.runtime.sampling import SamplingParams
 
     out = tmp_path / f"{quant}-{tp}"
