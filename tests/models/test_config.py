@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import pytest
+
+from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dflash_trt.errors import ConfigError
+
+
+def test_default_target_layer_ids_rule():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B (DFLASH.md sec. 2)
+    assert default_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2-135M
+    assert default_target_layer_ids(30, 1) == [15]
+
+
+def test_rope_layouts_v4_and_v5_agree():
+    base = dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                num_attention_heads=2)
+    v4 = TargetConfig.from_hf_config(dict(base, rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2.0}))
+    v5 = TargetConfig.from_hf_config(dict(base, rope_parameters={"rope_theta": 5e5, "rope_type": "linear", "factor": 2.0}))
+    assert v4 == v5 and v4.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_unsupported_configs_are_named():
+    with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported"):
+        TargetConfig.from_hf_config({"model_type": "gpt2"})
+    with pytest.raises(ConfigError, match="rope scaling type 'longrope'"):
+        TargetConfig.from_hf_config(dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16,
+                                         num_hidden_layers=2, num_attention_heads=2,
+                                         rope_scaling={"rope_type": "longrope"}))
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        DrafterConfig.from_hf_config({"hidden_size": 8})

@@ -1,0 +1,36 @@
+"""A test proposer that drafts a KNOWN continuation (optionally corrupted at some block positions),
+so the engine's accept/stop/count logic can be driven through full and partial acceptance."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_trt.runtime.proposer import DraftBatch
+
+
+class OracleProposer:
+    """Drafts references[row][start + 1 : start + block_size]; draft position j (1-based) is replaced by
+    a wrong token when j in `wrong_positions`. Same interface as DFlashProposer."""
+
+    feature_layer_ids = ()
+    max_position = 10**9
+
+    def __init__(self, references: list[list[int]], block_size: int, wrong_positions=(), vocab_size: int = 49152):
+        self.references, self.block_size = references, block_size
+        self.wrong_positions, self.vocab_size = set(wrong_positions), vocab_size
+
+    def reset(self, batch, capacity):
+        pass
+
+    def add_context(self, features, positions, rows):
+        pass
+
+    def propose(self, last_tokens, starts, max_start, rows, params, generators):
+        ids = rows.tolist() if rows is not None else list(range(len(starts)))
+        out = torch.zeros(len(ids), self.block_size - 1, dtype=torch.int64)
+        for i, (row, s) in enumerate(zip(ids, starts.tolist())):
+            ref = self.references[row]
+            for j in range(1, self.block_size):
+                tok = ref[s + j] if s + j < len(ref) else 0
+                out[i, j - 1] = (tok + 1) % self.vocab_size if j in self.wrong_positions else tok
+        return DraftBatch(out, [None] * len(ids))

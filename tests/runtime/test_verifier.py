@@ -1,0 +1,78 @@
+"""The verifier on its own: forced-argmax cases, empty drafts, determinism, and the distribution of
+emitted tokens by a chi-square test (which also rejects a deliberately wrong verifier)."""
+
+from __future__ import annotations
+
+import torch
+from scipy.stats import chisquare
+
+from dflash_trt.runtime.verifier import greedy_accept, speculative_sample
+
+
+def onehot_logits(tokens, vocab=6):
+    out = torch.full((len(tokens), vocab), -5.0)
+    out[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return out
+
+
+def test_greedy_accept_prefix_and_bonus():
+    target = torch.stack([onehot_logits([3, 1, 4, 0]), onehot_logits([3, 1, 4, 0]), onehot_logits([5, 5, 5, 5])])
+    drafts = torch.tensor([[3, 1, 4], [3, 2, 4], [0, 5, 5]])
+    acc, nxt = greedy_accept(drafts, target)
+    assert acc == [3, 1, 0]  # all accepted; stops at first mismatch (later match ignored); none
+    assert nxt == [0, 1, 5]  # bonus after a full block; the target's correction otherwise
+
+
+def test_greedy_accept_empty_draft():
+    acc, nxt = greedy_accept(torch.zeros(2, 0, dtype=torch.int64), torch.stack([onehot_logits([2]), onehot_logits([4])]))
+    assert acc == [0, 0] and nxt == [2, 4]
+
+
+def test_speculative_sample_empty_draft_and_seeded_determinism():
+    p = torch.softmax(torch.randn(3, 6, generator=torch.Generator().manual_seed(0)), -1)
+    draws = [speculative_sample(torch.zeros(0, dtype=torch.int64), None, p[:1], torch.Generator().manual_seed(7))
+             for _ in range(2)]
+    assert draws[0] == draws[1] and draws[0][0] == 0
+    q = torch.softmax(torch.randn(2, 6, generator=torch.Generator().manual_seed(1)), -1)
+    a = speculative_sample(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(3))
+    b = speculative_sample(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(3))
+    assert a == b
+
+
+def wrong_verifier(draft_tokens, draft_probs, target_probs, generator):
+    """Deliberately wrong: on rejection resamples from p instead of norm(max(0, p - q))."""
+    for j in range(draft_tokens.shape[0]):
+        d = int(draft_tokens[j])
+        q_d = 1.0 if draft_probs is None else float(draft_probs[j, d])
+        if float(torch.rand((), generator=generator)) * q_d >= float(target_probs[j, d]):
+            return j, int(torch.multinomial(target_probs[j], 1, generator=generator))
+    k = draft_tokens.shape[0]
+    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
+
+
+def first_token_pvalue(verify, sampled_drafts: bool, n=6000):
+    """Emitted first token over n trials vs p[0] (chi-square goodness of fit)."""
+    g = torch.Generator().manual_seed(1234)
+    p = torch.softmax(torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0], [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]]), -1)
+    q = torch.softmax(torch.tensor([[0.0, 2.0, 2.0, 0.0, 0.0, 0.0]]), -1)
+    counts = torch.zeros(6)
+    for _ in range(n):
+        if sampled_drafts:
+            d = torch.multinomial(q[0], 1, generator=g)
+            acc, nxt = verify(d, q, p, g)
+        else:
+            d = torch.tensor([1])  # an argmax draft: q is one-hot on token 1
+            acc, nxt = verify(d, None, p, g)
+        first = int(d[0]) if acc >= 1 else nxt
+        counts[first] += 1
+    return chisquare(counts.numpy(), (p[0] * n).numpy()).pvalue
+
+
+def test_emitted_distribution_is_the_targets():
+    assert first_token_pvalue(speculative_sample, sampled_drafts=True) > 0.01
+    assert first_token_pvalue(speculative_sample, sampled_drafts=False) > 0.01
+
+
+def test_chi_square_catches_a_wrong_verifier():
+    assert first_token_pvalue(wrong_verifier, sampled_drafts=True) < 1e-6
+    assert first_token_pvalue(wrong_verifier, sampled_drafts=False) < 1e-6
