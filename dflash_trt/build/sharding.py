@@ -53,7 +53,7 @@ class ShardSpec:
     head_dim: int
 
     @classmethod
-    def from_trtllm_config(cls, config: dict, tp_size: int) -> "ShardSpec":
+    def from_trtllm_config(cls, config: dict, tp_size: int) -> ShardSpec:
         """From a TensorRT-LLM checkpoint config.json (`num_attention_heads`, `num_key_value_heads`, `head_size`)."""
         heads = int(config["num_attention_heads"])
         return cls(tp_size, heads, int(config.get("num_key_value_heads") or heads),

@@ -1,31 +1,15 @@
 """Fixtures for the build tests: a tiny random Llama target that uses SmolLM2's real tokenizer (vocab
 49152, so calibration and chat prompts are real text) with 6 heads / 3 KV heads (tp 3 splits evenly),
-and an untrained drafter for it. Builds of the tiny pair take a few seconds."""
+and an untrained drafter for it. Builds of the tiny pair take a few seconds. `smollm2_path` comes from
+tests/conftest.py."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "1")))
 
 pytest.importorskip("modelopt", reason="build tests need the quantization extra (nvidia-modelopt==0.47.0)")
 
-from build_helpers import build_bundle, write_tiny_drafter, write_tiny_target  # noqa: E402
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: real SmolLM2 builds (minutes); deselect with -m 'not slow'")
-
-
-@pytest.fixture(scope="session")
-def smollm2_path():
-    from dflash_trt.models.default import default_target_path
-
-    return default_target_path()
+from build_helpers import build_bundle, write_tiny_drafter, write_tiny_target
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import yaml
-
 from build_helpers import build_bundle
+
 from dflash_trt.build.manifest import SCHEMA_VERSION, load_manifest, sha256_file
 from dflash_trt.errors import BuildError, BundleError, ConfigError, IncompatibleModelsError
 
@@ -128,6 +128,12 @@ def test_refusals_before_writing(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
     evalset.write_text('{"prompt": "hi"}\n')
     with pytest.raises(BuildError, match="looks like an evaluation set"):
         build_bundle(target, drafter, tmp_path / "ev", quant="fp8", calib_prompts=evalset)
+    from dflash_trt.datasets import mt_bench_first_turns
+
+    sneaky = tmp_path / "prompts.jsonl"
+    sneaky.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n" + json.dumps({"prompt": mt_bench_first_turns(1)[0]}))
+    with pytest.raises(BuildError, match="prompt 2 is an MT-Bench / HumanEval item"):
+        build_bundle(target, drafter, tmp_path / "ev2", quant="fp8", calib_prompts=sneaky)
     bad = tmp_path / "bad-drafter"
     shutil.copytree(drafter, bad)
     cfg = json.loads((bad / "config.json").read_text())
@@ -135,7 +141,7 @@ def test_refusals_before_writing(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(IncompatibleModelsError, match="check failed, nothing was built"):
         build_bundle(target, bad, tmp_path / "inc")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-drafter", "mt_bench_question.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-drafter", "mt_bench_question.jsonl", "prompts.jsonl"]
 
 
 def test_dry_run_writes_nothing(tmp_path, tiny_pair):

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from build_helpers import write_tiny_drafter, write_tiny_target
+
 from dflash_trt.compat import ERROR, WARNING, check_checkpoints
 
 

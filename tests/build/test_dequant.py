@@ -4,8 +4,8 @@ each weight), for FP8 and NVFP4 unified checkpoints."""
 import pytest
 import torch
 
-from dflash_trt.models.dequant import dequantize_tensors, quant_algo, read_dequantized, unpack_nvfp4
 from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
+from dflash_trt.models.dequant import dequantize_tensors, quant_algo, read_dequantized, unpack_nvfp4
 
 
 @pytest.mark.parametrize("quant", ["fp8", "nvfp4"])

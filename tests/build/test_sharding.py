@@ -9,8 +9,17 @@ import torch
 from safetensors.torch import load_file
 
 from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
-from dflash_trt.build.sharding import (QKV, REPLICATED, ROW, ShardSpec, check_divisible, merge_state_dicts, rule_for,
-                                       split_state_dict, tensors_equal)
+from dflash_trt.build.sharding import (
+    QKV,
+    REPLICATED,
+    ROW,
+    ShardSpec,
+    check_divisible,
+    merge_state_dicts,
+    rule_for,
+    split_state_dict,
+    tensors_equal,
+)
 from dflash_trt.errors import ConfigError
 
 

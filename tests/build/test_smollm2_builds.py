@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from build_helpers import build_bundle
+
 from dflash_trt.build.sharding import ShardSpec, merge_state_dicts, tensors_equal
 from dflash_trt.build.trtllm import read_trtllm_ranks
 
