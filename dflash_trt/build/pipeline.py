@@ -163,14 +163,12 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
 
 
 def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, log: Callable[[str], None]) -> None:
-    import os as _os
-
-    _os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_trt.build import trtllm
-    from dflash_trt.build.manifest import tool_versions, write_manifest
+    from dflash_trt.build.manifest import sha256_file, tool_versions, write_manifest
     from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
     from dflash_trt.build.schema import validate_with_tensorrt_llm
 
@@ -224,8 +222,6 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
 
     def manifest():
         tok_file = root / "trtllm" / "target" / "tokenizer.json"
-        from dflash_trt.build.manifest import sha256_file
-
         report.manifest = write_manifest(root, {
             "name": opts.out.name,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
