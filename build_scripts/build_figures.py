@@ -119,7 +119,7 @@ def main() -> None:
                  "acceptance_rate": sum(r.metrics.accepted_tokens for r in spec) / max(sum(r.metrics.drafted_tokens for r in spec), 1),
                  "dflash_equals_ar": [r.token_ids for r in spec] == [r.token_ids for r in ar],
                  "seconds": round(time.perf_counter() - t0, 1)}
-        if seqs is None:  # teacher-forced sequences: question + the float32 reference's own greedy answer
+        if seqs is None:  # teacher-forced sequences: question + the unquantized ("none") bundle's greedy answer
             ref_pipe_out = [p + r.token_ids for p, r in zip(prompts, ar)]
             seqs = ref_pipe_out
             ref_logits = [teacher_forced_logits(ref_model, s) for s in seqs]
@@ -128,6 +128,7 @@ def main() -> None:
         figures["quality"][quant] = entry
         print(quant, json.dumps(entry), flush=True)
     figures["quality"]["float32_reference"] = logit_stats(ref_logits, ref_logits, seqs)
+    figures["teacher_forced_positions"] = sum(len(s) for s in seqs)
     fake_quant_stats(figures, target, seqs, args.calib_size)
 
     (args.out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
