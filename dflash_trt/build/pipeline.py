@@ -25,6 +25,11 @@ from pathlib import Path
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
 
 
+#: target model types whose TensorRT-LLM per-rank checkpoint (legacy engine flow) is written; for others
+#: (Qwen3) the bundle has the trtllm/ folder only and the manifest says why
+LEGACY_CHECKPOINT_TYPES = ("llama",)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """Inputs of one build (CLI flags of `dflash-trt build`)."""
@@ -93,9 +98,6 @@ def preflight(opts: BuildOptions) -> dict:
         raise IncompatibleModelsError("dflash-trt check failed, nothing was built:\n  - " + "\n  - ".join(errors))
     target = TargetConfig.from_pretrained(opts.target)
     drafter = DrafterConfig.from_pretrained(opts.drafter)
-    if target.model_type != "llama":
-        raise ConfigError(f"dflash-trt build supports Llama-family targets (the TensorRT-LLM checkpoint export is "
-                          f"wired up for them), got model_type {target.model_type!r}")
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
     if opts.out.exists() and not opts.force:
@@ -113,10 +115,13 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
                      f"{opts.calib_size} prompts from {calib}")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
+    legacy = (f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
+              f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
+              " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)")
+    if t.model_type not in LEGACY_CHECKPOINT_TYPES:
+        legacy = f"skip trtllm_checkpoint/ (not wired up for {t.model_type} targets)"
     steps += [
-        (f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
-         f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
-         " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
+        legacy,
         "export trtllm/target/: unified HF checkpoint + tokenizer",
         (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
@@ -194,6 +199,9 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
         return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
 
     def export_checkpoint():
+        if tcfg.model_type not in LEGACY_CHECKPOINT_TYPES:
+            state["trt_quant"] = None
+            return f"(skipped: not wired up for {tcfg.model_type} targets; the trtllm/ folder serves them)"
         cfg = trtllm.export_trtllm_checkpoint(state["model"], root / "trtllm_checkpoint", opts.tp_size, root,
                                               dcfg.block_size - 1, tcfg.max_position_embeddings, opts.max_batch_size)
         state["trt_quant"] = cfg.get("quantization")
@@ -245,7 +253,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
                           "sha256": sha256_file(tok_file) if tok_file.is_file() else None},
             "serve_config": "trtllm/serve.yaml",
             "serve_config_check": state.get("serve_check"),
-            "trtllm_checkpoint": "trtllm_checkpoint",
+            "trtllm_checkpoint": "trtllm_checkpoint" if (root / "trtllm_checkpoint").is_dir() else None,
             "tools": tool_versions(),
         })
         return f"({len(report.manifest['files'])} files hashed)"
@@ -257,7 +265,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     step(5, "write serve.yaml, launch.sh, LLM API example", serving)
     step(6, "write manifest.json", manifest)
     for part in ("trtllm/target", "trtllm/drafter", "trtllm_checkpoint"):
-        report.sizes[part] = folder_bytes(root / part)
+        report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
     report.sizes["total"] = folder_bytes(root)
 
 

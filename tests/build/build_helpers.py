@@ -11,14 +11,15 @@ TINY = dict(vocab_size=49152, hidden_size=96, intermediate_size=192, num_hidden_
             bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
 
 
-def write_tiny_target(folder, smollm2_path, seed=0, **overrides):
-    """A random tiny LlamaForCausalLM (+ SmolLM2 tokenizer files) saved in `folder`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overrides):
+    """A random tiny LlamaForCausalLM or Qwen3ForCausalLM (+ SmolLM2 tokenizer files) saved in `folder`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(**{**TINY, **overrides})
-    cfg.architectures = ["LlamaForCausalLM"]
-    model = LlamaForCausalLM(cfg).eval()
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[model_type]
+    cfg = cls(**{**TINY, **overrides})
+    cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen3ForCausalLM"]
+    model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name:

@@ -178,3 +178,25 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
     ar = pipe.generate(prompts, params, "ar")
     assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
     assert all(len(r.token_ids) == 24 for r in spec)
+
+
+def test_qwen3_target_gets_the_trtllm_folder_and_no_legacy_checkpoint(tmp_path, smollm2_path):
+    """Qwen3 (the family of the released DFlash drafters): trtllm/ + manifest, no per-rank checkpoint."""
+    from build_helpers import write_tiny_drafter, write_tiny_target
+    from dflash_trt.api import load_bundle
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    target = write_tiny_target(tmp_path / "qwen3", smollm2_path, model_type="qwen3")
+    drafter = write_tiny_drafter(tmp_path / "drafter", target)
+    out = tmp_path / "qwen3-fp8"
+    report = build_bundle(target, drafter, out, quant="fp8", tp_size=3)
+    m = load_manifest(out)
+    assert m["trtllm_checkpoint"] is None and not (out / "trtllm_checkpoint").exists()
+    assert report.sizes["trtllm_checkpoint"] == 0 and "skipped" in report.steps[1].detail
+    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["tensor_parallel_size"] == 3
+    assert json.loads((out / "trtllm/target/config.json").read_text())["quantization_config"]["quant_algo"] == "FP8"
+    pipe = load_bundle(out)
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    assert [r.token_ids for r in pipe.generate(prompts, params, "dflash")] == \
+        [r.token_ids for r in pipe.generate(prompts, params, "ar")]
