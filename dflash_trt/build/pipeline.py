@@ -49,6 +49,8 @@ class BuildOptions:
 
 @dataclass
 class StepResult:
+    """One finished build step: its name, wall time in seconds, and a short detail for the log."""
+
     name: str
     seconds: float
     detail: str = ""
@@ -65,6 +67,7 @@ class BuildReport:
 
     @property
     def total_seconds(self) -> float:
+        """Wall time of all steps (seconds; the weight-free preflight checks are not included)."""
         return sum(s.seconds for s in self.steps)
 
 

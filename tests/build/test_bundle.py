@@ -43,6 +43,22 @@ def test_layout_and_manifest(tiny_bundle_fp8_tp3):
     assert "--max_draft_len 3" in (b / "trtllm_checkpoint/build_engine.sh").read_text()
 
 
+def test_emitted_scripts_parse_and_use_known_fields(tiny_bundle_fp8_tp3):
+    import ast
+
+    from dflash_trt.build.schema import DFLASH_FIELDS, KV_CACHE_FIELDS, LLM_ARGS_FIELDS
+
+    b = tiny_bundle_fp8_tp3
+    for script in ("trtllm/launch.sh", "trtllm_checkpoint/build_engine.sh"):
+        assert subprocess.run(["bash", "-n", str(b / script)], capture_output=True).returncode == 0, script
+    tree = ast.parse((b / "trtllm/llm_api_example.py").read_text())
+    calls = {n.func.id: {k.arg for k in n.keywords} for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert calls["DFlashDecodingConfig"] == {"max_draft_len", "speculative_model", "mask_token_id", "target_layer_ids"}
+    assert calls["DFlashDecodingConfig"] <= set(DFLASH_FIELDS) and calls["KvCacheConfig"] <= set(KV_CACHE_FIELDS)
+    assert calls["LLM"] <= set(LLM_ARGS_FIELDS)
+
+
 def test_missing_file(bundle):
     (bundle / "trtllm_checkpoint/rank2.safetensors").unlink()
     with pytest.raises(BundleError, match="missing file trtllm_checkpoint/rank2.safetensors"):
