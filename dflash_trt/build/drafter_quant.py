@@ -86,7 +86,7 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
         base = name.rsplit(".", 1)[0]
         if "_quantizer" in name or f"{base}.weight_scale" in tensors:
             continue
-        tensors[name] = t.detach().float()
+        tensors[name] = t.detach().float() if t.is_floating_point() else t.detach()  # e.g. int64 d2t
     cfg = DrafterConfig.from_pretrained(drafter_path).to_hf_dict()
     qcfg, hf_quant = fp8_quant_config(modelopt.__version__)
     cfg["quantization_config"] = qcfg
