@@ -107,7 +107,8 @@ class TargetModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
-        return torch.matmul(hidden, self.head_weight.t()).float()
+        flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D mm: a 3-D matmul takes a slow bmm path on CPU
+        return torch.mm(flat, self.head_weight.t()).float().view(*hidden.shape[:-1], -1)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""
