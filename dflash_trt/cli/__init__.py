@@ -9,6 +9,7 @@ import click
 
 # name -> "module:function" (the click command object)
 SUBCOMMANDS = {
+    "bench": "dflash_trt.cli.bench:bench",
     "generate": "dflash_trt.cli.generate:generate",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
 }
