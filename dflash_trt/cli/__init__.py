@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "bench": "dflash_trt.cli.bench:bench",
     "generate": "dflash_trt.cli.generate:generate",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
+    "train-drafter": "dflash_trt.cli.train_drafter:train_drafter",
 }
 
 

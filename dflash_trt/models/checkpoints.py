@@ -94,7 +94,9 @@ def init_drafter(cfg: DrafterConfig, out: str | Path, seed: int = 0) -> Path:
         shapes = {k: v.shape for k, v in DFlashDrafter(cfg).state_dict().items()}
     tensors = {}
     for key, shape in shapes.items():
-        if key.endswith("norm.weight"):
+        if key == "d2t":  # reduced vocabulary: the first draft_vocab_size target ids
+            tensors[key] = torch.zeros(shape, dtype=torch.int64)
+        elif key.endswith("norm.weight"):
             tensors[key] = torch.ones(shape)
         else:
             tensors[key] = torch.randn(shape, generator=gen) * 0.02

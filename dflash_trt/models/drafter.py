@@ -80,6 +80,17 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        if cfg.draft_vocab_size is not None:
+            # reduced draft vocabulary: target id = draft id + d2t[draft id] (a checkpoint tensor)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        else:
+            self.d2t = None
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """int64 [draft_vocab_size] target ids of draft ids 0..k-1, or None (full vocabulary)."""
+        if self.d2t is None:
+            return None
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty context cache (projected K/V of committed tokens) for `batch` rows."""
