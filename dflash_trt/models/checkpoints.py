@@ -12,6 +12,7 @@ import torch
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
 from dflash_trt.models.target import TargetModel
 
@@ -36,7 +37,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     tensors = read_tensors(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
-    return model.eval().requires_grad_(False)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
@@ -49,7 +50,7 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
     load_strict(model, read_tensors(path, dtype, device), "drafter", path)
-    return model.eval().requires_grad_(False)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def new_drafter_config(target: TargetConfig, num_layers: int = 1, block_size: int = 16,
