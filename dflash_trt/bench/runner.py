@@ -30,7 +30,8 @@ def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:
     instruction the training corpus uses (`dflash_trt.training.evalsets`). A JSONL file: lines of
     {"prompt": ...} or {"messages": [...]}.
     """
-    from dflash_trt.cli.generate import encode_item, read_prompts_file
+    from dflash_trt.cli.generate import encode_item
+    from dflash_trt.training.prompts import load_prompts_jsonl
     from dflash_trt.training.evalsets import humaneval_subset, mtbench_subset
 
     if dataset == "mt-bench":
@@ -39,7 +40,7 @@ def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:
         return [pipe.encode_chat(q) for q in humaneval_subset(num_prompts)]
     if not Path(dataset).is_file():
         raise InvalidRequestError(f"--dataset must be one of {', '.join(DATASETS)} or a JSONL file; {dataset} is neither")
-    return [encode_item(pipe, it) for it in read_prompts_file(dataset)[:num_prompts]]
+    return [encode_item(pipe, it) for it in load_prompts_jsonl(dataset)[:num_prompts]]
 
 
 @dataclass
