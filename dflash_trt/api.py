@@ -53,13 +53,11 @@ class Pipeline:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
 
         Raises:
-            InvalidRequestError: the tokenizer has no chat template.
+            ConfigError: the tokenizer has no chat template.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError(f"the target at {self.target_path} has no chat template; use a plain prompt")
-        out = self.tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                                 tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        from dflash_trt.training.prompts import encode_prompt
+
+        return encode_prompt(self.tokenizer, [{"role": "user", "content": message}], f"the target at {self.target_path}")
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

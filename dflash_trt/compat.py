@@ -50,6 +50,8 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
             f"num_target_layers: the drafter was made for a target with {drafter.num_target_layers} layers, this "
             f"target has {n}; use the drafter trained for this target"
         )
+    if drafter.draft_vocab_size is not None and not 1 <= drafter.draft_vocab_size <= target.vocab_size:
+        problems.append(f"draft_vocab_size {drafter.draft_vocab_size} outside [1, {target.vocab_size}]")
     if drafter.block_size < 2:
         problems.append(f"block_size {drafter.block_size} < 2: a block must hold the last token and at least one mask")
     return problems

@@ -184,6 +184,10 @@ class DrafterConfig:
     sliding_window: int | None = None
     model_type: str = "qwen3"
     trained: bool = True
+    #: Reduced draft vocabulary (EAGLE-3 / `speculators` convention): the drafter predicts over
+    #: `draft_vocab_size` target tokens; its checkpoint then carries `d2t` [draft_vocab_size] int64
+    #: offsets (target id = draft id + d2t[draft id]). None: the full target vocabulary.
+    draft_vocab_size: int | None = None
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> "DrafterConfig":
@@ -233,6 +237,7 @@ class DrafterConfig:
             sliding_window=cfg.get("sliding_window"),
             model_type=str(cfg.get("model_type", "qwen3")),
             trained=not bool(meta.get("untrained", False)),
+            draft_vocab_size=int(cfg["draft_vocab_size"]) if cfg.get("draft_vocab_size") else None,
         )
 
     @classmethod
@@ -275,6 +280,8 @@ class DrafterConfig:
             out["dflash_config"]["target_hidden_size"] = self.target_hidden_size
         if not self.trained:
             out["dflash_trt"] = {"untrained": True}
+        if self.draft_vocab_size is not None:
+            out["draft_vocab_size"] = self.draft_vocab_size
         return out
 
     def replace(self, **changes: Any) -> "DrafterConfig":

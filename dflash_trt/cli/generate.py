@@ -7,43 +7,14 @@ import sys
 
 import click
 
-from dflash_trt.errors import InvalidRequestError
 
+def encode_item(pipe, item) -> list[int]:
+    """A prompts-file item: plain text (no chat template) or a list of chat messages (template)."""
+    from dflash_trt.training.prompts import encode_prompt
 
-def read_prompts_file(path: str) -> list[dict]:
-    """JSONL with one object per line: {"prompt": text} (plain) or {"messages": [...]} (chat).
-
-    Raises:
-        InvalidRequestError: unreadable, empty, malformed JSON, or a line with neither field
-            (the message gives the line number).
-    """
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise InvalidRequestError(f"cannot read prompts file {path}: {exc.strerror}") from exc
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
-            raise InvalidRequestError(f'{path}:{n}: expected an object with "prompt" or "messages"')
-        items.append(obj)
-    if not items:
-        raise InvalidRequestError(f"{path}: no prompts in the file")
-    return items
-
-
-def encode_item(pipe, item: dict) -> list[int]:
-    if "messages" in item:
-        if not getattr(pipe.tokenizer, "chat_template", None):
-            raise InvalidRequestError("the target's tokenizer has no chat template for 'messages'")
-        out = pipe.tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return pipe.encode(item["prompt"])
+    if isinstance(item, str):
+        return pipe.encode(item)
+    return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}")
 
 
 @click.command()
@@ -74,8 +45,10 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     if sum(given) != 1:
         raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
-    items = read_prompts_file(prompts_file) if prompts_file else ([{"prompt": prompt}] if prompt is not None else
-                                                                   [{"messages": [{"role": "user", "content": chat}]}])
+    from dflash_trt.training.prompts import load_prompts_jsonl
+
+    items = load_prompts_jsonl(prompts_file) if prompts_file else (
+        [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     if bundle is not None:
         if target is not None or drafter is not None:
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")

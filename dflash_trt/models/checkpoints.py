@@ -12,6 +12,7 @@ import torch
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
 from dflash_trt.models.target import TargetModel
 
@@ -48,7 +49,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     tensors = _read_weights(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
-    return model.eval().requires_grad_(False)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
@@ -61,7 +62,7 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
     load_strict(model, _read_weights(path, dtype, device), "drafter", path)
-    return model.eval().requires_grad_(False)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def new_drafter_config(target: TargetConfig, num_layers: int = 1, block_size: int = 16,
@@ -106,7 +107,9 @@ def init_drafter(cfg: DrafterConfig, out: str | Path, seed: int = 0) -> Path:
         shapes = {k: v.shape for k, v in DFlashDrafter(cfg).state_dict().items()}
     tensors = {}
     for key, shape in shapes.items():
-        if key.endswith("norm.weight"):
+        if key == "d2t":  # reduced vocabulary: the first draft_vocab_size target ids
+            tensors[key] = torch.zeros(shape, dtype=torch.int64)
+        elif key.endswith("norm.weight"):
             tensors[key] = torch.ones(shape)
         else:
             tensors[key] = torch.randn(shape, generator=gen) * 0.02

@@ -19,23 +19,15 @@ import torch
 from torch import nn
 
 from dflash_trt.config import DrafterConfig
-from dflash_trt.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
 from dflash_trt.runtime.kv_cache import KVCache
 
 
-class DrafterAttention(nn.Module):
+class DrafterAttention(AttentionProjections):
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                         cfg.attention_bias, True, cfg.rms_norm_eps)
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = self.head_dim**-0.5
 
     def project_kv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h [n, t, hidden] -> (K, V) [n, kv_heads, t, head_dim]; K is k_norm'd and RoPE'd."""
@@ -80,6 +72,17 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        if cfg.draft_vocab_size is not None:
+            # reduced draft vocabulary: target id = draft id + d2t[draft id] (a checkpoint tensor)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        else:
+            self.d2t = None
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """int64 [draft_vocab_size] target ids of draft ids 0..k-1, or None (full vocabulary)."""
+        if self.d2t is None:
+            return None
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty context cache (projected K/V of committed tokens) for `batch` rows."""

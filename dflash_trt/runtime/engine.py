@@ -74,6 +74,12 @@ class Engine:
         self.target = target
         self.proposer = proposer
         self.eos_token_ids = tuple(eos_token_ids) or target.config.eos_token_id
+        #: Optional recorder of target features in mode "ar" (drafter training data, see
+        #: `dflash_trt.training.datagen`): an object with `layer_ids` (tuple of target layer ids)
+        #: and `record(request_indices: list[int], features [n, t, len(ids) * hidden], positions
+        #: [n, t] int64, lengths: list[int])`, called after every target forward with the features
+        #: of the tokens that forward consumed (row j's first lengths[j] entries are real tokens).
+        self.feature_sink = None
 
     @property
     def context_len(self) -> int:
@@ -157,7 +163,9 @@ class Engine:
         return results
 
     def _feature_ids(self, mode: str) -> tuple[int, ...]:
-        return self.proposer.feature_layer_ids if mode == "dflash" else ()
+        if mode == "dflash":
+            return self.proposer.feature_layer_ids
+        return tuple(self.feature_sink.layer_ids) if self.feature_sink is not None else ()
 
     def _prefill(self, reqs: list[_Request], cache, mode: str) -> None:
         lens = [len(r.prompt) for r in reqs]
@@ -173,6 +181,8 @@ class Engine:
                               "this dtype?); try --dtype float32")
         if mode == "dflash":
             self.proposer.add_context(out.features, positions, None)
+        elif self.feature_sink is not None:
+            self.feature_sink.record(list(range(len(reqs))), out.features, positions, lens)
         for i, r in enumerate(reqs):
             r.start = lens[i]
             cache.set_length(i, lens[i])
@@ -195,6 +205,8 @@ class Engine:
             tokens = last[:, None]
         positions = starts[:, None] + torch.arange(block)
         out = self.target(tokens, positions, cache, max_start + block, rows, self._feature_ids(mode))
+        if mode == "ar" and self.feature_sink is not None:
+            self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
         k = block - 1
         if any(r.params.greedy for r in batch):
             g_acc, g_next = greedy_accept(tokens[:, 1:], out.logits)

@@ -42,6 +42,10 @@ class DFlashProposer:
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
+        # reduced draft vocabulary: draft logits use only those rows of the target lm_head (less
+        # work per draft), and draft ids map back to target ids
+        self.draft_ids = drafter.draft_token_ids()
+        self.draft_head = None if self.draft_ids is None else target.head_weight[self.draft_ids].contiguous()
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:
@@ -79,12 +83,21 @@ class DFlashProposer:
         positions = starts[:, None] + offsets
         embeds = torch.nn.functional.embedding(block, self.target.embed_weight)
         hidden = self.drafter(embeds, positions, self.cache, starts, max_start, rows)
-        logits = self.target.compute_logits(hidden[:, 1:].to(self.target.embed_weight.dtype))  # [n, b-1, V]
+        hidden = hidden[:, 1:].to(self.target.embed_weight.dtype)
+        if self.draft_head is None:
+            logits = self.target.compute_logits(hidden)  # [n, b-1, V]
+        else:
+            logits = torch.matmul(hidden, self.draft_head.t()).float()  # [n, b-1, V'] draft vocab
         tokens = logits.argmax(-1)
         probs: list[torch.Tensor | None] = [None] * n
         for r, p in enumerate(params):
             if not p.greedy and self.sample_drafts:
                 q = probs_from_logits(logits[r], p)
-                probs[r] = q
                 tokens[r] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
+                if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab
+                    full = q.new_zeros(q.shape[0], self.target.config.vocab_size)
+                    q = full.index_copy_(1, self.draft_ids, q)
+                probs[r] = q
+        if self.draft_ids is not None:
+            tokens = self.draft_ids[tokens]
         return DraftBatch(tokens, probs)

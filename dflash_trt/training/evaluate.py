@@ -1,0 +1,178 @@
+"""Acceptance length (tau) and greedy parity of drafters on held-out prompts.
+
+    python -m dflash_trt.training.evaluate --drafter DIR [--drafter DIR2 ...] [--untrained]
+        [--num-prompts 40] [--max-tokens 128] [--block-size 16] [--out DIR]
+
+For each set (HumanEval fixed subset, MT-Bench first turns; `evalsets`), in float32, temperature 0:
+the autoregressive outputs (mode "ar", cached in --out so several drafters share them), then each
+drafter's DFlash outputs. tau = decoded tokens / verify steps summed over the set's requests (the
+first token comes from prefill and is not counted); parity = DFlash output == AR output, per
+prompt. `--untrained` adds a randomly initialised drafter (seed 0) of the first drafter's shape,
+the figure a trained drafter must beat. Writes acceptance.json, acceptance.md and acceptance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.training.evalsets import humaneval_subset, mtbench_subset
+
+
+def set_tau(results) -> float:
+    """Aggregate tau of a list of GenerationResults: sum(decoded tokens) / sum(verify steps)."""
+    decoded = sum(max(0, r.metrics.completion_tokens - 1) for r in results)
+    steps = sum(r.metrics.verify_steps for r in results)
+    return decoded / steps if steps else 0.0
+
+
+def per_position_rate(results) -> list[float]:
+    """Fraction of verify steps in which draft position j + 1 was accepted, j = 0..B-2."""
+    steps = sum(r.metrics.verify_steps for r in results)
+    width = max((len(r.metrics.accepted_per_position) for r in results), default=0)
+    totals = [0] * width
+    for r in results:
+        for j, c in enumerate(r.metrics.accepted_per_position):
+            totals[j] += c
+    return [t / steps if steps else 0.0 for t in totals]
+
+
+def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
+             max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
+             batch_size: int = 40, drafter_keys: dict[str, str] | None = None) -> dict:
+    """tau and parity of each drafter (name -> DFlashDrafter) on each prompt set (name -> texts).
+
+    `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
+    `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
+    with more drafters only decodes what is new.
+
+    Returns {"sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
+    "parity_count", "per_position", "seconds"}}}}}.
+    """
+    from dflash_trt.training.prompts import encode_prompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    cache = json.loads(ar_cache.read_text()) if ar_cache is not None and ar_cache.is_file() else {}
+    report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
+    for set_name, texts in sets.items():
+        ids = [encode_prompt(tokenizer, t) for t in texts]
+        key = f"{set_name}:{len(ids)}:{max_tokens}:{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]}"
+        if key not in cache:
+            engine = Engine(target, None, stops)
+            t0 = time.perf_counter()
+            outs = []
+            for i in range(0, len(ids), batch_size):
+                outs += [r.token_ids for r in engine.generate(ids[i : i + batch_size], params, mode="ar")]
+            cache[key] = {"outputs": outs, "seconds": time.perf_counter() - t0}
+            if ar_cache is not None:
+                ar_cache.write_text(json.dumps(cache))
+        ar = cache[key]["outputs"]
+        entry = {"prompts": len(ids), "ar_tokens": sum(len(o) for o in ar), "ar_seconds": cache[key]["seconds"],
+                 "drafters": {}}
+        for name, drafter in drafters.items():
+            dkey = f"{key}:{(drafter_keys or {}).get(name)}:{block_size}"
+            if (drafter_keys or {}).get(name) and dkey in cache:
+                entry["drafters"][name] = cache[dkey]
+                continue
+            engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
+            t0 = time.perf_counter()
+            results = []
+            for i in range(0, len(ids), batch_size):
+                results += engine.generate(ids[i : i + batch_size], params, mode="dflash")
+            same = [r.token_ids == o for r, o in zip(results, ar)]
+            entry["drafters"][name] = {
+                "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
+                "per_position": [round(x, 4) for x in per_position_rate(results)],
+                "seconds": round(time.perf_counter() - t0, 1)}
+            if (drafter_keys or {}).get(name) and ar_cache is not None:
+                cache[dkey] = entry["drafters"][name]
+                ar_cache.write_text(json.dumps(cache))
+        report["sets"][set_name] = entry
+    return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    """acceptance.json, acceptance.md (a table) and acceptance.png (per-position acceptance) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"Block size {report.get('block_size')}, temperature 0, float32, max {report['max_tokens']} new tokens.",
+             "", "| set | prompts | drafter | tau | greedy parity |", "|---|---|---|---|---|"]
+    for s, e in report["sets"].items():
+        for name, d in e["drafters"].items():
+            lines.append(f"| {s} | {e['prompts']} | {name} | {d['tau']:.3f} | {d['parity_count']} |")
+    (out / "acceptance.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(report["sets"]), figsize=(6 * len(report["sets"]), 3.5), squeeze=False)
+    for ax, (s, e) in zip(axes[0], report["sets"].items()):
+        for name, d in e["drafters"].items():
+            ax.plot(range(1, len(d["per_position"]) + 1), d["per_position"], marker="o",
+                    label=f"{name} (tau {d['tau']:.2f})")
+        ax.set_title(f"{s}: {e['prompts']} prompts")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted fraction of verify steps")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "acceptance.png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--drafter", action="append", default=[], help="drafter folder (repeatable; default: the packaged one)")
+    ap.add_argument("--untrained", action="store_true", help="also measure a random drafter of the same shape")
+    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--out", default=None, help="report folder (default: print only)")
+    ap.add_argument("--cache", default=None, help="JSON cache of AR outputs and drafter results (default: OUT/eval_cache.json)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from dflash_trt.models.checkpoints import init_drafter, load_drafter, new_drafter_config
+    from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.training.pipeline import load_target_and_tokenizer
+
+    path, target, tokenizer, stops = load_target_and_tokenizer(args.target)
+    paths = args.drafter or [str(default_drafter_path())]
+    drafters = {Path(p).name: load_drafter(p) for p in paths}
+    keys = {}
+    for name, p in zip(drafters, paths):
+        weights = Path(p) / "model.safetensors"
+        keys[name] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    if args.untrained:
+        first = next(iter(drafters.values())).config
+        cfg = new_drafter_config(target.config, first.num_hidden_layers, first.block_size, first.mask_token_id,
+                                 list(first.target_layer_ids))
+        with tempfile.TemporaryDirectory() as tmp:
+            drafters["untrained (random, seed 0)"] = load_drafter(init_drafter(cfg, Path(tmp) / "d", seed=0))
+    sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size,
+                      Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys)
+    report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
+    report["drafters"] = {name: p for name, p in zip(drafters, paths)}
+    print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"]} for n, d in e["drafters"].items()}
+                      for s, e in report["sets"].items()}, indent=2))
+    if out:
+        write_report(report, out)
+    return report
+
+
+if __name__ == "__main__":
+    main()

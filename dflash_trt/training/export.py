@@ -1,0 +1,169 @@
+"""Export a trained drafter: z-lab checkpoint folder + training.json + loss-curve PNG.
+
+The folder is written under a temporary name beside `out` and renamed at the end, so an
+interrupted export never leaves a folder that looks complete. Weights are the z-lab / ModelOpt
+format (DFLASH.md sec. 3), loadable strictly by `dflash_trt.models.checkpoints.load_drafter`.
+
+Vocabulary: a drafter trained over a reduced draft vocabulary is exported WITH `d2t` (int64 offsets,
+EAGLE-3 / vLLM `speculators` convention) and `draft_vocab_size` in config.json; our runtime loads
+it and drafts over those lm_head rows only. TensorRT-LLM's and SGLang's DFlash loaders and vLLM's
+z-lab `dflash` loader expect the full vocabulary (the z-lab format has no `d2t`): `full_vocab_copy`
+writes that variant (same weights, the full target lm_head at inference).
+
+    python -m dflash_trt.training.export SRC DST     # full-vocabulary copy of a drafter folder
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dflash_trt.config import DrafterConfig
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.loading import read_tensors, save_checkpoint
+
+
+def versions() -> dict:
+    """Versions of what produced a drafter (recorded in training.json)."""
+    import transformers
+
+    import dflash_trt
+
+    return {"dflash_trt": getattr(dflash_trt, "__version__", "0.1.0"), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafter training") -> None:
+    """Write a PNG of loss (and the training-time acceptance estimate) against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [h["loss"] for h in history], label="loss", color="tab:blue")
+    ax.plot(steps, [h["hard_ce"] for h in history], label="hard CE", color="tab:cyan", alpha=0.6)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("decay-weighted cross-entropy")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [1 + h["accepted"] for h in history], label="train acceptance estimate", color="tab:orange")
+    ax2.set_ylabel("1 + leading correct positions (train blocks)")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
+    """README.md of an exported drafter: what it is and which loaders accept it."""
+    reduced = cfg.draft_vocab_size is not None
+    data = info.get("data", {})
+    lines = [
+        "# DFlash drafter",
+        "",
+        f"{cfg.num_hidden_layers} layer(s), block size {cfg.block_size}, hidden {cfg.hidden_size}, target layers "
+        f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained by `dflash-trt train-drafter` "
+        f"({info.get('steps')} steps on {data.get('samples')} target-written samples; see training.json, loss.png"
+        " and acceptance.* when present).",
+        "",
+        "## Vocabulary and loaders",
+        "",
+    ]
+    if reduced:
+        lines += [
+            f"This export predicts over a REDUCED draft vocabulary of {cfg.draft_vocab_size} target tokens: "
+            "config.json has `draft_vocab_size` and model.safetensors has `d2t` (int64 offsets, target id = "
+            "draft id + d2t[draft id], the EAGLE-3 / vLLM `speculators` convention).",
+            "",
+            "- dflash-trt (this package): loads it and drafts over those lm_head rows only.",
+            "- TensorRT-LLM (`DFlashDecodingConfig`), SGLang (`--speculative-algorithm DFLASH`) and vLLM's `dflash` "
+            "method expect z-lab-format drafters over the FULL target vocabulary; the z-lab format has no `d2t`, so "
+            "do not give them this folder (not tested here: TensorRT-LLM cannot be installed on the machine that "
+            "made it). For them, write the full-vocabulary variant (same weights, no `d2t`):",
+            "  `python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER`.",
+        ]
+    else:
+        lines += ["Full target vocabulary, z-lab / ModelOpt format (`DFlashDraftModel`): loadable by dflash-trt, "
+                  "TensorRT-LLM's DFlash loader, SGLang and vLLM's `dflash` method."]
+    return "\n".join(lines) + "\n"
+
+
+def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict, history: list[dict],
+                   dtype: torch.dtype = torch.float32, extra_files: dict[str, str | bytes] | None = None) -> Path:
+    """Write `drafter` to `out` atomically (temp folder + rename; an existing `out` is replaced).
+
+    Contents: config.json (trained; `draft_vocab_size` when reduced), model.safetensors (floating
+    weights in `dtype`; `d2t` int64 when reduced), training.json (`training_info` + versions),
+    loss.png (when `history` is not empty), README.md (which loaders accept it), plus `extra_files`
+    {name: text or bytes}.
+    Returns the final path.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        cfg = drafter.config.replace(trained=True)
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in drafter.state_dict().items()}
+        hf = cfg.to_hf_dict()
+        hf["torch_dtype"] = str(dtype).replace("torch.", "")
+        save_checkpoint(tmp, hf, tensors)
+        info = dict(training_info, versions=versions())
+        (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+        if history:
+            plot_loss(history, tmp / "loss.png")
+        (tmp / "README.md").write_text(bundle_readme(cfg, info))
+        for name, content in (extra_files or {}).items():
+            target = tmp / name
+            target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
+        old = out.with_name(f".{out.name}.old")
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
+    """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
+    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied."""
+    src, dst = Path(src), Path(dst)
+    cfg = DrafterConfig.from_pretrained(src)
+    tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
+    hf = json.loads((src / "config.json").read_text())
+    hf.pop("draft_vocab_size", None)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent if dst.parent.exists() else None))
+    try:
+        save_checkpoint(tmp, hf, tensors)
+        for f in src.iterdir():
+            if f.name not in ("config.json", "model.safetensors", "README.md") and f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
+        (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.move(str(tmp), str(dst))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    assert cfg.draft_vocab_size is None or "d2t" not in tensors
+    return dst
+
+
+if __name__ == "__main__":  # pragma: no cover - thin CLI
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m dflash_trt.training.export SRC DST  (full-vocabulary copy of a drafter)")
+    print(full_vocab_copy(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,112 @@
+"""The steps of `dflash-trt train-drafter`, each resumable: prompts -> target data -> train -> export.
+
+Work folder layout: `data/` (the target-written data cache, see `datagen`), `run/` (trainer
+checkpoints, see `trainer`). The final drafter goes to `--out` through a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from dflash_trt.errors import ConfigError
+from dflash_trt.training.datagen import DataStats, generate_dataset, prompts_fingerprint
+from dflash_trt.training.prompts import Prompt, default_corpus, encode_prompt, load_prompts_jsonl
+
+
+def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = torch.float32):
+    """(target path, TargetModel, tokenizer, stop ids) for a HF folder (None = the embedded default)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from dflash_trt.api import stop_token_ids
+    from dflash_trt.models.checkpoints import load_target
+    from dflash_trt.models.default import default_target_path
+
+    path = Path(target) if target is not None else default_target_path()
+    model = load_target(path, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return path, model, tokenizer, stop_token_ids(path, model.config)
+
+
+def training_prompts(prompts_file: str | Path | None, num_chat: int | None = None,
+                     num_code: int | None = None) -> list[Prompt]:
+    """User prompts from a JSONL file, or the default corpus (see `prompts`)."""
+    if prompts_file is not None:
+        return load_prompts_jsonl(prompts_file)
+    return default_corpus(num_chat, num_code)
+
+
+def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_len: int) -> list[list[int]]:
+    """Tokenize every prompt; prompts longer than `max_prompt_len` tokens are cut to their last
+    `max_prompt_len` tokens (the end holds the generation prompt).
+
+    Raises:
+        ConfigError: messages with a target that has no chat template.
+    """
+    if max_prompt_len < 1:
+        raise ConfigError(f"max prompt length must be >= 1, got {max_prompt_len}")
+    return [encode_prompt(tokenizer, p, f"the target at {target_path}")[-max_prompt_len:] for p in prompts]
+
+
+def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt], work_dir: str | Path,
+               layer_ids: tuple[int, ...], max_new_tokens: int = 128, batch_size: int = 64,
+               max_prompt_len: int = 384, progress: bool = True, max_samples: int | None = None) -> DataStats:
+    """Regenerate the training responses with the target (float32, greedy) into work_dir/data.
+
+    Raises:
+        ConfigError: messages with a target that has no chat template.
+        DFlashError: work_dir/data holds data made with other settings.
+    """
+    from dflash_trt.runtime.engine import Engine
+
+    ids = encode_all(tokenizer, prompts, target_path, max_prompt_len)
+    engine = Engine(model, None, stops)
+    settings = {"target": str(Path(target_path).resolve()), "prompts_sha256": prompts_fingerprint(prompts),
+                "max_prompt_len": max_prompt_len, "dtype": "float32"}
+    return generate_dataset(engine, ids, Path(work_dir) / "data", tuple(layer_ids), max_new_tokens, batch_size,
+                            settings, progress, max_samples)
+
+
+def feature_columns(data_layer_ids: tuple[int, ...], wanted: tuple[int, ...], hidden: int) -> torch.Tensor:
+    """Column indices [len(wanted) * hidden] of `wanted` layers inside cached features of `data_layer_ids`.
+
+    Raises:
+        ConfigError: a wanted layer was not recorded in the data cache.
+    """
+    missing = [i for i in wanted if i not in data_layer_ids]
+    if missing:
+        raise ConfigError(f"target layers {missing} are not in the data cache (it holds {list(data_layer_ids)}); "
+                          "regenerate the data with those layers")
+    return torch.cat([torch.arange(hidden) + data_layer_ids.index(i) * hidden for i in wanted])
+
+
+def make_train_data(samples: list[dict], data_layer_ids: tuple[int, ...], drafter_layer_ids: tuple[int, ...],
+                    target, draft_ids: torch.Tensor | None, soft_labels: bool = True):
+    """TrainData (see `trainer.TrainData`) from data-cache samples.
+
+    The teacher hidden state is the target's LAST layer entry of the cache (its final-normed output).
+    draft_ids None means the full vocabulary.
+    """
+    from dflash_trt.training.trainer import TrainData
+    from dflash_trt.training.vocab import target_to_draft
+
+    hidden = target.config.hidden_size
+    vocab = target.config.vocab_size
+    cols = feature_columns(tuple(data_layer_ids), tuple(drafter_layer_ids), hidden)
+    last = target.config.num_hidden_layers - 1
+    tcols = feature_columns(tuple(data_layer_ids), (last,), hidden) if soft_labels else None
+    contiguous = bool((cols == torch.arange(cols[0], cols[0] + cols.numel())).all())
+    feats, teach = [], []
+    for s in samples:
+        f = s["features"]
+        feats.append(f[:, int(cols[0]) : int(cols[0]) + cols.numel()] if contiguous else f[:, cols])
+        if tcols is not None:
+            teach.append(f[:, int(tcols[0]) : int(tcols[0]) + hidden])
+    ids = draft_ids if draft_ids is not None else torch.arange(vocab)
+    head = target.head_weight.detach()[ids].float().contiguous()
+    return TrainData([s["tokens"] for s in samples], [s["prompt_len"] for s in samples], feats,
+                     teach if tcols is not None else None, target_to_draft(ids, vocab), head,
+                     target.embed_weight.detach())

@@ -1,0 +1,82 @@
+"""`dflash-trt train-drafter` end to end on a tiny target, and its errors on bad inputs."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import MASK, VOCAB
+from dflash_trt.cli import cli
+from dflash_trt.errors import ConfigError, DFlashError
+from dflash_trt.models.checkpoints import load_drafter
+
+
+@pytest.fixture(scope="module")
+def target_with_tokenizer(tiny_target_dir, tmp_path_factory):
+    """The tiny target plus a word-level tokenizer ("w0".."w63" -> ids 0..63), no chat template."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tok") / "target"
+    shutil.copytree(tiny_target_dir, folder)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2").save_pretrained(folder)
+    return folder
+
+
+def _prompts(tmp_path, n=16):
+    gen = torch.Generator().manual_seed(3)
+    f = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"prompt": " ".join(f"w{int(t)}" for t in torch.randint(4, VOCAB, (6,), generator=gen))})
+             for _ in range(n)]
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def _run(args):
+    return CliRunner().invoke(cli, ["train-drafter", *args], catch_exceptions=True)
+
+
+def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
+    out = tmp_path / "drafter"
+    args = ["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path)),
+            "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--target-layer-ids", "0,1",
+            "--max-new-tokens", "16", "--draft-vocab-size", "32", "--mask-token-id", str(MASK), "--anchors", "4",
+            "--init", "random", "--gen-batch-size", "8"]
+    res = _run(args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "loss.png", "model.safetensors",
+                                                     "training.json"]
+    info = json.loads((out / "training.json").read_text())
+    assert info["data"]["samples"] == 16 and info["steps"] == 8 and info["draft_vocab"]["size"] == 32
+    drafter = load_drafter(out)
+    assert drafter.config.draft_vocab_size == 32 and drafter.config.trained
+    assert not list(tmp_path.glob(".drafter.tmp-*"))
+    # rerun: the data cache is reused, the finished run needs --resume and then exports again
+    res = _run(args)
+    assert isinstance(res.exception, DFlashError) and "--resume" in str(res.exception)
+    res = _run(args + ["--resume"])
+    assert res.exit_code == 0, repr(res.exception)
+    assert load_drafter(out).state_dict()["fc.weight"].equal(drafter.state_dict()["fc.weight"])
+
+
+@pytest.mark.parametrize("content,extra,err,msg", [
+    ("", [], DFlashError, "empty"),
+    ("{not json\n", [], ConfigError, "not valid JSON"),
+    ('{"messages": [{"role": "user", "content": "w5 w6"}]}\n', [], ConfigError, "no chat template"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "0,4"], ConfigError, "outside [0, 3]"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "a,b"], ConfigError, "comma-separated integers"),
+])
+def test_bad_inputs_fail_cleanly(tmp_path, target_with_tokenizer, content, extra, err, msg):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    out = tmp_path / "drafter"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(f),
+                "--mask-token-id", str(MASK), "--work-dir", str(tmp_path / "work"), *extra])
+    assert isinstance(res.exception, err) and msg in str(res.exception), repr(res.exception)
+    assert not out.exists()
+    assert not (tmp_path / "work" / "run").exists()

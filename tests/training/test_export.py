@@ -1,0 +1,67 @@
+"""Export: a reduced-vocabulary drafter carries its d2t map, loads strictly and drafts losslessly;
+the full-vocabulary copy is plain z-lab format."""
+
+import json
+
+import torch
+
+from conftest import DATA_LAYERS, EOS, MASK
+from dflash_trt.models.checkpoints import load_drafter, new_drafter_config
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.loading import read_tensors
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.training.export import export_drafter, full_vocab_copy
+from dflash_trt.training.pipeline import make_train_data
+from dflash_trt.training.trainer import TrainConfig, train
+from dflash_trt.training.vocab import d2t_offsets, draft_to_target, top_tokens
+
+
+def test_reduced_vocab_export_loads_and_drafts(tmp_path, tiny_target, tiny_samples, tiny_prompts):
+    ids = top_tokens(tiny_samples, 24, 64, (EOS,))
+    assert ids.numel() == 24 and EOS in ids.tolist() and torch.equal(ids, ids.sort().values)
+    assert torch.equal(draft_to_target(d2t_offsets(ids)), ids)
+    cfg = new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1]).replace(draft_vocab_size=24)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg)
+    drafter.d2t.copy_(d2t_offsets(ids))
+    data = make_train_data(tiny_samples, DATA_LAYERS, (0, 1), tiny_target, ids)
+    tc = TrainConfig(block_size=4, anchors_per_seq=8, epochs=6, lr=1e-2, checkpoint_every=1000, log_every=5)
+    state = train(drafter, data, tc, tmp_path / "run", progress=False)
+    out = export_drafter(drafter, tmp_path / "drafter", {"steps": state.step}, state.history, torch.bfloat16)
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["draft_vocab_size"] == 24 and hf["architectures"] == ["DFlashDraftModel"]
+    tensors = read_tensors(out)
+    assert tensors["d2t"].dtype == torch.int64 and tensors["fc.weight"].dtype == torch.bfloat16
+    loaded = load_drafter(out)
+    assert torch.equal(loaded.draft_token_ids(), ids)
+    proposer = DFlashProposer(loaded, tiny_target)
+    engine = Engine(tiny_target, proposer, (EOS,))
+    params = SamplingParams(max_tokens=30)
+    res = engine.generate(tiny_prompts[:6], params, mode="dflash")
+    ar = Engine(tiny_target, None, (EOS,)).generate(tiny_prompts[:6], params, mode="ar")
+    assert [r.token_ids for r in res] == [r.token_ids for r in ar]
+    assert sum(r.metrics.accepted_tokens for r in res) > 0
+    # drafts are target ids of the draft vocabulary only
+    proposer.reset(2, 16)
+    drafts = proposer.propose(torch.tensor([5, 6]), torch.tensor([0, 0]), 0, None, [params] * 2, [None] * 2)
+    assert set(drafts.tokens.flatten().tolist()) <= set(ids.tolist())
+    # sampled drafts: q is a distribution over the full vocabulary, zero off the draft vocabulary
+    sp = SamplingParams(temperature=1.0, max_tokens=30, seed=0)
+    proposer.reset(1, 16)
+    drafts = proposer.propose(torch.tensor([5]), torch.tensor([0]), 0, torch.tensor([0]), [sp],
+                              [torch.Generator().manual_seed(0)])
+    q = drafts.probs[0]
+    assert q.shape == (3, 64) and torch.allclose(q.sum(-1), torch.ones(3))
+    off = torch.ones(64, dtype=torch.bool)
+    off[ids] = False
+    assert q[:, off].abs().max() == 0
+
+    full = full_vocab_copy(out, tmp_path / "full")
+    assert "draft_vocab_size" not in json.loads((full / "config.json").read_text())
+    assert "d2t" not in read_tensors(full)
+    full_drafter = load_drafter(full)
+    assert full_drafter.d2t is None
+    assert torch.equal(full_drafter.state_dict()["fc.weight"], loaded.state_dict()["fc.weight"])
+    assert (full / "training.json").is_file() and (full / "loss.png").is_file()

@@ -1,0 +1,59 @@
+"""Prompt sources: the default corpus never overlaps the evaluation sets; JSONL errors are clear."""
+
+import json
+import re
+
+import pytest
+
+from dflash_trt.errors import ConfigError, DFlashError
+from dflash_trt.datasets import humaneval_prompts, mt_bench_first_turns
+from dflash_trt.datasets import mt_bench_questions
+from dflash_trt.training.prompts import chat_corpus, code_corpus, default_corpus, load_prompts_jsonl
+
+
+def _ngrams(text, n=13):
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_default_corpus_does_not_overlap_eval_sets():
+    corpus = [m[0]["content"] for m in default_corpus()]
+    assert len(corpus) == len(chat_corpus()) + len(code_corpus()) > 3000
+    evals = list(humaneval_prompts()) + [t for q in mt_bench_questions() for t in q["turns"]]
+    assert len(evals) == 164 + 160
+    norm = lambda s: " ".join(s.split()).lower()  # noqa: E731
+    eval_texts = {norm(e) for e in evals}
+    assert not eval_texts & {norm(c) for c in corpus}
+    eval_grams = set().union(*(_ngrams(e) for e in evals))
+    shared = [c for c in corpus if _ngrams(c) & eval_grams]
+    assert shared == []
+    # no HumanEval function (signature line) appears in a code prompt
+    he_sigs = {norm(line) for e in humaneval_prompts() for line in e.splitlines() if line.startswith("def ")}
+    assert not [c for c in corpus if any(sig in norm(c) for sig in he_sigs)]
+    assert mt_bench_first_turns()[0] not in corpus
+
+
+def test_jsonl_prompts_and_messages(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    assert load_prompts_jsonl(f) == ["hi", [{"role": "user", "content": "yo"}]]
+
+
+@pytest.mark.parametrize("text,err,msg", [
+    ("", DFlashError, "empty"),
+    ("\n\n", DFlashError, "empty"),
+    ('{"prompt": "ok"}\nnot json\n', ConfigError, ":2: not valid JSON"),
+    ('{"text": "x"}\n', ConfigError, ":1: expected"),
+    ('{"messages": [{"role": "user"}]}\n', ConfigError, ":1: expected"),
+    ('{"prompt": ""}\n', ConfigError, ":1: expected"),
+])
+def test_bad_prompt_files(tmp_path, text, err, msg):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text)
+    with pytest.raises(err, match=re.escape(msg)):
+        load_prompts_jsonl(f)
+
+
+def test_missing_prompts_file(tmp_path):
+    with pytest.raises(DFlashError, match="no such prompts file"):
+        load_prompts_jsonl(tmp_path / "nope.jsonl")

@@ -1,0 +1,80 @@
+"""The trainer on a tiny target: loss falls, acceptance rises, interrupt + resume == uninterrupted."""
+
+import pytest
+import torch
+
+from conftest import DATA_LAYERS, EOS, MASK
+from dflash_trt.errors import DFlashError
+from dflash_trt.models.checkpoints import new_drafter_config
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.training.evaluate import set_tau
+from dflash_trt.training.pipeline import make_train_data
+from dflash_trt.training.trainer import TrainConfig, train
+
+CFG = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, lr=1e-2, soft_weight=0.5,
+                  checkpoint_every=1000, log_every=5, seed=0)
+
+
+def _drafter(target, seed=0):
+    cfg = new_drafter_config(target.config, 1, 4, MASK, [0, 1])
+    torch.manual_seed(seed)
+    return DFlashDrafter(cfg)
+
+
+def _data(target, samples):
+    return make_train_data(samples, DATA_LAYERS, (0, 1), target, None)
+
+
+def _tau(target, drafter, prompts):
+    engine = Engine(target, DFlashProposer(drafter.eval(), target), (EOS,))
+    results = engine.generate(prompts, SamplingParams(max_tokens=40), mode="dflash")
+    ar = Engine(target, None, (EOS,)).generate(prompts, SamplingParams(max_tokens=40), mode="ar")
+    assert [r.token_ids for r in results] == [r.token_ids for r in ar]  # greedy parity holds throughout
+    return set_tau(results)
+
+
+def test_loss_falls_and_acceptance_rises(tmp_path, tiny_target, tiny_samples, tiny_prompts):
+    drafter = _drafter(tiny_target)
+    untrained_tau = _tau(tiny_target, drafter, tiny_prompts)
+    state = train(drafter, _data(tiny_target, tiny_samples), CFG, tmp_path / "run", progress=False)
+    assert state.finished and state.step == CFG.total_steps(len(tiny_samples)) == 120
+    first, last = state.history[0], state.history[-1]
+    assert last["hard_ce"] < 0.75 * first["hard_ce"]
+    assert last["loss"] < first["loss"] - 0.8
+    assert last["accepted"] > first["accepted"]
+    trained_tau = _tau(tiny_target, drafter, tiny_prompts)
+    assert trained_tau > untrained_tau + 0.3, (untrained_tau, trained_tau)
+
+
+def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
+    torch.use_deterministic_algorithms(True)
+    try:
+        cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3})
+        data = _data(tiny_target, tiny_samples)
+        straight = _drafter(tiny_target)
+        train(straight, data, cfg, tmp_path / "a", progress=False)
+        interrupted = _drafter(tiny_target)
+        state = train(interrupted, data, cfg, tmp_path / "b", max_steps=5, progress=False)
+        assert not state.finished and state.step == 5
+        resumed = _drafter(tiny_target, seed=123)  # different init: the checkpoint must replace it
+        state = train(resumed, data, cfg, tmp_path / "b", resume=True, progress=False)
+        assert state.finished and state.step == cfg.total_steps(len(tiny_samples))
+        for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+            assert torch.equal(a, b), k
+        assert [h["loss"] for h in state.history] == pytest.approx([h["loss"] for h in state.history])
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_target, tiny_samples):
+    cfg = TrainConfig(**{**CFG.__dict__, "epochs": 1})
+    data = _data(tiny_target, tiny_samples)
+    train(_drafter(tiny_target), data, cfg, tmp_path / "r", max_steps=2, progress=False)
+    with pytest.raises(DFlashError, match="--resume"):
+        train(_drafter(tiny_target), data, cfg, tmp_path / "r", progress=False)
+    other = TrainConfig(**{**cfg.__dict__, "lr": 1e-4})
+    with pytest.raises(DFlashError, match="other training settings"):
+        train(_drafter(tiny_target), data, other, tmp_path / "r", resume=True, progress=False)
