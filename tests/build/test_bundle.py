@@ -187,6 +187,8 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
     assert report.sizes["total"] > 0 and len(report.steps) == 6
     if kv == "fp8":
         assert json.loads((out / "trtllm/target/hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+        assert json.loads((out / "trtllm_checkpoint/config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+        assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["kv_cache_config"]["dtype"] == "fp8"
     pipe = load_bundle(out)
     prompts = [pipe.encode("def fibonacci(n):"), pipe.encode_chat("Name three colours."), pipe.encode("The history of")]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
