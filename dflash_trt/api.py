@@ -53,13 +53,11 @@ class Pipeline:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
 
         Raises:
-            InvalidRequestError: the tokenizer has no chat template.
+            ConfigError: the tokenizer has no chat template.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError(f"the target at {self.target_path} has no chat template; use a plain prompt")
-        out = self.tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                                 tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        from dflash_trt.training.prompts import encode_prompt
+
+        return encode_prompt(self.tokenizer, [{"role": "user", "content": message}], f"the target at {self.target_path}")
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
@@ -112,3 +110,37 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     tokenizer = AutoTokenizer.from_pretrained(str(target_path))
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
+
+
+def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
+                load_drafter_model: bool = True) -> Pipeline:
+    """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
+    from `trtllm/target` and the drafter from `trtllm/drafter`, dequantizing FP8 / NVFP4 weights to `dtype`
+    (see `dflash_trt.models.dequant`; activations are not quantized on this path).
+
+    Raises:
+        BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
+        IncompatibleModelsError, CheckpointError: as `load_pipeline`.
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from dflash_trt.build.manifest import load_manifest
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+
+    root = Path(bundle)
+    manifest = load_manifest(root)
+    torch_dtype = parse_dtype(dtype)
+    target_path = root / manifest["models"]["target"]["path"]
+    drafter_path = root / manifest["models"]["drafter"]["path"]
+    tcfg = TargetConfig.from_pretrained(target_path)
+    check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
+    model = load_target(target_path, torch_dtype)  # FP8 / NVFP4 weights are dequantized on load
+    proposer = None
+    if load_drafter_model:
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size)
+    tokenizer = AutoTokenizer.from_pretrained(str(root / manifest["tokenizer"]["path"]))
+    engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
+    return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

@@ -5,6 +5,11 @@ Used by the runtime before it loads weights, by `dflash-trt check` and by `dflas
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 from dflash_trt.config import DrafterConfig, TargetConfig
 from dflash_trt.errors import IncompatibleModelsError
 
@@ -57,3 +62,110 @@ def check_compatible(target: TargetConfig, drafter: DrafterConfig) -> None:
     problems = compatibility_problems(target, drafter)
     if problems:
         raise IncompatibleModelsError("drafter does not fit the target:\n  - " + "\n  - ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# `dflash-trt check`: the config checks above plus checks that need the checkpoint folders
+# ---------------------------------------------------------------------------------------------
+
+ERROR, WARNING = "error", "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of `check_checkpoints`: level ERROR (the pair cannot be served) or WARNING (it can,
+    with the stated consequence); `message` names the problem and the fix."""
+
+    level: str
+    message: str
+
+
+def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
+    """(sha256 of the token->id vocabulary incl. added tokens, {id: special token}) from tokenizer.json,
+    or None when the folder has no tokenizer.json."""
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        return None
+    tok = json.loads(file.read_text())
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+        vocab = {piece[0]: i for i, piece in enumerate(vocab)}
+    added = {int(t["id"]): t["content"] for t in tok.get("added_tokens", [])}
+    blob = json.dumps([sorted(vocab.items()), sorted(added.items())], ensure_ascii=False).encode()
+    special = {int(t["id"]): t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
+    return hashlib.sha256(blob).hexdigest(), special
+
+
+def _weight_shape_problems(drafter_path: Path, drafter: DrafterConfig) -> list[str]:
+    import torch
+    from safetensors import safe_open
+
+    from dflash_trt.models.drafter import DFlashDrafter
+    from dflash_trt.models.loading import safetensors_files
+
+    with torch.device("meta"):
+        expected = {k: list(v.shape) for k, v in DFlashDrafter(drafter).state_dict().items()}
+    found: dict[str, list[int]] = {}
+    for file in safetensors_files(drafter_path):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                found[key] = list(f.get_slice(key).get_shape())
+    problems = []
+    for key, shape in expected.items():
+        if key not in found:
+            problems.append(f"drafter weights: {key} {shape} is missing from {drafter_path}; the weights do not match "
+                            "config.json (re-export the drafter)")
+        elif found[key] != shape:
+            problems.append(f"drafter weights: {key} has shape {found[key]}, config.json implies {shape}; fix "
+                            "config.json (hidden_size, target_layer_ids, heads) or use the matching checkpoint")
+    return problems
+
+
+def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list[Finding]:
+    """Every check `dflash-trt check` runs on a target folder and a drafter folder.
+
+    Errors: unreadable configs, every `compatibility_problems` item, drafter weights that do not match
+    its config, different tokenizers. Warnings: a drafter context (max_position_embeddings) shorter than
+    the target's (the runtime then stops drafting near the drafter's limit and decodes one token per
+    step), different RoPE settings, a mask token that is not a special token of the tokenizer.
+    """
+    from dflash_trt.errors import DFlashError
+
+    target_path, drafter_path = Path(target_path), Path(drafter_path)
+    try:
+        target = TargetConfig.from_pretrained(target_path)
+    except DFlashError as exc:
+        return [Finding(ERROR, f"target: {exc}")]
+    try:
+        drafter = DrafterConfig.from_pretrained(drafter_path)
+    except DFlashError as exc:
+        return [Finding(ERROR, f"drafter: {exc}")]
+    out = [Finding(ERROR, p) for p in compatibility_problems(target, drafter)]
+    try:
+        out += [Finding(ERROR, p) for p in _weight_shape_problems(drafter_path, drafter)]
+    except DFlashError as exc:
+        out.append(Finding(ERROR, f"drafter: {exc}"))
+    if drafter.max_position_embeddings < target.max_position_embeddings:
+        out.append(Finding(WARNING, (
+            f"context: the drafter's max_position_embeddings {drafter.max_position_embeddings} is below the target's "
+            f"{target.max_position_embeddings}; past position {drafter.max_position_embeddings - drafter.block_size} "
+            "drafting stops and decoding continues one token per step (output unchanged, slower). Use a drafter "
+            "trained for the target's context to keep the speedup")))
+    if (drafter.rope_theta, drafter.rope_scaling) != (target.rope_theta, target.rope_scaling):
+        out.append(Finding(WARNING, (
+            f"rope: drafter rope_theta {drafter.rope_theta:g} / scaling {drafter.rope_scaling} differ from the target's "
+            f"{target.rope_theta:g} / {target.rope_scaling}; fine if the drafter was trained that way, otherwise "
+            "it was made for another target (acceptance will be low)")))
+    t_tok, d_tok = _tokenizer_identity(target_path), _tokenizer_identity(drafter_path)
+    if t_tok is None:
+        out.append(Finding(WARNING, f"tokenizer: {target_path} has no tokenizer.json; tokenizer identity and the mask "
+                                    "token were not checked"))
+    elif d_tok is not None and d_tok[0] != t_tok[0]:
+        out.append(Finding(ERROR, (
+            f"tokenizer: {drafter_path}/tokenizer.json differs from the target's (different vocabulary or added "
+            "tokens); a drafter only works with the tokenizer it was trained on: use the drafter made for this target")))
+    if t_tok is not None and 0 <= drafter.mask_token_id < target.vocab_size and drafter.mask_token_id not in t_tok[1]:
+        out.append(Finding(WARNING, (
+            f"mask token: id {drafter.mask_token_id} is not a special token of the target's tokenizer; it may occur "
+            "in normal text. Pick a reserved special token as dflash_config.mask_token_id")))
+    return out

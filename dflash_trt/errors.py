@@ -27,3 +27,11 @@ class PromptTooLongError(DFlashError):
 
 class InvalidRequestError(DFlashError):
     """Sampling parameters or a request field are out of range (e.g. top_p <= 0, max_tokens < 1)."""
+
+
+class BundleError(DFlashError):
+    """A build bundle is missing, altered (sha256 mismatch), or from a newer manifest schema."""
+
+
+class BuildError(DFlashError):
+    """`dflash-trt build` failed; nothing was written to the output folder."""

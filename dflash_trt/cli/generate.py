@@ -7,48 +7,21 @@ import sys
 
 import click
 
-from dflash_trt.errors import InvalidRequestError
 
+def encode_item(pipe, item) -> list[int]:
+    """A prompts-file item: plain text (no chat template) or a list of chat messages (template)."""
+    from dflash_trt.training.prompts import encode_prompt
 
-def read_prompts_file(path: str) -> list[dict]:
-    """JSONL with one object per line: {"prompt": text} (plain) or {"messages": [...]} (chat).
-
-    Raises:
-        InvalidRequestError: unreadable, empty, malformed JSON, or a line with neither field
-            (the message gives the line number).
-    """
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise InvalidRequestError(f"cannot read prompts file {path}: {exc.strerror}") from exc
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
-            raise InvalidRequestError(f'{path}:{n}: expected an object with "prompt" or "messages"')
-        items.append(obj)
-    if not items:
-        raise InvalidRequestError(f"{path}: no prompts in the file")
-    return items
-
-
-def encode_item(pipe, item: dict) -> list[int]:
-    if "messages" in item:
-        if not getattr(pipe.tokenizer, "chat_template", None):
-            raise InvalidRequestError("the target's tokenizer has no chat template for 'messages'")
-        out = pipe.tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return pipe.encode(item["prompt"])
+    if isinstance(item, str):
+        return pipe.encode(item)
+    return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}")
 
 
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
+@click.option("--bundle", type=click.Path(), default=None,
+              help="A `dflash-trt build` bundle folder (verified, FP8/NVFP4 dequantized); replaces --target/--drafter.")
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
@@ -62,7 +35,7 @@ def encode_item(pipe, item: dict) -> list[int]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
-def generate(target, drafter, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
+def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
@@ -72,9 +45,18 @@ def generate(target, drafter, prompt, chat, prompts_file, max_tokens, temperatur
     if sum(given) != 1:
         raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
-    items = read_prompts_file(prompts_file) if prompts_file else ([{"prompt": prompt}] if prompt is not None else
-                                                                   [{"messages": [{"role": "user", "content": chat}]}])
-    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+    from dflash_trt.training.prompts import load_prompts_jsonl
+
+    items = load_prompts_jsonl(prompts_file) if prompts_file else (
+        [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
+        from dflash_trt.api import load_bundle
+
+        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash")
+    else:
+        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}

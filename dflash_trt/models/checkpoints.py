@@ -12,6 +12,7 @@ import torch
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
 from dflash_trt.models.target import TargetModel
 
@@ -25,22 +26,34 @@ def _build_on_meta(cls, cfg):
     return module
 
 
+def _read_weights(path, dtype, device):
+    """The folder's tensors in `dtype`; ModelOpt FP8 / NVFP4 checkpoints are dequantized first."""
+    from dflash_trt.models.dequant import dequantize_tensors, quant_algo
+
+    algo = quant_algo(path)
+    if algo is None:
+        return read_tensors(path, dtype, device)
+    return dequantize_tensors(read_tensors(path, None, device), algo, dtype)
+
+
 def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TargetModel:
     """Load a HF causal-LM folder (config.json + safetensors) as a TargetModel in eval mode.
+
+    A ModelOpt FP8 / NVFP4 unified checkpoint is dequantized to `dtype` on load (`dflash_trt.models.dequant`).
 
     Raises:
         CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure.
     """
     cfg = TargetConfig.from_pretrained(path)
     model = _build_on_meta(TargetModel, cfg)
-    tensors = read_tensors(path, dtype, device)
+    tensors = _read_weights(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
-    return model.eval().requires_grad_(False)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
-    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode.
+    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode (FP8 drafters dequantized on load).
 
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
@@ -48,8 +61,8 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     """
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
-    load_strict(model, read_tensors(path, dtype, device), "drafter", path)
-    return model.eval().requires_grad_(False)
+    load_strict(model, _read_weights(path, dtype, device), "drafter", path)
+    return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 
 def new_drafter_config(target: TargetConfig, num_layers: int = 1, block_size: int = 16,

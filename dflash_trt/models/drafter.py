@@ -19,23 +19,15 @@ import torch
 from torch import nn
 
 from dflash_trt.config import DrafterConfig
-from dflash_trt.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
 from dflash_trt.runtime.kv_cache import KVCache
 
 
-class DrafterAttention(nn.Module):
+class DrafterAttention(AttentionProjections):
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                         cfg.attention_bias, True, cfg.rms_norm_eps)
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = self.head_dim**-0.5
 
     def project_kv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h [n, t, hidden] -> (K, V) [n, kv_heads, t, head_dim]; K is k_norm'd and RoPE'd."""

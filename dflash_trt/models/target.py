@@ -17,26 +17,15 @@ import torch
 from torch import nn
 
 from dflash_trt.config import TargetConfig
-from dflash_trt.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
 from dflash_trt.runtime.kv_cache import KVCache
 
 
-class TargetAttention(nn.Module):
+class TargetAttention(AttentionProjections):
     def __init__(self, cfg: TargetConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                         cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps)
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-        self.scale = self.head_dim**-0.5
 
     def forward(self, x, rope, positions, mask, cache: KVCache, rows, kv_len):
         n, t, _ = x.shape
@@ -107,7 +96,8 @@ class TargetModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
-        return torch.matmul(hidden, self.head_weight.t()).float()
+        flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D mm: a 3-D matmul takes a slow bmm path on CPU
+        return torch.mm(flat, self.head_weight.t()).float().view(*hidden.shape[:-1], -1)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""

@@ -196,22 +196,25 @@ class Engine:
         last = torch.tensor([r.out[-1] for r in batch])
         starts = torch.tensor([r.start for r in batch])
         max_start = max(r.start for r in batch)
-        if mode == "dflash":
+        k = block - 1
+        # a block reaching past the drafter's context is verified as a plain one-token step; once no
+        # row can draft (positions only grow), the step is autoregressive and skips the drafter
+        can_draft = [mode == "dflash" and k > 0 and r.start + block <= self.proposer.max_position for r in batch]
+        drafting = any(can_draft)
+        step = block if drafting else 1
+        drafts = None
+        tokens = last[:, None]
+        if drafting:
             drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
                                            [r.generator for r in batch])
-            tokens = torch.cat([last[:, None], drafts.tokens], dim=1)
-        else:
-            drafts = None
-            tokens = last[:, None]
-        positions = starts[:, None] + torch.arange(block)
-        out = self.target(tokens, positions, cache, max_start + block, rows, self._feature_ids(mode))
+            tokens = torch.cat([tokens, drafts.tokens], dim=1)
+        positions = starts[:, None] + torch.arange(step)
+        feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
+        out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids)
         if mode == "ar" and self.feature_sink is not None:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
-        k = block - 1
         if any(r.params.greedy for r in batch):
             g_acc, g_next = greedy_accept(tokens[:, 1:], out.logits)
-        # a block reaching past the drafter's context is verified as a plain one-token step
-        can_draft = [k > 0 and r.start + block <= self.proposer.max_position for r in batch]
         for j, r in enumerate(batch):
             kj = k if can_draft[j] else 0
             if r.params.greedy:
@@ -235,7 +238,7 @@ class Engine:
                     m.accepted_per_position[pos] += 1
             r.start += acc + 1
             cache.set_length(active[j], r.start)
-        if mode == "dflash":
+        if drafting:
             # KV injection of the block's target features; slots past each row's accepted length
             # hold rejected drafts' features and stay masked until overwritten.
             self.proposer.add_context(out.features, positions, rows)

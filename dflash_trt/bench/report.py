@@ -1,0 +1,87 @@
+"""Benchmark results -> a Markdown table and PNG plots (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(x, spec="{:.2f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def markdown_table(results: dict) -> str:
+    """One row per dataset x mode: tau, acceptance rate, tok/s, speedups, TTFT, identical-to-ar."""
+    cfg = results.get("config", {})
+    lines = [
+        f"Target `{cfg.get('target')}`, drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, "
+        f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {cfg.get('num_prompts')} prompts "
+        f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
+        f"{results.get('machine', {}).get('threads')} threads. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",
+        "",
+        "| dataset | mode | tau | acceptance rate | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) | identical to ar |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ds, entry in results["datasets"].items():
+        for mode, m in entry["modes"].items():
+            ttft = None if m["mean_ttft_s"] is None else m["mean_ttft_s"] * 1000
+            lines.append(
+                f"| {ds} | {mode} | {_fmt(m['acceptance_length'])} | {_fmt(m['acceptance_rate'])} | "
+                f"{m['tokens_per_s']:.1f} | {_fmt(entry.get('speedup_vs_ar', {}).get(mode))}x | "
+                f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode))}x | {_fmt(ttft, '{:.0f}')} | "
+                f"{m['identical_to_ar']}/{m['prompts']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    """tau histogram, acceptance by block position (dflash), speedup per dataset. Returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    dsets = results["datasets"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for ds, e in dsets.items():
+        taus = e["modes"].get("dflash", {}).get("tau_per_prompt") or []
+        if taus:
+            ax.hist(taus, bins=20, alpha=0.6, label=ds)
+    ax.set_xlabel("acceptance length tau per prompt (dflash)")
+    ax.set_ylabel("prompts")
+    ax.legend()
+    paths.append(out_dir / "tau_histogram.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for ds, e in dsets.items():
+        acc = e["modes"].get("dflash", {}).get("acceptance_by_position") or []
+        if acc:
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=ds)
+    ax.set_xlabel("draft position in block")
+    ax.set_ylabel("fraction of verify steps accepted")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    paths.append(out_dir / "acceptance_by_position.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(dsets)
+    modes = [m for m in next(iter(dsets.values()))["modes"] if m != "ar"] if dsets else []
+    width = 0.8 / max(len(modes), 1)
+    for j, mode in enumerate(modes):
+        vals = [dsets[ds].get("speedup_vs_ar", {}).get(mode, 0) for ds in names]
+        ax.bar([i + j * width for i in range(len(names))], vals, width, label=mode)
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
+    ax.set_ylabel("speedup vs ar (tokens/s ratio)")
+    ax.legend()
+    paths.append(out_dir / "speedup.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,146 @@
+"""Run every mode on the same prompts in one process, interleaved, after a warm-up.
+
+Order: for each prompt, each mode in turn (the starting mode rotates per prompt), so slow drifts
+of the machine (thermal, other load) hit every mode alike. Same dtype and thread count for all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dflash_trt.bench.modes import ModeRun, ModeRunner
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.sampling import SamplingParams
+
+DATASETS = ("mt-bench", "humaneval")
+
+
+def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:
+    """Token ids of `num_prompts` prompts of `dataset` ("mt-bench", "humaneval" or a JSONL path).
+
+    MT-Bench: first turns in the chat template. HumanEval: the code prompt inside the same chat
+    instruction the training corpus uses (`dflash_trt.training.evalsets`). A JSONL file: lines of
+    {"prompt": ...} or {"messages": [...]}.
+    """
+    from dflash_trt.cli.generate import encode_item
+    from dflash_trt.training.prompts import load_prompts_jsonl
+    from dflash_trt.training.evalsets import humaneval_subset, mtbench_subset
+
+    if dataset == "mt-bench":
+        return [pipe.encode_chat(q) for q in mtbench_subset(num_prompts)]
+    if dataset == "humaneval":
+        return [pipe.encode_chat(q) for q in humaneval_subset(num_prompts)]
+    if not Path(dataset).is_file():
+        raise InvalidRequestError(f"--dataset must be one of {', '.join(DATASETS)} or a JSONL file; {dataset} is neither")
+    return [encode_item(pipe, it) for it in load_prompts_jsonl(dataset)[:num_prompts]]
+
+
+@dataclass
+class ModeSummary:
+    """Aggregates of one mode on one dataset (sums over prompts; rates from the sums)."""
+
+    mode: str
+    prompts: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    tau_per_prompt: list[float] = field(default_factory=list)
+    identical_to_ar: int = 0
+
+    def add(self, run: ModeRun) -> None:
+        self.prompts += 1
+        self.completion_tokens += len(run.token_ids)
+        self.seconds += run.seconds
+        if run.ttft_s is not None:
+            self.ttft_s.append(run.ttft_s)
+        m = run.metrics
+        if m:
+            self.drafted += m["drafted_tokens"]
+            self.accepted += m["accepted_tokens"]
+            self.verify_steps += m["verify_steps"]
+            self.tau_per_prompt.append(m["acceptance_length"])
+            app = m["accepted_per_position"]
+            if app:
+                if not self.accepted_per_position:
+                    self.accepted_per_position = [0] * len(app)
+                self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, app)]
+
+    def to_dict(self) -> dict:
+        decoded = self.completion_tokens - self.prompts  # first tokens come from prefill
+        return {
+            "mode": self.mode,
+            "prompts": self.prompts,
+            "completion_tokens": self.completion_tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": self.completion_tokens / self.seconds if self.seconds else 0.0,
+            "mean_ttft_s": sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else None,
+            "acceptance_length": decoded / self.verify_steps if self.verify_steps else None,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "acceptance_by_position": [a / self.verify_steps for a in self.accepted_per_position] if self.verify_steps else [],
+            "tau_per_prompt": self.tau_per_prompt,
+            "identical_to_ar": self.identical_to_ar,
+        }
+
+
+def machine_info(threads: int, dtype: str) -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads": threads, "dtype": dtype,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int, params: SamplingParams,
+                  dtype: torch.dtype, batch_size: int = 1, progress=None) -> dict:
+    """Every mode on the same prompts of every dataset. Returns the results.json dict:
+    {"datasets": {name: {"modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}."""
+    runner = ModeRunner(pipe, dtype)
+    warm = pipe.encode_chat("Say hello.")
+    for mode in modes:  # warm-up: allocator, kernels, lazy HF load
+        runner.run(mode, [warm], [SamplingParams(max_tokens=4, temperature=params.temperature, seed=0)])
+    out = {"datasets": {}}
+    for ds in datasets:
+        prompts = load_prompts(pipe, ds, num_prompts)
+        summaries = {m: ModeSummary(m) for m in modes}
+        for g, lo in enumerate(range(0, len(prompts), batch_size)):
+            group = prompts[lo : lo + batch_size]
+            group_params = [params if params.greedy else dataclasses.replace(params, seed=(params.seed or 0) + lo + j)
+                            for j in range(len(group))]
+            order = modes[g % len(modes):] + modes[: g % len(modes)]
+            runs = {}
+            for mode in order:
+                runs[mode] = runner.run(mode, group, group_params)
+                for run in runs[mode]:
+                    summaries[mode].add(run)
+                if progress:
+                    progress(len(group))
+            if "ar" in runs:
+                for mode, group_runs in runs.items():
+                    for run, ref in zip(group_runs, runs["ar"]):
+                        summaries[mode].identical_to_ar += int(run.token_ids == ref.token_ids)
+        modes_d = {m: s.to_dict() for m, s in summaries.items()}
+        entry = {"modes": modes_d}
+        for base in ("ar", "hf"):
+            if base in modes_d and modes_d[base]["tokens_per_s"]:
+                entry[f"speedup_vs_{base}"] = {m: d["tokens_per_s"] / modes_d[base]["tokens_per_s"] for m, d in modes_d.items()}
+        out["datasets"][ds] = entry
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

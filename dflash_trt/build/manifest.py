@@ -1,0 +1,108 @@
+"""`manifest.json`: what a bundle holds, how it was made, and the sha256 of every file in it.
+
+Written last by `dflash-trt build`; read and verified by `load_manifest` before the runtime loads a
+bundle (`dflash-trt generate --bundle`). Verification fails with a `BundleError` naming the file
+when a listed file is missing or its sha256 differs, and when the manifest comes from a newer schema
+than this dflash-trt understands. Files added to a bundle after the build are not checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from dflash_trt.errors import BundleError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KIND = "dflash-trt-bundle"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_table(root: Path) -> dict[str, dict]:
+    """{relative posix path: {"sha256", "bytes"}} of every file under `root` except the manifest."""
+    table = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST_NAME:
+            table[p.relative_to(root).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return table
+
+
+def tool_versions() -> dict[str, str | None]:
+    """Versions of the tools that shaped a bundle (None when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("dflash-trt", "torch", "transformers", "safetensors", "nvidia-modelopt", "tensorrt_llm"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    if out["dflash-trt"] is None:
+        from dflash_trt import __version__
+
+        out["dflash-trt"] = __version__
+    return out
+
+
+def write_manifest(root: Path, fields: dict) -> dict:
+    """Write `root/manifest.json` = {schema_version, kind, **fields, files: sha256 table}; return it."""
+    manifest = {"schema_version": SCHEMA_VERSION, "kind": KIND, **fields, "files": file_table(root)}
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
+    """Read a bundle's manifest and (by default) verify every listed file.
+
+    Raises:
+        BundleError: no bundle / manifest, invalid JSON, newer schema, a missing file, or a sha256 mismatch.
+    """
+    root = Path(bundle)
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise BundleError(f"{root}: no such bundle folder; build one with `dflash-trt build --out {root}`")
+    if not path.is_file():
+        raise BundleError(f"{root}: no {MANIFEST_NAME}; this is not a finished dflash-trt bundle (rebuild it)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path}: not valid JSON ({exc}); rebuild the bundle") from exc
+    version = manifest.get("schema_version")
+    if manifest.get("kind") != KIND or not isinstance(version, int):
+        raise BundleError(f"{path}: not a dflash-trt bundle manifest (kind/schema_version missing)")
+    if version > SCHEMA_VERSION:
+        raise BundleError(
+            f"{path}: manifest schema {version} is newer than this dflash-trt understands ({SCHEMA_VERSION}); "
+            "upgrade dflash-trt (pip install -U dflash-trt) or rebuild the bundle with this version"
+        )
+    if verify:
+        verify_files(root, manifest)
+    return manifest
+
+
+def verify_files(root: Path, manifest: dict) -> None:
+    """Check that every file listed in the manifest exists with its recorded sha256.
+
+    Raises:
+        BundleError: listing every missing or altered file.
+    """
+    problems = []
+    for rel, entry in manifest.get("files", {}).items():
+        p = root / rel
+        if not p.is_file():
+            problems.append(f"missing file {rel}")
+        elif sha256_file(p) != entry["sha256"]:
+            problems.append(f"altered file {rel} (sha256 {sha256_file(p)[:12]}... != manifest {entry['sha256'][:12]}...)")
+    if problems:
+        raise BundleError(f"bundle {root} failed verification: " + "; ".join(problems)
+                          + ". Rebuild it with `dflash-trt build` (or restore the files)")

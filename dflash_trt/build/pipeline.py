@@ -1,0 +1,288 @@
+"""`dflash-trt build`: check -> calibrate + quantize -> export -> write serving files -> manifest.
+
+The bundle is written into a temporary sibling folder (`.NAME.building-*`) and renamed to `--out`
+only when every step succeeded, so a failed or interrupted build leaves no half-written bundle (and
+an existing bundle replaced with `--force` stays intact until the new one is complete).
+
+Bundle layout (docs/build.md):
+    NAME/manifest.json           schema version, models, quantization, tp, block size, ... sha256 of every file
+    NAME/trtllm/target/          unified HF checkpoint (ModelOpt) + tokenizer
+    NAME/trtllm/drafter/         DFlash drafter (z-lab format)
+    NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
+    NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
+
+
+#: target model types whose TensorRT-LLM per-rank checkpoint (legacy engine flow) is written; for others
+#: (Qwen3) the bundle has the trtllm/ folder only and the manifest says why
+LEGACY_CHECKPOINT_TYPES = ("llama",)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Inputs of one build (CLI flags of `dflash-trt build`)."""
+
+    target: Path
+    drafter: Path
+    out: Path
+    quant: str = "none"
+    drafter_quant: str = "none"
+    kv_cache_dtype: str = "auto"
+    tp_size: int = 1
+    calib_prompts: Path | None = None
+    calib_size: int = 32
+    max_batch_size: int = 8
+    force: bool = False
+
+
+@dataclass
+class StepResult:
+    """One finished build step: its name, wall time in seconds, and a short detail for the log."""
+
+    name: str
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class BuildReport:
+    """What a build did: per-step times, folder sizes in bytes, the manifest written."""
+
+    out: Path
+    steps: list[StepResult] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time of all steps (seconds; the weight-free preflight checks are not included)."""
+        return sum(s.seconds for s in self.steps)
+
+
+def folder_bytes(path: Path) -> int:
+    """Total size of the files under `path` (bytes)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def preflight(opts: BuildOptions) -> dict:
+    """Every check that needs no weights: options, `dflash-trt check`, tensor-parallel divisibility, --out.
+
+    Returns:
+        {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
+    Raises:
+        ConfigError: a bad option; IncompatibleModelsError: `check` found errors (all listed).
+    """
+    from dflash_trt.build.quantize import DRAFTER_QUANT_FORMATS, import_modelopt, modelopt_config
+    from dflash_trt.build.sharding import ShardSpec, check_divisible
+    from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.config import DrafterConfig, TargetConfig
+
+    if opts.drafter_quant not in DRAFTER_QUANT_FORMATS:
+        raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
+    if opts.calib_size < 1:
+        raise ConfigError(f"--calib-size must be >= 1, got {opts.calib_size}")
+    modelopt_config(opts.quant, opts.kv_cache_dtype)  # validates both names
+    import_modelopt()  # every build exports through ModelOpt: fail now, with the pip command, if it is missing
+    findings = check_checkpoints(opts.target, opts.drafter)
+    errors = [f.message for f in findings if f.level == ERROR]
+    if errors:
+        raise IncompatibleModelsError("dflash-trt check failed, nothing was built:\n  - " + "\n  - ".join(errors))
+    target = TargetConfig.from_pretrained(opts.target)
+    drafter = DrafterConfig.from_pretrained(opts.drafter)
+    spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
+    check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
+    if opts.out.exists() and not opts.force:
+        raise ConfigError(f"{opts.out} already exists; remove it, pick another --out, or pass --force to replace it")
+    return {"target": target, "drafter": drafter, "warnings": [f.message for f in findings if f.level != ERROR]}
+
+
+def plan(opts: BuildOptions, pre: dict) -> list[str]:
+    """Human-readable steps of the build (what `--dry-run` prints)."""
+    t, d = pre["target"], pre["drafter"]
+    calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
+    steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
+    if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
+        steps.append(f"calibrate + quantize target with ModelOpt: {opts.quant} (kv cache {opts.kv_cache_dtype}), "
+                     f"{opts.calib_size} prompts from {calib}")
+    kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
+    drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
+    legacy = (f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
+              f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
+              " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)")
+    if t.model_type not in LEGACY_CHECKPOINT_TYPES:
+        legacy = f"skip trtllm_checkpoint/ (not wired up for {t.model_type} targets)"
+    steps += [
+        legacy,
+        "export trtllm/target/: unified HF checkpoint + tokenizer",
+        (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
+         f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
+        (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
+         f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML"),
+        f"write manifest.json (sha256 of every file) and move the bundle to {opts.out}",
+    ]
+    return steps
+
+
+def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildReport:
+    """Build a bundle at `opts.out` (see the module docstring). `log` receives one line per step.
+
+    Raises:
+        ConfigError / IncompatibleModelsError: found before anything is written.
+        BuildError: a step failed (the message names it); nothing was written to `opts.out`.
+    """
+    pre = preflight(opts)
+    for w in pre["warnings"]:
+        log(f"warning: {w}")
+    out = opts.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    report = BuildReport(out)
+    try:
+        _build_into(tmp, opts, pre, report, log)
+        if out.exists():  # --force: swap only now that the new bundle is complete
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, (DFlashError, KeyboardInterrupt)):
+            if isinstance(exc, DFlashError) and not isinstance(exc, BuildError):
+                raise BuildError(f"{exc}\n(build failed; nothing was written to {out})") from exc
+            raise
+        step = report.steps[-1].name if report.steps else "start"
+        raise BuildError(f"build failed after step '{step}': {type(exc).__name__}: {exc}; nothing was written to "
+                         f"{out}") from exc
+    return report
+
+
+def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, log: Callable[[str], None]) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_trt.build import trtllm
+    from dflash_trt.build.manifest import sha256_file, tool_versions, write_manifest
+    from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
+    from dflash_trt.build.schema import validate_with_tensorrt_llm
+
+    tcfg, dcfg = pre["target"], pre["drafter"]
+    total = 6
+
+    def step(i: int, name: str, fn):
+        log(f"[{i}/{total}] {name} ...")
+        t0 = time.perf_counter()
+        detail = fn() or ""
+        report.steps.append(StepResult(name, time.perf_counter() - t0, detail))
+        log(f"[{i}/{total}] {name}: done in {report.steps[-1].seconds:.1f} s {detail}")
+
+    state: dict = {}
+
+    def load_and_quantize():
+        model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval()
+        state["calib"] = []
+        if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
+            tok = AutoTokenizer.from_pretrained(str(opts.target))
+            state["calib"] = calibration_token_ids(tok, opts.calib_size, opts.calib_prompts)
+        state["model"] = quantize_model(model, opts.quant, opts.kv_cache_dtype, hf_forward_loop(state["calib"]))
+        return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
+
+    def export_checkpoint():
+        if tcfg.model_type not in LEGACY_CHECKPOINT_TYPES:
+            state["trt_quant"] = None
+            return f"(skipped: not wired up for {tcfg.model_type} targets; the trtllm/ folder serves them)"
+        cfg = trtllm.export_trtllm_checkpoint(state["model"], root / "trtllm_checkpoint", opts.tp_size, root,
+                                              dcfg.block_size - 1, tcfg.max_position_embeddings, opts.max_batch_size)
+        state["trt_quant"] = cfg.get("quantization")
+        return f"({opts.tp_size} rank file(s))"
+
+    def export_target():
+        trtllm.export_target_hf(state["model"], root / "trtllm" / "target", Path(opts.target))
+        del state["model"]
+
+    def drafter():
+        dst = root / "trtllm" / "drafter"
+        if opts.drafter_quant == "fp8":
+            from dflash_trt.build.drafter_quant import quantize_drafter_fp8
+            from dflash_trt.models.checkpoints import load_target
+
+            n = quantize_drafter_fp8(opts.drafter, load_target(opts.target), state["calib"][:8], dst)
+            return f"({n} Linear layers in FP8)"
+        trtllm.copy_drafter(Path(opts.drafter), dst)
+
+    def serving():
+        cfg = trtllm.serve_config(opts.tp_size, dcfg.block_size, dcfg.mask_token_id, list(dcfg.target_layer_ids),
+                                  opts.kv_cache_dtype, opts.max_batch_size, tcfg.max_position_embeddings)
+        trtllm.write_serving_files(root / "trtllm", cfg)
+        state["serve_check"] = validate_with_tensorrt_llm(cfg)
+        return f"(schema ok; tensorrt_llm check: {state['serve_check']})"
+
+    def manifest():
+        tok_file = root / "trtllm" / "target" / "tokenizer.json"
+        report.manifest = write_manifest(root, {
+            "name": opts.out.name,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "models": {
+                "target": {"source": str(opts.target), "architecture": (tcfg.architectures or ("?",))[0],
+                           "num_hidden_layers": tcfg.num_hidden_layers, "hidden_size": tcfg.hidden_size,
+                           "vocab_size": tcfg.vocab_size, "path": "trtllm/target"},
+                "drafter": {"source": str(opts.drafter), "num_hidden_layers": dcfg.num_hidden_layers,
+                            "trained": dcfg.trained, "path": "trtllm/drafter"},
+            },
+            "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,
+                             "trtllm_checkpoint": state.get("trt_quant"),
+                             "calibration": {"source": str(opts.calib_prompts or "built-in corpus"),
+                                             "num_prompts": len(state.get("calib", []))}},
+            "tp_size": opts.tp_size,
+            "block_size": dcfg.block_size,
+            "max_draft_len": dcfg.block_size - 1,
+            "target_layer_ids": list(dcfg.target_layer_ids),
+            "mask_token_id": dcfg.mask_token_id,
+            "tokenizer": {"path": "trtllm/target",
+                          "sha256": sha256_file(tok_file) if tok_file.is_file() else None},
+            "serve_config": "trtllm/serve.yaml",
+            "serve_config_check": state.get("serve_check"),
+            "trtllm_checkpoint": "trtllm_checkpoint" if (root / "trtllm_checkpoint").is_dir() else None,
+            "tools": tool_versions(),
+        })
+        return f"({len(report.manifest['files'])} files hashed)"
+
+    step(1, f"calibrate + quantize target ({opts.quant})", load_and_quantize)
+    step(2, f"export TensorRT-LLM per-rank checkpoint (tp {opts.tp_size})", export_checkpoint)
+    step(3, "export unified HF target checkpoint", export_target)
+    step(4, f"drafter ({opts.drafter_quant})", drafter)
+    step(5, "write serve.yaml, launch.sh, LLM API example", serving)
+    step(6, "write manifest.json", manifest)
+    for part in ("trtllm/target", "trtllm/drafter", "trtllm_checkpoint"):
+        report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
+    report.sizes["total"] = folder_bytes(root)
+
+
+def summary_table(report: BuildReport):
+    """A rich Table of step times and bundle sizes."""
+    from rich.table import Table
+
+    table = Table(title=f"dflash-trt build: {report.out}")
+    table.add_column("step")
+    table.add_column("time", justify="right")
+    for s in report.steps:
+        table.add_row(s.name, f"{s.seconds:.1f} s")
+    table.add_row("[bold]total", f"[bold]{report.total_seconds:.1f} s")
+    table.add_section()
+    for part, size in report.sizes.items():
+        table.add_row(f"size {part}", f"{size / 2**20:.1f} MiB")
+    return table

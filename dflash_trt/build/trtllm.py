@@ -1,0 +1,231 @@
+"""Everything TensorRT-LLM reads from a bundle.
+
+`trtllm/` (PyTorch backend, TensorRT-LLM >= 1.3.0rc with DFlash):
+- `target/`: the target as a ModelOpt unified HF checkpoint (`export_hf_checkpoint`: config.json with
+  `quantization_config`, hf_quant_config.json, safetensors) plus the tokenizer files;
+- `drafter/`: the DFlash drafter (z-lab format; FP8 when `--drafter-quant fp8`);
+- `serve.yaml`: the `trtllm-serve --config` file (TorchLlmArgs: tensor_parallel_size, kv_cache_config,
+  speculative_config with decoding_type DFlash), checked by `dflash_trt.build.schema`;
+- `launch.sh`: the trtllm-serve command; `llm_api_example.py`: the same through `tensorrt_llm.LLM`.
+
+`trtllm_checkpoint/` (the legacy TensorRT engine flow of TensorRT-LLM 1.2.x - 1.3.0rc20): the target as
+TensorRT-LLM's per-rank checkpoint (config.json with `mapping` and `quantization`, rank{N}.safetensors),
+made by ModelOpt's `export_tensorrt_llm_checkpoint` at tp 1 and split with `dflash_trt.build.sharding`,
+plus `build_engine.sh` with the `trtllm-build` command. Those versions have no DFlash: the engine is
+built in `draft_tokens_external` mode, i.e. it verifies drafts that an external drafter supplies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from dflash_trt.build.schema import validate_llm_args
+from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict, tensors_equal
+from dflash_trt.errors import BuildError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+SERVE_CONFIG = "serve.yaml"
+#: dtype of the non-quantized tensors in exported checkpoints (what GPUs serve in)
+EXPORT_DTYPE = torch.bfloat16
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    """Copy the tokenizer / generation config files present in `src` to `dst`; return their names."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def export_target_hf(model, out: Path, source: Path) -> None:
+    """Write the (possibly ModelOpt-quantized) transformers `model` as a unified HF checkpoint to `out`.
+
+    Quantized models go through `modelopt.torch.export.export_hf_checkpoint`, which converts the model
+    IN PLACE (packs weights): call this after every other use of `model`. Its float32 tensors that are
+    not scales (embedding, norms, unquantized layers) are then stored in bfloat16, the serving dtype.
+    Unquantized models are cast to bfloat16 and saved with `save_pretrained`.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    if any(hasattr(m, "weight_quantizer") for m in model.modules()):
+        from modelopt.torch.export import export_hf_checkpoint
+
+        with torch.inference_mode():
+            export_hf_checkpoint(model, dtype=EXPORT_DTYPE, export_dir=str(out))
+        _store_unquantized_as(out, EXPORT_DTYPE)
+    else:
+        copy.deepcopy(model).to(EXPORT_DTYPE).save_pretrained(out, safe_serialization=True)
+    copy_tokenizer(source, out)
+
+
+def _store_unquantized_as(folder: Path, dtype: torch.dtype) -> None:
+    """Rewrite a checkpoint's float32 non-scale tensors in `dtype` (scales stay float32); set config dtype."""
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.models.dequant import SCALE_SUFFIXES
+
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(str(file))
+        for name, t in tensors.items():
+            if t.dtype == torch.float32 and not name.endswith(SCALE_SUFFIXES):
+                tensors[name] = t.to(dtype)
+        save_file(tensors, str(file), metadata={"format": "pt"})
+    cfg_file = folder / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["dtype"] = str(dtype).removeprefix("torch.")
+    cfg.pop("torch_dtype", None)
+    cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def copy_drafter(src: Path, out: Path) -> None:
+    """Copy an unquantized drafter folder (config.json + safetensors) to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for p in src.iterdir():
+        if p.is_file() and (p.suffix in (".json", ".safetensors") or p.name in TOKENIZER_FILES):
+            shutil.copy2(p, out / p.name)
+
+
+def serve_config(tp_size: int, block_size: int, mask_token_id: int, target_layer_ids: list[int],
+                 kv_cache_dtype: str, max_batch_size: int = 8, max_seq_len: int | None = None,
+                 speculative_model: str = "./drafter") -> dict:
+    """The trtllm-serve YAML as a dict (validated against the schema).
+
+    max_draft_len = block_size - 1: one DFlash block holds the last verified token and block_size - 1 drafts.
+    Paths are relative to the folder the YAML lives in (`launch.sh` runs from there).
+    """
+    cfg = {
+        "tensor_parallel_size": tp_size,
+        "max_batch_size": max_batch_size,
+        "kv_cache_config": {"dtype": kv_cache_dtype, "free_gpu_memory_fraction": 0.85, "enable_block_reuse": False},
+        "disable_overlap_scheduler": True,
+        "speculative_config": {
+            "decoding_type": "DFlash",
+            "max_draft_len": block_size - 1,
+            "speculative_model": speculative_model,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(target_layer_ids),
+            "attention_backend": "VANILLA",
+        },
+    }
+    if max_seq_len is not None:
+        cfg["max_seq_len"] = max_seq_len
+    validate_llm_args(cfg, block_size)
+    return cfg
+
+
+LAUNCH_SH = """#!/usr/bin/env bash
+# Serve this bundle with TensorRT-LLM's OpenAI-compatible server (PyTorch backend, DFlash needs >= 1.3.0rc).
+# {gpus}
+set -euo pipefail
+cd "$(dirname "$0")"
+exec trtllm-serve ./target --config {config} --host "${{HOST:-0.0.0.0}}" --port "${{PORT:-8000}}" "$@"
+"""
+
+LLM_EXAMPLE = '''"""Run this bundle with the tensorrt_llm.LLM API (PyTorch backend, DFlash needs TensorRT-LLM >= 1.3.0rc).
+
+    python llm_api_example.py          # from this folder, on a machine with {tp} GPU(s)
+"""
+from pathlib import Path
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.llmapi import DFlashDecodingConfig, KvCacheConfig
+
+here = Path(__file__).resolve().parent
+spec = DFlashDecodingConfig(max_draft_len={max_draft_len}, speculative_model=str(here / "drafter"),
+                            mask_token_id={mask_token_id}, target_layer_ids={layer_ids})
+llm = LLM(str(here / "target"), tensor_parallel_size={tp}, speculative_config=spec,
+          kv_cache_config=KvCacheConfig(dtype="{kv_dtype}", enable_block_reuse=False), disable_overlap_scheduler=True)
+for out in llm.generate(["The capital of France is"], SamplingParams(max_tokens=64, temperature=0.0)):
+    print(out.outputs[0].text)
+'''
+
+
+def write_serving_files(root: Path, cfg: dict) -> None:
+    """Write serve.yaml, launch.sh and llm_api_example.py into `root` (the bundle's trtllm/ folder)."""
+    spec = cfg["speculative_config"]
+    (root / SERVE_CONFIG).write_text(
+        "# trtllm-serve --config file (TorchLlmArgs); written and schema-checked by dflash-trt build\n"
+        + yaml.safe_dump(cfg, sort_keys=False))
+    tp = cfg["tensor_parallel_size"]
+    launch = root / "launch.sh"
+    launch.write_text(LAUNCH_SH.format(config=SERVE_CONFIG, gpus=f"needs {tp} GPU(s) (tensor_parallel_size {tp})"))
+    launch.chmod(0o755)
+    (root / "llm_api_example.py").write_text(LLM_EXAMPLE.format(
+        tp=tp, max_draft_len=spec["max_draft_len"], mask_token_id=spec["mask_token_id"],
+        layer_ids=spec["target_layer_ids"], kv_dtype=cfg["kv_cache_config"]["dtype"]))
+
+
+BUILD_ENGINE_SH = """#!/usr/bin/env bash
+# Build TensorRT engines from this per-rank checkpoint with TensorRT-LLM 1.2.x - 1.3.0rc20 (the legacy
+# TensorRT backend, removed after 1.3.0rc20). These versions have no DFlash: the engine verifies drafts
+# supplied from outside (speculative_decoding_mode draft_tokens_external, max_draft_len {max_draft_len}).
+set -euo pipefail
+cd "$(dirname "$0")"
+trtllm-build --checkpoint_dir . --output_dir "${{1:-./engine}}" \\
+    --gemm_plugin auto --use_paged_context_fmha enable \\
+    --speculative_decoding_mode draft_tokens_external --max_draft_len {max_draft_len} \\
+    --max_batch_size {max_batch_size} --max_seq_len {max_seq_len} --workers {tp}
+"""
+
+
+def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_draft_len: int,
+                             max_seq_len: int, max_batch_size: int = 8) -> dict:
+    """Write TensorRT-LLM's per-rank checkpoint of the (possibly quantized) Llama `model` to `out`.
+
+    ModelOpt exports it unsharded (a deep copy of `model`, so `model` itself is untouched); the tp-way
+    split uses `dflash_trt.build.sharding`, and the split is checked by reassembling it.
+    Returns:
+        The checkpoint's config.json (with `mapping` and `quantization`).
+    Raises:
+        BuildError: the model is not a Llama-family decoder (the only `decoder_type` wired up here),
+            or reassembling the shards does not give back the unsharded tensors.
+    """
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from safetensors.torch import load_file, save_file
+
+    arch = (getattr(model.config, "architectures", None) or ["?"])[0]
+    if arch != "LlamaForCausalLM":
+        raise BuildError(f"the TensorRT-LLM per-rank checkpoint is only wired up for LlamaForCausalLM targets, got "
+                         f"{arch}; use the trtllm/ folder (PyTorch backend) for this target")
+    full_dir = scratch / "trtllm_checkpoint_tp1"
+    export_tensorrt_llm_checkpoint(copy.deepcopy(model), "llama", EXPORT_DTYPE, str(full_dir),
+                                   inference_tensor_parallel=1)
+    config = json.loads((full_dir / "config.json").read_text())
+    full = load_file(str(full_dir / "rank0.safetensors"))
+    spec = ShardSpec.from_trtllm_config(config, tp_size)
+    check_divisible(spec, int(config["vocab_size"]), int(config["intermediate_size"]), int(config["hidden_size"]),
+                    nvfp4=(config.get("quantization") or {}).get("quant_algo") == "NVFP4")
+    ranks = split_state_dict(full, spec)
+    merged = merge_state_dicts(ranks, spec)
+    bad = [k for k in full if not tensors_equal(merged[k], full[k])]
+    if bad:
+        raise BuildError(f"tensor-parallel shards do not reassemble to the unsharded tensors: {bad[:5]}")
+    out.mkdir(parents=True, exist_ok=True)
+    config.pop("rank", None)
+    config["mapping"] = {"world_size": tp_size, "tp_size": tp_size, "pp_size": 1}
+    (out / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    for r, sd in enumerate(ranks):
+        save_file(sd, str(out / f"rank{r}.safetensors"), metadata={"format": "pt"})
+    script = out / "build_engine.sh"
+    script.write_text(BUILD_ENGINE_SH.format(max_draft_len=max_draft_len, max_batch_size=max_batch_size,
+                                             max_seq_len=max_seq_len, tp=tp_size))
+    script.chmod(0o755)
+    shutil.rmtree(full_dir, ignore_errors=True)
+    return config
+
+
+def read_trtllm_ranks(folder: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    """(config.json, [rank0 tensors, rank1 tensors, ...]) of a per-rank TensorRT-LLM checkpoint."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    world = int(config["mapping"]["world_size"])
+    return config, [load_file(str(folder / f"rank{r}.safetensors")) for r in range(world)]

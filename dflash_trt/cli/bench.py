@@ -1,0 +1,65 @@
+"""`dflash-trt bench`: tau and speed of DFlash vs autoregressive and HF baselines, on real prompt sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2).")
+@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's).")
+@click.option("--dataset", "datasets", multiple=True, default=("mt-bench", "humaneval"), show_default=True,
+              help="mt-bench, humaneval, or a JSONL prompts file; repeat for several.")
+@click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Requests decoded together by dflash/ar (HF modes run at batch size 1 only).")
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--max-tokens", default=128, show_default=True, type=int)
+@click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--threads", default=None, type=int, help="torch threads for every mode (default: torch's).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", default="bench_out", show_default=True, type=click.Path())
+def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, modes, dtype,
+          threads, seed, out):
+    """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
+    results.md and PNG plots to --out."""
+    import torch
+    from tqdm import tqdm
+
+    from dflash_trt.api import load_pipeline, parse_dtype
+    from dflash_trt.bench.modes import MODES
+    from dflash_trt.bench.report import markdown_table, plots
+    from dflash_trt.bench.runner import machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    bad = [m for m in mode_list if m not in MODES]
+    if bad:
+        raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if threads:
+        torch.set_num_threads(threads)
+    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
+    results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
+                            progress=bar.update)
+    bar.close()
+    proposer = pipe.engine.proposer
+    results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
+                         "block_size": proposer.block_size if proposer else None, "temperature": temperature,
+                         "max_tokens": max_tokens, "num_prompts": num_prompts, "batch_size": batch_size, "modes": mode_list,
+                         "datasets": list(datasets), "seed": seed, "created": timestamp()}
+    results["machine"] = machine_info(torch.get_num_threads(), dtype)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(results, out_dir / "results.json")
+    table = markdown_table(results)
+    (out_dir / "results.md").write_text(table)
+    plots(results, out_dir)
+    click.echo(table)
+    click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")

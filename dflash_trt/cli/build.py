@@ -1,0 +1,54 @@
+"""`dflash-trt build`: quantize, shard and package a target + drafter into a deployable bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
+@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
+@click.option("--out", required=True, type=click.Path(), help="Bundle folder to create, e.g. engines/smollm2-fp8.")
+@click.option("--quant", type=click.Choice(["none", "fp8", "nvfp4"]), default="none", show_default=True,
+              help="Target quantization (ModelOpt FP8_DEFAULT_CFG / NVFP4_DEFAULT_CFG).")
+@click.option("--drafter-quant", type=click.Choice(["none", "fp8"]), default="none", show_default=True)
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
+@click.option("--tp-size", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--calib-prompts", type=click.Path(), default=None,
+              help='JSONL of {"prompt"|"text"|"messages"} for calibration (default: built-in corpus; never eval sets).')
+@click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
+              help="max_batch_size in serve.yaml and the trtllm-build command.")
+@click.option("--force", is_flag=True, help="Replace an existing bundle at --out (only once the new one is complete).")
+@click.option("--dry-run", is_flag=True, help="Run the checks and print the plan; write nothing.")
+def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, calib_prompts, calib_size,
+          max_batch_size, force, dry_run):
+    """Build a bundle for TensorRT-LLM (trtllm-serve, LLM API, trtllm-build) and the dflash-trt runtime."""
+    from rich.console import Console
+
+    from dflash_trt.build.pipeline import BuildOptions, plan, preflight, run_build, summary_table
+    from dflash_trt.models.default import default_drafter_path, default_target_path
+
+    if drafter is None and target is not None:
+        raise click.UsageError("--drafter is required with a non-default --target")
+    console = Console(stderr=True)
+    opts = BuildOptions(
+        target=Path(target) if target else default_target_path(),
+        drafter=Path(drafter) if drafter else default_drafter_path(),
+        out=Path(out), quant=quant, drafter_quant=drafter_quant, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size,
+        calib_prompts=Path(calib_prompts) if calib_prompts else None, calib_size=calib_size,
+        max_batch_size=max_batch_size, force=force)
+    if dry_run:
+        pre = preflight(opts)
+        for w in pre["warnings"]:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        click.echo(f"plan for {opts.out} (dry run, nothing written):")
+        for i, line in enumerate(plan(opts, pre), 1):
+            click.echo(f"  {i}. {line}")
+        return
+    report = run_build(opts, log=lambda line: console.print(line, highlight=False))
+    console.print(summary_table(report))
+    click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {report.out} --chat '...'; "
+               f"serve it with: {report.out}/trtllm/launch.sh")

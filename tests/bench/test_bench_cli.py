@@ -1,0 +1,41 @@
+"""`dflash-trt bench` end to end on the real default model (a few prompts, few tokens)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dflash_trt.cli import main
+
+
+@pytest.mark.slow
+def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Name a color."}]}\n{"prompt": "def add(a, b):"}\n')
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "2",
+                                      "--max-tokens", "8", "--modes", "dflash,ar,hf", "--out", str(out)])
+    main()
+    res = json.loads((out / "results.json").read_text())
+    entry = res["datasets"][str(prompts)]
+    modes = entry["modes"]
+    assert set(modes) == {"dflash", "ar", "hf"}
+    for mode in modes:  # temperature 0: every mode gives the target's greedy tokens
+        assert modes[mode]["identical_to_ar"] == 2 and modes[mode]["prompts"] == 2
+    assert entry["speedup_vs_ar"]["ar"] == 1.0
+    d = modes["dflash"]
+    assert 1.0 <= d["acceptance_length"] <= 16 and 0.0 <= d["acceptance_rate"] <= 1.0
+    assert len(d["acceptance_by_position"]) == res["config"]["block_size"] - 1
+    assert modes["hf"]["acceptance_length"] is None
+    for name in ("results.md", "tau_histogram.png", "acceptance_by_position.png", "speedup.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| dataset | mode | tau |" in (out / "results.md").read_text()
+
+
+def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "dflash,eagle"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 1 and "unknown mode(s) ['eagle']" in capsys.readouterr().err

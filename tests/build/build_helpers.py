@@ -1,0 +1,47 @@
+"""Helpers for the build tests (kept out of conftest.py so tests can import them by a unique name)."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+TINY = dict(vocab_size=49152, hidden_size=96, intermediate_size=192, num_hidden_layers=4, num_attention_heads=6,
+            num_key_value_heads=3, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+            bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
+
+
+def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overrides):
+    """A random tiny LlamaForCausalLM or Qwen3ForCausalLM (+ SmolLM2 tokenizer files) saved in `folder`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    torch.manual_seed(seed)
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[model_type]
+    cfg = cls(**{**TINY, **overrides})
+    cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen3ForCausalLM"]
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)  # sharper than HF's init: logits far from uniform
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (smollm2_path / name).is_file():
+            shutil.copy2(smollm2_path / name, folder / name)
+    return folder
+
+
+def write_tiny_drafter(folder, target_folder, **changes):
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    cfg = new_drafter_config(TargetConfig.from_pretrained(target_folder), num_layers=1, block_size=4,
+                             mask_token_id=16, target_layer_ids=[1, 2])
+    return init_drafter(cfg.replace(**changes), folder, seed=1)
+
+
+def build_bundle(target, drafter, out, **opts):
+    from dflash_trt.build.pipeline import BuildOptions, run_build
+
+    return run_build(BuildOptions(target=target, drafter=drafter, out=out, calib_size=opts.pop("calib_size", 4), **opts),
+                     log=lambda _line: None)

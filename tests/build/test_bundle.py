@@ -1,0 +1,220 @@
+"""Bundles: layout, manifest verification errors, atomic builds, and lossless DFlash on quantized bundles."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from build_helpers import build_bundle
+
+from dflash_trt.build.manifest import SCHEMA_VERSION, load_manifest, sha256_file
+from dflash_trt.errors import BuildError, BundleError, ConfigError, IncompatibleModelsError
+
+
+@pytest.fixture
+def bundle(tmp_path, tiny_bundle_fp8_tp3):
+    dst = tmp_path / "b"
+    shutil.copytree(tiny_bundle_fp8_tp3, dst)
+    return dst
+
+
+def test_layout_and_manifest(tiny_bundle_fp8_tp3):
+    b = tiny_bundle_fp8_tp3
+    m = load_manifest(b)
+    assert m["schema_version"] == SCHEMA_VERSION and m["tp_size"] == 3 and m["block_size"] == 4
+    assert m["max_draft_len"] == 3 and m["target_layer_ids"] == [1, 2] and m["mask_token_id"] == 16
+    assert m["quantization"]["target"] == "fp8" and m["quantization"]["trtllm_checkpoint"]["quant_algo"] == "FP8"
+    assert m["tools"]["nvidia-modelopt"] == "0.47.0" and m["tools"]["tensorrt_llm"] is None
+    files = set(m["files"])
+    assert {"trtllm/target/config.json", "trtllm/target/hf_quant_config.json", "trtllm/target/tokenizer.json",
+            "trtllm/drafter/model.safetensors", "trtllm/serve.yaml", "trtllm/launch.sh", "trtllm/llm_api_example.py",
+            "trtllm_checkpoint/config.json", "trtllm_checkpoint/build_engine.sh"} <= files
+    assert {f"trtllm_checkpoint/rank{r}.safetensors" for r in range(3)} <= files
+    for rel, entry in m["files"].items():
+        assert sha256_file(b / rel) == entry["sha256"]
+    serve = yaml.safe_load((b / "trtllm/serve.yaml").read_text())
+    assert serve["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 3, "speculative_model": "./drafter",
+                                           "mask_token_id": 16, "target_layer_ids": [1, 2], "attention_backend": "VANILLA"}
+    ckpt = json.loads((b / "trtllm_checkpoint/config.json").read_text())
+    assert ckpt["mapping"] == {"world_size": 3, "tp_size": 3, "pp_size": 1}
+    assert ckpt["quantization"]["quant_algo"] == "FP8"
+    assert "--max_draft_len 3" in (b / "trtllm_checkpoint/build_engine.sh").read_text()
+
+
+def test_emitted_scripts_parse_and_use_known_fields(tiny_bundle_fp8_tp3):
+    import ast
+
+    from dflash_trt.build.schema import DFLASH_FIELDS, KV_CACHE_FIELDS, LLM_ARGS_FIELDS
+
+    b = tiny_bundle_fp8_tp3
+    for script in ("trtllm/launch.sh", "trtllm_checkpoint/build_engine.sh"):
+        assert subprocess.run(["bash", "-n", str(b / script)], capture_output=True).returncode == 0, script
+    tree = ast.parse((b / "trtllm/llm_api_example.py").read_text())
+    calls = {n.func.id: {k.arg for k in n.keywords} for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert calls["DFlashDecodingConfig"] == {"max_draft_len", "speculative_model", "mask_token_id", "target_layer_ids"}
+    assert calls["DFlashDecodingConfig"] <= set(DFLASH_FIELDS) and calls["KvCacheConfig"] <= set(KV_CACHE_FIELDS)
+    assert calls["LLM"] <= set(LLM_ARGS_FIELDS)
+
+
+def test_missing_file(bundle):
+    (bundle / "trtllm_checkpoint/rank2.safetensors").unlink()
+    with pytest.raises(BundleError, match="missing file trtllm_checkpoint/rank2.safetensors"):
+        load_manifest(bundle)
+
+
+def test_altered_file(bundle):
+    f = bundle / "trtllm/target/model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="altered file trtllm/target/model.safetensors"):
+        load_manifest(bundle)
+
+
+def test_newer_schema(bundle):
+    m = json.loads((bundle / "manifest.json").read_text())
+    m["schema_version"] = SCHEMA_VERSION + 1
+    (bundle / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=f"manifest schema {SCHEMA_VERSION + 1} is newer .* upgrade dflash-trt"):
+        load_manifest(bundle)
+
+
+def test_not_a_bundle(tmp_path):
+    with pytest.raises(BundleError, match="no such bundle folder"):
+        load_manifest(tmp_path / "nope")
+    with pytest.raises(BundleError, match="no manifest.json"):
+        load_manifest(tmp_path)
+
+
+def test_incompatible_models_inside_a_rehashed_bundle(bundle):
+    from dflash_trt.api import load_bundle
+
+    cfg_file = bundle / "trtllm/drafter/config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [1, 7]
+    cfg_file.write_text(json.dumps(cfg))
+    m = json.loads((bundle / "manifest.json").read_text())
+    m["files"]["trtllm/drafter/config.json"]["sha256"] = sha256_file(cfg_file)
+    (bundle / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IncompatibleModelsError, match=r"\[7\] outside \[0, 3\]"):
+        load_bundle(bundle)
+
+
+def test_cli_reports_a_broken_bundle_without_traceback(bundle):
+    (bundle / "trtllm/serve.yaml").write_text("tampered: true\n")
+    r = subprocess.run([sys.executable, "-c", "from dflash_trt.cli import main; main()", "generate", "--bundle",
+                        str(bundle), "--prompt", "hi"], capture_output=True, text=True)
+    assert r.returncode == 1 and "error: bundle" in r.stderr and "altered file trtllm/serve.yaml" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def leftovers(parent, name):
+    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def test_failed_build_leaves_nothing(tmp_path, tiny_pair):
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text('{"prompt": "def add(a, b):"}\n{"prompt": broken\n')
+    out = tmp_path / "engines" / "x"
+    with pytest.raises(BuildError, match=r"(?s)calib.jsonl:2: not valid JSON.*nothing was written to"):
+        build_bundle(*tiny_pair, out, quant="fp8", calib_prompts=calib)
+    assert not out.exists() and leftovers(out.parent, "x") == []
+
+
+def test_failed_rebuild_with_force_keeps_the_old_bundle(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
+    out = tmp_path / "old"
+    shutil.copytree(tiny_bundle_fp8_tp3, out)
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("not json\n")
+    with pytest.raises(BuildError):
+        build_bundle(*tiny_pair, out, quant="nvfp4", calib_prompts=calib, force=True)
+    assert load_manifest(out)["quantization"]["target"] == "fp8" and leftovers(tmp_path, "old") == []
+
+
+def test_refusals_before_writing(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
+    target, drafter = tiny_pair
+    with pytest.raises(ConfigError, match="already exists"):
+        build_bundle(target, drafter, tiny_bundle_fp8_tp3)
+    with pytest.raises(ConfigError, match="6 attention heads are not divisible by tp 4"):
+        build_bundle(target, drafter, tmp_path / "tp4", tp_size=4)
+    evalset = tmp_path / "mt_bench_question.jsonl"
+    evalset.write_text('{"prompt": "hi"}\n')
+    with pytest.raises(BuildError, match="looks like an evaluation set"):
+        build_bundle(target, drafter, tmp_path / "ev", quant="fp8", calib_prompts=evalset)
+    from dflash_trt.datasets import mt_bench_first_turns
+
+    sneaky = tmp_path / "prompts.jsonl"
+    sneaky.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n" + json.dumps({"prompt": mt_bench_first_turns(1)[0]}))
+    with pytest.raises(BuildError, match="prompt 2 is an MT-Bench / HumanEval item"):
+        build_bundle(target, drafter, tmp_path / "ev2", quant="fp8", calib_prompts=sneaky)
+    bad = tmp_path / "bad-drafter"
+    shutil.copytree(drafter, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["vocab_size"] = 32000
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="check failed, nothing was built"):
+        build_bundle(target, bad, tmp_path / "inc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-drafter", "mt_bench_question.jsonl", "prompts.jsonl"]
+
+
+def test_dry_run_writes_nothing(tmp_path, tiny_pair):
+    target, drafter = tiny_pair
+    out = tmp_path / "dry"
+    r = subprocess.run([sys.executable, "-c", "from dflash_trt.cli import main; main()", "build", "--target", str(target),
+                        "--drafter", str(drafter), "--out", str(out), "--quant", "nvfp4", "--tp-size", "3", "--dry-run"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "calibrate + quantize target with ModelOpt: nvfp4" in r.stdout and "tp 3 (2 heads, 1 KV heads per rank)" in r.stdout
+    assert not out.exists()
+
+
+CONFIGS = [("none", 1, "none", "auto"), ("fp8", 3, "fp8", "fp8"), ("nvfp4", 1, "none", "auto"), ("nvfp4", 3, "fp8", "auto")]
+
+
+@pytest.mark.parametrize("quant,tp,drafter_quant,kv", CONFIGS)
+def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path, tiny_pair, quant, tp, drafter_quant, kv):
+    from dflash_trt.api import load_bundle
+    from dflash_trt.models.dequant import quant_algo
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    out = tmp_path / f"{quant}-{tp}"
+    report = build_bundle(*tiny_pair, out, quant=quant, tp_size=tp, drafter_quant=drafter_quant, kv_cache_dtype=kv)
+    assert quant_algo(out / "trtllm/target") == {"none": None, "fp8": "FP8", "nvfp4": "NVFP4"}[quant]
+    assert quant_algo(out / "trtllm/drafter") == ("FP8" if drafter_quant == "fp8" else None)
+    assert report.sizes["total"] > 0 and len(report.steps) == 6
+    if kv == "fp8":
+        assert json.loads((out / "trtllm/target/hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+        assert json.loads((out / "trtllm_checkpoint/config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
+        assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["kv_cache_config"]["dtype"] == "fp8"
+    pipe = load_bundle(out)
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode_chat("Name three colours."), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = pipe.generate(prompts, params, "dflash")
+    ar = pipe.generate(prompts, params, "ar")
+    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
+    assert all(len(r.token_ids) == 24 for r in spec)
+
+
+def test_qwen3_target_gets_the_trtllm_folder_and_no_legacy_checkpoint(tmp_path, smollm2_path):
+    """Qwen3 (the family of the released DFlash drafters): trtllm/ + manifest, no per-rank checkpoint."""
+    from build_helpers import write_tiny_drafter, write_tiny_target
+    from dflash_trt.api import load_bundle
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    target = write_tiny_target(tmp_path / "qwen3", smollm2_path, model_type="qwen3")
+    drafter = write_tiny_drafter(tmp_path / "drafter", target)
+    out = tmp_path / "qwen3-fp8"
+    report = build_bundle(target, drafter, out, quant="fp8", tp_size=3)
+    m = load_manifest(out)
+    assert m["trtllm_checkpoint"] is None and not (out / "trtllm_checkpoint").exists()
+    assert report.sizes["trtllm_checkpoint"] == 0 and "skipped" in report.steps[1].detail
+    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["tensor_parallel_size"] == 3
+    assert json.loads((out / "trtllm/target/config.json").read_text())["quantization_config"]["quant_algo"] == "FP8"
+    pipe = load_bundle(out)
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    assert [r.token_ids for r in pipe.generate(prompts, params, "dflash")] == \
+        [r.token_ids for r in pipe.generate(prompts, params, "ar")]

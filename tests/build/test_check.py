@@ -1,0 +1,110 @@
+"""`dflash-trt check`: one tiny target/drafter pair per mismatch kind; each is caught with its fix."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from build_helpers import write_tiny_drafter, write_tiny_target
+
+from dflash_trt.compat import ERROR, WARNING, check_checkpoints
+
+
+def edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if key in ("mask_token_id", "target_layer_ids", "target_hidden_size"):
+            cfg["dflash_config"][key] = value
+        else:
+            cfg[key] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, smollm2_path):
+    return write_tiny_target(tmp_path_factory.mktemp("t") / "target", smollm2_path)
+
+
+@pytest.fixture
+def drafter(tmp_path, target):
+    return write_tiny_drafter(tmp_path / "drafter", target)
+
+
+def only(findings, level):
+    return [f.message for f in findings if f.level == level]
+
+
+def test_matching_pair_passes(target, drafter):
+    assert only(check_checkpoints(target, drafter), ERROR) == []
+
+
+# (config edit of the drafter, text the one error must contain)
+CASES = {
+    "vocab": (dict(vocab_size=32000), "vocab size: drafter 32000 != target 49152"),
+    "hidden": (dict(hidden_size=128), "hidden size: drafter 128 != target 96"),
+    "layer_ids": (dict(target_layer_ids=[1, 4]), "[4] outside [0, 3] (the target has 4 layers)"),
+    "fc_width": (dict(target_hidden_size=64), "fc width: fc expects 128 = 2 x 64 input features"),
+    "mask_id": (dict(mask_token_id=49152), "mask_token_id 49152 is outside the target vocabulary [0, 49152)"),
+    "num_target_layers": (dict(num_target_layers=30), "the drafter was made for a target with 30 layers"),
+    "block_size": (dict(block_size=1), "block_size 1 < 2"),
+    "weights": (dict(intermediate_size=256), "drafter weights: layers.0.mlp.gate_proj.weight has shape [192, 96]"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_each_mismatch_kind_is_an_error_with_a_fix(kind, target, drafter):
+    changes, expected = CASES[kind]
+    errors = only(check_checkpoints(target, edit_config(drafter, **changes)), ERROR)
+    assert any(expected in e for e in errors), errors
+    if kind not in ("hidden", "weights", "fc_width"):  # these also (correctly) break the weight shapes
+        assert len(errors) == 1, errors
+
+
+def test_different_tokenizer_is_an_error(target, drafter):
+    tok = json.loads((target / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    word = next(w for w, i in vocab.items() if i == 1000)
+    vocab[word + "x"] = vocab.pop(word)
+    (drafter / "tokenizer.json").write_text(json.dumps(tok))
+    errors = only(check_checkpoints(target, drafter), ERROR)
+    assert len(errors) == 1 and "tokenizer.json differs from the target's" in errors[0]
+    (drafter / "tokenizer.json").write_text((target / "tokenizer.json").read_text())
+    assert only(check_checkpoints(target, drafter), ERROR) == []
+
+
+def test_shorter_drafter_context_rope_and_plain_mask_are_warnings(target, drafter):
+    edit_config(drafter, max_position_embeddings=128, rope_theta=1e6, mask_token_id=300)
+    findings = check_checkpoints(target, drafter)
+    assert only(findings, ERROR) == []
+    warnings = only(findings, WARNING)
+    assert len(warnings) == 3
+    assert "max_position_embeddings 128 is below the target's 256; past position 124 drafting stops" in warnings[0]
+    assert "rope_theta 1e+06" in warnings[1] and "target's 10000" in warnings[1]
+    assert "id 300 is not a special token" in warnings[2]
+
+
+def test_drafting_stops_at_the_drafter_context_and_output_is_unchanged(target, drafter):
+    """The warning's promise: a drafter with a short context does not crash the runtime, and output == AR."""
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    edit_config(drafter, max_position_embeddings=24)
+    pipe = load_pipeline(target, drafter)
+    prompt = pipe.encode("def add(a, b):")
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    spec, ar = pipe.generate([prompt], params, "dflash")[0], pipe.generate([prompt], params, "ar")[0]
+    assert spec.token_ids == ar.token_ids and len(spec.token_ids) == 40
+    # blocks of 4 fit below position 24 only while start + 4 <= 24: later steps draft nothing
+    assert spec.metrics.drafted_tokens < 3 * spec.metrics.verify_steps
+
+
+def test_cli_exit_codes(target, drafter, tmp_path):
+    run = [sys.executable, "-c", "from dflash_trt.cli import main; main()", "check", "--target", str(target), "--drafter"]
+    ok = subprocess.run(run + [str(drafter)], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: the drafter fits the target"), ok.stderr
+    bad = subprocess.run(run + [str(edit_config(drafter, vocab_size=32000))], capture_output=True, text=True)
+    assert bad.returncode == 1 and "error: vocab size: drafter 32000 != target 49152" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    missing = subprocess.run(run + [str(tmp_path / "nope")], capture_output=True, text=True)
+    assert missing.returncode == 1 and "no such folder" in missing.stderr

@@ -1,0 +1,53 @@
+import pytest
+
+from dflash_trt.build.schema import validate_llm_args, validate_with_tensorrt_llm
+from dflash_trt.build.trtllm import serve_config
+from dflash_trt.errors import ConfigError
+
+
+def good():
+    return serve_config(tp_size=8, block_size=16, mask_token_id=151669, target_layer_ids=[1, 9, 17, 25, 33],
+                        kv_cache_dtype="fp8")
+
+
+def test_emitted_config_passes_and_has_the_dflash_fields():
+    cfg = good()
+    validate_llm_args(cfg, block_size=16)
+    spec = cfg["speculative_config"]
+    assert spec["decoding_type"] == "DFlash" and spec["max_draft_len"] == 15
+    assert spec["target_layer_ids"] == [1, 9, 17, 25, 33] and spec["mask_token_id"] == 151669
+    assert cfg["tensor_parallel_size"] == 8 and cfg["kv_cache_config"]["dtype"] == "fp8"
+
+
+def test_misspelled_top_level_key_is_an_error_with_a_suggestion():
+    cfg = good()
+    cfg["tensor_paralel_size"] = cfg.pop("tensor_parallel_size")
+    with pytest.raises(ConfigError, match="unknown key 'tensor_paralel_size'; did you mean 'tensor_parallel_size'"):
+        validate_llm_args(cfg)
+
+
+def test_unknown_nested_key_is_an_error():
+    cfg = good()
+    cfg["speculative_config"]["num_speculative_tokens"] = 15  # the vLLM name, not TensorRT-LLM's
+    with pytest.raises(ConfigError, match="unknown key 'speculative_config.num_speculative_tokens'"):
+        validate_llm_args(cfg)
+
+
+def test_wrong_types_ranges_and_draft_length():
+    cfg = good()
+    cfg["kv_cache_config"]["dtype"] = "int3"
+    cfg["speculative_config"]["target_layer_ids"] = "1,9"
+    cfg["max_batch_size"] = 0
+    with pytest.raises(ConfigError) as err:
+        validate_llm_args(cfg)
+    msg = str(err.value)
+    assert "kv_cache_config.dtype' must be one of" in msg and "target_layer_ids' must be list[int]" in msg
+    assert "'max_batch_size' must be >= 1, got 0" in msg
+    cfg = good()
+    cfg["speculative_config"]["max_draft_len"] = 16
+    with pytest.raises(ConfigError, match="max_draft_len 16 exceeds block_size - 1 = 15"):
+        validate_llm_args(cfg, block_size=16)
+
+
+def test_tensorrt_llm_validation_says_it_was_skipped_here():
+    assert validate_with_tensorrt_llm(good()).startswith("skipped: tensorrt_llm is not installed")

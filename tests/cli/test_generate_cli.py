@@ -1,0 +1,102 @@
+"""The `dflash-trt` command as a user runs it: real entry point, JSON output, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dflash_trt.cli import main
+
+
+def run_main(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.slow
+def test_generate_json_on_the_default_model():
+    exe = shutil.which("dflash-trt") or pytest.fail("dflash-trt is not on PATH: install the package")
+    proc = subprocess.run([exe, "generate", "--chat", "What is the capital of France?", "--max-tokens", "24", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    obj = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "Paris" in obj["text"]
+    assert obj["finish_reason"] in ("stop", "length")
+    m = obj["metrics"]
+    assert m["completion_tokens"] == len(obj["token_ids"]) <= 24
+    assert 0.0 <= m["acceptance_rate"] <= 1.0 and m["acceptance_length"] >= 1.0
+    assert set(m) >= {"drafted_tokens", "accepted_tokens", "verify_steps", "accepted_per_position",
+                      "time_to_first_token_s", "tokens_per_s"}
+
+
+@pytest.fixture
+def drafters(tmp_path, smollm2_path, untrained_drafter):
+    """Broken drafters for the default target, one per mismatch kind."""
+    out = {}
+    for kind in ("layer_ids", "fc_width", "vocab"):
+        d = tmp_path / kind
+        shutil.copytree(untrained_drafter, d)
+        cfg = json.loads((d / "config.json").read_text())
+        if kind == "layer_ids":
+            cfg["dflash_config"]["target_layer_ids"] = [1, 8, 14, 20, 30]
+        elif kind == "fc_width":
+            cfg["dflash_config"]["target_layer_ids"] = [1, 8, 14, 20, 27, 29]  # weights were made for 5
+        else:
+            cfg["vocab_size"] = 32000
+        (d / "config.json").write_text(json.dumps(cfg))
+        out[kind] = d
+    return out
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("layer_ids", r"\[30\] outside \[0, 29\]"),
+    ("fc_width", r"fc\.weight has shape \[576, 2880\], expected \[576, 3456\]"),
+    ("vocab", r"vocab size: drafter 32000 != target 49152"),
+])
+def test_mismatched_drafter_errors(monkeypatch, capsys, smollm2_path, drafters, kind, message):
+    import re
+
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter",
+                            str(drafters[kind]), "--prompt", "hi", "--max-tokens", "2")
+    assert code == 1 and err.startswith("error: ") and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_bad_paths_and_usage(monkeypatch, capsys, tmp_path):
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(tmp_path / "missing"), "--mode", "ar",
+                            "--prompt", "hi")
+    assert code == 1 and "no such folder" in err and "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "a", "--chat", "b")
+    assert code == 2 and "exactly one of" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(bad))
+    assert code == 1 and "bad.jsonl:2: not valid JSON" in err
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_context(monkeypatch, capsys):
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--mode", "ar", "--prompt", "word " * 9000)
+    assert code == 1 and "context of 8192 tokens" in err and "Traceback" not in err
+
+
+def test_init_drafter_writes_a_loadable_untrained_drafter(monkeypatch, capsys, tmp_path, smollm2_path):
+    from dflash_trt.models.checkpoints import load_drafter
+
+    code, out, _ = run_main(monkeypatch, capsys, "init-drafter", "--target", str(smollm2_path), "--out",
+                            str(tmp_path / "d"), "--num-layers", "2", "--block-size", "8", "--mask-token-id", "16")
+    assert code == 0, out
+    drafter = load_drafter(tmp_path / "d")
+    cfg = drafter.config
+    assert (cfg.num_hidden_layers, cfg.block_size, cfg.mask_token_id, cfg.trained) == (2, 8, 16, False)
+    assert cfg.target_layer_ids == (1, 8, 14, 20, 27) and drafter.fc.weight.shape == (576, 2880)
