@@ -112,11 +112,13 @@ class RotaryEmbedding(nn.Module):
 
     def _grow(self, length: int, device: torch.device) -> None:
         length = max(length, 2 * self._table_len, 256)
-        t = torch.arange(length, dtype=torch.float32, device=device)
-        freqs = torch.outer(t, self.inv_freq.to(device))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos = emb.cos() * self.attention_factor
-        self._sin = emb.sin() * self.attention_factor
+        # normal tensors even when first called under inference_mode, so training can reuse the table
+        with torch.inference_mode(False):
+            t = torch.arange(length, dtype=torch.float32, device=device)
+            freqs = torch.outer(t, self.inv_freq.to(device))
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cos = emb.cos() * self.attention_factor
+            self._sin = emb.sin() * self.attention_factor
         self._table_len = length
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
