@@ -147,10 +147,17 @@ class Engine:
             r.metrics.prompt_tokens = len(r.prompt)
             if r.finish_reason:
                 r.metrics.total_time_s = ttft
+        slots = list(range(len(reqs)))  # request index held by each cache row
         while True:
             active = [i for i, r in enumerate(reqs) if not r.finish_reason]
             if not active:
                 break
+            if active != slots:  # drop finished requests' rows once, not a gather per layer per step
+                keep = [slots.index(i) for i in active]
+                cache.keep_rows(keep)
+                if mode == "dflash":
+                    self.proposer.cache.keep_rows(keep)
+                slots = active
             self._step(reqs, active, cache, mode, block)
             now = time.perf_counter() - t0
             for i in active:
@@ -192,7 +199,7 @@ class Engine:
 
     def _step(self, reqs: list[_Request], active: list[int], cache, mode: str, block: int) -> None:
         batch = [reqs[i] for i in active]
-        rows = None if len(active) == len(reqs) else torch.tensor(active)
+        rows = None  # the caches hold exactly the active requests, in order
         last = torch.tensor([r.out[-1] for r in batch])
         starts = torch.tensor([r.start for r in batch])
         max_start = max(r.start for r in batch)
@@ -237,7 +244,7 @@ class Engine:
                 for pos in range(kept):
                     m.accepted_per_position[pos] += 1
             r.start += acc + 1
-            cache.set_length(active[j], r.start)
+            cache.set_length(j, r.start)
         if drafting:
             # KV injection of the block's target features; slots past each row's accepted length
             # hold rejected drafts' features and stay masked until overwritten.

@@ -48,6 +48,17 @@ class KVCache:
             return self.k[layer][:, :, :kv_len], self.v[layer][:, :, :kv_len]
         return self.k[layer][rows, :, :kv_len], self.v[layer][rows, :, :kv_len]
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every row not in `rows` (kept in that order): one copy of the buffers per call, so a
+        batch whose finished requests leave reads contiguous buffers again on every later step."""
+        if rows == list(range(self.batch)):
+            return
+        idx = torch.tensor(rows, device=self.k[0].device)
+        self.k = [t.index_select(0, idx) for t in self.k]
+        self.v = [t.index_select(0, idx) for t in self.v]
+        self.lengths = [self.lengths[r] for r in rows]
+        self.batch = len(rows)
+
     def set_length(self, row: int, length: int) -> None:
         """Commit (or roll back to) `length` positions of `row`: O(1), no data moves."""
         if not 0 <= length <= self.capacity:
