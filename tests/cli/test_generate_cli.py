@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,9 @@ def run_main(monkeypatch, capsys, *args):
 
 @pytest.mark.slow
 def test_generate_json_on_the_default_model():
-    exe = shutil.which("dflash-trt") or pytest.fail("dflash-trt is not on PATH: install the package")
+    beside = Path(sys.executable).parent / "dflash-trt"  # the venv's console script, activated or not
+    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    assert exe, "the dflash-trt console script is not installed: pip install -e ."
     proc = subprocess.run([exe, "generate", "--chat", "What is the capital of France?", "--max-tokens", "24", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
