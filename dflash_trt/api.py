@@ -40,6 +40,23 @@ def stop_token_ids(target_path: Path, cfg: TargetConfig) -> tuple[int, ...]:
     return cfg.eos_token_id
 
 
+def load_tokenizer(path: Path):
+    """The HF tokenizer saved in `path`.
+
+    Raises:
+        CheckpointError: the folder has no usable tokenizer files.
+    """
+    from transformers import AutoTokenizer
+
+    from dflash_trt.errors import CheckpointError
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: no usable tokenizer ({type(exc).__name__}); copy the model's tokenizer files "
+                              "(tokenizer.json, tokenizer_config.json) into the folder") from exc
+
+
 @dataclass
 class Pipeline:
     """An engine plus the target's tokenizer."""
@@ -86,7 +103,6 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
 
     from dflash_trt.models.checkpoints import load_drafter, load_target
     from dflash_trt.models.default import default_drafter_path, default_target_path
@@ -107,7 +123,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts)
-    tokenizer = AutoTokenizer.from_pretrained(str(target_path))
+    tokenizer = load_tokenizer(target_path)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
 
@@ -125,7 +141,6 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
 
     from dflash_trt.build.manifest import load_manifest
     from dflash_trt.models.checkpoints import load_drafter, load_target
@@ -141,6 +156,6 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     proposer = None
     if load_drafter_model:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size)
-    tokenizer = AutoTokenizer.from_pretrained(str(root / manifest["tokenizer"]["path"]))
+    tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

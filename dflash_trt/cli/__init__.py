@@ -49,6 +49,6 @@ def main() -> None:
     except DFlashError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except FileNotFoundError as exc:
+    except OSError as exc:  # a path that is missing, a file where a folder is expected, no permission
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

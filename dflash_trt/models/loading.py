@@ -48,7 +48,11 @@ def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: s
     """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only)."""
     out: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
+        try:
+            handle = safe_open(str(file), framework="pt", device=str(device))
+        except Exception as exc:  # safetensors raises its own SafetensorError for a corrupt header
+            raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); re-save or re-download it") from exc
+        with handle as f:
             for key in f.keys():
                 t = f.get_tensor(key)
                 if dtype is not None and t.is_floating_point():

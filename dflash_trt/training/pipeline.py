@@ -19,15 +19,13 @@ from dflash_trt.training.prompts import Prompt, default_corpus, encode_prompt, l
 def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = torch.float32):
     """(target path, TargetModel, tokenizer, stop ids) for a HF folder (None = the embedded default)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    from dflash_trt.api import stop_token_ids
+    from dflash_trt.api import load_tokenizer, stop_token_ids
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.default import default_target_path
 
     path = Path(target) if target is not None else default_target_path()
     model = load_target(path, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(path)
     return path, model, tokenizer, stop_token_ids(path, model.config)
 
 

@@ -154,7 +154,11 @@ def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
     if not p.is_file():
         raise DFlashError(f"{p}: no such prompts file")
     out: list[Prompt] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); give a JSONL file, one JSON object per line") from exc
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -103,3 +103,29 @@ def test_init_drafter_writes_a_loadable_untrained_drafter(monkeypatch, capsys, t
     cfg = drafter.config
     assert (cfg.num_hidden_layers, cfg.block_size, cfg.mask_token_id, cfg.trained) == (2, 8, 16, False)
     assert cfg.target_layer_ids == (1, 8, 14, 20, 27) and drafter.fc.weight.shape == (576, 2880)
+
+
+def test_more_bad_inputs_give_one_line_errors(monkeypatch, capsys, tmp_path, smollm2_path, untrained_drafter):
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(binary), "--mode", "ar")
+    assert code == 1 and "not UTF-8 text" in err and "Traceback" not in err
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(untrained_drafter, corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 16)
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter", str(corrupt),
+                            "--prompt", "hi")
+    assert code == 1 and "not a readable safetensors file" in err
+
+    no_tok = tmp_path / "no_tok"
+    no_tok.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tok / name).symlink_to(smollm2_path / name)
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(no_tok), "--mode", "ar", "--prompt", "hi")
+    assert code == 1 and "no usable tokenizer" in err
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(smollm2_path), "--out", str(a_file))
+    assert code == 1 and err.startswith("error: ") and "Traceback" not in err
