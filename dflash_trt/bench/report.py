@@ -26,8 +26,8 @@ def markdown_table(results: dict) -> str:
             ttft = None if m["mean_ttft_s"] is None else m["mean_ttft_s"] * 1000
             lines.append(
                 f"| {ds} | {mode} | {_fmt(m['acceptance_length'])} | {_fmt(m['acceptance_rate'])} | "
-                f"{m['tokens_per_s']:.1f} | {_fmt(entry.get('speedup_vs_ar', {}).get(mode))}x | "
-                f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode))}x | {_fmt(ttft, '{:.0f}')} | "
+                f"{m['tokens_per_s']:.1f} | {_fmt(entry.get('speedup_vs_ar', {}).get(mode), '{:.2f}x')} | "
+                f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode), '{:.2f}x')} | {_fmt(ttft, '{:.0f}')} | "
                 f"{m['identical_to_ar']}/{m['prompts']} |"
             )
     return "\n".join(lines) + "\n"
