@@ -82,6 +82,11 @@ class Engine:
         self.feature_sink = None
 
     @property
+    def device(self) -> torch.device:
+        """Where the target's weights live; every tensor of the loop is made there."""
+        return self.target.embed_weight.device
+
+    @property
     def context_len(self) -> int:
         return self.target.config.max_position_embeddings
 
@@ -100,7 +105,7 @@ class Engine:
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator(device=self.device).manual_seed(seed)
         return _Request(list(prompt), params, frozenset() if params.ignore_eos else frozenset(stop),
                         self.context_len, gen)
 
@@ -180,8 +185,10 @@ class Engine:
         ids = torch.zeros(len(reqs), longest, dtype=torch.int64)
         for i, r in enumerate(reqs):
             ids[i, : lens[i]] = torch.tensor(r.prompt)
-        positions = torch.arange(longest).expand(len(reqs), longest)
-        last = torch.tensor(lens)[:, None] - 1
+        dev = self.device
+        ids = ids.to(dev)
+        positions = torch.arange(longest, device=dev).expand(len(reqs), longest)
+        last = torch.tensor(lens, device=dev)[:, None] - 1
         out = self.target(ids, positions, cache, longest, None, self._feature_ids(mode), last)
         if not torch.isfinite(out.logits).all():
             raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
@@ -190,18 +197,19 @@ class Engine:
             self.proposer.add_context(out.features, positions, None)
         elif self.feature_sink is not None:
             self.feature_sink.record(list(range(len(reqs))), out.features, positions, lens)
+        argmax = out.logits[:, 0].argmax(-1).tolist()  # one device sync for the whole batch
         for i, r in enumerate(reqs):
             r.start = lens[i]
             cache.set_length(i, lens[i])
-            logits = out.logits[i, 0]
-            tok = int(logits.argmax()) if r.params.greedy else sample(probs_from_logits(logits, r.params), r.generator)
+            tok = argmax[i] if r.params.greedy else sample(probs_from_logits(out.logits[i, 0], r.params), r.generator)
             r.emit([tok])
 
     def _step(self, reqs: list[_Request], active: list[int], cache, mode: str, block: int) -> None:
         batch = [reqs[i] for i in active]
         rows = None  # the caches hold exactly the active requests, in order
-        last = torch.tensor([r.out[-1] for r in batch])
-        starts = torch.tensor([r.start for r in batch])
+        dev = self.device
+        last = torch.tensor([r.out[-1] for r in batch], device=dev)
+        starts = torch.tensor([r.start for r in batch], device=dev)
         max_start = max(r.start for r in batch)
         k = block - 1
         # a block reaching past the drafter's context is verified as a plain one-token step; once no
@@ -215,13 +223,14 @@ class Engine:
             drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
                                            [r.generator for r in batch])
             tokens = torch.cat([tokens, drafts.tokens], dim=1)
-        positions = starts[:, None] + torch.arange(step)
+        positions = starts[:, None] + torch.arange(step, device=dev)
         feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
         out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids)
         if mode == "ar" and self.feature_sink is not None:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
         if any(r.params.greedy for r in batch):
             g_acc, g_next = greedy_accept(tokens[:, 1:], out.logits)
+        token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):
             kj = k if can_draft[j] else 0
             if r.params.greedy:
@@ -232,7 +241,7 @@ class Engine:
                 p = probs_from_logits(out.logits[j, : kj + 1], r.params)
                 q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
                 acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, p, r.generator)
-            taken = r.emit(tokens[j, 1 : acc + 1].tolist() + [nxt])
+            taken = r.emit(token_rows[j][1 : acc + 1] + [nxt])
             m = r.metrics
             m.verify_steps += 1
             m.drafted_tokens += kj

@@ -50,7 +50,7 @@ def speculative_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
         d = int(draft_tokens[j])
         p_d = float(target_probs[j, d])
         q_d = 1.0 if draft_probs is None else float(draft_probs[j, d])
-        u = float(torch.rand((), generator=generator))
+        u = float(torch.rand((), generator=generator, device=target_probs.device))
         if u * q_d < p_d:  # accept with probability min(1, p/q)
             continue
         if draft_probs is None:

@@ -41,12 +41,13 @@ class FeatureRecorder:
     def record(self, request_indices: list[int], features: torch.Tensor, positions: torch.Tensor,
                lengths: list[int]) -> None:
         """Keep features[j, :lengths[j]] (stored as bfloat16) for request request_indices[j]."""
+        feats = features.to(torch.bfloat16)  # one cast per step; the rows below are views of it
         for j, idx in enumerate(request_indices):
-            self.rows[idx].append(features[j, : lengths[j]].to(torch.bfloat16))
+            self.rows[idx].append(feats[j, : lengths[j]])
 
     def features(self, idx: int) -> torch.Tensor:
-        """[T, F] bfloat16 rows of request `idx`, positions 0..T-1 in order."""
-        return torch.cat(self.rows[idx], dim=0)
+        """[T, F] bfloat16 rows of request `idx` on the CPU, positions 0..T-1 in order."""
+        return torch.cat(self.rows[idx], dim=0).cpu()
 
 
 @dataclass
@@ -72,7 +73,8 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         engine: an Engine over the target (its drafter is not used).
         prompt_ids: n tokenized prompts. They are sorted by length (stable) and cut into batches of
             `batch_size`; shard i holds batch i.
-        layer_ids: target layer ids whose outputs are recorded (drafter features + the last layer).
+        layer_ids: target layer ids whose outputs are recorded (drafter features + the last layer);
+            empty = record none (samples then have no "features": the trainer computes them online).
         settings: anything that identifies the data (target path, prompts hash...); a cache whose
             manifest has other settings raises instead of being mixed.
         max_samples: generate only the first ceil(max_samples / batch_size) batches of the seeded
@@ -109,7 +111,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         if shard.is_file():
             bar.update(1)
             continue
-        recorder = FeatureRecorder(layer_ids, len(idxs))
+        recorder = FeatureRecorder(layer_ids, len(idxs)) if layer_ids else None
         engine.feature_sink = recorder
         t0 = time.perf_counter()
         try:
@@ -120,9 +122,11 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         samples = []
         for j, (i, res) in enumerate(zip(idxs, results)):
             tokens = torch.tensor(prompt_ids[i] + res.token_ids, dtype=torch.int32)
-            feats = recorder.features(j)
-            assert feats.shape[0] == len(tokens) - 1, (feats.shape, len(tokens))
-            samples.append({"tokens": tokens, "prompt_len": len(prompt_ids[i]), "features": feats, "index": i})
+            sample = {"tokens": tokens, "prompt_len": len(prompt_ids[i]), "index": i}
+            if recorder is not None:
+                sample["features"] = recorder.features(j)
+                assert sample["features"].shape[0] == len(tokens) - 1, (sample["features"].shape, len(tokens))
+            samples.append(sample)
         tmp = shard.with_suffix(".tmp")
         torch.save(samples, tmp)
         tmp.rename(shard)

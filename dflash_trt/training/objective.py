@@ -72,8 +72,8 @@ def block_diagonal_mask(anchors: torch.Tensor, context_len: int, block_size: int
     """bool [A*B, context_len + A*B]: block i's queries see context slots j < anchors[i] and the
     B keys of block i only."""
     a = anchors.shape[0]
-    q_block = torch.arange(a).repeat_interleave(block_size)  # [A*B]
-    ctx = torch.arange(context_len)[None, :] < anchors[q_block][:, None]
+    q_block = torch.arange(a, device=anchors.device).repeat_interleave(block_size)  # [A*B]
+    ctx = torch.arange(context_len, device=anchors.device)[None, :] < anchors[q_block][:, None]
     own = q_block[:, None] == q_block[None, :]
     return torch.cat([ctx, own], dim=1)
 
@@ -92,7 +92,7 @@ def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, fea
     a, b = ids.shape
     ctx_len = int(anchors.max())  # no block sees past its anchor
     h = drafter.fuse(features[None, :ctx_len])
-    ctx_pos = torch.arange(ctx_len)[None]
+    ctx_pos = torch.arange(ctx_len, device=ids.device)[None]
     ctx_cos, ctx_sin = drafter.rotary(ctx_pos)
     x = F.embedding(ids.reshape(1, a * b), embed_weight).to(drafter.fc.weight.dtype)
     cos, sin = drafter.rotary(positions.reshape(1, a * b))
@@ -138,7 +138,7 @@ def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.Tensor, w
     denom = w.sum().clamp(min=1e-9)
     hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
     hard_ce = (hard * w).sum() / denom
-    soft_ce = torch.zeros(())
+    soft_ce = torch.zeros((), device=hidden.device)
     if soft_weight > 0:
         with torch.no_grad():
             t_logits = teacher_hidden.reshape(a * b1, -1) @ head.t()

@@ -16,17 +16,30 @@ from dflash_trt.training.datagen import DataStats, generate_dataset, prompts_fin
 from dflash_trt.training.prompts import Prompt, default_corpus, encode_prompt, load_prompts_jsonl
 
 
-def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = torch.float32):
-    """(target path, TargetModel, tokenizer, stop ids) for a HF folder (None = the embedded default)."""
+def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(target path, TargetModel, tokenizer, stop ids) for a HF folder (None = the embedded default),
+    the model moved to `device` ("cpu", "cuda", "cuda:N").
+
+    Raises:
+        ConfigError: `device` is a CUDA device but torch sees no GPU.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from dflash_trt.api import load_tokenizer, stop_token_ids
     from dflash_trt.models.checkpoints import load_target
     from dflash_trt.models.default import default_target_path
 
     path = Path(target) if target is not None else default_target_path()
-    model = load_target(path, dtype)
+    check_device(device)
+    model = load_target(path, dtype).to(device)
     tokenizer = load_tokenizer(path)
     return path, model, tokenizer, stop_token_ids(path, model.config)
+
+
+def check_device(device: str) -> None:
+    """Raises ConfigError when `device` names a CUDA device that torch cannot use."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                          "use --device cpu or run on a machine with a GPU")
 
 
 def training_prompts(prompts_file: str | Path | None, num_chat: int | None = None,
@@ -57,12 +70,15 @@ def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt]
     Raises:
         ConfigError: messages with a target that has no chat template.
         DFlashError: work_dir/data holds data made with other settings.
+
+    `layer_ids` empty caches tokens only (features computed online while training, see `features`).
     """
     from dflash_trt.runtime.engine import Engine
 
     ids = encode_all(tokenizer, prompts, target_path, max_prompt_len)
     engine = Engine(model, None, stops)
-    settings = {"target": str(Path(target_path).resolve()), "prompts_sha256": prompts_fingerprint(prompts),
+    # the target's name, not its path: a cache made on one machine is valid on another
+    settings = {"target": Path(target_path).resolve().name, "prompts_sha256": prompts_fingerprint(prompts),
                 "max_prompt_len": max_prompt_len, "dtype": "float32"}
     return generate_dataset(engine, ids, Path(work_dir) / "data", tuple(layer_ids), max_new_tokens, batch_size,
                             settings, progress, max_samples)
@@ -82,17 +98,28 @@ def feature_columns(data_layer_ids: tuple[int, ...], wanted: tuple[int, ...], hi
 
 
 def make_train_data(samples: list[dict], data_layer_ids: tuple[int, ...], drafter_layer_ids: tuple[int, ...],
-                    target, draft_ids: torch.Tensor | None, soft_labels: bool = True):
+                    target, draft_ids: torch.Tensor | None, soft_labels: bool = True, max_seq_len: int = 512):
     """TrainData (see `trainer.TrainData`) from data-cache samples.
 
     The teacher hidden state is the target's LAST layer entry of the cache (its final-normed output).
-    draft_ids None means the full vocabulary.
+    draft_ids None means the full vocabulary. Samples without "features" (a tokens-only cache) get
+    features computed online by the target (`features.OnlineFeatures`, cut at `max_seq_len`).
     """
+    from dflash_trt.training.features import OnlineFeatures
     from dflash_trt.training.trainer import TrainData
     from dflash_trt.training.vocab import target_to_draft
 
     hidden = target.config.hidden_size
     vocab = target.config.vocab_size
+    ids = draft_ids if draft_ids is not None else torch.arange(vocab)
+    ids = ids.to(target.head_weight.device)
+    head = target.head_weight.detach()[ids].float().contiguous()
+    t2d = target_to_draft(ids.cpu(), vocab)
+    if samples and "features" not in samples[0]:
+        tokens = [s["tokens"] for s in samples]
+        online = OnlineFeatures(target, tokens, tuple(drafter_layer_ids), soft_labels, max_seq_len)
+        return TrainData(tokens, [s["prompt_len"] for s in samples], None, None, t2d, head,
+                         target.embed_weight.detach(), online)
     cols = feature_columns(tuple(data_layer_ids), tuple(drafter_layer_ids), hidden)
     last = target.config.num_hidden_layers - 1
     tcols = feature_columns(tuple(data_layer_ids), (last,), hidden) if soft_labels else None
@@ -103,8 +130,5 @@ def make_train_data(samples: list[dict], data_layer_ids: tuple[int, ...], drafte
         feats.append(f[:, int(cols[0]) : int(cols[0]) + cols.numel()] if contiguous else f[:, cols])
         if tcols is not None:
             teach.append(f[:, int(tcols[0]) : int(tcols[0]) + hidden])
-    ids = draft_ids if draft_ids is not None else torch.arange(vocab)
-    head = target.head_weight.detach()[ids].float().contiguous()
     return TrainData([s["tokens"] for s in samples], [s["prompt_len"] for s in samples], feats,
-                     teach if tcols is not None else None, target_to_draft(ids, vocab), head,
-                     target.embed_weight.detach())
+                     teach if tcols is not None else None, t2d, head, target.embed_weight.detach())

@@ -44,6 +44,31 @@ TOPICS = [
     "travel on a budget", "packing a suitcase", "board games", "birthday parties", "wedding planning",
 ]
 
+#: More topics for the large corpus (`large_corpus`), beyond the default corpus's.
+MORE_TOPICS = [
+    "the French Revolution", "the Renaissance", "the Silk Road", "the Cold War", "World War I", "the Vikings",
+    "the Great Wall of China", "the Roman aqueducts", "medieval castles", "the Olympic Games", "democracy",
+    "taxes", "supply and demand", "trade agreements", "cryptocurrencies", "credit cards", "insurance",
+    "buying a house", "renting an apartment", "car maintenance", "home repairs", "painting a room",
+    "woodworking", "knitting", "sewing", "pottery", "origami", "calligraphy", "magic tricks", "stand-up comedy",
+    "theater", "opera", "ballet", "hip hop", "rock music", "music festivals", "podcasts", "journalism",
+    "fake news", "advertising", "branding", "product design", "user interfaces", "web browsers",
+    "cloud computing", "open source software", "programming languages", "sorting algorithms",
+    "recursion", "operating systems", "computer networks", "cybersecurity", "quantum computing",
+    "artificial intelligence", "self-driving cars", "drones", "batteries", "solar panels", "wind turbines",
+    "nuclear power", "hydrogen fuel", "water purification", "desalination", "farming", "beekeeping",
+    "fishing", "forests", "wildfires", "glaciers", "rivers", "lakes", "islands", "caves", "fossils",
+    "dinosaurs", "whales", "elephants", "octopuses", "ants", "butterflies", "wolves", "penguins",
+    "the periodic table", "atoms", "electricity", "magnetism", "gravity", "light", "sound", "rainbows",
+    "friction", "probability", "fractions", "prime numbers", "geometry", "statistics", "algebra",
+    "compound interest", "the human heart", "the lungs", "digestion", "allergies", "first aid",
+    "dental care", "vision and eyesight", "hearing", "aging", "childhood development", "parenting",
+    "homework", "online learning", "exams", "universities", "scholarships", "volunteering", "charity",
+    "neighbors", "moving to a new city", "loneliness", "happiness", "motivation", "habits", "procrastination",
+    "minimalism", "fashion", "sneakers", "perfume", "spices", "chocolate", "pizza", "sushi", "street food",
+    "restaurants", "food waste", "picnics", "holidays", "New Year resolutions", "letters and postcards",
+]
+
 CHAT_TEMPLATES = [
     "Explain {t} in simple terms.",
     "What are the most important things a beginner should know about {t}?",
@@ -99,14 +124,16 @@ def _function_prompt(node: ast.FunctionDef, source: str) -> str | None:
     return f'def {node.name}({args}){ret}:\n    """{body}\n    """\n'
 
 
-def code_corpus(limit: int | None = None, stdlib: str | Path | None = None) -> list[str]:
-    """Code prompts from signatures + docstrings of the installed standard library's public functions.
+def code_corpus(limit: int | None = None, stdlib: str | Path | None = None, seen: set[str] | None = None) -> list[str]:
+    """Code prompts from signatures + docstrings of the installed standard library's public functions
+    (or of the Python sources under `stdlib`, any folder).
 
-    Files are visited in sorted order and each function name is used once, so the corpus is the
-    same on every machine with the same Python version. Test packages are skipped.
+    Files are visited in sorted order and each function name is used once (names in `seen` are
+    skipped, and new ones added to it), so the corpus is the same on every machine with the same
+    sources. Test packages are skipped.
     """
     root = Path(stdlib or sysconfig.get_paths()["stdlib"])
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     out: list[str] = []
     skip = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo")
     for path in sorted(root.rglob("*.py")):
@@ -139,6 +166,46 @@ def default_corpus(num_chat: int | None = None, num_code: int | None = None, see
     items = chat[:num_chat] + code[:num_code]
     rng.shuffle(items)
     return [[{"role": "user", "content": text}] for text in items]
+
+
+#: Installed packages whose public functions feed the large corpus's code prompts (pure-Python
+#: sources with docstrings; the evaluation packages are never among them).
+CODE_PACKAGES = ("numpy", "scipy", "torch", "transformers", "matplotlib", "sympy", "pandas", "sklearn",
+                 "networkx", "click", "rich", "jinja2", "yaml", "requests", "urllib3", "setuptools", "pip",
+                 "tokenizers", "safetensors", "tqdm", "packaging", "fsspec", "huggingface_hub", "mpmath")
+
+
+def package_dir(name: str) -> Path | None:
+    """The source folder of an installed package, or None when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def large_corpus(packages: tuple[str, ...] = CODE_PACKAGES, seed: int = 0) -> list[Prompt]:
+    """The default corpus plus chat questions on `MORE_TOPICS` and code prompts from the public
+    functions of installed `packages` (for GPU-scale training, tens of thousands of prompts).
+
+    Prompts sharing a 13-word span with HumanEval or MT-Bench are dropped
+    (`evalsets.overlaps_eval_sets`), so the evaluation sets stay held out.
+    """
+    from dflash_trt.training.evalsets import overlaps_eval_sets
+
+    chat = chat_corpus() + [tpl.format(t=topic) for topic in MORE_TOPICS for tpl in CHAT_TEMPLATES]
+    seen: set[str] = set()
+    code = code_corpus(seen=seen)
+    for name in packages:
+        folder = package_dir(name)
+        if folder is not None:
+            code += code_corpus(stdlib=folder, seen=seen)
+    rng = random.Random(seed)
+    items = chat + code
+    rng.shuffle(items)
+    keep = [t for t, bad in zip(items, overlaps_eval_sets(items)) if not bad]
+    return [[{"role": "user", "content": text}] for text in keep]
 
 
 def load_prompts_jsonl(path: str | Path) -> list[Prompt]:

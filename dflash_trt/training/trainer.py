@@ -30,6 +30,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -80,6 +81,7 @@ class TrainState:
     seconds: float = 0.0
     blocks: int = 0
     finished: bool = False
+    budget_fitted: bool = False
 
 
 @dataclass
@@ -90,16 +92,18 @@ class TrainData:
     drafter's target_layer_ids; teacher: per sample bfloat16 [T, H] target final-normed hidden
     states (None without soft labels); t2d: int64 [vocab] target -> draft id (-1 = not drafted);
     head: [V', H] float32 target lm_head rows of the draft vocabulary; embed: [vocab, H] target
-    embedding (both frozen).
+    embedding (both frozen). With features None, `online` (a `features.OnlineFeatures`) computes
+    features and teacher states of each step's samples with the target instead.
     """
 
     tokens: list[torch.Tensor]
     prompt_len: list[int]
-    features: list[torch.Tensor]
+    features: list[torch.Tensor] | None
     teacher: list[torch.Tensor] | None
     t2d: torch.Tensor
     head: torch.Tensor
     embed: torch.Tensor
+    online: Callable[[list[int]], tuple[list[torch.Tensor], list[torch.Tensor] | None]] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -117,11 +121,20 @@ def _atomic_save(obj, path: Path) -> None:
     tmp.replace(path)
 
 
+#: Steps timed (after 5 warm-up steps) before a time budget fixes the schedule's length.
+BUDGET_PROBE_STEPS = 20
+
+
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
-          time_limit_s: float | None = None, max_steps: int | None = None, progress: bool = True) -> TrainState:
+          time_limit_s: float | None = None, max_steps: int | None = None, progress: bool = True,
+          budget_s: float | None = None) -> TrainState:
     """Train `drafter` in place on `data`, checkpointing into `run_dir`.
 
     Args:
+        budget_s: fit the schedule to this many seconds of training: after `BUDGET_PROBE_STEPS`
+            timed steps, the total step count becomes min(epochs' count, the steps that fit in
+            what is left of the budget), so warmup + cosine decay end inside the budget instead of
+            being cut off. The fitted count is kept in the checkpoint (a resumed run keeps it).
         resume: continue from run_dir/checkpoint.pt (the drafter's weights are replaced by it).
         time_limit_s: stop (after saving a checkpoint) once this much wall time has passed; the
             returned state has finished=False and a rerun with resume=True continues.
@@ -151,43 +164,53 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         drafter.load_state_dict(ck["drafter"])
         opt.load_state_dict(ck["optimizer"])
         state = TrainState(**ck["state"])
+    dev = next(iter(params)).device  # the drafter's device: every per-step tensor goes there
     gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
-    weights = decay_weights(cfg.block_size, gamma)
-    warmup = int(round(cfg.warmup_frac * state.total_steps))
+    weights = decay_weights(cfg.block_size, gamma).to(dev)
+    t2d, head, embed = data.t2d.to(dev), data.head.to(dev), data.embed.to(dev)
     mask_id = drafter.config.mask_token_id
-    use_soft = cfg.soft_weight > 0 and data.teacher is not None
+    use_soft = cfg.soft_weight > 0 and (data.teacher is not None or data.online is not None)
     drafter.train()
 
     def save() -> None:
         _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state),
                       "config": asdict(cfg), "num_samples": n}, ckpt_path)
 
-    t_start = time.perf_counter()
+    t_start = t_begin = time.perf_counter()
+    first_step, t_probe = state.step, None
     bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
     window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
     while state.step < state.total_steps:
+        warmup = int(round(cfg.warmup_frac * state.total_steps))
         lr = cfg.lr * cosine_lr(state.step, state.total_steps, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         step_blocks, parts = 0, []
-        for j in range(cfg.seqs_per_step):
-            slot = state.step * cfg.seqs_per_step + j
-            i = _sample_slot(cfg, n, slot)
+        slots = [state.step * cfg.seqs_per_step + j for j in range(cfg.seqs_per_step)]
+        indices = [_sample_slot(cfg, n, slot) for slot in slots]
+        if data.features is None:
+            step_feats, step_teach = data.online(indices)
+        else:
+            step_feats, step_teach = [data.features[i] for i in indices], (
+                [data.teacher[i] for i in indices] if data.teacher is not None else None)
+        for j, (slot, i) in enumerate(zip(slots, indices)):
             tokens = data.tokens[i][: cfg.max_seq_len + 1]
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + slot)
             anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, gen)
             if anchors.numel() == 0:
                 continue
             ids, positions, labels = block_inputs(tokens, anchors, cfg.block_size, mask_id)
-            feats = data.features[i][: int(anchors.max())].float()
-            hidden = drafter_block_hidden(drafter, data.embed, feats, ids, positions, anchors)
+            feats = step_feats[j][: int(anchors.max())].to(dev).float()
+            ids, positions, labels, anchors = ids.to(dev), positions.to(dev), labels.to(dev), anchors.to(dev)
+            hidden = drafter_block_hidden(drafter, embed, feats, ids, positions, anchors)
             teacher = None
             if use_soft:
-                pos = (positions[:, 1:] - 1).clamp(max=data.teacher[i].shape[0] - 1)
-                teacher = data.teacher[i][pos].float()
-            draft_labels = torch.where(labels >= 0, data.t2d[labels.clamp(min=0)], labels)
-            out = block_loss(hidden, draft_labels, data.head, weights, teacher, cfg.soft_weight if use_soft else 0.0)
+                t_i = step_teach[j]
+                pos = (positions[:, 1:] - 1).clamp(max=t_i.shape[0] - 1)
+                teacher = t_i[pos.to(t_i.device)].to(dev).float()
+            draft_labels = torch.where(labels >= 0, t2d[labels.clamp(min=0)], labels)
+            out = block_loss(hidden, draft_labels, head, weights, teacher, cfg.soft_weight if use_soft else 0.0)
             (out.loss / cfg.seqs_per_step).backward()
             parts.append(out)
             step_blocks += anchors.numel()
@@ -204,6 +227,15 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             window["k"] += 1
         window["blocks"] += step_blocks
         bar.update(1)
+        if budget_s is not None and not state.budget_fitted:
+            if state.step == first_step + 5:
+                t_probe = time.perf_counter()
+            elif state.step == first_step + 5 + BUDGET_PROBE_STEPS:
+                per_step = (time.perf_counter() - t_probe) / BUDGET_PROBE_STEPS
+                left = budget_s - (time.perf_counter() - t_begin)
+                state.total_steps = max(state.step + 1, min(state.total_steps, state.step + int(left / per_step)))
+                state.budget_fitted = True
+                bar.total = state.total_steps
         if state.step % cfg.log_every == 0 or state.step == state.total_steps:
             k = max(1, window["k"])
             dt = time.perf_counter() - window["t"]

@@ -91,3 +91,36 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     info = json.loads((out / "training.json").read_text())
     assert (info["steps"], info["total_steps"], info["finished"]) == (3, 8, False)
     assert oct((out).stat().st_mode & 0o777) == "0o755"
+
+
+def test_online_features_train_like_cached_ones(tmp_path, target_with_tokenizer):
+    """--online-features caches tokens only; training on features computed per step reaches the
+    same result as training on the bfloat16 feature cache, up to that cache's rounding."""
+    prompts = _prompts(tmp_path, 8)
+    common = ["--target", str(target_with_tokenizer), "--prompts", str(prompts), "--num-layers", "1",
+              "--block-size", "4", "--epochs", "2", "--target-layer-ids", "0,1", "--max-new-tokens", "12",
+              "--mask-token-id", str(MASK), "--init", "target", "--anchors", "4", "--draft-vocab-size", "32"]
+    res = _run([*common, "--out", str(tmp_path / "cached")])
+    assert res.exit_code == 0, repr(res.exception)
+    res = _run([*common, "--out", str(tmp_path / "online"), "--online-features"])
+    assert res.exit_code == 0, repr(res.exception)
+    shard = torch.load(next((tmp_path / "online.work" / "data").glob("shard-*.pt")), weights_only=True)
+    assert "features" not in shard[0] and shard[0]["tokens"].dtype == torch.int32
+    cached = json.loads((tmp_path / "cached" / "training.json").read_text())
+    online = json.loads((tmp_path / "online" / "training.json").read_text())
+    assert online["features"] == "online" and cached["features"] == "cached (bfloat16)"
+    assert online["steps"] == cached["steps"] == 4
+    assert online["final_loss"] == pytest.approx(cached["final_loss"], rel=0.02)
+    a, b = load_drafter(tmp_path / "cached").state_dict(), load_drafter(tmp_path / "online").state_dict()
+    assert a["d2t"].equal(b["d2t"])
+    for key in a:
+        torch.testing.assert_close(a[key].float(), b[key].float(), atol=5e-3, rtol=5e-2)
+
+
+def test_cuda_device_without_gpu_is_a_clear_error(tmp_path, target_with_tokenizer):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 2)), "--mask-token-id", str(MASK), "--device", "cuda"])
+    assert isinstance(res.exception, ConfigError) and "no CUDA GPU" in str(res.exception)
+    assert not (tmp_path / "d").exists()

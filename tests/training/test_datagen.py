@@ -36,3 +36,23 @@ def test_manifest_totals_and_rerun_reuses_shards(tiny_data_dir, tiny_samples):
     assert manifest["totals"]["samples"] == len(tiny_samples) == 24
     resp = sum(len(s["tokens"]) - s["prompt_len"] for s in tiny_samples)
     assert manifest["totals"]["response_tokens"] == resp
+
+
+def test_online_features_equal_the_cached_ones(tiny_target, tiny_samples):
+    """`--online-features` computes, per step, what the offline cache holds (one padded batch)."""
+    from dflash_trt.training.features import OnlineFeatures
+
+    last = tiny_target.config.num_hidden_layers - 1
+    drafter_ids = tuple(i for i in DATA_LAYERS if i != last)
+    online = OnlineFeatures(tiny_target, [s["tokens"] for s in tiny_samples], drafter_ids, True, max_seq_len=512)
+    picks = [0, 5, 3]  # different lengths in one batch: right padding must not leak
+    feats, teach = online(picks)
+    width = len(drafter_ids) * 64
+    for i, f, t in zip(picks, feats, teach):
+        cached = tiny_samples[i]["features"].float()
+        assert f.shape == (cached.shape[0], width) and t.shape == (cached.shape[0], 64)
+        torch.testing.assert_close(f.to(torch.bfloat16).float(), cached[:, :width], atol=1e-5, rtol=8e-3)  # 1 bf16 ulp
+        torch.testing.assert_close(t.to(torch.bfloat16).float(), cached[:, width:], atol=1e-5, rtol=8e-3)
+    short = OnlineFeatures(tiny_target, [s["tokens"] for s in tiny_samples], drafter_ids, False, max_seq_len=10)
+    feats, teach = short([0])
+    assert teach is None and feats[0].shape == (min(10, tiny_samples[0]["tokens"].numel() - 1), width)

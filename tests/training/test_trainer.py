@@ -78,3 +78,17 @@ def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_targe
     other = TrainConfig(**{**cfg.__dict__, "lr": 1e-4})
     with pytest.raises(DFlashError, match="other training settings"):
         train(_drafter(tiny_target), data, other, tmp_path / "r", resume=True, progress=False)
+
+
+def test_time_budget_fits_the_schedule(tmp_path, tiny_target, tiny_samples):
+    """budget_s shortens the schedule to what fits, the run finishes (LR annealed to 0) and a
+    resumed run keeps the fitted length."""
+    cfg = TrainConfig(block_size=4, anchors_per_seq=4, seqs_per_step=2, epochs=200.0, checkpoint_every=10)
+    drafter = _drafter(tiny_target)
+    full = cfg.total_steps(len(tiny_samples))
+    state = train(drafter, _data(tiny_target, tiny_samples), cfg, tmp_path / "run", budget_s=1.0, progress=False)
+    assert state.budget_fitted and state.finished and 25 < state.total_steps < full
+    assert state.history[-1]["lr"] < 0.01 * cfg.lr  # the cosine reached its end
+    again = train(_drafter(tiny_target), _data(tiny_target, tiny_samples), cfg, tmp_path / "run", resume=True,
+                  budget_s=1000.0, progress=False)
+    assert again.total_steps == state.total_steps and again.step == state.step
