@@ -34,6 +34,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -41,6 +42,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list)

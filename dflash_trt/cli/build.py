@@ -29,10 +29,12 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from rich.console import Console
 
     from dflash_trt.build.pipeline import BuildOptions, plan, preflight, run_build, summary_table
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.models.default import default_drafter_path, default_target_path
 
     if drafter is None and target is not None:
         raise click.UsageError("--drafter is required with a non-default --target")
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     console = Console(stderr=True)
     opts = BuildOptions(
         target=Path(target) if target else default_target_path(),

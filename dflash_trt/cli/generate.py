@@ -39,6 +39,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.runtime.sampling import SamplingParams
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
@@ -56,6 +57,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
 
         pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash")
     else:
+        target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1

@@ -1,0 +1,63 @@
+"""Bad CLI inputs a new user hits: each gives one `error: ...` line naming the problem and the fix
+(or one `warning: ...` line), before any model loads where the check needs no weights.
+
+A tiny random Llama target with SmolLM2's tokenizer but no chat template, and a block-4 drafter for it."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+from dflash_trt.cli import main
+from tests.conftest import make_hf_model
+
+
+def run_main(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error_line(code, err) -> bool:
+    return code == 1 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smollm2_path):
+    """(target folder, drafter folder): target without a chat template; untrained drafter, block size 4."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    root = tmp_path_factory.mktemp("tiny")
+    _, target = make_hf_model(root, vocab=49152)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # no chat_template.jinja
+        shutil.copy2(smollm2_path / name, target / name)
+    cfg = new_drafter_config(TargetConfig.from_pretrained(target), 1, 4, 16, [1, 2])
+    return target, init_drafter(cfg, root / "drafter", seed=0)
+
+
+def test_a_file_given_as_a_model_folder(monkeypatch, capsys, tiny):
+    target, drafter = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target / "config.json"), "--mode", "ar",
+                            "--prompt", "hi")
+    assert one_error_line(code, err), err
+    assert f"--target {target / 'config.json'} is a file; give the model folder (the one holding config.json)" in err
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter",
+                            str(drafter / "config.json"))
+    assert one_error_line(code, err), err
+    assert f"--drafter {drafter / 'config.json'} is a file; give the drafter folder" in err
+
+
+def test_missing_drafter_names_the_option(monkeypatch, capsys, tmp_path, tiny):
+    target, _ = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--drafter",
+                            str(tmp_path / "missing"), "--prompt", "hi")
+    assert one_error_line(code, err), err
+    assert f"--drafter {tmp_path / 'missing'}: no such folder; give the drafter folder" in err
