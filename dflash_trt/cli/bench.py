@@ -33,8 +33,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.api import load_pipeline, parse_dtype
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
-    from dflash_trt.bench.runner import machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import model_folder
+    from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.cli.common import jsonl_file, model_folder
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -42,6 +42,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    for ds in datasets:  # before any model loads
+        if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
+            raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
+                                      "or the path of an existing JSONL file")
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.errors import CheckpointError
+from dflash_trt.errors import CheckpointError, ConfigError
 
 
 def model_folder(option: str, path: str | None, what: str = "model") -> str | None:
@@ -23,4 +23,16 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
         raise CheckpointError(f"{option} {path} is a file; give the {what} folder (the one holding config.json)")
     if not p.exists():
         raise CheckpointError(f"{option} {path}: no such folder; give the {what} folder (the one holding config.json)")
+    return path
+
+
+def jsonl_file(option: str, path: str | None) -> str | None:
+    """`path` unchanged unless it is a folder.
+
+    Raises:
+        ConfigError: `path` is a folder, not a JSONL file.
+    """
+    if path is not None and Path(path).is_dir():
+        raise ConfigError(f'{option} {path} is a directory; give a JSONL file (one {{"prompt": ...}} or '
+                          '{"messages": [...]} object per line)')
     return path

@@ -39,7 +39,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import model_folder
+    from dflash_trt.cli.common import jsonl_file, model_folder
     from dflash_trt.runtime.sampling import SamplingParams
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
@@ -48,7 +48,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import load_prompts_jsonl
 
-    items = load_prompts_jsonl(prompts_file) if prompts_file else (
+    items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     if bundle is not None:
         if target is not None or drafter is not None:

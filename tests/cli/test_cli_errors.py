@@ -61,3 +61,24 @@ def test_missing_drafter_names_the_option(monkeypatch, capsys, tmp_path, tiny):
                             str(tmp_path / "missing"), "--prompt", "hi")
     assert one_error_line(code, err), err
     assert f"--drafter {tmp_path / 'missing'}: no such folder; give the drafter folder" in err
+
+
+def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(tmp_path), "--mode", "ar")
+    assert one_error_line(code, err), err
+    assert f"--prompts-file {tmp_path} is a directory; give a JSONL file" in err
+
+
+def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tmp_path, tiny):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before --dataset was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    target, drafter = tiny
+    code, _, err = run_main(monkeypatch, capsys, "bench", "--target", str(target), "--drafter", str(drafter),
+                            "--dataset", "mt-bench", "--dataset", "nosuch", "--out", str(tmp_path / "out"))
+    assert one_error_line(code, err), err
+    assert "--dataset nosuch: no such prompt set or file; give mt-bench, humaneval or the path of an existing JSONL" in err
+    assert not (tmp_path / "out").exists()
