@@ -40,6 +40,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import jsonl_file, model_folder
+    from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
@@ -59,6 +60,9 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     else:
         target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+    if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
+        raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
+                          "(use --prompt for plain text) or use a target with a chat template")
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}

@@ -5,6 +5,7 @@ A tiny random Llama target with SmolLM2's tokenizer but no chat template, and a 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -67,6 +68,17 @@ def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(tmp_path), "--mode", "ar")
     assert one_error_line(code, err), err
     assert f"--prompts-file {tmp_path} is a directory; give a JSONL file" in err
+
+
+def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
+    target, _ = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--chat", "hi",
+                            "--max-tokens", "2")
+    assert one_error_line(code, err), err
+    assert "has no chat template, so --chat cannot be used; drop --chat" in err
+    code, out, _ = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--prompt", "hi",
+                            "--max-tokens", "2", "--json")
+    assert code == 0 and json.loads(out)["metrics"]["completion_tokens"] == 2
 
 
 def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tmp_path, tiny):
