@@ -5,6 +5,7 @@ A tiny random Llama target with SmolLM2's tokenizer but no chat template, and a 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -94,3 +95,24 @@ def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tm
     assert one_error_line(code, err), err
     assert "--dataset nosuch: no such prompt set or file; give mt-bench, humaneval or the path of an existing JSONL" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
+    target, drafter = tiny
+    args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
+            "fp8", "--dry-run", "--calib-prompts"]
+    code, _, err = run_main(monkeypatch, capsys, *args, str(tmp_path / "missing.jsonl"))
+    assert one_error_line(code, err), err
+    assert "cannot read --calib-prompts" in err and "give an existing JSONL file" in err
+    bad = tmp_path / "calib.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    code, _, err = run_main(monkeypatch, capsys, *args, str(bad))
+    assert one_error_line(code, err) and "calib.jsonl:2: not valid JSON" in err, err
+    if importlib.util.find_spec("modelopt") is None:
+        pytest.skip("a passing dry run needs the quantization extra (nvidia-modelopt)")
+    bad.write_text('{"prompt": "Explain tides."}\n')
+    code, out, err = run_main(monkeypatch, capsys, *args, str(bad))
+    assert code == 0 and "dry run, nothing written" in out, err
+    code, out, err = run_main(monkeypatch, capsys, *[a.replace("fp8", "none") for a in args], str(tmp_path / "nope"))
+    assert code == 0 and f"warning: --calib-prompts {tmp_path / 'nope'} is not used: nothing is quantized" in err, err
+    assert not (tmp_path / "b").exists()
