@@ -116,3 +116,30 @@ def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny)
     code, out, err = run_main(monkeypatch, capsys, *[a.replace("fp8", "none") for a in args], str(tmp_path / "nope"))
     assert code == 0 and f"warning: --calib-prompts {tmp_path / 'nope'} is not used: nothing is quantized" in err, err
     assert not (tmp_path / "b").exists()
+
+
+def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsys, tmp_path, tiny, smollm2_path):
+    target, _ = tiny
+    out = tmp_path / "d"
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2")
+    assert code == 0, err
+    assert "mask token id 49151: the last vocab row (the default; pass --mask-token-id" in err
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2", "--block-size", "8")
+    assert one_error_line(code, err), err
+    assert f"--out {out} already exists; pick another --out, or pass --force to overwrite it" in err
+    assert json.loads((out / "config.json").read_text())["block_size"] == 16  # untouched
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2", "--block-size", "8", "--force")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["block_size"] == 8
+
+    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID
+
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(smollm2_path), "--out",
+                            str(tmp_path / "smol"))
+    assert code == 0, err
+    assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
+    cfg = json.loads((tmp_path / "smol" / "config.json").read_text())
+    assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
