@@ -39,7 +39,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import jsonl_file, model_folder
+    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -63,6 +63,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")
+    warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}

@@ -143,3 +143,18 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
     cfg = json.loads((tmp_path / "smol" / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
+
+
+def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):
+    target, drafter = tiny
+    base = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "3",
+            "--json"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--block-size", "8")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    expected = ("warning: --block-size 8 is larger than the drafter's trained block size 4; the extra draft "
+                "positions are rarely accepted (output stays exact); use --block-size 4 or less")
+    assert warnings == [expected]
+    assert json.loads(out)["metrics"]["completion_tokens"] == 3
+    code, _, err = run_main(monkeypatch, capsys, *base, "--block-size", "4")
+    assert code == 0 and "warning" not in err, err
