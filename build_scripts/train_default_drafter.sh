@@ -36,7 +36,7 @@ if grep -q "wrote trained drafter" "$log"; then
   # acceptance figures beside the checkpoint: tau (trained vs untrained, same shape) + greedy parity
   "$PYTHON" -c 'from dflash_trt.cli import main; main()' init-drafter \
     --target "$("$PYTHON" -c 'from dflash_trt.models.default import default_target_path as p; print(p())')" \
-    --out "$WORK/untrained-2layer-b16" --num-layers 2 --block-size 16 --mask-token-id 16
+    --out "$WORK/untrained-2layer-b16" --num-layers 2 --block-size 16 --mask-token-id 16 --force
   "$PYTHON" -m dflash_trt.training.evaluate --drafter "$OUT" --drafter "$WORK/untrained-2layer-b16" \
     --num-prompts 40 --max-tokens 96 --out "$OUT" --cache "$WORK/eval_cache.json"
 else

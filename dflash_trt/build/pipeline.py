@@ -46,6 +46,11 @@ class BuildOptions:
     max_batch_size: int = 8
     force: bool = False
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether the build runs calibration prompts (and so reads --calib-prompts)."""
+        return self.quant != "none" or self.kv_cache_dtype == "fp8" or self.drafter_quant == "fp8"
+
 
 @dataclass
 class StepResult:
@@ -113,7 +118,7 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
     t, d = pre["target"], pre["drafter"]
     calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
     steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
-    if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
+    if opts.calibrates:
         steps.append(f"calibrate + quantize target with ModelOpt: {opts.quant} (kv cache {opts.kv_cache_dtype}), "
                      f"{opts.calib_size} prompts from {calib}")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
@@ -195,7 +200,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     def load_and_quantize():
         model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval()
         state["calib"] = []
-        if opts.quant != "none" or opts.kv_cache_dtype == "fp8" or opts.drafter_quant == "fp8":
+        if opts.calibrates:
             tok = AutoTokenizer.from_pretrained(str(opts.target))
             state["calib"] = calibration_token_ids(tok, opts.calib_size, opts.calib_prompts)
         state["model"] = quantize_model(model, opts.quant, opts.kv_cache_dtype, hf_forward_loop(state["calib"]))

@@ -202,7 +202,8 @@ def read_calibration_jsonl(path: str | Path, n: int) -> list[dict]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise ConfigError(f"cannot read --calib-prompts {path}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read --calib-prompts {path}: {exc.strerror}; give an existing JSONL file of "
+                          '{"prompt": ...} or {"messages": [...]} lines') from exc
     items = []
     for num, line in enumerate(lines, 1):
         if not line.strip():

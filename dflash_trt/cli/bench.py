@@ -33,7 +33,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.api import load_pipeline, parse_dtype
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
-    from dflash_trt.bench.runner import machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -41,9 +42,15 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    for ds in datasets:  # before any model loads
+        if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
+            raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
+                                      "or the path of an existing JSONL file")
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list)
+    warn_block_size(pipe)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
     results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,

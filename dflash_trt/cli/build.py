@@ -22,17 +22,20 @@ import click
 @click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="max_batch_size in serve.yaml and the trtllm-build command.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out (only once the new one is complete).")
-@click.option("--dry-run", is_flag=True, help="Run the checks and print the plan; write nothing.")
+@click.option("--dry-run", is_flag=True, help="Run the checks (--calib-prompts included) and print the plan; write nothing.")
 def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, calib_prompts, calib_size,
           max_batch_size, force, dry_run):
     """Build a bundle for TensorRT-LLM (trtllm-serve, LLM API, trtllm-build) and the dflash-trt runtime."""
     from rich.console import Console
 
     from dflash_trt.build.pipeline import BuildOptions, plan, preflight, run_build, summary_table
+    from dflash_trt.build.quantize import read_calibration_jsonl
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.models.default import default_drafter_path, default_target_path
 
     if drafter is None and target is not None:
         raise click.UsageError("--drafter is required with a non-default --target")
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     console = Console(stderr=True)
     opts = BuildOptions(
         target=Path(target) if target else default_target_path(),
@@ -44,6 +47,11 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         pre = preflight(opts)
         for w in pre["warnings"]:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        if opts.calib_prompts is not None and opts.calibrates:
+            read_calibration_jsonl(opts.calib_prompts, opts.calib_size)  # the loader the real build uses
+        elif opts.calib_prompts is not None:
+            click.echo(f"warning: --calib-prompts {opts.calib_prompts} is not used: nothing is quantized (give "
+                       "--quant, --kv-cache-dtype fp8 or --drafter-quant fp8 to calibrate)", err=True)
         click.echo(f"plan for {opts.out} (dry run, nothing written):")
         for i, line in enumerate(plan(opts, pre), 1):
             click.echo(f"  {i}. {line}")

@@ -12,9 +12,10 @@ import click
 @click.option("--drafter", required=True, type=click.Path(), help="DFlash drafter folder (z-lab / ModelOpt format).")
 def check(target, drafter):
     """Run every compatibility check; print each problem with its fix. Warnings do not fail the check."""
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
 
-    findings = check_checkpoints(target, drafter)
+    findings = check_checkpoints(model_folder("--target", target), model_folder("--drafter", drafter, "drafter"))
     for f in findings:
         click.echo(f"{f.level}: {f.message}", err=f.level == ERROR)
     errors = sum(f.level == ERROR for f in findings)

@@ -39,6 +39,8 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
+    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
+    from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
@@ -47,7 +49,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import load_prompts_jsonl
 
-    items = load_prompts_jsonl(prompts_file) if prompts_file else (
+    items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     if bundle is not None:
         if target is not None or drafter is not None:
@@ -56,7 +58,12 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
 
         pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash")
     else:
+        target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+    if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
+        raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
+                          "(use --prompt for plain text) or use a target with a chat template")
+    warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -10,23 +12,35 @@ import click
 @click.option("--out", required=True, type=click.Path(), help="Output folder (z-lab / ModelOpt drafter format).")
 @click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64))
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
-@click.option("--mask-token-id", type=int, default=None, help="Reserved token id used as the mask (default: last vocab row).")
+@click.option("--mask-token-id", type=int, default=None,
+              help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
 @click.option("--seed", default=0, show_default=True, type=int)
-def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed):
+@click.option("--force", is_flag=True, help="Overwrite an existing --out.")
+def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed, force):
     """Write an UNTRAINED DFlash drafter for TARGET (its config says so)."""
+    from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
+    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, is_default_target
 
-    tcfg = TargetConfig.from_pretrained(target)
+    if Path(out).exists() and not force:
+        raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
+    tcfg = TargetConfig.from_pretrained(model_folder("--target", target))
     ids = None
     if target_layer_ids:
         try:
             ids = [int(x) for x in target_layer_ids.split(",")]
         except ValueError as exc:
             raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {target_layer_ids!r}") from exc
+    if mask_token_id is None:
+        default_target = is_default_target(target)
+        mask_token_id = DEFAULT_MASK_TOKEN_ID if default_target else tcfg.vocab_size - 1
+        why = "the embedded default target's <empty_output> token" if default_target else "the last vocab row"
+        click.echo(f"mask token id {mask_token_id}: {why} (the default; pass --mask-token-id to choose another "
+                   "reserved token of the target's tokenizer)", err=True)
     cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
     check_compatible(tcfg, cfg)
     write(cfg, out, seed)

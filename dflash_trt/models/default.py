@@ -56,6 +56,11 @@ def gguf_path() -> Path:
     return path
 
 
+def is_default_target(path: str | Path) -> bool:
+    """Whether `path` is the converted default target folder (checked without converting anything)."""
+    return Path(path).resolve() == (cache_dir() / "models" / DEFAULT_TARGET_NAME).resolve()
+
+
 def default_target_path() -> Path:
     """The converted default target folder, converting it on first use (atomic: temp dir + rename)."""
     out = cache_dir() / "models" / DEFAULT_TARGET_NAME

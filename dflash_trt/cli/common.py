@@ -1,0 +1,56 @@
+"""Checks shared by the subcommands: option values that must name a folder or a file, and warnings.
+
+Each names the option, the problem and the fix; the folder and file checks run before anything loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dflash_trt.errors import CheckpointError, ConfigError
+
+
+def model_folder(option: str, path: str | None, what: str = "model") -> str | None:
+    """`path` unchanged when it is None (the embedded default) or an existing folder.
+
+    Raises:
+        CheckpointError: `path` is a file (e.g. its config.json) or does not exist; the message names `option`.
+    """
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_file():
+        raise CheckpointError(f"{option} {path} is a file; give the {what} folder (the one holding config.json)")
+    if not p.exists():
+        raise CheckpointError(f"{option} {path}: no such folder; give the {what} folder (the one holding config.json)")
+    return path
+
+
+def jsonl_file(option: str, path: str | None) -> str | None:
+    """`path` unchanged unless it is a folder.
+
+    Raises:
+        ConfigError: `path` is a folder, not a JSONL file.
+    """
+    if path is not None and Path(path).is_dir():
+        raise ConfigError(f'{option} {path} is a directory; give a JSONL file (one {{"prompt": ...}} or '
+                          '{"messages": [...]} object per line)')
+    return path
+
+
+def warn_block_size(pipe) -> None:
+    """One stderr line when the draft block is larger than the block the drafter was trained with.
+
+    The runtime serves any block size >= 2 and output stays exact (every draft is verified), but
+    positions past the trained block are out of distribution: their drafts are rarely accepted.
+    """
+    proposer = pipe.engine.proposer
+    if proposer is None:
+        return
+    trained = proposer.drafter.config.block_size
+    if proposer.block_size > trained:
+        click.echo(f"warning: --block-size {proposer.block_size} is larger than the drafter's trained block size "
+                   f"{trained}; the extra draft positions are rarely accepted (output stays exact); use "
+                   f"--block-size {trained} or less", err=True)

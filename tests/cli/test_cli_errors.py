@@ -1,0 +1,160 @@
+"""Bad CLI inputs a new user hits: each gives one `error: ...` line naming the problem and the fix
+(or one `warning: ...` line), before any model loads where the check needs no weights.
+
+A tiny random Llama target with SmolLM2's tokenizer but no chat template, and a block-4 drafter for it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+
+import pytest
+
+from dflash_trt.cli import main
+from tests.conftest import make_hf_model
+
+
+def run_main(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error_line(code, err) -> bool:
+    return code == 1 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smollm2_path):
+    """(target folder, drafter folder): target without a chat template; untrained drafter, block size 4."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    root = tmp_path_factory.mktemp("tiny")
+    _, target = make_hf_model(root, vocab=49152)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # no chat_template.jinja
+        shutil.copy2(smollm2_path / name, target / name)
+    cfg = new_drafter_config(TargetConfig.from_pretrained(target), 1, 4, 16, [1, 2])
+    return target, init_drafter(cfg, root / "drafter", seed=0)
+
+
+def test_a_file_given_as_a_model_folder(monkeypatch, capsys, tiny):
+    target, drafter = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target / "config.json"), "--mode", "ar",
+                            "--prompt", "hi")
+    assert one_error_line(code, err), err
+    assert f"--target {target / 'config.json'} is a file; give the model folder (the one holding config.json)" in err
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter",
+                            str(drafter / "config.json"))
+    assert one_error_line(code, err), err
+    assert f"--drafter {drafter / 'config.json'} is a file; give the drafter folder" in err
+
+
+def test_missing_drafter_names_the_option(monkeypatch, capsys, tmp_path, tiny):
+    target, _ = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--drafter",
+                            str(tmp_path / "missing"), "--prompt", "hi")
+    assert one_error_line(code, err), err
+    assert f"--drafter {tmp_path / 'missing'}: no such folder; give the drafter folder" in err
+
+
+def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(tmp_path), "--mode", "ar")
+    assert one_error_line(code, err), err
+    assert f"--prompts-file {tmp_path} is a directory; give a JSONL file" in err
+
+
+def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
+    target, _ = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--chat", "hi",
+                            "--max-tokens", "2")
+    assert one_error_line(code, err), err
+    assert "has no chat template, so --chat cannot be used; drop --chat" in err
+    code, out, _ = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--prompt", "hi",
+                            "--max-tokens", "2", "--json")
+    assert code == 0 and json.loads(out)["metrics"]["completion_tokens"] == 2
+
+
+def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tmp_path, tiny):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before --dataset was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    target, drafter = tiny
+    code, _, err = run_main(monkeypatch, capsys, "bench", "--target", str(target), "--drafter", str(drafter),
+                            "--dataset", "mt-bench", "--dataset", "nosuch", "--out", str(tmp_path / "out"))
+    assert one_error_line(code, err), err
+    assert "--dataset nosuch: no such prompt set or file; give mt-bench, humaneval or the path of an existing JSONL" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
+    target, drafter = tiny
+    args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
+            "fp8", "--dry-run", "--calib-prompts"]
+    code, _, err = run_main(monkeypatch, capsys, *args, str(tmp_path / "missing.jsonl"))
+    assert one_error_line(code, err), err
+    assert "cannot read --calib-prompts" in err and "give an existing JSONL file" in err
+    bad = tmp_path / "calib.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    code, _, err = run_main(monkeypatch, capsys, *args, str(bad))
+    assert one_error_line(code, err) and "calib.jsonl:2: not valid JSON" in err, err
+    if importlib.util.find_spec("modelopt") is None:
+        pytest.skip("a passing dry run needs the quantization extra (nvidia-modelopt)")
+    bad.write_text('{"prompt": "Explain tides."}\n')
+    code, out, err = run_main(monkeypatch, capsys, *args, str(bad))
+    assert code == 0 and "dry run, nothing written" in out, err
+    code, out, err = run_main(monkeypatch, capsys, *[a.replace("fp8", "none") for a in args], str(tmp_path / "nope"))
+    assert code == 0 and f"warning: --calib-prompts {tmp_path / 'nope'} is not used: nothing is quantized" in err, err
+    assert not (tmp_path / "b").exists()
+
+
+def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsys, tmp_path, tiny, smollm2_path):
+    target, _ = tiny
+    out = tmp_path / "d"
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2")
+    assert code == 0, err
+    assert "mask token id 49151: the last vocab row (the default; pass --mask-token-id" in err
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2", "--block-size", "8")
+    assert one_error_line(code, err), err
+    assert f"--out {out} already exists; pick another --out, or pass --force to overwrite it" in err
+    assert json.loads((out / "config.json").read_text())["block_size"] == 16  # untouched
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
+                            "--target-layer-ids", "1,2", "--block-size", "8", "--force")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["block_size"] == 8
+
+    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID
+
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(smollm2_path), "--out",
+                            str(tmp_path / "smol"))
+    assert code == 0, err
+    assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
+    cfg = json.loads((tmp_path / "smol" / "config.json").read_text())
+    assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
+
+
+def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):
+    target, drafter = tiny
+    base = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "3",
+            "--json"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--block-size", "8")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    expected = ("warning: --block-size 8 is larger than the drafter's trained block size 4; the extra draft "
+                "positions are rarely accepted (output stays exact); use --block-size 4 or less")
+    assert warnings == [expected]
+    assert json.loads(out)["metrics"]["completion_tokens"] == 3
+    code, _, err = run_main(monkeypatch, capsys, *base, "--block-size", "4")
+    assert code == 0 and "warning" not in err, err
