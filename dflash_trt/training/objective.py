@@ -69,87 +69,97 @@ def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
 
 
 def block_diagonal_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
-    """bool [A*B, context_len + A*B]: block i's queries see context slots j < anchors[i] and the
-    B keys of block i only."""
-    a = anchors.shape[0]
+    """bool [S, A*B, context_len + A*B] for anchors [S, A]: block i of sequence s sees context
+    slots j < anchors[s, i] and the B keys of block i only."""
+    a = anchors.shape[1]
     q_block = torch.arange(a, device=anchors.device).repeat_interleave(block_size)  # [A*B]
-    ctx = torch.arange(context_len, device=anchors.device)[None, :] < anchors[q_block][:, None]
-    own = q_block[:, None] == q_block[None, :]
-    return torch.cat([ctx, own], dim=1)
+    ctx = torch.arange(context_len, device=anchors.device)[None, None, :] < anchors[:, q_block][:, :, None]
+    own = (q_block[:, None] == q_block[None, :]).expand(anchors.shape[0], -1, -1)
+    return torch.cat([ctx, own], dim=2)
 
 
 def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, features: torch.Tensor,
                          ids: torch.Tensor, positions: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """The drafter's final-normed hidden states for A blocks of one sequence (training form of
-    `DFlashDrafter.forward`, the same layers with a block-diagonal mask).
+    """The drafter's final-normed hidden states for A blocks of each of S sequences (training form of
+    `DFlashDrafter.forward`, the same layers with a block-diagonal mask), all in one pass.
 
     Args:
-        features: [T, len(target_layer_ids) * target_hidden] target features of the sequence.
-        ids, positions: [A, B] from `block_inputs`; anchors [A] sorted.
+        features: [S, C, len(target_layer_ids) * target_hidden] target features, C >= every
+            anchor (rows past a sequence's own length are padding: no block can see them).
+        ids, positions: [S, A, B] from `block_inputs` (padding blocks: anchor 0, labels all -1).
+        anchors: [S, A].
     Returns:
-        [A, B, hidden] float32 (the drafter's dtype).
+        [S, A, B, hidden] in the drafter's dtype.
     """
-    a, b = ids.shape
-    ctx_len = int(anchors.max())  # no block sees past its anchor
-    h = drafter.fuse(features[None, :ctx_len])
-    ctx_pos = torch.arange(ctx_len, device=ids.device)[None]
+    s, a, b = ids.shape
+    ctx_len = features.shape[1]
+    h = drafter.fuse(features)
+    ctx_pos = torch.arange(ctx_len, device=ids.device)[None].expand(s, ctx_len)
     ctx_cos, ctx_sin = drafter.rotary(ctx_pos)
-    x = F.embedding(ids.reshape(1, a * b), embed_weight).to(drafter.fc.weight.dtype)
-    cos, sin = drafter.rotary(positions.reshape(1, a * b))
-    mask = block_diagonal_mask(anchors, ctx_len, b)[None, None]
+    x = F.embedding(ids.reshape(s, a * b), embed_weight).to(drafter.fc.weight.dtype)
+    cos, sin = drafter.rotary(positions.reshape(s, a * b))
+    mask = block_diagonal_mask(anchors, ctx_len, b)[:, None]
     for layer in drafter.layers:
         ctx_k, ctx_v = layer.self_attn.project_kv(h, ctx_cos, ctx_sin)
         x = layer(x, cos, sin, ctx_k, ctx_v, mask)
-    return drafter.norm(x).view(a, b, -1)
+    return drafter.norm(x).view(s, a, b, -1)
 
 
 @dataclass
 class LossOutput:
-    """loss: scalar tensor (with grad); hard_ce / soft_ce: weighted means (floats); accepted:
-    mean number of leading block positions whose argmax equals the label (a training-time estimate
-    of tau - 1); positions: number of labelled block positions."""
+    """loss: scalar tensor (with grad), the SUM over sequences of each one's weighted-mean loss;
+    hard_ce / soft_ce: means over sequences (floats); accepted: mean over sequences of the mean
+    number of leading block positions whose argmax equals the label (a training-time estimate of
+    tau - 1); positions: number of labelled block positions; sequences: sequences with labels."""
 
     loss: torch.Tensor
     hard_ce: float
     soft_ce: float
     accepted: float
     positions: int
+    sequences: int
 
 
 def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.Tensor, weights: torch.Tensor,
                teacher_hidden: torch.Tensor | None = None, soft_weight: float = 0.0) -> LossOutput:
-    """Decay-weighted cross-entropy over block positions 1..B-1.
+    """Decay-weighted cross-entropy over block positions 1..B-1, per sequence.
 
     Args:
-        hidden: [A, B, H] drafter outputs; positions 1..B-1 are scored.
-        labels: [A, B-1] int64 DRAFT-vocabulary ids, -1 = ignored (past the end or not drafted).
+        hidden: [S, A, B, H] drafter outputs; positions 1..B-1 are scored.
+        labels: [S, A, B-1] int64 DRAFT-vocabulary ids, -1 = ignored (past the end, not drafted,
+            or a padding block).
         head: [V', H] the target lm_head rows of the draft vocabulary (frozen).
         weights: [B-1] float32 decay weights.
-        teacher_hidden: [A, B-1, H] target final-normed hidden states predicting those positions,
-            or None (then soft_weight must be 0).
+        teacher_hidden: [S, A, B-1, H] target final-normed hidden states predicting those
+            positions, or None (then soft_weight must be 0).
         soft_weight: alpha in loss = (1 - alpha) * hard CE + alpha * soft CE.
     """
-    a, b1 = labels.shape
+    s, a, b1 = labels.shape
     # 2-D matmuls: a strided 3-D view @ head.t() becomes a slow bmm over an expanded weight
-    logits = (hidden[:, 1:].reshape(a * b1, -1) @ head.t()).view(a, b1, -1)  # [A, B-1, V']
+    logits = (hidden[:, :, 1:].reshape(s * a * b1, -1) @ head.t()).view(s, a, b1, -1)  # [S, A, B-1, V']
     logp = torch.log_softmax(logits.float(), dim=-1)
     valid = labels >= 0
-    w = weights[None, :].expand_as(labels) * valid
-    denom = w.sum().clamp(min=1e-9)
-    hard = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
-    hard_ce = (hard * w).sum() / denom
-    soft_ce = torch.zeros((), device=hidden.device)
+    w = weights.view(1, 1, -1) * valid
+    denom = w.sum(dim=(1, 2))  # [S]
+    has = denom > 0
+    per_seq = lambda x: (x * w).sum(dim=(1, 2)) / denom.clamp(min=1e-9)  # noqa: E731
+    hard_ce = per_seq(-logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0])  # [S]
+    soft_ce = torch.zeros_like(hard_ce)
     if soft_weight > 0:
         with torch.no_grad():
-            t_logits = teacher_hidden.reshape(a * b1, -1) @ head.t()
-            p_teacher = torch.softmax(t_logits.float(), dim=-1).view(a, b1, -1)
-        soft = -(p_teacher * logp).sum(-1)
-        soft_ce = (soft * w).sum() / denom
-    loss = (1 - soft_weight) * hard_ce + soft_weight * soft_ce
+            t_logits = teacher_hidden.reshape(s * a * b1, -1) @ head.t()
+            p_teacher = torch.softmax(t_logits.float(), dim=-1).view(s, a, b1, -1)
+        soft_ce = per_seq(-(p_teacher * logp).sum(-1))
+    loss = ((1 - soft_weight) * hard_ce + soft_weight * soft_ce)[has].sum()
+    n = int(has.sum())
     with torch.no_grad():
         correct = (logp.argmax(-1) == labels) & valid
-        accepted = correct.int().cumprod(dim=1).sum(dim=1).float().mean().item() if labels.numel() else 0.0
-    return LossOutput(loss, float(hard_ce.detach()), float(soft_ce.detach()), accepted, int(valid.sum()))
+        run = correct.int().cumprod(dim=2).sum(dim=2).float()  # [S, A]
+        real = valid.any(dim=2)  # [S, A] real (non-padding) blocks
+        acc = (run * real).sum(1) / real.sum(1).clamp(min=1)
+        mean = lambda x: float(x[has].mean()) if n else 0.0  # noqa: E731
+        out = LossOutput(loss, mean(hard_ce.detach()), mean(soft_ce.detach()), mean(acc), int(valid.sum()), n)
+    return out
 
 
 def cosine_lr(step: int, total_steps: int, warmup_steps: int) -> float:

@@ -194,33 +194,50 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         else:
             step_feats, step_teach = [data.features[i] for i in indices], (
                 [data.teacher[i] for i in indices] if data.teacher is not None else None)
+        # one batch of all the step's sequences: blocks padded to the most anchors (padding
+        # blocks: anchor 0, labels -1), features to the longest context (never visible)
+        rows = []
         for j, (slot, i) in enumerate(zip(slots, indices)):
             tokens = data.tokens[i][: cfg.max_seq_len + 1]
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + slot)
             anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, gen)
-            if anchors.numel() == 0:
-                continue
-            ids, positions, labels = block_inputs(tokens, anchors, cfg.block_size, mask_id)
-            feats = step_feats[j][: int(anchors.max())].to(dev).float()
-            ids, positions, labels, anchors = ids.to(dev), positions.to(dev), labels.to(dev), anchors.to(dev)
-            hidden = drafter_block_hidden(drafter, embed, feats, ids, positions, anchors)
+            if anchors.numel():
+                rows.append((j, anchors, *block_inputs(tokens, anchors, cfg.block_size, mask_id)))
+        if rows:
+            a_max = max(r[1].numel() for r in rows)
+            ctx = max(int(r[1].max()) for r in rows)
+            b = cfg.block_size
+            anchors = torch.zeros(len(rows), a_max, dtype=torch.int64)
+            ids = torch.full((len(rows), a_max, b), mask_id, dtype=torch.int64)
+            positions = torch.arange(b).repeat(len(rows), a_max, 1)
+            labels = torch.full((len(rows), a_max, b - 1), -1, dtype=torch.int64)
+            feats = torch.zeros(len(rows), ctx, step_feats[rows[0][0]].shape[1], device=dev)
+            for r, (j, anc, ids_r, pos_r, lab_r) in enumerate(rows):
+                n_a = anc.numel()
+                anchors[r, :n_a], ids[r, :n_a], positions[r, :n_a], labels[r, :n_a] = anc, ids_r, pos_r, lab_r
+                f = step_feats[j][: int(anc.max())]
+                feats[r, : f.shape[0]] = f.to(dev).float()
             teacher = None
             if use_soft:
-                t_i = step_teach[j]
-                pos = (positions[:, 1:] - 1).clamp(max=t_i.shape[0] - 1)
-                teacher = t_i[pos.to(t_i.device)].to(dev).float()
+                teacher = torch.zeros(len(rows), a_max, b - 1, data.embed.shape[1], device=dev)
+                for r, (j, anc, _, pos_r, _) in enumerate(rows):
+                    t_j = step_teach[j]
+                    pos = (pos_r[:, 1:] - 1).clamp(max=t_j.shape[0] - 1)
+                    teacher[r, : anc.numel()] = t_j[pos.to(t_j.device)].to(dev).float()
+            anchors, ids, positions, labels = anchors.to(dev), ids.to(dev), positions.to(dev), labels.to(dev)
+            hidden = drafter_block_hidden(drafter, embed, feats, ids, positions, anchors)
             draft_labels = torch.where(labels >= 0, t2d[labels.clamp(min=0)], labels)
             out = block_loss(hidden, draft_labels, head, weights, teacher, cfg.soft_weight if use_soft else 0.0)
             (out.loss / cfg.seqs_per_step).backward()
             parts.append(out)
-            step_blocks += anchors.numel()
+            step_blocks += sum(r[1].numel() for r in rows)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         state.step += 1
         state.blocks += step_blocks
         if parts:
-            window["loss"] += sum(p.loss.item() for p in parts) / len(parts)
+            window["loss"] += sum(p.loss.item() / max(1, p.sequences) for p in parts) / len(parts)
             window["hard"] += sum(p.hard_ce for p in parts) / len(parts)
             window["soft"] += sum(p.soft_ce for p in parts) / len(parts)
             window["acc"] += sum(p.accepted for p in parts) / len(parts)

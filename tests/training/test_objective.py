@@ -1,0 +1,54 @@
+"""The batched training objective: padding blocks and padded context never change a sequence's loss."""
+
+import torch
+
+from conftest import TINY
+from dflash_trt.config import TargetConfig
+from dflash_trt.models.checkpoints import new_drafter_config
+from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.training import objective as O
+
+
+def _batch(seqs, block, mask):
+    a_max = max(s[1].numel() for s in seqs)
+    ctx = max(int(s[1].max()) for s in seqs)
+    n = len(seqs)
+    anchors = torch.zeros(n, a_max, dtype=torch.int64)
+    ids = torch.full((n, a_max, block), mask, dtype=torch.int64)
+    positions = torch.arange(block).repeat(n, a_max, 1)
+    labels = torch.full((n, a_max, block - 1), -1, dtype=torch.int64)
+    feats = torch.zeros(n, ctx, seqs[0][2].shape[1])
+    teach = torch.zeros(n, a_max, block - 1, seqs[0][3].shape[1])
+    for r, (tok, anc, f, t) in enumerate(seqs):
+        i_, p_, l_ = O.block_inputs(tok, anc, block, mask)
+        k = anc.numel()
+        anchors[r, :k], ids[r, :k], positions[r, :k], labels[r, :k] = anc, i_, p_, l_
+        feats[r, : int(anc.max())] = f[: int(anc.max())]
+        teach[r, :k] = t[(p_[:, 1:] - 1).clamp(max=t.shape[0] - 1)]
+    return feats, ids, positions, anchors, labels, teach
+
+
+def test_batched_loss_is_the_sum_of_per_sequence_losses():
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, 4, 3, [0, 1]))
+    embed, head = torch.randn(64, 64), torch.randn(64, 64) * 0.1
+    weights = O.decay_weights(4, 2.0)
+    gen = torch.Generator().manual_seed(1)
+    seqs = []
+    for length, prompt, a in [(30, 5, 6), (20, 3, 4), (12, 9, 8)]:  # the last: 3 anchors only
+        tok = torch.randint(0, 64, (length + 1,), generator=gen)
+        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
+                     torch.randn(length, 64, generator=gen)))
+    singles = []
+    for s in seqs:
+        feats, ids, pos, anc, lab, teach = _batch([s], 4, 3)
+        out = O.block_loss(O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc), lab, head, weights, teach, 0.5)
+        singles.append(out)
+    feats, ids, pos, anc, lab, teach = _batch(seqs, 4, 3)
+    k = seqs[2][1].numel()
+    assert anc.shape == (3, 6) and k < 6 and (lab[2, k:] == -1).all()  # padding blocks present
+    batched = O.block_loss(O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc), lab, head, weights, teach, 0.5)
+    assert batched.sequences == 3 and batched.positions == sum(s.positions for s in singles)
+    torch.testing.assert_close(batched.loss, sum(s.loss for s in singles), rtol=1e-5, atol=1e-6)
+    assert abs(batched.accepted - sum(s.accepted for s in singles) / 3) < 1e-6
+    assert abs(batched.hard_ce - sum(s.hard_ce for s in singles) / 3) < 1e-5
