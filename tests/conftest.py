@@ -72,3 +72,19 @@ def smollm2_untrained(smollm2_path, untrained_drafter):
     from dflash_trt.api import load_pipeline
 
     return load_pipeline(str(smollm2_path), str(untrained_drafter), dtype="float32")
+
+
+def run_main(monkeypatch, capsys, *args):
+    """Run the `dflash-trt` CLI in-process with `args`: (exit code, stdout, stderr)."""
+    import sys
+
+    from dflash_trt.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -189,40 +188,30 @@ def calibration_texts(n: int) -> list[str]:
     return [texts[int(i * step)] for i in range(n)]
 
 
-def read_calibration_jsonl(path: str | Path, n: int) -> list[dict]:
-    """The first `n` items of a JSONL of {"prompt": text} or {"messages": [...]} objects.
+def read_calibration_jsonl(path: str | Path, n: int) -> list:
+    """The first `n` prompts of a JSONL of {"prompt": text} or {"messages": [...]} objects, read by
+    the training loader (`training.prompts.load_prompts_jsonl`): plain strings or message lists.
 
     Raises:
         ConfigError: the file is an evaluation set (MT-Bench, HumanEval), unreadable, malformed, or empty.
     """
+    from dflash_trt.training.prompts import load_prompts_jsonl
+
     path = Path(path)
     if any(m in path.name.lower() for m in EVAL_SET_MARKERS):
         raise ConfigError(f"{path}: looks like an evaluation set; calibrate on training-style prompts, never on "
                           "MT-Bench or HumanEval (their figures would no longer be honest)")
+    if not path.is_file():
+        raise ConfigError(f"cannot read --calib-prompts {path}: no such file; give an existing JSONL file of "
+                          '{"prompt": ...} or {"messages": [...]} lines')
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read --calib-prompts {path}: {exc.strerror}; give an existing JSONL file of "
-                          '{"prompt": ...} or {"messages": [...]} lines') from exc
-    items = []
-    for num, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{num}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict) or not ({"prompt", "messages", "text"} & obj.keys()):
-            raise ConfigError(f'{path}:{num}: expected an object with "prompt", "text" or "messages"')
-        items.append(obj)
-        if len(items) == n:
-            break
-    if not items:
-        raise ConfigError(f"{path}: no prompts in the file")
+        items = load_prompts_jsonl(path)[:n]
+    except DFlashError as exc:
+        raise ConfigError(str(exc)) from exc
     held_out = evaluation_texts()
     for num, item in enumerate(items, 1):
-        texts = [m.get("content", "") for m in item["messages"]] if "messages" in item else [item.get("prompt", item.get("text"))]
-        if any(isinstance(t, str) and t.strip() in held_out for t in texts):
+        texts = [m["content"] for m in item] if isinstance(item, list) else [item]
+        if any(t.strip() in held_out for t in texts):
             raise ConfigError(f"{path}: prompt {num} is an MT-Bench / HumanEval item; evaluation sets are never used "
                               "for calibration (remove them from the file)")
     return items
@@ -248,11 +237,11 @@ def calibration_token_ids(tokenizer, n: int, path: str | Path | None = None, max
     if path is not None:
         ids = []
         for item in read_calibration_jsonl(path, n):
-            if "messages" in item:
-                out = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=True)
+            if isinstance(item, list):  # chat messages
+                out = tokenizer.apply_chat_template(item, add_generation_prompt=True, tokenize=True)
                 ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
             else:
-                ids.append(list(tokenizer(item.get("prompt", item.get("text")))["input_ids"]))
+                ids.append(list(tokenizer(item)["input_ids"]))
     else:
         ids = [list(tokenizer(t)["input_ids"]) for t in calibration_texts(n)]
     return [x[:max_len] for x in ids if x]

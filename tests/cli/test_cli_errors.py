@@ -8,23 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import sys
 
 import pytest
 
-from dflash_trt.cli import main
-from tests.conftest import make_hf_model
-
-
-def run_main(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.conftest import make_hf_model, run_main
 
 
 def one_error_line(code, err) -> bool:

@@ -10,18 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_trt.cli import main
-
-
-def run_main(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.conftest import run_main
 
 
 @pytest.mark.slow
