@@ -33,7 +33,7 @@ for m in large_corpus(): sys.stdout.write(json.dumps({"messages": m}) + "\n")' >
 fi
 args=(--out "$OUT" --work-dir "$WORK/run" --prompts "$CORPUS" --device cuda --online-features
   --num-layers 2 --block-size 16 --init target --draft-vocab-size 8192 --soft-weight 0.5
-  --max-new-tokens 160 --gen-batch-size 512 --epochs 3 --anchors 64 --seqs-per-step 32 --lr 6e-4
+  --max-new-tokens 160 --gen-batch-size 512 --epochs 3 --anchors 64 --seqs-per-step 64 --lr 6e-4
   --checkpoint-every 200 --export-dtype bfloat16)
 cli train-drafter "${args[@]}" --data-only
 [ "${DATA_ONLY:-0}" = 1 ] && exit 0  # e.g. to size TRAIN_MIN to the time left after data generation

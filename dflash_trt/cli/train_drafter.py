@@ -71,6 +71,8 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 @click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Fit the LR schedule to this much training time (measured after 25 steps; the epochs "
                    "then cap the run). Pair with --time-limit-min as a hard stop.")
+@click.option("--tf32/--no-tf32", default=True, show_default=True,
+              help="On CUDA, train with TF32 matmuls (data generation always runs in full float32).")
 @click.option("--data-only", is_flag=True, help="Stop after the target-written data cache is complete.")
 @click.option("--online-features", is_flag=True,
               help="Cache only tokens and compute target features for each training step with the target "
@@ -78,7 +80,7 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
                   anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
-                  max_steps, export_partial, seed, threads, device, train_minutes, data_only, online_features):
+                  max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     import torch
 
@@ -119,6 +121,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         click.echo(f"data cache complete in {work / 'data'}; rerun without --data-only to train")
         return
     samples = load_shards(work / "data")
+    if device.startswith("cuda") and tf32:  # after data generation: the responses stay exact float32 greedy
+        torch.backends.cuda.matmul.allow_tf32 = True
     draft_ids = None
     if dcfg.draft_vocab_size is not None:
         draft_ids = top_tokens(samples, dcfg.draft_vocab_size, tcfg.vocab_size, tuple(stops))
@@ -160,6 +164,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "init": {"mode": init_mode, "source_layers": src_layers},
         "device": device + (f" ({torch.cuda.get_device_name(torch.device(device))})" if device.startswith("cuda") else ""),
         "features": "online" if online_features else "cached (bfloat16)",
+        "tf32": bool(device.startswith("cuda") and tf32),
         "train_config": tc.__dict__, "steps": state.step, "total_steps": state.total_steps,
         "finished": state.finished, "blocks": state.blocks,
         "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),
