@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce the shipped default drafter dflash_trt/assets/smollm2-135m-instruct-dflash-b16:
-# a 2-layer, block-16 DFlash drafter for the embedded SmolLM2-135M-Instruct, trained on this
-# project's built-in prompt corpus with responses written by the target itself.
+# The CPU recipe for a default drafter: a 2-layer, block-16 DFlash drafter for the embedded
+# SmolLM2-135M-Instruct, trained on this project's built-in prompt corpus with responses written by
+# the target itself, into $WORK/drafter (tau ~1.2). It made the drafter shipped until 2026-11-29; the
+# shipped one now comes from build_scripts/train_default_drafter_gpu.sh (one GPU, 20x the data).
 #
 # Runs on a 2-core CPU in resumable chunks: every step keeps its state in $WORK, so rerunning this
 # script continues where the last chunk stopped (data generation per 64-prompt batch, training per
@@ -9,8 +10,8 @@
 # is about 1 h of data generation + 1 h of training + 15 min of evaluation on an idle 2-core CPU
 # (single-threaded processes; the CPU was shared with other work when the shipped drafter was made).
 #
-# The shipped drafter was exported at step 526 of the 640-step schedule (the session that made it
-# ran out of time), hence --max-steps 526; drop it to run the whole schedule.
+# The drafter shipped until 2026-11-29 was exported at step 526 of the 640-step schedule (the
+# session that made it ran out of time), hence --max-steps 526; drop it to run the whole schedule.
 # Rerunning after "paused" continues from the last checkpoint (bitwise the same weights on CPU).
 #
 # Usage: build_scripts/train_default_drafter.sh            (rerun until it prints "wrote trained drafter")
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${WORK:-$HOME/.cache/dflash-trt/train-smollm2-b16}
-OUT=${OUT:-dflash_trt/assets/smollm2-135m-instruct-dflash-b16}
+OUT=${OUT:-$WORK/drafter}
 CHUNK_MIN=${CHUNK_MIN:-60}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
