@@ -104,12 +104,14 @@ def write_report(report: dict, out: Path) -> None:
     """acceptance.json, acceptance.md (a table) and acceptance.png (per-position acceptance) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"Block size {report.get('block_size')}, temperature 0, float32, max {report['max_tokens']} new tokens.",
+    lines = [f"Block size {report.get('block_size')}, temperature 0, float32 on {report.get('device', 'cpu')}, "
+             f"max {report['max_tokens']} new tokens.",
              "Prompts (chat template): a fixed subset of HumanEval (every len/n-th task, wrapped as "
              "'Complete the following Python function.' + the code) and of MT-Bench first turns (every len/n-th "
              "question). tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
              "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] --num-prompts "
-             f"{min(e['prompts'] for e in report['sets'].values())} --max-tokens {report['max_tokens']} --out D`.",
+             f"{min(e['prompts'] for e in report['sets'].values())} --max-tokens {report['max_tokens']} "
+             f"--device {report.get('device', 'cpu')} --out D`.",
              "", "| set | prompts | drafter | tau | greedy parity |", "|---|---|---|---|---|"]
     for s, e in report["sets"].items():
         for name, d in e["drafters"].items():
