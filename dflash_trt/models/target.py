@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from dflash_trt.config import TargetConfig
-from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import (AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention,
+                                     head_matmul)
 from dflash_trt.runtime.kv_cache import KVCache
 
 
@@ -97,7 +98,7 @@ class TargetModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D mm: a 3-D matmul takes a slow bmm path on CPU
-        return torch.mm(flat, self.head_weight.t()).float().view(*hidden.shape[:-1], -1)
+        return head_matmul(flat, self.head_weight).float().view(*hidden.shape[:-1], -1)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""
