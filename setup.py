@@ -13,7 +13,7 @@ setup(
     # torch is left unpinned on purpose: GPU users bring their own build. The README's install
     # command pins the CPU wheel (torch==2.13.0) for machines without a GPU.
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.5",  # scaled_dot_product_attention(enable_gqa=...)
         "transformers>=4.57,<5.15",
         "safetensors",
         "click>=8",

@@ -139,14 +139,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Grouped-query attention. q [b, hq, tq, d], k/v [b, hkv, tk, d], mask bool [b, 1, tq, tk]
-    (True = attend) or None (attend everywhere). Returns [b, tq, hq * d]."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    (True = attend) or None (attend everywhere). Returns [b, tq, hq * d].
+
+    `enable_gqa` lets SDPA share each K/V head among its hq / hkv query heads without copying K/V
+    (`repeat_interleave` copied the whole cache slice of every layer at every step): same values,
+    2.8x faster for a 1-token decode and 1.7x for a 16-token verify on the 2-core dev CPU.
+    """
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     b, h, t, d = out.shape
     return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+def head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [m, in] @ weight[out, in]^T -> [m, out] (contiguous) for a large row-major output head.
+
+    The same product as F.linear(x, weight); only the operand order depends on m. MKL (torch
+    2.13 CPU, 1 thread, AVX-512) runs x @ W^T at memory speed for m <= 3 and m >= 16 but 2-3x
+    slower for 4 <= m <= 15 (a 49152 x 576 head: 62 ms for 15 rows, 24 ms for 16), while
+    (W @ x^T)^T runs at memory speed for 4 <= m <= 48 (22-33 ms; measured on the 2-core dev
+    machine). Lazy verification and the drafter's 15-row draft head land exactly in that gap.
+    Other devices take the plain product.
+    """
+    if x.device.type == "cpu" and 4 <= x.shape[0] <= 48:
+        return torch.mm(weight, x.t()).t().contiguous()
+    return torch.mm(x, weight.t())
 
 
 def use_transposed_weight_layout(module: nn.Module) -> nn.Module:

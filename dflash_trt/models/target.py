@@ -17,7 +17,15 @@ import torch
 from torch import nn
 
 from dflash_trt.config import TargetConfig
-from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import (
+    AttentionProjections,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    apply_rope,
+    attention,
+    head_matmul,
+)
 from dflash_trt.runtime.kv_cache import KVCache
 
 
@@ -67,11 +75,13 @@ class TargetBackbone(nn.Module):
 
 @dataclass
 class TargetOutput:
-    """logits: [n, k, vocab] float32 for the requested positions; features: [n, t, len(ids) * hidden]
-    (model dtype) or None when no feature layers were requested."""
+    """logits: [n, k, vocab] float32 for the requested positions, or None when not asked for;
+    features: [n, t, len(ids) * hidden] (model dtype) or None when no feature layers were requested;
+    hidden: [n, t, hidden] final-normed hidden states of every position (the lm_head's input)."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     features: torch.Tensor | None
+    hidden: torch.Tensor | None = None
 
 
 class TargetModel(nn.Module):
@@ -97,7 +107,7 @@ class TargetModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D mm: a 3-D matmul takes a slow bmm path on CPU
-        return torch.mm(flat, self.head_weight.t()).float().view(*hidden.shape[:-1], -1)
+        return head_matmul(flat, self.head_weight).float().view(*hidden.shape[:-1], -1)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""
@@ -107,7 +117,7 @@ class TargetModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
                 rows: torch.Tensor | None = None, feature_layer_ids: tuple[int, ...] = (),
-                logits_index: torch.Tensor | None = None) -> TargetOutput:
+                logits_index: torch.Tensor | None = None, with_logits: bool = True) -> TargetOutput:
         """Run tokens through the target, writing their K/V into `cache`.
 
         Args:
@@ -120,8 +130,10 @@ class TargetModel(nn.Module):
             feature_layer_ids: target layer ids whose outputs to return as drafter features.
             logits_index: [n, k] int64 indices into t of the positions that need logits, or None
                 for all t positions.
+            with_logits: False skips the lm_head (logits None): the caller computes logits from
+                `hidden` where it needs them (lazy greedy verification).
         Returns:
-            TargetOutput with logits [n, k or t, vocab] float32.
+            TargetOutput with logits [n, k or t, vocab] float32 and hidden [n, t, hidden].
         """
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary(positions)
@@ -137,6 +149,9 @@ class TargetModel(nn.Module):
         if last in wanted:
             wanted[last] = x
         features = torch.cat([wanted[lid] for lid in feature_layer_ids], dim=-1) if feature_layer_ids else None
+        if not with_logits:
+            return TargetOutput(None, features, x)
+        hidden = x
         if logits_index is not None:
             x = torch.gather(x, 1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
-        return TargetOutput(self.compute_logits(x), features)
+        return TargetOutput(self.compute_logits(x), features, hidden)

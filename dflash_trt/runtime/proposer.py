@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
 
@@ -86,8 +87,8 @@ class DFlashProposer:
         hidden = hidden[:, 1:].to(self.target.embed_weight.dtype)
         if self.draft_head is None:
             logits = self.target.compute_logits(hidden)  # [n, b-1, V]
-        else:
-            logits = torch.matmul(hidden, self.draft_head.t()).float()  # [n, b-1, V'] draft vocab
+        else:  # [n, b-1, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
+            logits = head_matmul(hidden.reshape(n * (b - 1), -1), self.draft_head).float().view(n, b - 1, -1)
         tokens = logits.argmax(-1)
         probs: list[torch.Tensor | None] = [None] * n
         for r, p in enumerate(params):

@@ -20,13 +20,13 @@ class OracleProposer:
         self.wrong_positions, self.vocab_size = set(wrong_positions), vocab_size
 
     def reset(self, batch, capacity):
-        pass
+        self.cache = _RequestRows(batch)
 
     def add_context(self, features, positions, rows):
         pass
 
     def propose(self, last_tokens, starts, max_start, rows, params, generators):
-        ids = rows.tolist() if rows is not None else list(range(len(starts)))
+        ids = [self.cache.requests[r] for r in (rows.tolist() if rows is not None else range(len(starts)))]
         out = torch.zeros(len(ids), self.block_size - 1, dtype=torch.int64)
         for i, (row, s) in enumerate(zip(ids, starts.tolist())):
             ref = self.references[row]
@@ -34,3 +34,14 @@ class OracleProposer:
                 tok = ref[s + j] if s + j < len(ref) else 0
                 out[i, j - 1] = (tok + 1) % self.vocab_size if j in self.wrong_positions else tok
         return DraftBatch(out, [None] * len(ids))
+
+
+class _RequestRows:
+    """Stands in for the drafter cache: which request (reference) each row holds as finished
+    requests' rows are dropped (`keep_rows`)."""
+
+    def __init__(self, batch: int):
+        self.requests = list(range(batch))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.requests = [self.requests[r] for r in rows]

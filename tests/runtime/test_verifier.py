@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from dflash_trt.runtime.verifier import greedy_accept, speculative_sample
+from dflash_trt.runtime.verifier import (
+    greedy_accept,
+    lazy_greedy_accept,
+    speculative_sample,
+)
 
 
 def onehot_logits(tokens, vocab=6):
@@ -25,6 +29,40 @@ def test_greedy_accept_prefix_and_bonus():
 
 def test_greedy_accept_empty_draft():
     acc, nxt = greedy_accept(torch.zeros(2, 0, dtype=torch.int64), torch.stack([onehot_logits([2]), onehot_logits([4])]))
+    assert acc == [0, 0] and nxt == [2, 4]
+
+
+def test_lazy_greedy_accept_equals_greedy_accept_and_skips_unread_logits():
+    """Random drafts that often match: every `first` gives greedy_accept's verdicts, and logits are
+    computed past `first` only for rows whose drafts 1..first all matched."""
+    g = torch.Generator().manual_seed(0)
+    n, k, vocab = 64, 7, 4
+    logits = torch.randn(n, k + 1, vocab, generator=g)
+    target = logits.argmax(-1)
+    wrong = torch.rand(n, k, generator=g) < 0.3
+    drafts = torch.where(wrong, (target[:, :k] + 1) % vocab, target[:, :k])
+    expected = greedy_accept(drafts, logits)
+    for first in [1, 2, 3, k, k + 1]:
+        computed = []
+
+        def head(h, computed=computed):  # hidden == logits here: the identity; count the rows it sees
+            computed.append(h.shape[0])
+            return h
+
+        first_t = torch.full((n,), first)
+        assert lazy_greedy_accept(drafts, logits, head, first_t) == expected
+        all_matched = int((~wrong[:, :first]).all(1).sum()) if first <= k else 0
+        assert computed[0] == n * first
+        assert sum(computed[1:]) == all_matched * (k + 1 - first)
+
+
+def test_lazy_greedy_accept_per_row_first_empty_draft_and_never_accepted_id():
+    logits = torch.stack([onehot_logits([3, 1, 4, 0]), onehot_logits([3, 1, 4, 0]), onehot_logits([5, 5, 5, 5])])
+    drafts = torch.tensor([[3, 1, 4], [3, 1, 4], [6, 5, 5]])  # row 2: id 6 == vocab, never accepted
+    acc, nxt = lazy_greedy_accept(drafts, logits, lambda h: h, torch.tensor([2, 4, 1]))
+    assert acc == [3, 3, 0] and nxt == [0, 0, 5]
+    acc, nxt = lazy_greedy_accept(torch.zeros(2, 0, dtype=torch.int64), torch.stack([onehot_logits([2]), onehot_logits([4])]),
+                                  lambda h: h, torch.tensor([1, 1]))
     assert acc == [0, 0] and nxt == [2, 4]
 
 
