@@ -33,6 +33,16 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(fig, path: Path) -> Path:
+    """Write a matplotlib figure as a PNG (100 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plots(results: dict, out_dir: Path) -> list[Path]:
     """tau histogram, acceptance by block position (dflash), speedup per dataset. Returns the PNG paths."""
     import matplotlib
@@ -50,10 +60,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.set_xlabel("acceptance length tau per prompt (dflash)")
     ax.set_ylabel("prompts")
     ax.legend()
-    paths.append(out_dir / "tau_histogram.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "tau_histogram.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for ds, e in dsets.items():
@@ -64,10 +71,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("fraction of verify steps accepted")
     ax.set_ylim(0, 1)
     ax.legend()
-    paths.append(out_dir / "acceptance_by_position.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     names = list(dsets)
@@ -80,8 +84,5 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
     ax.set_ylabel("speedup vs ar (tokens/s ratio)")
     ax.legend()
-    paths.append(out_dir / "speedup.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "speedup.png"))
     return paths
