@@ -93,8 +93,11 @@ class Pipeline:
 
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
-                  sample_drafts: bool = True) -> Pipeline:
+                  sample_drafts: bool = True, max_draft_len: int | None = None) -> Pipeline:
     """Load target (+ drafter) and tokenizer. `None` paths mean the embedded defaults.
+
+    `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
+    block_size - 1) how many of its drafts the target verifies per step (`DFlashProposer`).
 
     Compatibility is checked from the configs BEFORE weights load.
     Raises:
@@ -122,17 +125,21 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     model = load_target(target_path, torch_dtype)
     proposer = None
     if drafter_path is not None:
-        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts)
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts,
+                                  max_draft_len)
     tokenizer = load_tokenizer(target_path)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
 
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
-                load_drafter_model: bool = True) -> Pipeline:
+                load_drafter_model: bool = True, max_draft_len: int | None = None) -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`, dequantizing FP8 / NVFP4 weights to `dtype`
     (see `dflash_trt.models.dequant`; activations are not quantized on this path).
+
+    `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
+    `block_size` is given; then, as in `load_pipeline`, to block_size - 1.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
@@ -155,7 +162,10 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     model = load_target(target_path, torch_dtype)  # FP8 / NVFP4 weights are dequantized on load
     proposer = None
     if load_drafter_model:
-        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size)
+        if max_draft_len is None and block_size is None:
+            max_draft_len = manifest.get("max_draft_len")
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size,
+                                  max_draft_len=max_draft_len)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

@@ -1,8 +1,8 @@
 """The decode loop: prefill, then draft -> verify -> commit until every request stops.
 
-DFlash (DFlash paper sec. 3, DFLASH.md sec. 4): per step, the proposer drafts block_size - 1
-tokens for every active request in ONE drafter pass, the target verifies each block in ONE
-forward pass, the verifier keeps the longest accepted prefix plus one target token, the target KV
+DFlash (DFlash paper sec. 3, DFLASH.md sec. 4): per step, the proposer drafts max_draft_len
+(default block_size - 1) tokens for every active request in ONE drafter pass, the target verifies
+them with the last verified token in ONE forward pass, the verifier keeps the longest accepted prefix plus one target token, the target KV
 cache rolls back to the accepted length (a pointer move) and the target features of the kept
 tokens become new drafter context. Autoregressive mode ("ar") is the same loop with no drafter
 and blocks of one token: the baseline every speedup is measured against.
@@ -222,12 +222,12 @@ class Engine:
         last = torch.tensor([r.out[-1] for r in batch], device=dev)
         starts = torch.tensor([r.start for r in batch], device=dev)
         max_start = max(r.start for r in batch)
-        k = block - 1
+        k = self.proposer.max_draft_len if mode == "dflash" else 0
         # a block reaching past the drafter's context is verified as a plain one-token step; once no
         # row can draft (positions only grow), the step is autoregressive and skips the drafter
         can_draft = [mode == "dflash" and k > 0 and r.start + block <= self.proposer.max_position for r in batch]
         drafting = any(can_draft)
-        step = block if drafting else 1
+        step = k + 1 if drafting else 1
         drafts = None
         tokens = last[:, None]
         if drafting:

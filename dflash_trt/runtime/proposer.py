@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
@@ -20,7 +21,7 @@ from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
 class DraftBatch:
     """Drafts for n rows, handed from proposer to verifier.
 
-    tokens: [n, k] int64, k = block_size - 1 drafted tokens per row.
+    tokens: [n, k] int64, k = the proposer's max_draft_len (at most block_size - 1) drafts per row.
     probs:  list of n entries, each [k, V] float32 q (sampled drafts) or None (argmax drafts).
     """
 
@@ -33,13 +34,29 @@ class DFlashProposer:
 
     The block input is [last verified token, mask x (block_size - 1)] embedded with the target's
     embedding; draft logits use the target's lm_head (both frozen, not part of the drafter).
+
+    `max_draft_len` (TensorRT-LLM's name; vLLM: num_speculative_tokens) caps how many of the block's
+    drafts are handed to verification: the drafter still runs the whole block (the bidirectional
+    attention it was trained with), only the first `max_draft_len` positions get draft logits, and
+    the target verifies max_draft_len + 1 tokens per step. Default block_size - 1 (the paper's
+    setting). A smaller value pays when late positions are rarely accepted and verifying a position
+    costs more than it gains (a weak drafter on a compute-bound device).
+
+    Raises:
+        ConfigError: block_size < 2, or max_draft_len outside [1, block_size - 1].
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
-                 sample_drafts: bool = True):
+                 sample_drafts: bool = True, max_draft_len: int | None = None):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
+        if self.block_size < 2:
+            raise ConfigError(f"block size must be >= 2, got {self.block_size}")
+        self.max_draft_len = self.block_size - 1 if max_draft_len is None else max_draft_len
+        if not 1 <= self.max_draft_len <= self.block_size - 1:
+            raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {self.block_size - 1}], got "
+                              f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts")
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
@@ -66,7 +83,7 @@ class DFlashProposer:
 
     def propose(self, last_tokens: torch.Tensor, starts: torch.Tensor, max_start: int, rows: torch.Tensor | None,
                 params: list[SamplingParams], generators: list[torch.Generator | None]) -> DraftBatch:
-        """Draft block_size - 1 tokens per row.
+        """Draft max_draft_len tokens per row (one drafter pass over the whole block).
 
         Args:
             last_tokens: [n] int64 the last verified token of each row (block position 0).
@@ -84,11 +101,12 @@ class DFlashProposer:
         positions = starts[:, None] + offsets
         embeds = torch.nn.functional.embedding(block, self.target.embed_weight)
         hidden = self.drafter(embeds, positions, self.cache, starts, max_start, rows)
-        hidden = hidden[:, 1:].to(self.target.embed_weight.dtype)
+        k = self.max_draft_len
+        hidden = hidden[:, 1 : k + 1].to(self.target.embed_weight.dtype)
         if self.draft_head is None:
-            logits = self.target.compute_logits(hidden)  # [n, b-1, V]
-        else:  # [n, b-1, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
-            logits = head_matmul(hidden.reshape(n * (b - 1), -1), self.draft_head).float().view(n, b - 1, -1)
+            logits = self.target.compute_logits(hidden)  # [n, k, V]
+        else:  # [n, k, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
+            logits = head_matmul(hidden.reshape(n * k, -1), self.draft_head).float().view(n, k, -1)
         tokens = logits.argmax(-1)
         probs: list[torch.Tensor | None] = [None] * n
         for r, p in enumerate(params):

@@ -9,14 +9,16 @@ from dflash_trt.runtime.proposer import DraftBatch
 
 
 class OracleProposer:
-    """Drafts references[row][start + 1 : start + block_size]; draft position j (1-based) is replaced by
+    """Drafts references[row][start + 1 : start + 1 + max_draft_len]; draft position j (1-based) is replaced by
     a wrong token when j in `wrong_positions`. Same interface as DFlashProposer."""
 
     feature_layer_ids = ()
     max_position = 10**9
 
-    def __init__(self, references: list[list[int]], block_size: int, wrong_positions=(), vocab_size: int = 49152):
+    def __init__(self, references: list[list[int]], block_size: int, wrong_positions=(), vocab_size: int = 49152,
+                 max_draft_len: int | None = None):
         self.references, self.block_size = references, block_size
+        self.max_draft_len = block_size - 1 if max_draft_len is None else max_draft_len
         self.wrong_positions, self.vocab_size = set(wrong_positions), vocab_size
 
     def reset(self, batch, capacity):
@@ -27,10 +29,10 @@ class OracleProposer:
 
     def propose(self, last_tokens, starts, max_start, rows, params, generators):
         ids = [self.cache.requests[r] for r in (rows.tolist() if rows is not None else range(len(starts)))]
-        out = torch.zeros(len(ids), self.block_size - 1, dtype=torch.int64)
+        out = torch.zeros(len(ids), self.max_draft_len, dtype=torch.int64)
         for i, (row, s) in enumerate(zip(ids, starts.tolist())):
             ref = self.references[row]
-            for j in range(1, self.block_size):
+            for j in range(1, self.max_draft_len + 1):
                 tok = ref[s + j] if s + j < len(ref) else 0
                 out[i, j - 1] = (tok + 1) % self.vocab_size if j in self.wrong_positions else tok
         return DraftBatch(out, [None] * len(ids))

@@ -1,0 +1,60 @@
+"""max_draft_len (TensorRT-LLM's knob): the target verifies only the first k drafts of each block.
+
+Output stays the target's own (greedy) for every k, the counts follow k exactly (an oracle whose
+drafts are all right accepts k per step), and bad values are refused with the valid range."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_trt.errors import ConfigError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from tests.runtime.oracle import OracleProposer
+
+MAX_TOKENS = 24
+CHATS = ["Write a short poem about the sea.", "Name three colours."]
+
+
+@pytest.fixture(scope="module")
+def refs(smollm2_untrained):
+    pipe = smollm2_untrained
+    prompts = [pipe.encode_chat(c) for c in CHATS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    return pipe, prompts, [pipe.engine.generate([p], params, "ar")[0].token_ids for p in prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_oracle_accepts_exactly_max_draft_len_per_step(refs, k):
+    pipe, prompts, ar = refs
+    oracle = OracleProposer([p + r for p, r in zip(prompts, ar)], 16, max_draft_len=k)
+    engine = Engine(pipe.engine.target, oracle)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), "dflash")
+    for res, ref in zip(results, ar):
+        assert res.token_ids == ref
+        m = res.metrics
+        # prefill gives token 1; each step then commits k accepted drafts + 1 target token
+        assert m.verify_steps == -(-(MAX_TOKENS - 1) // (k + 1))
+        assert m.drafted_tokens == k * m.verify_steps
+        assert len(m.accepted_per_position) == k
+        assert m.accepted_per_position[0] == m.verify_steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 4])
+def test_drafter_with_max_draft_len_is_lossless(refs, k):
+    pipe, prompts, ar = refs
+    target, drafter = pipe.engine.target, pipe.engine.proposer.drafter
+    proposer = DFlashProposer(drafter, target, 16, max_draft_len=k)
+    results = Engine(target, proposer).generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert [r.token_ids for r in results] == ar
+    assert all(r.metrics.drafted_tokens == k * r.metrics.verify_steps for r in results)
+
+
+@pytest.mark.parametrize("block, k", [(16, 0), (16, 16), (4, 5)])
+def test_max_draft_len_out_of_range_is_refused(smollm2_untrained, block, k):
+    pipe = smollm2_untrained
+    with pytest.raises(ConfigError, match=rf"max_draft_len must be in \[1, block_size - 1 = {block - 1}\]"):
+        DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, block, max_draft_len=k)
