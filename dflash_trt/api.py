@@ -93,12 +93,15 @@ class Pipeline:
 
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
-                  sample_drafts: bool = True) -> Pipeline:
+                  sample_drafts: bool = True, fp8_matmul: str = "auto") -> Pipeline:
     """Load target (+ drafter) and tokenizer. `None` paths mean the embedded defaults.
 
-    Compatibility is checked from the configs BEFORE weights load.
+    Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
+    chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
+    "auto" is off on the CPU).
     Raises:
-        CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`).
+        CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
+        fp8_matmul "on" with a target that is not FP8.
     """
     import os
 
@@ -119,7 +122,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         check_compatible(tcfg, dcfg)
         if block_size is not None and block_size < 2:
             raise InvalidRequestError(f"block size must be >= 2, got {block_size}")
-    model = load_target(target_path, torch_dtype)
+    model = load_target(target_path, torch_dtype, fp8_matmul=fp8_matmul)
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts)
@@ -129,14 +132,19 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
-                load_drafter_model: bool = True) -> Pipeline:
+                load_drafter_model: bool = True, fp8_matmul: str = "auto") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
-    from `trtllm/target` and the drafter from `trtllm/drafter`, dequantizing FP8 / NVFP4 weights to `dtype`
-    (see `dflash_trt.models.dequant`; activations are not quantized on this path).
+    from `trtllm/target` and the drafter from `trtllm/drafter`.
+
+    NVFP4 weights (and FP8 drafter weights) are dequantized to `dtype` on load (`dflash_trt.models.dequant`:
+    activations not quantized). An FP8 target runs FP8 matmuls with the checkpoint's weight and input scales
+    (W8A8, as TensorRT-LLM; `dflash_trt.models.fp8`) when `fp8_matmul` is "on", or "auto" on a CUDA GPU of
+    compute capability >= 8.9; otherwise ("off", or "auto" on the CPU) it is dequantized too.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
         IncompatibleModelsError, CheckpointError: as `load_pipeline`.
+        ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off").
     """
     import os
 
@@ -152,7 +160,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     drafter_path = root / manifest["models"]["drafter"]["path"]
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
-    model = load_target(target_path, torch_dtype)  # FP8 / NVFP4 weights are dequantized on load
+    model = load_target(target_path, torch_dtype, fp8_matmul=fp8_matmul)
     proposer = None
     if load_drafter_model:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size)
