@@ -93,21 +93,25 @@ class Pipeline:
 
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
-                  sample_drafts: bool = True, max_draft_len: int | None = None) -> Pipeline:
-    """Load target (+ drafter) and tokenizer. `None` paths mean the embedded defaults.
+                  sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
+                  device: str = "cpu") -> Pipeline:
+    """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
+    the embedded defaults.
 
     `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
     block_size - 1) how many of its drafts the target verifies per step (`DFlashProposer`).
-
-    Compatibility is checked from the configs BEFORE weights load.
+    Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
+    chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
+    "auto" is on for a CUDA GPU of compute capability >= 8.9 only).
     Raises:
-        CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`).
+        CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
+        fp8_matmul "on" with a target that is not FP8.
     """
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
     from dflash_trt.models.default import default_drafter_path, default_target_path
 
     torch_dtype = parse_dtype(dtype)
@@ -122,10 +126,11 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         check_compatible(tcfg, dcfg)
         if block_size is not None and block_size < 2:
             raise InvalidRequestError(f"block size must be >= 2, got {block_size}")
-    model = load_target(target_path, torch_dtype)
+    check_device(device)
+    model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if drafter_path is not None:
-        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size, sample_drafts,
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
                                   max_draft_len)
     tokenizer = load_tokenizer(target_path)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
@@ -133,10 +138,15 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
-                load_drafter_model: bool = True, max_draft_len: int | None = None) -> Pipeline:
+                load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
+                device: str = "cpu") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
-    from `trtllm/target` and the drafter from `trtllm/drafter`, dequantizing FP8 / NVFP4 weights to `dtype`
-    (see `dflash_trt.models.dequant`; activations are not quantized on this path).
+    from `trtllm/target` and the drafter from `trtllm/drafter`.
+
+    NVFP4 weights (and FP8 drafter weights) are dequantized to `dtype` on load (`dflash_trt.models.dequant`:
+    activations not quantized). An FP8 target runs FP8 matmuls with the checkpoint's weight and input scales
+    (W8A8, as TensorRT-LLM; `dflash_trt.models.fp8`) when `fp8_matmul` is "on", or "auto" on a CUDA GPU of
+    compute capability >= 8.9; otherwise ("off", or "auto" on the CPU) it is dequantized too.
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
     `block_size` is given; then, as in `load_pipeline`, to block_size - 1.
@@ -144,13 +154,14 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
         IncompatibleModelsError, CheckpointError: as `load_pipeline`.
+        ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off").
     """
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from dflash_trt.build.manifest import load_manifest
-    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
     root = Path(bundle)
     manifest = load_manifest(root)
@@ -159,12 +170,13 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     drafter_path = root / manifest["models"]["drafter"]["path"]
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
-    model = load_target(target_path, torch_dtype)  # FP8 / NVFP4 weights are dequantized on load
+    check_device(device)
+    model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if load_drafter_model:
         if max_draft_len is None and block_size is None:
             max_draft_len = manifest.get("max_draft_len")
-        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype), model, block_size,
+        proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
                                   max_draft_len=max_draft_len)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))

@@ -18,13 +18,20 @@ import click
 @click.option("--temperature", default=0.0, show_default=True, type=float)
 @click.option("--max-tokens", default=128, show_default=True, type=int)
 @click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
+              help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
+                   "Fewer cost less to verify when late drafts are rarely accepted.")
 @click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
+                   "dequantized on load (off).")
+@click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--threads", default=None, type=int, help="torch threads for every mode (default: torch's).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
-def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, modes, dtype,
-          threads, seed, out):
+def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len, modes,
+          dtype, fp8_matmul, device, threads, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -49,7 +56,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)
-    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list)
+    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
+                         max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device)
     warn_block_size(pipe)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
@@ -58,8 +66,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     bar.close()
     proposer = pipe.engine.proposer
     results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
-                         "block_size": proposer.block_size if proposer else None, "temperature": temperature,
-                         "max_tokens": max_tokens, "num_prompts": num_prompts, "batch_size": batch_size, "modes": mode_list,
+                         "block_size": proposer.block_size if proposer else None,
+                         "max_draft_len": proposer.max_draft_len if proposer else None, "temperature": temperature,
+                         "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
+                         "batch_size": batch_size, "modes": mode_list,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}
     results["machine"] = machine_info(torch.get_num_threads(), dtype)
     out_dir = Path(out)

@@ -21,7 +21,10 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
 @click.option("--bundle", type=click.Path(), default=None,
-              help="A `dflash-trt build` bundle folder (verified, FP8/NVFP4 dequantized); replaces --target/--drafter.")
+              help="A `dflash-trt build` bundle folder (verified); replaces --target/--drafter.")
+@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
+                   "dequantized on load (off; NVFP4 always is).")
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
@@ -31,12 +34,16 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--top-k", default=0, show_default=True, type=int)
 @click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
 @click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
+              help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
+                   "Fewer cost less to verify when late drafts are rarely accepted.")
 @click.option("--mode", type=click.Choice(["dflash", "ar"]), default="dflash", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
-def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
-             mode, dtype, batch_size, as_json):
+def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
+             max_draft_len, mode, dtype, device, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
@@ -56,10 +63,12 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
         from dflash_trt.api import load_bundle
 
-        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash")
+        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash", max_draft_len=max_draft_len,
+                           fp8_matmul=fp8_matmul, device=device)
     else:
         target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
-        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash")
+        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash",
+                             max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device)
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")

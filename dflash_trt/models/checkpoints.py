@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
@@ -26,6 +27,13 @@ def _build_on_meta(cls, cfg):
     return module
 
 
+def check_device(device: str) -> None:
+    """Raises ConfigError when `device` names a CUDA device that torch cannot use (the message names the fix)."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                          "use --device cpu or run on a machine with a GPU")
+
+
 def _read_weights(path, dtype, device):
     """The folder's tensors in `dtype`; ModelOpt FP8 / NVFP4 checkpoints are dequantized first."""
     from dflash_trt.models.dequant import dequantize_tensors, quant_algo
@@ -36,17 +44,41 @@ def _read_weights(path, dtype, device):
     return dequantize_tensors(read_tensors(path, None, device), algo, dtype)
 
 
-def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TargetModel:
+def _read_fp8_weights(path, model, dtype, device):
+    """The folder's tensors for W8A8: the FP8 weights and scales of the Linears that become Fp8Linear
+    (which `model` then has) kept as stored, everything else as `_read_weights` gives it."""
+    from dflash_trt.models.dequant import dequantize_tensors
+    from dflash_trt.models.fp8 import fp8_linear_names, use_fp8_linears
+
+    raw = read_tensors(path, None, device)
+    names = fp8_linear_names(raw, model)
+    use_fp8_linears(model, names, dtype)
+    kept = {f"{n}{s}": raw.pop(f"{n}{s}") for n in names for s in (".weight", ".weight_scale", ".input_scale")}
+    kept = {k: v.reshape(()) if k.endswith("_scale") else v for k, v in kept.items()}
+    return {**dequantize_tensors(raw, "FP8", dtype), **kept}
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                fp8_matmul: str = "auto") -> TargetModel:
     """Load a HF causal-LM folder (config.json + safetensors) as a TargetModel in eval mode.
 
-    A ModelOpt FP8 / NVFP4 unified checkpoint is dequantized to `dtype` on load (`dflash_trt.models.dequant`).
+    A ModelOpt NVFP4 unified checkpoint is dequantized to `dtype` on load (`dflash_trt.models.dequant`);
+    an FP8 one too, unless `fp8_matmul` turns FP8 matmuls on: then its quantized Linears become
+    `Fp8Linear` (W8A8 with the checkpoint's scales; see `dflash_trt.models.fp8`).
 
+    Args:
+        fp8_matmul: "auto" (FP8 matmuls on a CUDA GPU of compute capability >= 8.9 only), "on", "off".
     Raises:
-        CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure.
+        CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure;
+            fp8_matmul "on" for a checkpoint that is not FP8 or on a device without FP8 matmuls.
     """
+    from dflash_trt.models.dequant import quant_algo
+    from dflash_trt.models.fp8 import resolve_fp8_matmul
+
     cfg = TargetConfig.from_pretrained(path)
+    fp8 = resolve_fp8_matmul(fp8_matmul, quant_algo(path), device, f"the target at {path}")
     model = _build_on_meta(TargetModel, cfg)
-    tensors = _read_weights(path, dtype, device)
+    tensors = _read_fp8_weights(path, model, dtype, device) if fp8 else _read_weights(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, tensors, "target", path, ignore=ignore)
     return use_transposed_weight_layout(model.eval().requires_grad_(False))

@@ -1,10 +1,12 @@
 """Read ModelOpt unified HF checkpoints (FP8, NVFP4) back into plain floating-point tensors.
 
-Our PyTorch runtime has no FP8/FP4 matmul kernels on CPU, so a quantized bundle is dequantized once
-at load time into the model dtype: the weights the runtime multiplies with are exactly the values
-the quantized checkpoint encodes (what TensorRT-LLM's kernels read), while activations stay in the
-model dtype (TensorRT-LLM also quantizes activations with `input_scale`: W8A8 / W4A4 there,
-W8A16 / W4A16-equivalent here).
+By default on the CPU a quantized bundle is dequantized once at load time into the model dtype: the
+weights the runtime multiplies with are exactly the values the quantized checkpoint encodes (what
+TensorRT-LLM's kernels read), while activations stay in the model dtype (TensorRT-LLM also quantizes
+activations with `input_scale`: W8A8 / W4A4 there, W8A16 / W4A16-equivalent here). An FP8 target can
+instead keep its FP8 weights and run W8A8 FP8 matmuls (`dflash_trt.models.fp8`, `fp8_matmul`: by
+default on CUDA GPUs of compute capability >= 8.9; on the CPU only when asked, as a slow reference).
+NVFP4 is always dequantized here.
 
 Tensor layout written by `modelopt.torch.export.export_hf_checkpoint` (ModelOpt 0.47), per Linear `X`:
 - FP8:   `X.weight` float8_e4m3fn [out, in]; `X.weight_scale` float32 [] (per tensor);

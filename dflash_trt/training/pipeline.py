@@ -25,21 +25,14 @@ def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = to
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from dflash_trt.api import load_tokenizer, stop_token_ids
-    from dflash_trt.models.checkpoints import load_target
+    from dflash_trt.models.checkpoints import check_device, load_target
     from dflash_trt.models.default import default_target_path
 
     path = Path(target) if target is not None else default_target_path()
     check_device(device)
-    model = load_target(path, dtype).to(device)
+    model = load_target(path, dtype, device)
     tokenizer = load_tokenizer(path)
     return path, model, tokenizer, stop_token_ids(path, model.config)
-
-
-def check_device(device: str) -> None:
-    """Raises ConfigError when `device` names a CUDA device that torch cannot use."""
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
-                          "use --device cpu or run on a machine with a GPU")
 
 
 def training_prompts(prompts_file: str | Path | None, num_chat: int | None = None,
