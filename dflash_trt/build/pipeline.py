@@ -25,11 +25,6 @@ from pathlib import Path
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
 
 
-#: target model types whose TensorRT-LLM per-rank checkpoint (legacy engine flow) is written; for others
-#: (Qwen3) the bundle has the trtllm/ folder only and the manifest says why
-LEGACY_CHECKPOINT_TYPES = ("llama",)
-
-
 @dataclass(frozen=True)
 class BuildOptions:
     """Inputs of one build (CLI flags of `dflash-trt build`)."""
@@ -123,13 +118,10 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
                      f"{opts.calib_size} prompts from {calib}")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
-    legacy = (f"export trtllm_checkpoint/: TensorRT-LLM per-rank checkpoint, tp {opts.tp_size} "
-              f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
-              " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)")
-    if t.model_type not in LEGACY_CHECKPOINT_TYPES:
-        legacy = f"skip trtllm_checkpoint/ (not wired up for {t.model_type} targets)"
     steps += [
-        legacy,
+        (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
+         f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
+         " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
         "export trtllm/target/: unified HF checkpoint + tokenizer",
         (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
@@ -207,13 +199,11 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
         return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
 
     def export_checkpoint():
-        if tcfg.model_type not in LEGACY_CHECKPOINT_TYPES:
-            state["trt_quant"] = None
-            return f"(skipped: not wired up for {tcfg.model_type} targets; the trtllm/ folder serves them)"
         cfg = trtllm.export_trtllm_checkpoint(state["model"], root / "trtllm_checkpoint", opts.tp_size, root,
                                               dcfg.block_size - 1, tcfg.max_position_embeddings, opts.max_batch_size)
         state["trt_quant"] = cfg.get("quantization")
-        return f"({opts.tp_size} rank file(s))"
+        state["trt_arch"] = cfg["architecture"]
+        return f"({opts.tp_size} rank file(s), {cfg['architecture']})"
 
     def export_target():
         trtllm.export_target_hf(state["model"], root / "trtllm" / "target", Path(opts.target))
@@ -244,7 +234,8 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
             "models": {
                 "target": {"source": str(opts.target), "architecture": (tcfg.architectures or ("?",))[0],
                            "num_hidden_layers": tcfg.num_hidden_layers, "hidden_size": tcfg.hidden_size,
-                           "vocab_size": tcfg.vocab_size, "path": "trtllm/target"},
+                           "vocab_size": tcfg.vocab_size, "path": "trtllm/target",
+                           "trtllm_checkpoint_architecture": state.get("trt_arch")},
                 "drafter": {"source": str(opts.drafter), "num_hidden_layers": dcfg.num_hidden_layers,
                             "trained": dcfg.trained, "path": "trtllm/drafter"},
             },
@@ -261,7 +252,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
                           "sha256": sha256_file(tok_file) if tok_file.is_file() else None},
             "serve_config": "trtllm/serve.yaml",
             "serve_config_check": state.get("serve_check"),
-            "trtllm_checkpoint": "trtllm_checkpoint" if (root / "trtllm_checkpoint").is_dir() else None,
+            "trtllm_checkpoint": "trtllm_checkpoint",
             "tools": tool_versions(),
         })
         return f"({len(report.manifest['files'])} files hashed)"

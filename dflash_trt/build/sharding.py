@@ -1,9 +1,10 @@
-"""Tensor-parallel split rules for TensorRT-LLM's per-rank Llama checkpoint, and their inverse.
+"""Tensor-parallel split rules for TensorRT-LLM's per-rank Llama / Qwen3 checkpoint, and their inverse.
 
 TensorRT-LLM's checkpoint (`config.json` + `rank{r}.safetensors`, the input of `trtllm-build`) names
-Llama weights `transformer.vocab_embedding`, `transformer.layers.N.attention.{qkv,dense}`,
+Llama and Qwen3 weights `transformer.vocab_embedding`, `transformer.layers.N.attention.{qkv,dense}`,
 `transformer.layers.N.mlp.{fc,gate,proj}` (fc = HF gate_proj, gate = HF up_proj, proj = down_proj),
-`transformer.layers.N.{input_layernorm,post_layernorm}`, `transformer.ln_f`, `lm_head`. Megatron-style
+`transformer.layers.N.{input_layernorm,post_layernorm}`, `transformer.ln_f`, `lm_head`; Qwen3 adds
+`transformer.layers.N.attention.{q,k}_layernorm` (HF q_norm / k_norm). Megatron-style
 rules (column-parallel: split output rows; row-parallel: split input columns, the partial sums are
 all-reduced):
 - column-parallel (dim 0): mlp.fc, mlp.gate (and their biases);
@@ -11,8 +12,9 @@ all-reduced):
   fewer KV heads than ranks, each KV head is replicated on tp / kv_heads ranks;
 - row-parallel (dim 1): attention.dense, mlp.proj (biases replicated);
 - vocab-parallel (dim 0): vocab_embedding, lm_head;
-- replicated: norms, per-tensor scales (`*_scaling_factor` with one element, `weights_scaling_factor_2`,
-  `kv_cache_scaling_factor`).
+- replicated: norms, including Qwen3's q_layernorm / k_layernorm ([head_dim], one weight shared by every
+  head, so every rank holds it whole, as TensorRT-LLM's own Qwen converter writes it); per-tensor scales
+  (`*_scaling_factor` with one element, `weights_scaling_factor_2`, `kv_cache_scaling_factor`).
 Quantized tensors split the same way: NVFP4 weights are packed along dim 1 (2 values per byte) and
 their block scales have one column per 16 inputs, so a row-parallel split must cut at multiples of
 16 inputs (checked).

@@ -13,6 +13,11 @@ TensorRT-LLM's per-rank checkpoint (config.json with `mapping` and `quantization
 made by ModelOpt's `export_tensorrt_llm_checkpoint` at tp 1 and split with `dflash_trt.build.sharding`,
 plus `build_engine.sh` with the `trtllm-build` command. Those versions have no DFlash: the engine is
 built in `draft_tokens_external` mode, i.e. it verifies drafts that an external drafter supplies.
+Llama targets export with ModelOpt's decoder type `llama` (TensorRT-LLM's LLaMAForCausalLM), Qwen3
+targets with `qwen` (TensorRT-LLM's QWenForCausalLM with `qwen_type: qwen3`, which adds per-head
+RMSNorm on q and k: `attention.q_layernorm` / `attention.k_layernorm`). Without `tensorrt_llm`
+installed, ModelOpt 0.47 writes config.json by hand and leaves out fields TensorRT-LLM reads
+(`trtllm_config_fields` adds them).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import yaml
 
 from dflash_trt.build.schema import validate_llm_args
 from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict, tensors_equal
+from dflash_trt.config import TargetConfig
 from dflash_trt.errors import BuildError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -176,29 +182,62 @@ trtllm-build --checkpoint_dir . --output_dir "${{1:-./engine}}" \\
 """
 
 
+#: target model_type -> (ModelOpt `decoder_type`, `architecture` in the checkpoint's config.json). The
+#: architecture is a key of TensorRT-LLM's `tensorrt_llm.models.MODEL_MAP`; "Qwen3ForCausalLM" (mapped to
+#: QWenForCausalLM since TensorRT-LLM PR #5650, July 2025) is also what its own convert_checkpoint.py writes,
+#: and fails loudly on a version without Qwen3 engine support instead of building a Qwen2 graph.
+TRTLLM_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen", "Qwen3ForCausalLM")}
+
+
+def trtllm_config_fields(target: TargetConfig) -> dict:
+    """config.json fields that TensorRT-LLM's model config reads and ModelOpt 0.47 leaves out or gets wrong.
+
+    Without `tensorrt_llm` importable, ModelOpt writes the config by hand: it reads RoPE from
+    `rope_theta` / `rope_scaling`, which transformers >= 5 keeps in `rope_parameters` (so `rotary_base`
+    is lost and TensorRT-LLM would default to 10000), and for Qwen it writes neither `qwen_type` nor
+    `attn_bias`. Verified against TensorRT-LLM's tensorrt_llm/models/qwen/{config,model,convert}.py and
+    llama/config.py: QWenConfig defaults `attn_bias` to True and reads `qwen_type`, `rotary_base`,
+    `rotary_scaling`, `seq_length` (its converter writes 8192 when the HF config has none) and
+    `use_logn_attn`; QWenDecoderLayer turns on `qk_layernorm` (RmsNorm over head_size) for qwen_type
+    qwen3; its converter stores HF `q_norm` / `k_norm` whole on every rank as
+    `transformer.layers.N.attention.{q,k}_layernorm.weight`, the names ModelOpt exports.
+    """
+    scaling = None
+    if target.rope_scaling:
+        scaling = {**target.rope_scaling, "type": target.rope_scaling["rope_type"]}  # HF configs used either key
+    fields = {"architecture": TRTLLM_ARCHITECTURES[target.model_type][1], "rotary_base": target.rope_theta,
+              "rotary_scaling": scaling, "attn_bias": target.attention_bias, "mlp_bias": target.mlp_bias}
+    if target.model_type == "qwen3":
+        # qk_layernorm is PretrainedConfig's generic flag; QWen itself keys on qwen_type
+        fields.update(qwen_type="qwen3", qk_layernorm=True, seq_length=8192, use_logn_attn=False)
+    return fields
+
+
 def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_draft_len: int,
                              max_seq_len: int, max_batch_size: int = 8) -> dict:
-    """Write TensorRT-LLM's per-rank checkpoint of the (possibly quantized) Llama `model` to `out`.
+    """Write TensorRT-LLM's per-rank checkpoint of the (possibly quantized) Llama or Qwen3 `model` to `out`.
 
-    ModelOpt exports it unsharded (a deep copy of `model`, so `model` itself is untouched); the tp-way
-    split uses `dflash_trt.build.sharding`, and the split is checked by reassembling it.
+    ModelOpt exports it unsharded (a deep copy of `model`, so `model` itself is untouched) and
+    `trtllm_config_fields` completes its config.json; the tp-way split uses `dflash_trt.build.sharding`,
+    and the split is checked by reassembling it.
     Returns:
         The checkpoint's config.json (with `mapping` and `quantization`).
     Raises:
-        BuildError: the model is not a Llama-family decoder (the only `decoder_type` wired up here),
+        BuildError: the model is neither a Llama nor a Qwen3 decoder (the decoder types wired up here),
             or reassembling the shards does not give back the unsharded tensors.
     """
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from safetensors.torch import load_file, save_file
 
-    arch = (getattr(model.config, "architectures", None) or ["?"])[0]
-    if arch != "LlamaForCausalLM":
-        raise BuildError(f"the TensorRT-LLM per-rank checkpoint is only wired up for LlamaForCausalLM targets, got "
-                         f"{arch}; use the trtllm/ folder (PyTorch backend) for this target")
+    model_type = getattr(model.config, "model_type", "?")
+    if model_type not in TRTLLM_ARCHITECTURES:
+        raise BuildError(f"the TensorRT-LLM per-rank checkpoint is wired up for {', '.join(TRTLLM_ARCHITECTURES)} "
+                         f"targets only, got model_type {model_type!r}; use the trtllm/ folder (PyTorch backend)")
     full_dir = scratch / "trtllm_checkpoint_tp1"
-    export_tensorrt_llm_checkpoint(copy.deepcopy(model), "llama", EXPORT_DTYPE, str(full_dir),
-                                   inference_tensor_parallel=1)
+    export_tensorrt_llm_checkpoint(copy.deepcopy(model), TRTLLM_ARCHITECTURES[model_type][0], EXPORT_DTYPE,
+                                   str(full_dir), inference_tensor_parallel=1)
     config = json.loads((full_dir / "config.json").read_text())
+    config.update(trtllm_config_fields(TargetConfig.from_hf_config(model.config)))
     full = load_file(str(full_dir / "rank0.safetensors"))
     spec = ShardSpec.from_trtllm_config(config, tp_size)
     check_divisible(spec, int(config["vocab_size"]), int(config["intermediate_size"]), int(config["hidden_size"]),

@@ -9,6 +9,8 @@ import torch
 TINY = dict(vocab_size=49152, hidden_size=96, intermediate_size=192, num_hidden_layers=4, num_attention_heads=6,
             num_key_value_heads=3, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
             bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
+#: overrides of TINY for the Qwen3 target: tp 2 divides the heads, attention width 4 * 32 != hidden 96
+QWEN3_TINY = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e6)
 
 
 def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overrides):
@@ -24,6 +26,8 @@ def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overri
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.normal_(0, 0.15)  # sharper than HF's init: logits far from uniform
+            elif ".q_norm." in name or ".k_norm." in name:
+                p.uniform_(0.5, 1.5)  # Qwen3's per-head q/k norms: not all ones, so a lost or mixed-up one shows
     model.save_pretrained(folder, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         if (smollm2_path / name).is_file():

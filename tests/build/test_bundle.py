@@ -39,6 +39,7 @@ def test_layout_and_manifest(tiny_bundle_fp8_tp3):
                                            "mask_token_id": 16, "target_layer_ids": [1, 2], "attention_backend": "VANILLA"}
     ckpt = json.loads((b / "trtllm_checkpoint/config.json").read_text())
     assert ckpt["mapping"] == {"world_size": 3, "tp_size": 3, "pp_size": 1}
+    assert ckpt["architecture"] == "LlamaForCausalLM" and ckpt["rotary_base"] == 10000.0 and "qwen_type" not in ckpt
     assert ckpt["quantization"]["quant_algo"] == "FP8"
     assert "--max_draft_len 3" in (b / "trtllm_checkpoint/build_engine.sh").read_text()
 
@@ -198,20 +199,26 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
     assert all(len(r.token_ids) == 24 for r in spec)
 
 
-def test_qwen3_target_gets_the_trtllm_folder_and_no_legacy_checkpoint(tmp_path, smollm2_path):
-    """Qwen3 (the family of the released DFlash drafters): trtllm/ + manifest, no per-rank checkpoint."""
-    from build_helpers import write_tiny_drafter, write_tiny_target
+def test_qwen3_bundle_has_the_per_rank_checkpoint(tmp_path, tiny_qwen3_pair):
+    """Qwen3 (the family of the released DFlash drafters): trtllm/ and trtllm_checkpoint/ at tp 2, FP8."""
     from dflash_trt.api import load_bundle
+    from dflash_trt.build.sharding import ShardSpec, merge_state_dicts
+    from dflash_trt.build.trtllm import read_trtllm_ranks
     from dflash_trt.runtime.sampling import SamplingParams
 
-    target = write_tiny_target(tmp_path / "qwen3", smollm2_path, model_type="qwen3")
-    drafter = write_tiny_drafter(tmp_path / "drafter", target)
     out = tmp_path / "qwen3-fp8"
-    report = build_bundle(target, drafter, out, quant="fp8", tp_size=3)
+    report = build_bundle(*tiny_qwen3_pair, out, quant="fp8", tp_size=2)
     m = load_manifest(out)
-    assert m["trtllm_checkpoint"] is None and not (out / "trtllm_checkpoint").exists()
-    assert report.sizes["trtllm_checkpoint"] == 0 and "skipped" in report.steps[1].detail
-    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["tensor_parallel_size"] == 3
+    assert m["trtllm_checkpoint"] == "trtllm_checkpoint" and {"trtllm_checkpoint/rank0.safetensors",
+                                                              "trtllm_checkpoint/rank1.safetensors"} <= set(m["files"])
+    assert m["models"]["target"]["trtllm_checkpoint_architecture"] == "Qwen3ForCausalLM"
+    assert m["quantization"]["trtllm_checkpoint"]["quant_algo"] == "FP8" and "Qwen3ForCausalLM" in report.steps[1].detail
+    config, ranks = read_trtllm_ranks(out / "trtllm_checkpoint")
+    assert config["qwen_type"] == "qwen3" and config["mapping"]["tp_size"] == 2 and config["rotary_base"] == 1e6
+    merged = merge_state_dicts(ranks, ShardSpec.from_trtllm_config(config, 2))
+    assert merged["transformer.layers.0.attention.qkv.weight"].shape == ((4 + 2 + 2) * 32, 96)
+    assert "--workers 2" in (out / "trtllm_checkpoint/build_engine.sh").read_text()
+    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["tensor_parallel_size"] == 2
     assert json.loads((out / "trtllm/target/config.json").read_text())["quantization_config"]["quant_algo"] == "FP8"
     pipe = load_bundle(out)
     prompts = [pipe.encode("def fibonacci(n):"), pipe.encode("The history of")]

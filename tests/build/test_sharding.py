@@ -23,10 +23,12 @@ from dflash_trt.build.sharding import (
 from dflash_trt.errors import ConfigError
 
 
-def modelopt_export(model, folder, tp):
+def modelopt_export(model, folder, tp, decoder_type="llama"):
+    """ModelOpt's own tp-way export of `model` (the reference our split must reproduce): (config, [rank tensors])."""
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    export_tensorrt_llm_checkpoint(copy.deepcopy(model), "llama", torch.bfloat16, str(folder), inference_tensor_parallel=tp)
+    export_tensorrt_llm_checkpoint(copy.deepcopy(model), decoder_type, torch.bfloat16, str(folder),
+                                   inference_tensor_parallel=tp)
     cfg = json.loads((folder / "config.json").read_text())
     return cfg, [load_file(str(folder / f"rank{r}.safetensors")) for r in range(tp)]
 
@@ -78,6 +80,8 @@ def test_rules():
     assert rule_for("transformer.layers.3.mlp.proj.weight", t) == ROW
     assert rule_for("transformer.layers.3.mlp.fc.weights_scaling_factor", torch.zeros(1)) == REPLICATED
     assert rule_for("transformer.layers.3.input_layernorm.weight", torch.zeros(4)) == REPLICATED
+    assert rule_for("transformer.layers.3.attention.q_layernorm.weight", torch.zeros(128)) == REPLICATED
+    assert rule_for("transformer.layers.3.attention.k_layernorm.weight", torch.zeros(128)) == REPLICATED
 
 
 def test_kv_heads_fewer_than_ranks_are_replicated_and_reassemble():
