@@ -118,3 +118,18 @@ def test_more_bad_inputs_give_one_line_errors(monkeypatch, capsys, tmp_path, smo
     a_file.write_text("x")
     code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(smollm2_path), "--out", str(a_file))
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_max_draft_len_flag_sets_the_drafts_verified_per_step(monkeypatch, capsys):
+    """--max-draft-len 2 with the default drafter (block 16): 2 drafts per step, the same text as --mode ar."""
+    args = ("--chat", "What is the capital of France?", "--max-tokens", "20", "--json")
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "2")
+    assert code == 0, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    m = obj["metrics"]
+    assert m["drafted_tokens"] == 2 * m["verify_steps"] and len(m["accepted_per_position"]) == 2
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar")
+    assert json.loads(out.strip().splitlines()[-1])["token_ids"] == obj["token_ids"]
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "16")
+    assert code == 1 and "max_draft_len must be in [1, block_size - 1 = 15]" in err and "Traceback" not in err
