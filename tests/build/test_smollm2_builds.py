@@ -29,6 +29,7 @@ def test_smollm2_build(quant, tp, tmp_path, smollm2_path):
 
     config, ranks = read_trtllm_ranks(out / "trtllm_checkpoint")
     assert config["mapping"]["tp_size"] == tp and len(ranks) == tp
+    assert config["architecture"] == "LlamaForCausalLM" and config["rotary_base"] == 100000  # SmolLM2's rope_theta
     merged = merge_state_dicts(ranks, ShardSpec.from_trtllm_config(config, tp))
     qkv = merged["transformer.layers.0.attention.qkv.weight"]
     assert qkv.shape[0] == (9 + 3 + 3) * 64 and merged["lm_head.weight"].shape == (49152, 576)
