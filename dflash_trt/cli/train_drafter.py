@@ -82,6 +82,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
+    from dflash_trt.cli.common import jsonl_file
+
+    jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
     import torch
 
     from dflash_trt.compat import check_compatible

@@ -58,6 +58,14 @@ def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
     assert f"--prompts-file {tmp_path} is a directory; give a JSONL file" in err
 
 
+def test_train_drafter_prompts_that_is_a_directory(monkeypatch, capsys, tmp_path):
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--out", str(tmp_path / "d"), "--prompts",
+                            str(tmp_path))
+    assert one_error_line(code, err), err
+    assert f"--prompts {tmp_path} is a directory; give a JSONL file" in err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.work").exists()
+
+
 def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
     target, _ = tiny
     code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--chat", "hi",
