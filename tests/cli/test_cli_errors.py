@@ -66,6 +66,20 @@ def test_train_drafter_prompts_that_is_a_directory(monkeypatch, capsys, tmp_path
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.work").exists()
 
 
+def test_train_drafter_resume_with_nothing_to_resume(monkeypatch, capsys, tmp_path):
+    from dflash_trt.training import pipeline
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the target was loaded before --resume was checked")
+
+    monkeypatch.setattr(pipeline, "load_target_and_tokenizer", no_load)
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--out", str(tmp_path / "d"), "--resume")
+    assert one_error_line(code, err), err
+    assert f"--resume: nothing to resume in {tmp_path / 'd.work'} (no training checkpoint" in err
+    assert "run without --resume to start" in err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.work").exists()
+
+
 def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
     target, _ = tiny
     code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--chat", "hi",
