@@ -63,7 +63,8 @@ def _check_resume(resume: bool, work: Path) -> None:
 @click.option("--draft-vocab-size", default=8192, show_default=True, type=click.IntRange(min=0),
               help="Predict over the most frequent N tokens (exported with a d2t map); 0 = full vocabulary.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1), help="Response length cap.")
-@click.option("--max-samples", default=None, type=click.IntRange(1), help="Use a random subset of the prompts.")
+@click.option("--max-samples", default=None, type=click.IntRange(1),
+              help="Use exactly N prompts, a seeded random subset (default: all).")
 @click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--init", "init_mode", default="target", show_default=True, type=click.Choice(["target", "random"]),
               help="Start drafter layers from the target's top layers, or random.")
@@ -124,6 +125,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     tcfg = TargetConfig.from_pretrained(target_path)  # CheckpointError / ConfigError before any work
     layer_ids = _parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
+    if max_samples is not None and max_samples > len(prompts):
+        click.echo(f"warning: --max-samples {max_samples} is more than the {len(prompts)} prompts; using all "
+                   f"{len(prompts)}", err=True)
     mask = mask_token_id if mask_token_id is not None else (DEFAULT_MASK_TOKEN_ID if default_target else None)
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:

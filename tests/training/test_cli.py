@@ -81,6 +81,17 @@ def test_resume_needs_a_checkpoint_and_the_data_cache_is_reused_without_it(tmp_p
     assert json.loads((out / "training.json").read_text())["data"]["samples"] == 8
 
 
+def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+            str(_prompts(tmp_path, 8)), "--target-layer-ids", "0,1", "--max-new-tokens", "4", "--mask-token-id",
+            str(MASK), "--gen-batch-size", "4", "--data-only"]
+    res = _run(args + ["--max-samples", "7"])
+    assert res.exit_code == 0 and "data: 7 samples" in res.stdout, res.output + repr(res.exception)
+    res = _run(args + ["--max-samples", "9"])
+    assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
+    assert "warning: --max-samples 9 is more than the 8 prompts; using all 8" in res.stderr
+
+
 @pytest.mark.parametrize("content,extra,err,msg", [
     ("", [], DFlashError, "empty"),
     ("{not json\n", [], ConfigError, "not valid JSON"),
