@@ -54,3 +54,31 @@ def warn_block_size(pipe) -> None:
         click.echo(f"warning: --block-size {proposer.block_size} is larger than the drafter's trained block size "
                    f"{trained}; the extra draft positions are rarely accepted (output stays exact); use "
                    f"--block-size {trained} or less", err=True)
+
+
+def check_context(pipe, prompts: list[list[int]], max_tokens: int) -> None:
+    """Every prompt must leave room in the target's context; one stderr line when --max-tokens does
+    not fit after some of them (those requests stop when the context is full, finish_reason "context").
+
+    Raises:
+        PromptTooLongError: a prompt fills the context by itself (checked before anything is generated).
+    """
+    from dflash_trt.errors import PromptTooLongError
+
+    ctx = pipe.engine.context_len
+    too_long = [(n, len(p)) for n, p in enumerate(prompts, 1) if len(p) >= ctx]
+    if too_long:
+        n, size = too_long[0]
+        which = "the prompt" if len(prompts) == 1 else f"prompt {n} of {len(prompts)} ({len(too_long)} too long)"
+        raise PromptTooLongError(f"{which} is {size} tokens and leaves no room in the target's context of {ctx} "
+                                 f"tokens; shorten it to at most {ctx - 1} tokens")
+    room = [ctx - len(p) for p in prompts if ctx - len(p) < max_tokens]
+    if not room:
+        return
+    if len(prompts) == 1:
+        what = f"the prompt takes {ctx - room[0]}, so at most {room[0]} tokens are generated"
+    else:
+        what = (f"{len(room)} of the {len(prompts)} prompts leave room for only {min(room)}"
+                + (f" to {max(room)}" if max(room) > min(room) else "") + " tokens")
+    click.echo(f"warning: --max-tokens {max_tokens} does not fit in the target's context of {ctx} tokens: {what} "
+               '(finish_reason "context" where it fills up); lower --max-tokens or shorten the prompt', err=True)

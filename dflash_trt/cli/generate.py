@@ -39,7 +39,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
              mode, dtype, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
+    from dflash_trt.cli.common import check_context, jsonl_file, model_folder, warn_block_size
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -65,6 +65,7 @@ def generate(target, drafter, bundle, prompt, chat, prompts_file, max_tokens, te
                           "(use --prompt for plain text) or use a target with a chat template")
     warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
+    check_context(pipe, prompts, max_tokens)
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}
     sofar: list[int] = []

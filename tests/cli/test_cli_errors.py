@@ -154,6 +154,41 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
 
 
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory, tiny):
+    """The tiny target with a 16-token context (same weights)."""
+    target = tmp_path_factory.mktemp("ctx") / "target"
+    shutil.copytree(tiny[0], target)
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 16}))
+    return target
+
+
+def test_max_tokens_clipped_by_the_context_warns(monkeypatch, capsys, tmp_path, short_context):
+    base = ["generate", "--target", str(short_context), "--mode", "ar", "--json"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "hi there", "--max-tokens", "100")
+    assert code == 0, err
+    res = json.loads(out)
+    n = res["metrics"]["prompt_tokens"]
+    assert res["finish_reason"] == "context" and res["metrics"]["completion_tokens"] == 16 - n
+    assert err.splitlines() == [f"warning: --max-tokens 100 does not fit in the target's context of 16 tokens: the "
+                                f"prompt takes {n}, so at most {16 - n} tokens are generated (finish_reason \"context\" "
+                                "where it fills up); lower --max-tokens or shorten the prompt"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "hi there", "--max-tokens", str(16 - n))
+    assert code == 0 and err == "" and json.loads(out)["finish_reason"] == "length", err
+    # a prompt that fills the context alone stays an error, before anything is generated
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", " ".join(["hi"] * 20), "--max-tokens", "2")
+    assert one_error_line(code, err) and out == "", err
+    assert "the prompt is 20 tokens and leaves no room in the target's context of 16 tokens; shorten it to at " \
+           "most 15 tokens" in err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": " ".join(["hi"] * 20)}) + "\n")
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(short_context), "--mode", "ar", "--json",
+                              "--prompts-file", str(prompts), "--batch-size", "1", "--max-tokens", "2")
+    assert one_error_line(code, err) and out == "", err
+    assert "prompt 2 of 2 (1 too long) is 20 tokens" in err
+
+
 def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):
     target, drafter = tiny
     base = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "hi", "--max-tokens", "3",
