@@ -1,6 +1,8 @@
-"""Checks shared by the subcommands: option values that must name a folder or a file, and warnings.
+"""Checks shared by the subcommands: option values that must name a folder or a file, sampling
+options, the prompts against the target's context, and warnings.
 
-Each names the option, the problem and the fix; the folder and file checks run before anything loads.
+Each names the option, the problem and the fix; the folder, file and sampling checks run before
+anything loads.
 """
 
 from __future__ import annotations
@@ -38,6 +40,38 @@ def jsonl_file(option: str, path: str | None) -> str | None:
         raise ConfigError(f'{option} {path} is a directory; give a JSONL file (one {{"prompt": ...}} or '
                           '{"messages": [...]} object per line)')
     return path
+
+
+# Sampling options, checked when the command line is parsed (before anything loads); the library
+# checks the same ranges again, naming the SamplingParams keyword (`runtime.sampling`).
+
+
+def temperature_option(ctx, param, value: float) -> float:
+    """--temperature: >= 0 (0 = greedy). A click callback: the error names the flag."""
+    if not value >= 0:  # NaN included
+        raise click.BadParameter(f"{value} is not >= 0; use 0 for greedy decoding or a positive value such as 0.7")
+    return value
+
+
+def top_p_option(ctx, param, value: float) -> float:
+    """--top-p: in (0, 1] (1 = off)."""
+    if not 0 < value <= 1:
+        raise click.BadParameter(f"{value} is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off")
+    return value
+
+
+def top_k_option(ctx, param, value: int) -> int:
+    """--top-k: >= 0 (0 = off)."""
+    if value < 0:
+        raise click.BadParameter(f"{value} is not >= 0; use e.g. 50, or 0 to turn top-k off")
+    return value
+
+
+def max_tokens_option(ctx, param, value: int) -> int:
+    """--max-tokens: >= 1."""
+    if value < 1:
+        raise click.BadParameter(f"{value} is not >= 1; give the most completion tokens to generate per prompt")
+    return value
 
 
 def warn_block_size(pipe) -> None:

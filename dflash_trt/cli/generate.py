@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from dflash_trt.cli.common import max_tokens_option, temperature_option, top_k_option, top_p_option
+
 
 def encode_item(pipe, item) -> list[int]:
     """A prompts-file item: plain text (no chat template) or a list of chat messages (template)."""
@@ -25,10 +27,12 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
-@click.option("--max-tokens", default=256, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--max-tokens", default=256, show_default=True, type=int, callback=max_tokens_option,
+              help="Completion tokens at most (fewer when the target's context fills up first).")
+@click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
+              help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
+@click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
 @click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
 @click.option("--mode", type=click.Choice(["dflash", "ar"]), default="dflash", show_default=True)

@@ -106,6 +106,30 @@ def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command,flag,value,msg", [
+    ("generate", "--temperature", "-0.5", "-0.5 is not >= 0; use 0 for greedy decoding"),
+    ("generate", "--temperature", "nan", "nan is not >= 0"),
+    ("generate", "--top-p", "0", "0.0 is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off"),
+    ("generate", "--top-p", "1.5", "1.5 is not in (0, 1]"),
+    ("generate", "--top-k", "-1", "-1 is not >= 0; use e.g. 50, or 0 to turn top-k off"),
+    ("generate", "--max-tokens", "0", "0 is not >= 1"),
+    ("bench", "--temperature", "-1", "-1.0 is not >= 0"),
+    ("bench", "--max-tokens", "-3", "-3 is not >= 1"),
+])
+def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path, command, flag, value, msg):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError(f"models were loaded before {flag} was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    extra = ["--prompt", "hi"] if command == "generate" else ["--out", str(tmp_path / "out")]
+    code, out, err = run_main(monkeypatch, capsys, command, *extra, flag, value)
+    assert code == 2 and out == "", err
+    assert f"Invalid value for '{flag}': {msg}" in err
+    assert "_" not in err.split("Invalid value")[1]  # the flag, not the SamplingParams field (top_p)
+
+
 def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
     target, drafter = tiny
     args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
