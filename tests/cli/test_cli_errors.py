@@ -130,6 +130,15 @@ def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path,
     assert "_" not in err.split("Invalid value")[1]  # the flag, not the SamplingParams field (top_p)
 
 
+def test_usage_errors_are_one_line(monkeypatch, capsys, tmp_path):
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--top-p", "0")
+    assert (code, out) == (2, "")
+    assert err == ("error: Invalid value for '--top-p': 0.0 is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off "
+                   "(see 'dflash-trt generate --help')\n")
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--prompts", str(tmp_path))
+    assert code == 2 and err == "error: Missing option '--out'. (see 'dflash-trt train-drafter --help')\n", err
+
+
 def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
     target, drafter = tiny
     args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
