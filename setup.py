@@ -7,9 +7,11 @@ setup(
     version="0.1.0",
     description="DFlash block-diffusion speculative decoding: runtime, build pipeline and serving",
     python_requires=">=3.10",
-    packages=find_packages(include=["dflash_trt", "dflash_trt.*"]),
+    # dflash_trt/assets (the shipped default drafter) holds data only; listed as a package so its
+    # files install as package data without setuptools' "Package would be ignored" warning
+    packages=find_packages(include=["dflash_trt", "dflash_trt.*"]) + ["dflash_trt.assets"],
     include_package_data=True,
-    package_data={"dflash_trt": ["assets/*/*", "data/*"]},
+    package_data={"dflash_trt.assets": ["*/*"]},
     # torch is left unpinned on purpose: GPU users bring their own build. The README's install
     # command pins the CPU wheel (torch==2.13.0) for machines without a GPU.
     install_requires=[

@@ -36,13 +36,18 @@ def cli():
 
 
 def main() -> None:
-    """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), no traceback."""
+    """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), a usage error as
+    `error: ...` (exit 2), no traceback."""
     from dflash_trt.errors import DFlashError
 
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="dflash-trt", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
+    except click.UsageError as exc:  # a bad option value, a missing or unknown option: one line, exit 2
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from dflash_trt.cli.common import max_tokens_option, temperature_option
+
 
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2).")
@@ -15,8 +17,9 @@ import click
 @click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Requests decoded together by dflash/ar (HF modes run at batch size 1 only).")
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--max-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
+              help="0 = greedy.")
+@click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option)
 @click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "

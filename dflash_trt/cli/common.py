@@ -1,6 +1,8 @@
-"""Checks shared by the subcommands: option values that must name a folder or a file, and warnings.
+"""Checks shared by the subcommands: option values that must name a folder or a file, sampling
+options, the prompts against the target's context, and warnings.
 
-Each names the option, the problem and the fix; the folder and file checks run before anything loads.
+Each names the option, the problem and the fix; the folder, file and sampling checks run before
+anything loads.
 """
 
 from __future__ import annotations
@@ -40,6 +42,38 @@ def jsonl_file(option: str, path: str | None) -> str | None:
     return path
 
 
+# Sampling options, checked when the command line is parsed (before anything loads); the library
+# checks the same ranges again, naming the SamplingParams keyword (`runtime.sampling`).
+
+
+def temperature_option(ctx, param, value: float) -> float:
+    """--temperature: >= 0 (0 = greedy). A click callback: the error names the flag."""
+    if not value >= 0:  # NaN included
+        raise click.BadParameter(f"{value} is not >= 0; use 0 for greedy decoding or a positive value such as 0.7")
+    return value
+
+
+def top_p_option(ctx, param, value: float) -> float:
+    """--top-p: in (0, 1] (1 = off)."""
+    if not 0 < value <= 1:
+        raise click.BadParameter(f"{value} is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off")
+    return value
+
+
+def top_k_option(ctx, param, value: int) -> int:
+    """--top-k: >= 0 (0 = off)."""
+    if value < 0:
+        raise click.BadParameter(f"{value} is not >= 0; use e.g. 50, or 0 to turn top-k off")
+    return value
+
+
+def max_tokens_option(ctx, param, value: int) -> int:
+    """--max-tokens: >= 1."""
+    if value < 1:
+        raise click.BadParameter(f"{value} is not >= 1; give the most completion tokens to generate per prompt")
+    return value
+
+
 def warn_block_size(pipe) -> None:
     """One stderr line when the draft block is larger than the block the drafter was trained with.
 
@@ -54,3 +88,31 @@ def warn_block_size(pipe) -> None:
         click.echo(f"warning: --block-size {proposer.block_size} is larger than the drafter's trained block size "
                    f"{trained}; the extra draft positions are rarely accepted (output stays exact); use "
                    f"--block-size {trained} or less", err=True)
+
+
+def check_context(pipe, prompts: list[list[int]], max_tokens: int) -> None:
+    """Every prompt must leave room in the target's context; one stderr line when --max-tokens does
+    not fit after some of them (those requests stop when the context is full, finish_reason "context").
+
+    Raises:
+        PromptTooLongError: a prompt fills the context by itself (checked before anything is generated).
+    """
+    from dflash_trt.errors import PromptTooLongError
+
+    ctx = pipe.engine.context_len
+    too_long = [(n, len(p)) for n, p in enumerate(prompts, 1) if len(p) >= ctx]
+    if too_long:
+        n, size = too_long[0]
+        which = "the prompt" if len(prompts) == 1 else f"prompt {n} of {len(prompts)} ({len(too_long)} too long)"
+        raise PromptTooLongError(f"{which} is {size} tokens and leaves no room in the target's context of {ctx} "
+                                 f"tokens; shorten it to at most {ctx - 1} tokens")
+    room = [ctx - len(p) for p in prompts if ctx - len(p) < max_tokens]
+    if not room:
+        return
+    if len(prompts) == 1:
+        what = f"the prompt takes {ctx - room[0]}, so at most {room[0]} tokens are generated"
+    else:
+        what = (f"{len(room)} of the {len(prompts)} prompts leave room for only {min(room)}"
+                + (f" to {max(room)}" if max(room) > min(room) else "") + " tokens")
+    click.echo(f"warning: --max-tokens {max_tokens} does not fit in the target's context of {ctx} tokens: {what} "
+               '(finish_reason "context" where it fills up); lower --max-tokens or shorten the prompt', err=True)

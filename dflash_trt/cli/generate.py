@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from dflash_trt.cli.common import max_tokens_option, temperature_option, top_k_option, top_p_option
+
 
 def encode_item(pipe, item) -> list[int]:
     """A prompts-file item: plain text (no chat template) or a list of chat messages (template)."""
@@ -28,10 +30,12 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
-@click.option("--max-tokens", default=256, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--max-tokens", default=256, show_default=True, type=int, callback=max_tokens_option,
+              help="Completion tokens at most (fewer when the target's context fills up first).")
+@click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
+              help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
+@click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
 @click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
@@ -46,7 +50,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              max_draft_len, mode, dtype, device, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
+    from dflash_trt.cli.common import check_context, jsonl_file, model_folder, warn_block_size
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -74,6 +78,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                           "(use --prompt for plain text) or use a target with a chat template")
     warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
+    check_context(pipe, prompts, max_tokens)
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}
     sofar: list[int] = []

@@ -31,6 +31,20 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
     return ids
 
 
+def _check_resume(resume: bool, work: Path) -> None:
+    """With --resume, the training checkpoint must exist (a fresh run is started without --resume).
+
+    Raises:
+        ConfigError: --resume but no checkpoint in work/run.
+    """
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.training.trainer import CHECKPOINT
+
+    if resume and not (work / "run" / CHECKPOINT).is_file():
+        raise ConfigError(f"--resume: nothing to resume in {work} (no training checkpoint {work / 'run' / CHECKPOINT}); "
+                          "run without --resume to start (a data cache already in the work dir is reused)")
+
+
 @click.command("train-drafter")
 @click.option("--target", default=None, type=click.Path(), help="HF target folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--out", required=True, type=click.Path(), help="Output drafter folder (z-lab format).")
@@ -41,13 +55,16 @@ def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 @click.option("--max-seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 20),
               help="Tokens of prompt + response used per training sequence.")
 @click.option("--epochs", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--resume", is_flag=True, help="Continue the run in --work-dir (same settings).")
+@click.option("--resume", is_flag=True,
+              help="Continue the training checkpointed in --work-dir (same settings); an error if there is none. "
+                   "The data cache is reused with or without it.")
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
 @click.option("--work-dir", default=None, type=click.Path(), help="Data cache + checkpoints (default: OUT.work).")
 @click.option("--draft-vocab-size", default=8192, show_default=True, type=click.IntRange(min=0),
               help="Predict over the most frequent N tokens (exported with a d2t map); 0 = full vocabulary.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1), help="Response length cap.")
-@click.option("--max-samples", default=None, type=click.IntRange(1), help="Use a random subset of the prompts.")
+@click.option("--max-samples", default=None, type=click.IntRange(1),
+              help="Use exactly N prompts, a seeded random subset (default: all).")
 @click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--init", "init_mode", default="target", show_default=True, type=click.Choice(["target", "random"]),
               help="Start drafter layers from the target's top layers, or random.")
@@ -82,6 +99,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
+    from dflash_trt.cli.common import jsonl_file
+
+    jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
+    work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
+    _check_resume(resume and not data_only, work)
     import torch
 
     from dflash_trt.compat import check_compatible
@@ -103,12 +125,14 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     tcfg = TargetConfig.from_pretrained(target_path)  # CheckpointError / ConfigError before any work
     layer_ids = _parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
+    if max_samples is not None and max_samples > len(prompts):
+        click.echo(f"warning: --max-samples {max_samples} is more than the {len(prompts)} prompts; using all "
+                   f"{len(prompts)}", err=True)
     mask = mask_token_id if mask_token_id is not None else (DEFAULT_MASK_TOKEN_ID if default_target else None)
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:
         dcfg = dcfg.replace(draft_vocab_size=draft_vocab_size)
     check_compatible(tcfg, dcfg)
-    work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
 
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(target_path, device=device)
     pipeline.encode_all(tokenizer, prompts[:1], path, 384)  # a chat-template problem fails before generation

@@ -57,8 +57,10 @@ class _Request:
             self.out.append(tok)
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
-            elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
+            elif len(self.out) >= self.params.max_tokens:
                 self.finish_reason = "length"
+            elif len(self.prompt) + len(self.out) >= self.context_len:
+                self.finish_reason = "context"  # the target's context is full before max_tokens
             if self.finish_reason:
                 taken = n
                 break
@@ -132,7 +134,9 @@ class Engine:
             on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
                 (for streaming); stop checks have already been applied to them.
         Returns:
-            n GenerationResults in prompt order (completion token ids, finish_reason, metrics).
+            n GenerationResults in prompt order (completion token ids, finish_reason, metrics). A
+            request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
+            the target's context, and a request cut there has finish_reason "context".
         Raises:
             InvalidRequestError, PromptTooLongError: bad request (nothing is generated).
             DFlashError: mode "dflash" without a drafter; non-finite target logits.
@@ -152,7 +156,7 @@ class Engine:
             return []
         t0 = time.perf_counter()
         block = self.proposer.block_size if mode == "dflash" else 1
-        capacity = max(len(r.prompt) + r.params.max_tokens for r in reqs) + block + 1
+        capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), self.context_len) + block + 1
         cache = self.target.new_cache(len(reqs), capacity)
         if mode == "dflash":
             self.proposer.reset(len(reqs), capacity)

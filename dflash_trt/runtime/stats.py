@@ -48,7 +48,11 @@ class RequestMetrics:
 
 @dataclass
 class GenerationResult:
-    """One request's output: token_ids (completion only), finish_reason ("stop" | "length"), metrics."""
+    """One request's output: token_ids (completion only), finish_reason, metrics.
+
+    finish_reason: "stop" (a stop token, included), "length" (max_tokens reached) or "context" (the
+    target's context filled up first: prompt + completion = its max_position_embeddings).
+    """
 
     token_ids: list[int]
     finish_reason: str

@@ -12,7 +12,8 @@ int, "features": bfloat16 [T, len(layer_ids) * hidden]}; features row p is the t
 position p for each of `layer_ids` (DFLASH.md sec. 2 indexing: id l = output of decoder layer l;
 the last layer's entry is the final-normed hidden state, from which the target's logits follow).
 A shard is written to a temporary name and renamed, so a rerun skips finished shards and redoes
-at most one batch; a cache made with other settings is refused rather than mixed.
+at most one batch; a cache made with other settings is refused rather than mixed. The manifest
+lists the shards (and how many samples of each) the last call used: `load_shards` reads those.
 """
 
 from __future__ import annotations
@@ -77,12 +78,13 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
             empty = record none (samples then have no "features": the trainer computes them online).
         settings: anything that identifies the data (target path, prompts hash...); a cache whose
             manifest has other settings raises instead of being mixed.
-        max_samples: generate only the first ceil(max_samples / batch_size) batches of the seeded
-            batch order (a random subset of the prompts); a later call with a larger limit reuses
-            them and adds more.
+        max_samples: use exactly this many prompts (all when there are fewer): the first
+            max_samples of the seeded batch order, a random subset, whose last batch may be partial.
+            A later call with a larger limit reuses the full batches and adds more (a partial
+            shard is regenerated whole); a smaller limit uses a prefix of the cached ones.
     Returns:
-        DataStats over all shards (the generation time counts only batches generated in this call
-        plus those recorded earlier in the manifest).
+        DataStats over the samples used (the generation time counts only batches generated in
+        this call plus those recorded earlier in the manifest).
     Raises:
         DFlashError: `out_dir` holds a cache made with other settings.
     """
@@ -102,13 +104,17 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     # similar lengths within a batch (little padding), batches in a seeded random order (a cache
     # cut short by a time limit is still a random sample of the prompts)
     random.Random(0).shuffle(batches)
-    if max_samples is not None:
-        batches = batches[: max(1, -(-max_samples // batch_size))]
+    if max_samples is not None and max_samples < len(order):
+        batches = batches[: -(-max_samples // batch_size)]
+        batches[-1] = batches[-1][: max_samples - (len(batches) - 1) * batch_size]
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     bar = tqdm(total=len(batches), desc="target responses", disable=not progress, unit="batch")
     for b, idxs in enumerate(batches):
         shard = out / f"shard-{b:05d}.pt"
-        if shard.is_file():
+        entry = manifest["shards"].get(shard.name, {})
+        if shard.is_file() and entry.get("samples", 0) >= len(idxs):
+            if len(idxs) < entry["samples"] and "lengths" not in entry:  # a shard from before lengths were kept
+                entry["lengths"] = _lengths(torch.load(shard, weights_only=True))
             bar.update(1)
             continue
         recorder = FeatureRecorder(layer_ids, len(idxs)) if layer_ids else None
@@ -130,19 +136,21 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         tmp = shard.with_suffix(".tmp")
         torch.save(samples, tmp)
         tmp.rename(shard)
+        lengths = _lengths(samples)
         manifest["shards"][shard.name] = {
-            "samples": len(samples), "prompt_tokens": sum(s["prompt_len"] for s in samples),
-            "response_tokens": sum(len(s["tokens"]) - s["prompt_len"] for s in samples)}
+            "samples": len(samples), "prompt_tokens": sum(p for p, _ in lengths),
+            "response_tokens": sum(r for _, r in lengths), "lengths": lengths}
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
         bar.update(1)
         bar.set_postfix(tok_s=f"{sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0):.0f}")
     bar.close()
+    manifest["used_shards"] = [f"shard-{b:05d}.pt" for b in range(len(batches))]
+    manifest["used_samples"] = [len(idxs) for idxs in batches]
     stats = dataset_stats(manifest)
     manifest["totals"] = {"samples": stats.samples, "prompt_tokens": stats.prompt_tokens,
                           "response_tokens": stats.response_tokens,
                           "response_tokens_per_s": round(stats.response_tokens_per_s, 1)}
     manifest["complete"] = True
-    manifest["used_shards"] = [f"shard-{b:05d}.pt" for b in range(len(batches))]
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return stats
 
@@ -157,18 +165,35 @@ def load_shards(out_dir: str | Path) -> list[dict]:
     manifest = out / "manifest.json"
     if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
         raise DFlashError(f"{out}: no complete training data cache; run the data generation first")
+    m = json.loads(manifest.read_text())
     samples: list[dict] = []
-    for name in json.loads(manifest.read_text())["used_shards"]:
-        samples.extend(torch.load(out / name, weights_only=True))
+    for name, count in zip(m["used_shards"], m.get("used_samples") or [None] * len(m["used_shards"])):
+        samples.extend(torch.load(out / name, weights_only=True)[:count])
     return samples
 
 
 def dataset_stats(manifest: dict) -> DataStats:
-    """Totals over the shards recorded in a cache's manifest (a dict read from manifest.json)."""
-    used = manifest.get("used_shards") or list(manifest.get("shards", {}))
-    shards = [manifest["shards"][name] for name in used if name in manifest.get("shards", {})]
-    return DataStats(sum(s["samples"] for s in shards), sum(s["prompt_tokens"] for s in shards),
-                     sum(s["response_tokens"] for s in shards), manifest.get("generation_seconds", 0.0))
+    """Totals over the samples a cache's manifest (a dict read from manifest.json) says are used."""
+    shards = manifest.get("shards", {})
+    used = manifest.get("used_shards") or list(shards)
+    counts = manifest.get("used_samples") or [None] * len(used)
+    total = [0, 0, 0]  # samples, prompt tokens, response tokens
+    for name, count in zip(used, counts):
+        entry = shards.get(name)
+        if entry is None:
+            continue
+        if count is not None and count < entry["samples"]:  # a prefix of a shard a larger max_samples wrote
+            lengths = entry["lengths"][:count]
+            part = (count, sum(p for p, _ in lengths), sum(r for _, r in lengths))
+        else:
+            part = (entry["samples"], entry["prompt_tokens"], entry["response_tokens"])
+        total = [a + b for a, b in zip(total, part)]
+    return DataStats(*total, manifest.get("generation_seconds", 0.0))
+
+
+def _lengths(samples: list[dict]) -> list[list[int]]:
+    """[prompt tokens, response tokens] of each sample."""
+    return [[s["prompt_len"], len(s["tokens"]) - s["prompt_len"]] for s in samples]
 
 
 def prompts_fingerprint(prompts: list) -> str:

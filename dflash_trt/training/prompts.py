@@ -214,12 +214,14 @@ def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
 
     Raises:
         DFlashError: the file is missing or empty.
-        ConfigError: a line is not JSON, or has neither a non-empty "prompt" string nor a list of
+        ConfigError: `path` is a directory; a line is not JSON, or has neither a non-empty "prompt" string nor a list of
             messages with string "role" and "content"; the message names the line.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory; give a JSONL file (one JSON object per line)")
     if not p.is_file():
-        raise DFlashError(f"{p}: no such prompts file")
+        raise DFlashError(f"{p}: no such prompts file; give an existing JSONL file")
     out: list[Prompt] = []
     try:
         text = p.read_text(encoding="utf-8")

@@ -142,12 +142,15 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     Returns:
         the TrainState (finished=True once step == total_steps).
     Raises:
-        DFlashError: run_dir holds a checkpoint but resume is False; the checkpoint was made with
-            another TrainConfig or data size; no sample has a response of 2+ tokens.
+        DFlashError: run_dir holds a checkpoint but resume is False, or none but resume is True;
+            the checkpoint was made with another TrainConfig or data size; no sample has a
+            response of 2+ tokens.
     """
     run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
     ckpt_path = run / CHECKPOINT
+    if resume and not ckpt_path.is_file():
+        raise DFlashError(f"nothing to resume in {run} (no {CHECKPOINT}); run without --resume to start")
+    run.mkdir(parents=True, exist_ok=True)
     n = len(data)
     if n == 0 or not any(len(t) - p >= 2 for t, p in zip(data.tokens, data.prompt_len)):
         raise DFlashError("no training sample has a response of at least 2 tokens; check the prompts and data")

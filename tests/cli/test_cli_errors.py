@@ -58,6 +58,28 @@ def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
     assert f"--prompts-file {tmp_path} is a directory; give a JSONL file" in err
 
 
+def test_train_drafter_prompts_that_is_a_directory(monkeypatch, capsys, tmp_path):
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--out", str(tmp_path / "d"), "--prompts",
+                            str(tmp_path))
+    assert one_error_line(code, err), err
+    assert f"--prompts {tmp_path} is a directory; give a JSONL file" in err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.work").exists()
+
+
+def test_train_drafter_resume_with_nothing_to_resume(monkeypatch, capsys, tmp_path):
+    from dflash_trt.training import pipeline
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the target was loaded before --resume was checked")
+
+    monkeypatch.setattr(pipeline, "load_target_and_tokenizer", no_load)
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--out", str(tmp_path / "d"), "--resume")
+    assert one_error_line(code, err), err
+    assert f"--resume: nothing to resume in {tmp_path / 'd.work'} (no training checkpoint" in err
+    assert "run without --resume to start" in err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.work").exists()
+
+
 def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
     target, _ = tiny
     code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar", "--chat", "hi",
@@ -82,6 +104,39 @@ def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tm
     assert one_error_line(code, err), err
     assert "--dataset nosuch: no such prompt set or file; give mt-bench, humaneval or the path of an existing JSONL" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command,flag,value,msg", [
+    ("generate", "--temperature", "-0.5", "-0.5 is not >= 0; use 0 for greedy decoding"),
+    ("generate", "--temperature", "nan", "nan is not >= 0"),
+    ("generate", "--top-p", "0", "0.0 is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off"),
+    ("generate", "--top-p", "1.5", "1.5 is not in (0, 1]"),
+    ("generate", "--top-k", "-1", "-1 is not >= 0; use e.g. 50, or 0 to turn top-k off"),
+    ("generate", "--max-tokens", "0", "0 is not >= 1"),
+    ("bench", "--temperature", "-1", "-1.0 is not >= 0"),
+    ("bench", "--max-tokens", "-3", "-3 is not >= 1"),
+])
+def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path, command, flag, value, msg):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError(f"models were loaded before {flag} was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    extra = ["--prompt", "hi"] if command == "generate" else ["--out", str(tmp_path / "out")]
+    code, out, err = run_main(monkeypatch, capsys, command, *extra, flag, value)
+    assert code == 2 and out == "", err
+    assert f"Invalid value for '{flag}': {msg}" in err
+    assert "_" not in err.split("Invalid value")[1]  # the flag, not the SamplingParams field (top_p)
+
+
+def test_usage_errors_are_one_line(monkeypatch, capsys, tmp_path):
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--top-p", "0")
+    assert (code, out) == (2, "")
+    assert err == ("error: Invalid value for '--top-p': 0.0 is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off "
+                   "(see 'dflash-trt generate --help')\n")
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--prompts", str(tmp_path))
+    assert code == 2 and err == "error: Missing option '--out'. (see 'dflash-trt train-drafter --help')\n", err
 
 
 def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
@@ -130,6 +185,41 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
     cfg = json.loads((tmp_path / "smol" / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
+
+
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory, tiny):
+    """The tiny target with a 16-token context (same weights)."""
+    target = tmp_path_factory.mktemp("ctx") / "target"
+    shutil.copytree(tiny[0], target)
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 16}))
+    return target
+
+
+def test_max_tokens_clipped_by_the_context_warns(monkeypatch, capsys, tmp_path, short_context):
+    base = ["generate", "--target", str(short_context), "--mode", "ar", "--json"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "hi there", "--max-tokens", "100")
+    assert code == 0, err
+    res = json.loads(out)
+    n = res["metrics"]["prompt_tokens"]
+    assert res["finish_reason"] == "context" and res["metrics"]["completion_tokens"] == 16 - n
+    assert err.splitlines() == [f"warning: --max-tokens 100 does not fit in the target's context of 16 tokens: the "
+                                f"prompt takes {n}, so at most {16 - n} tokens are generated (finish_reason \"context\" "
+                                "where it fills up); lower --max-tokens or shorten the prompt"]
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "hi there", "--max-tokens", str(16 - n))
+    assert code == 0 and err == "" and json.loads(out)["finish_reason"] == "length", err
+    # a prompt that fills the context alone stays an error, before anything is generated
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", " ".join(["hi"] * 20), "--max-tokens", "2")
+    assert one_error_line(code, err) and out == "", err
+    assert "the prompt is 20 tokens and leaves no room in the target's context of 16 tokens; shorten it to at " \
+           "most 15 tokens" in err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": " ".join(["hi"] * 20)}) + "\n")
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(short_context), "--mode", "ar", "--json",
+                              "--prompts-file", str(prompts), "--batch-size", "1", "--max-tokens", "2")
+    assert one_error_line(code, err) and out == "", err
+    assert "prompt 2 of 2 (1 too long) is 20 tokens" in err
 
 
 def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):

@@ -64,6 +64,34 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
     assert load_drafter(out).state_dict()["fc.weight"].equal(drafter.state_dict()["fc.weight"])
 
 
+def test_resume_needs_a_checkpoint_and_the_data_cache_is_reused_without_it(tmp_path, target_with_tokenizer):
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    args = ["--target", str(target_with_tokenizer), "--out", str(out), "--work-dir", str(work), "--prompts",
+            str(_prompts(tmp_path, 8)), "--num-layers", "1", "--block-size", "4", "--epochs", "1",
+            "--target-layer-ids", "0,1", "--max-new-tokens", "8", "--mask-token-id", str(MASK), "--init", "random"]
+    res = _run(args + ["--data-only", "--resume"])  # --resume is about training: no effect here
+    assert res.exit_code == 0, repr(res.exception)
+    shards = {p.name: p.stat().st_mtime_ns for p in (work / "data").glob("shard-*.pt")}
+    res = _run(args + ["--resume"])
+    assert isinstance(res.exception, ConfigError) and "nothing to resume" in str(res.exception)
+    assert not (work / "run").exists() and not out.exists()
+    res = _run(args)
+    assert res.exit_code == 0, repr(res.exception)
+    assert {p.name: p.stat().st_mtime_ns for p in (work / "data").glob("shard-*.pt")} == shards  # not regenerated
+    assert json.loads((out / "training.json").read_text())["data"]["samples"] == 8
+
+
+def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+            str(_prompts(tmp_path, 8)), "--target-layer-ids", "0,1", "--max-new-tokens", "4", "--mask-token-id",
+            str(MASK), "--gen-batch-size", "4", "--data-only"]
+    res = _run(args + ["--max-samples", "7"])
+    assert res.exit_code == 0 and "data: 7 samples" in res.stdout, res.output + repr(res.exception)
+    res = _run(args + ["--max-samples", "9"])
+    assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
+    assert "warning: --max-samples 9 is more than the 8 prompts; using all 8" in res.stderr
+
+
 @pytest.mark.parametrize("content,extra,err,msg", [
     ("", [], DFlashError, "empty"),
     ("{not json\n", [], ConfigError, "not valid JSON"),

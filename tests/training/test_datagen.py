@@ -38,6 +38,35 @@ def test_manifest_totals_and_rerun_reuses_shards(tiny_data_dir, tiny_samples):
     assert manifest["totals"]["response_tokens"] == resp
 
 
+def test_max_samples_takes_exactly_that_many_and_reuses_the_cache(tmp_path, tiny_target, tiny_prompts):
+    """A limit that is not a multiple of the batch size is met exactly (partial last shard); a smaller
+    limit reuses a prefix of the cache, a larger one regenerates only the partial shard."""
+    from dflash_trt.training.datagen import generate_dataset, load_shards
+
+    engine = Engine(tiny_target, None, (EOS,))
+
+    def run(n):
+        stats = generate_dataset(engine, tiny_prompts, tmp_path, (), 6, 8, {"test": True}, False, max_samples=n)
+        samples = load_shards(tmp_path)
+        assert stats.samples == len(samples) == n
+        assert stats.prompt_tokens == sum(s["prompt_len"] for s in samples)
+        assert stats.response_tokens == sum(len(s["tokens"]) - s["prompt_len"] for s in samples)
+        return samples, {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("shard-*.pt")}
+
+    ten, shards = run(10)
+    assert sorted(shards) == ["shard-00000.pt", "shard-00001.pt"]
+    five, again = run(5)
+    assert again == shards and [s["index"] for s in five] == [s["index"] for s in ten[:5]]
+    sixteen, again = run(16)
+    assert again["shard-00000.pt"] == shards["shard-00000.pt"] and again["shard-00001.pt"] != shards["shard-00001.pt"]
+    assert [s["index"] for s in sixteen[:10]] == [s["index"] for s in ten]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for entry in manifest["shards"].values():  # a cache written before per-sample lengths were kept
+        del entry["lengths"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    run(11)
+
+
 def test_online_features_equal_the_cached_ones(tiny_target, tiny_samples):
     """`--online-features` computes, per step, what the offline cache holds (one padded batch)."""
     from dflash_trt.training.features import OnlineFeatures

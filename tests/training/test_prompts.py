@@ -55,5 +55,7 @@ def test_bad_prompt_files(tmp_path, text, err, msg):
 
 
 def test_missing_prompts_file(tmp_path):
-    with pytest.raises(DFlashError, match="no such prompts file"):
+    with pytest.raises(DFlashError, match="no such prompts file; give an existing JSONL file"):
         load_prompts_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match="is a directory; give a JSONL file"):
+        load_prompts_jsonl(tmp_path)

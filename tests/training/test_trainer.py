@@ -78,6 +78,9 @@ def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_targe
     other = TrainConfig(**{**cfg.__dict__, "lr": 1e-4})
     with pytest.raises(DFlashError, match="other training settings"):
         train(_drafter(tiny_target), data, other, tmp_path / "r", resume=True, progress=False)
+    with pytest.raises(DFlashError, match="nothing to resume in .* run without --resume to start"):
+        train(_drafter(tiny_target), data, cfg, tmp_path / "fresh", resume=True, progress=False)
+    assert not (tmp_path / "fresh").exists()
 
 
 def test_time_budget_fits_the_schedule(tmp_path, tiny_target, tiny_samples):
