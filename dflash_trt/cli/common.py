@@ -92,7 +92,7 @@ def warn_block_size(pipe) -> None:
 
 def check_context(pipe, prompts: list[list[int]], max_tokens: int) -> None:
     """Every prompt must leave room in the target's context; one stderr line when --max-tokens does
-    not fit after some of them (those requests stop when the context is full, finish_reason "context").
+    not fit after some of them (those requests stop when the context is full, finish_reason "length" with fewer tokens).
 
     Raises:
         PromptTooLongError: a prompt fills the context by itself (checked before anything is generated).
@@ -115,4 +115,4 @@ def check_context(pipe, prompts: list[list[int]], max_tokens: int) -> None:
         what = (f"{len(room)} of the {len(prompts)} prompts leave room for only {min(room)}"
                 + (f" to {max(room)}" if max(room) > min(room) else "") + " tokens")
     click.echo(f"warning: --max-tokens {max_tokens} does not fit in the target's context of {ctx} tokens: {what} "
-               '(finish_reason "context" where it fills up); lower --max-tokens or shorten the prompt', err=True)
+               '(those stop there, finish_reason "length"); lower --max-tokens or shorten the prompt', err=True)

@@ -57,10 +57,8 @@ class _Request:
             self.out.append(tok)
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
-            elif len(self.out) >= self.params.max_tokens:
-                self.finish_reason = "length"
-            elif len(self.prompt) + len(self.out) >= self.context_len:
-                self.finish_reason = "context"  # the target's context is full before max_tokens
+            elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
+                self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
             if self.finish_reason:
                 taken = n
                 break
@@ -136,7 +134,7 @@ class Engine:
         Returns:
             n GenerationResults in prompt order (completion token ids, finish_reason, metrics). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
-            the target's context, and a request cut there has finish_reason "context".
+            the target's context, and a request cut there has finish_reason "length" with fewer tokens.
         Raises:
             InvalidRequestError, PromptTooLongError: bad request (nothing is generated).
             DFlashError: mode "dflash" without a drafter; non-finite target logits.

@@ -50,8 +50,9 @@ class RequestMetrics:
 class GenerationResult:
     """One request's output: token_ids (completion only), finish_reason, metrics.
 
-    finish_reason: "stop" (a stop token, included), "length" (max_tokens reached) or "context" (the
-    target's context filled up first: prompt + completion = its max_position_embeddings).
+    finish_reason: "stop" (a stop token, included) or "length": max_tokens reached, or the target's
+    context filled up first (prompt + completion = its max_position_embeddings; then fewer than
+    max_tokens tokens). One value for both, as OpenAI, vLLM and trtllm-serve report it.
     """
 
     token_ids: list[int]

@@ -203,10 +203,10 @@ def test_max_tokens_clipped_by_the_context_warns(monkeypatch, capsys, tmp_path, 
     assert code == 0, err
     res = json.loads(out)
     n = res["metrics"]["prompt_tokens"]
-    assert res["finish_reason"] == "context" and res["metrics"]["completion_tokens"] == 16 - n
+    assert res["finish_reason"] == "length" and res["metrics"]["completion_tokens"] == 16 - n
     assert err.splitlines() == [f"warning: --max-tokens 100 does not fit in the target's context of 16 tokens: the "
-                                f"prompt takes {n}, so at most {16 - n} tokens are generated (finish_reason \"context\" "
-                                "where it fills up); lower --max-tokens or shorten the prompt"]
+                                f"prompt takes {n}, so at most {16 - n} tokens are generated (those stop there, "
+                                "finish_reason \"length\"); lower --max-tokens or shorten the prompt"]
     code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "hi there", "--max-tokens", str(16 - n))
     assert code == 0 and err == "" and json.loads(out)["finish_reason"] == "length", err
     # a prompt that fills the context alone stays an error, before anything is generated

@@ -90,9 +90,9 @@ def test_context_limit_and_short_drafter_context(short_context):
     params = SamplingParams(max_tokens=100, ignore_eos=True)
     ar = engine.generate([prompt], params, "ar")[0]
     sd = engine.generate([prompt], params, "dflash")[0]
-    assert len(ar.token_ids) == 24 - 10 and ar.finish_reason == "context"  # cut short of max_tokens
+    assert len(ar.token_ids) == 24 - 10 and ar.finish_reason == "length"  # cut short of max_tokens
     # drafting stops where a block would pass the drafter's 16 positions; decoding goes on to 24
-    assert sd.token_ids == ar.token_ids and sd.finish_reason == "context"
+    assert sd.token_ids == ar.token_ids and sd.finish_reason == "length"
     assert sd.metrics.drafted_tokens < 3 * sd.metrics.verify_steps
     exact = engine.generate([prompt], SamplingParams(max_tokens=14, ignore_eos=True), "ar")[0]
     assert exact.token_ids == ar.token_ids and exact.finish_reason == "length"  # max_tokens met: not cut
@@ -105,7 +105,7 @@ def test_huge_max_tokens_allocates_only_the_context(short_context, monkeypatch):
     new_cache = target.new_cache
     monkeypatch.setattr(target, "new_cache", lambda batch, capacity: sizes.append(capacity) or new_cache(batch, capacity))
     res = engine.generate([list(range(3, 13))], SamplingParams(max_tokens=10**12, ignore_eos=True), "dflash")[0]
-    assert res.finish_reason == "context" and len(res.token_ids) == 24 - 10
+    assert res.finish_reason == "length" and len(res.token_ids) == 24 - 10
     assert sizes == [24 + 4 + 1]  # context + one block + 1, not prompt + max_tokens
 
 
