@@ -40,7 +40,8 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     """Calibrate and write an FP8 copy of the drafter at `drafter_path` into `out`.
 
     Args:
-        target: the (float32) target the drafter serves; supplies features, embedding and lm_head.
+        target: the (float32) target the drafter serves; supplies features, embedding and lm_head. The
+            drafter is calibrated on the target's device.
         prompts: tokenized calibration prompts; each is decoded for `draft_tokens` tokens with DFlash.
     Returns:
         The number of Linear layers quantized.
@@ -53,7 +54,7 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     from dflash_trt.runtime.sampling import SamplingParams
 
     mtq = import_modelopt()
-    drafter = load_drafter(drafter_path, torch.float32)
+    drafter = load_drafter(drafter_path, torch.float32, target.embed_weight.device)  # where the target is
     engine = Engine(target, DFlashProposer(drafter, target))
     params = SamplingParams(max_tokens=draft_tokens, ignore_eos=True)
 
@@ -73,20 +74,20 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     for name, module in drafter.named_modules():
         wq = getattr(module, "weight_quantizer", None)
         if wq is not None and wq.is_enabled and wq.amax is not None:
-            w_scale = (wq.amax.float().reshape(()) / E4M3_MAX).clamp(min=1e-12)
-            w = module.weight.detach().float()
+            w_scale = (wq.amax.float().reshape(()).cpu() / E4M3_MAX).clamp(min=1e-12)
+            w = module.weight.detach().float().cpu()
             tensors[f"{name}.weight"] = (w / w_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
             tensors[f"{name}.weight_scale"] = w_scale
             iq = module.input_quantizer
-            tensors[f"{name}.input_scale"] = (iq.amax.float().reshape(()) / E4M3_MAX).clamp(min=1e-12)
+            tensors[f"{name}.input_scale"] = (iq.amax.float().reshape(()).cpu() / E4M3_MAX).clamp(min=1e-12)
             if module.bias is not None:
-                tensors[f"{name}.bias"] = module.bias.detach().float()
+                tensors[f"{name}.bias"] = module.bias.detach().float().cpu()
             count += 1
     for name, t in drafter.state_dict().items():
         base = name.rsplit(".", 1)[0]
         if "_quantizer" in name or f"{base}.weight_scale" in tensors:
             continue
-        tensors[name] = t.detach().float() if t.is_floating_point() else t.detach()  # e.g. int64 d2t
+        tensors[name] = (t.detach().float() if t.is_floating_point() else t.detach()).cpu()  # e.g. int64 d2t
     cfg = DrafterConfig.from_pretrained(drafter_path).to_hf_dict()
     qcfg, hf_quant = fp8_quant_config(modelopt.__version__)
     cfg["quantization_config"] = qcfg

@@ -40,6 +40,7 @@ class BuildOptions:
     calib_size: int = 32
     max_batch_size: int = 8
     force: bool = False
+    device: str = "cpu"  # where the target (and drafter) are calibrated and quantized: cpu, cuda, cuda:N
 
     @property
     def calibrates(self) -> bool:
@@ -93,6 +94,9 @@ def preflight(opts: BuildOptions) -> dict:
         raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
     if opts.calib_size < 1:
         raise ConfigError(f"--calib-size must be >= 1, got {opts.calib_size}")
+    from dflash_trt.models.checkpoints import check_device
+
+    check_device(opts.device)
     modelopt_config(opts.quant, opts.kv_cache_dtype)  # validates both names
     import_modelopt()  # every build exports through ModelOpt: fail now, with the pip command, if it is missing
     findings = check_checkpoints(opts.target, opts.drafter)
@@ -114,8 +118,8 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
     calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
     steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
     if opts.calibrates:
-        steps.append(f"calibrate + quantize target with ModelOpt: {opts.quant} (kv cache {opts.kv_cache_dtype}), "
-                     f"{opts.calib_size} prompts from {calib}")
+        steps.append(f"calibrate + quantize target with ModelOpt on {opts.device}: {opts.quant} (kv cache "
+                     f"{opts.kv_cache_dtype}), {opts.calib_size} prompts from {calib}")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
     steps += [
@@ -190,7 +194,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     state: dict = {}
 
     def load_and_quantize():
-        model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval().to(opts.device)
         state["calib"] = []
         if opts.calibrates:
             tok = AutoTokenizer.from_pretrained(str(opts.target))
@@ -215,7 +219,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
             from dflash_trt.build.drafter_quant import quantize_drafter_fp8
             from dflash_trt.models.checkpoints import load_target
 
-            n = quantize_drafter_fp8(opts.drafter, load_target(opts.target), state["calib"][:8], dst)
+            n = quantize_drafter_fp8(opts.drafter, load_target(opts.target, device=opts.device), state["calib"][:8], dst)
             return f"({n} Linear layers in FP8)"
         trtllm.copy_drafter(Path(opts.drafter), dst)
 

@@ -252,8 +252,9 @@ def hf_forward_loop(prompts: Iterable[list[int]]) -> Callable[[torch.nn.Module],
     prompts = [list(p) for p in prompts]
 
     def loop(model: torch.nn.Module) -> None:
+        device = next(model.parameters()).device  # where the build put the model (--device)
         with torch.no_grad():
             for ids in prompts:
-                model(torch.tensor([ids]), use_cache=False)
+                model(torch.tensor([ids], device=device), use_cache=False)
 
     return loop

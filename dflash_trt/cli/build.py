@@ -21,10 +21,12 @@ import click
 @click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True)
 @click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="max_batch_size in serve.yaml and the trtllm-build command.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Where calibration and quantization run: cpu, cuda or cuda:N (the target loads there in float32).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out (only once the new one is complete).")
 @click.option("--dry-run", is_flag=True, help="Run the checks (--calib-prompts included) and print the plan; write nothing.")
 def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, calib_prompts, calib_size,
-          max_batch_size, force, dry_run):
+          max_batch_size, device, force, dry_run):
     """Build a bundle for TensorRT-LLM (trtllm-serve, LLM API, trtllm-build) and the dflash-trt runtime."""
     from rich.console import Console
 
@@ -42,7 +44,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         drafter=Path(drafter) if drafter else default_drafter_path(),
         out=Path(out), quant=quant, drafter_quant=drafter_quant, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size,
         calib_prompts=Path(calib_prompts) if calib_prompts else None, calib_size=calib_size,
-        max_batch_size=max_batch_size, force=force)
+        max_batch_size=max_batch_size, force=force, device=device)
     if dry_run:
         pre = preflight(opts)
         for w in pre["warnings"]:

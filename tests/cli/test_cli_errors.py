@@ -160,6 +160,22 @@ def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny)
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="build needs the quantization extra")
+def test_build_device(monkeypatch, capsys, tmp_path, tiny):
+    """--device names where calibration runs (in the plan); a CUDA device without a GPU is one error line."""
+    import torch
+
+    target, drafter = tiny
+    args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
+            "fp8", "--dry-run"]
+    code, out, err = run_main(monkeypatch, capsys, *args, "--device", "cpu")
+    assert code == 0 and "calibrate + quantize target with ModelOpt on cpu: fp8" in out, err
+    if not torch.cuda.is_available():
+        code, _, err = run_main(monkeypatch, capsys, *args, "--device", "cuda")
+        assert one_error_line(code, err) and "--device cuda: torch sees no CUDA GPU here" in err, err
+    assert not (tmp_path / "b").exists()
+
+
 def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsys, tmp_path, tiny, smollm2_path):
     target, _ = tiny
     out = tmp_path / "d"
