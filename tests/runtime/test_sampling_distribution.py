@@ -97,6 +97,16 @@ def test_dflash_sampling_matches_target(tiny, params, sample_drafts):
     assert p > 0.001
 
 
+@pytest.mark.parametrize("max_draft_len", [1, 2])
+def test_sampling_with_max_draft_len_matches_target(tiny, max_draft_len):
+    """Verifying only the first drafts of the block keeps the distribution (q sliced with the drafts)."""
+    target, drafter = tiny
+    engine = Engine(target, DFlashProposer(drafter, target, max_draft_len=max_draft_len))
+    p, rate = pvalue(engine, CASES[0])
+    assert 0.05 < rate < 0.95
+    assert p > 0.001
+
+
 @pytest.mark.parametrize("sample_drafts", [True, False], ids=["sampled-drafts", "argmax-drafts"])
 def test_wrong_verifier_fails_the_same_test(tiny, monkeypatch, sample_drafts):
     target, drafter = tiny
