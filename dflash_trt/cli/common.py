@@ -47,9 +47,10 @@ def jsonl_file(option: str, path: str | None) -> str | None:
 
 
 def temperature_option(ctx, param, value: float) -> float:
-    """--temperature: >= 0 (0 = greedy). A click callback: the error names the flag."""
-    if not value >= 0:  # NaN included
-        raise click.BadParameter(f"{value} is not >= 0; use 0 for greedy decoding or a positive value such as 0.7")
+    """--temperature: finite and >= 0 (0 = greedy). A click callback: the error names the flag."""
+    if not 0 <= value < float("inf"):  # NaN and inf included
+        raise click.BadParameter(f"{value} is not a finite value >= 0; use 0 for greedy decoding or a positive value "
+                                 "such as 0.7")
     return value
 
 

@@ -100,8 +100,10 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     from dflash_trt.cli.common import jsonl_file
+    from dflash_trt.models.checkpoints import check_device
 
     jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
+    check_device(device)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
     _check_resume(resume and not data_only, work)
     import torch

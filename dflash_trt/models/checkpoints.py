@@ -27,11 +27,25 @@ def _build_on_meta(cls, cfg):
     return module
 
 
+#: device types the runtime, trainer and build run on
+DEVICE_TYPES = ("cpu", "cuda")
+
+
 def check_device(device: str) -> None:
-    """Raises ConfigError when `device` names a CUDA device that torch cannot use (the message names the fix)."""
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
-                          "use --device cpu or run on a machine with a GPU")
+    """Raises ConfigError (naming the fix) unless `device` is "cpu", "cuda" or "cuda:N" for a GPU torch can use."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in DEVICE_TYPES:
+        raise ConfigError(f"--device {device}: not a device dflash-trt runs on; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                              "use --device cpu or run on a machine with a GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0; "
+                              "pick one of them")
 
 
 def _read_weights(path, dtype, device):

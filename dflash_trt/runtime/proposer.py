@@ -56,7 +56,8 @@ class DFlashProposer:
         self.max_draft_len = self.block_size - 1 if max_draft_len is None else max_draft_len
         if not 1 <= self.max_draft_len <= self.block_size - 1:
             raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {self.block_size - 1}], got "
-                              f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts")
+                              f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts (lower "
+                              "--max-draft-len or raise --block-size)")
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None

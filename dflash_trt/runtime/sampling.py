@@ -32,8 +32,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and self.temperature == self.temperature):
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # NaN and inf included
+            raise InvalidRequestError(f"temperature must be finite and >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -107,13 +107,14 @@ def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tm
 
 
 @pytest.mark.parametrize("command,flag,value,msg", [
-    ("generate", "--temperature", "-0.5", "-0.5 is not >= 0; use 0 for greedy decoding"),
-    ("generate", "--temperature", "nan", "nan is not >= 0"),
+    ("generate", "--temperature", "-0.5", "-0.5 is not a finite value >= 0; use 0 for greedy decoding"),
+    ("generate", "--temperature", "nan", "nan is not a finite value >= 0"),
+    ("generate", "--temperature", "inf", "inf is not a finite value >= 0"),
     ("generate", "--top-p", "0", "0.0 is not in (0, 1]; use e.g. 0.9, or 1 to turn top-p off"),
     ("generate", "--top-p", "1.5", "1.5 is not in (0, 1]"),
     ("generate", "--top-k", "-1", "-1 is not >= 0; use e.g. 50, or 0 to turn top-k off"),
     ("generate", "--max-tokens", "0", "0 is not >= 1"),
-    ("bench", "--temperature", "-1", "-1.0 is not >= 0"),
+    ("bench", "--temperature", "-1", "-1.0 is not a finite value >= 0"),
     ("bench", "--max-tokens", "-3", "-3 is not >= 1"),
 ])
 def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path, command, flag, value, msg):
@@ -128,6 +129,28 @@ def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path,
     assert code == 2 and out == "", err
     assert f"Invalid value for '{flag}': {msg}" in err
     assert "_" not in err.split("Invalid value")[1]  # the flag, not the SamplingParams field (top_p)
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "train-drafter", "build"])
+@pytest.mark.parametrize("device", ["tpu", "mps", "meta", "cuda:x"])
+def test_unknown_device_is_one_error_line_before_loading(monkeypatch, capsys, tmp_path, command, device):
+    import torch
+
+    import dflash_trt.models.checkpoints
+
+    if device == "cuda:x" and torch.cuda.is_available():
+        pytest.skip("on a GPU machine cuda:x is still refused, by torch's parser; checked on CPU machines")
+
+    def no_load(*_a, **_k):
+        raise AssertionError(f"a model was loaded before --device {device} was checked")
+
+    monkeypatch.setattr(dflash_trt.models.checkpoints, "load_target", no_load)
+    extra = {"generate": ["--prompt", "hi"], "bench": ["--out", str(tmp_path / "o")],
+             "train-drafter": ["--out", str(tmp_path / "d")], "build": ["--out", str(tmp_path / "b"), "--dry-run"]}
+    code, out, err = run_main(monkeypatch, capsys, command, *extra[command], "--device", device)
+    assert one_error_line(code, err), err
+    assert f"--device {device}: " in err and ("use cpu, cuda or cuda:N" in err or "use --device cpu" in err), err
+    assert not any(tmp_path.iterdir())
 
 
 def test_usage_errors_are_one_line(monkeypatch, capsys, tmp_path):
