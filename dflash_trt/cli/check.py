@@ -8,14 +8,20 @@ import click
 
 
 @click.command()
-@click.option("--target", required=True, type=click.Path(), help="HF target checkpoint folder.")
-@click.option("--drafter", required=True, type=click.Path(), help="DFlash drafter folder (z-lab / ModelOpt format).")
+@click.option("--target", type=click.Path(), default=None,
+              help="HF target checkpoint folder (default: the embedded SmolLM2-135M-Instruct).")
+@click.option("--drafter", type=click.Path(), default=None,
+              help="DFlash drafter folder, z-lab / ModelOpt format (default: the project's drafter).")
 def check(target, drafter):
     """Run every compatibility check; print each problem with its fix. Warnings do not fail the check."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.models.default import default_drafter_path, default_target_path
 
-    findings = check_checkpoints(model_folder("--target", target), model_folder("--drafter", drafter, "drafter"))
+    if drafter is None and target is not None:
+        raise click.UsageError("--drafter is required with a non-default --target")
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
+    findings = check_checkpoints(target or default_target_path(), drafter or default_drafter_path())
     for f in findings:
         click.echo(f"{f.level}: {f.message}", err=f.level == ERROR)
     errors = sum(f.level == ERROR for f in findings)

@@ -57,6 +57,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     given = [x is not None for x in (prompt, chat, prompts_file)]
     if sum(given) != 1:
         raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
+    if prompt == "" or chat == "":
+        raise click.UsageError(f"{'--prompt' if prompt == '' else '--chat'} is empty; give some text")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import load_prompts_jsonl
 

@@ -153,6 +153,14 @@ def test_unknown_device_is_one_error_line_before_loading(monkeypatch, capsys, tm
     assert not any(tmp_path.iterdir())
 
 
+def test_check_defaults_to_the_embedded_pair_and_empty_prompts_are_refused_early(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "check")
+    assert code == 0 and out.startswith("ok: the drafter fits the target"), err
+    for flag in ("--prompt", "--chat"):
+        code, out, err = run_main(monkeypatch, capsys, "generate", flag, "")
+        assert code == 2 and err.startswith(f"error: {flag} is empty; give some text") and err.count("\n") == 1, err
+
+
 def test_usage_errors_are_one_line(monkeypatch, capsys, tmp_path):
     code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--top-p", "0")
     assert (code, out) == (2, "")
