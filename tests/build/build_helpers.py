@@ -49,3 +49,16 @@ def build_bundle(target, drafter, out, **opts):
 
     return run_build(BuildOptions(target=target, drafter=drafter, out=out, calib_size=opts.pop("calib_size", 4), **opts),
                      log=lambda _line: None)
+
+
+def assert_greedy_dflash_equals_ar(pipe, max_tokens: int = 24) -> list[list[int]]:
+    """Lossless on a loaded bundle: greedy DFlash == greedy AR, token for token, on three fixed prompts
+    (code, chat, plain text) decoded together for exactly `max_tokens` tokens. Returns the prompts."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode_chat("Name three colours."), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    spec, ar = pipe.generate(prompts, params, "dflash"), pipe.generate(prompts, params, "ar")
+    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
+    assert all(len(r.token_ids) == max_tokens for r in spec)
+    return prompts

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from build_helpers import build_bundle
+from build_helpers import assert_greedy_dflash_equals_ar, build_bundle
 
 from dflash_trt.build.manifest import SCHEMA_VERSION, load_manifest, sha256_file
 from dflash_trt.errors import BuildError, BundleError, ConfigError, IncompatibleModelsError
@@ -179,7 +179,6 @@ CONFIGS = [("none", 1, "none", "auto"), ("fp8", 3, "fp8", "fp8"), ("nvfp4", 1, "
 def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path, tiny_pair, quant, tp, drafter_quant, kv):
     from dflash_trt.api import load_bundle
     from dflash_trt.models.dequant import quant_algo
-    from dflash_trt.runtime.sampling import SamplingParams
 
     out = tmp_path / f"{quant}-{tp}"
     report = build_bundle(*tiny_pair, out, quant=quant, tp_size=tp, drafter_quant=drafter_quant, kv_cache_dtype=kv)
@@ -191,12 +190,7 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
         assert json.loads((out / "trtllm_checkpoint/config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
         assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["kv_cache_config"]["dtype"] == "fp8"
     pipe = load_bundle(out)
-    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode_chat("Name three colours."), pipe.encode("The history of")]
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    spec = pipe.generate(prompts, params, "dflash")
-    ar = pipe.generate(prompts, params, "ar")
-    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
-    assert all(len(r.token_ids) == 24 for r in spec)
+    assert_greedy_dflash_equals_ar(pipe)
 
 
 def test_qwen3_bundle_has_the_per_rank_checkpoint(tmp_path, tiny_qwen3_pair):

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from dflash_trt.models.fp8 import Fp8Linear, quantize_fp8
+from build_helpers import assert_greedy_dflash_equals_ar
+
 from tests.conftest import run_main
 
 
@@ -34,7 +36,6 @@ def fp8_pipes(tiny_bundle_fp8_tp3):
 
 
 def test_fp8_matmul_on_is_lossless_and_close_to_the_dequantized_target(fp8_pipes):
-    from dflash_trt.runtime.sampling import SamplingParams
 
     on, off = fp8_pipes
     names = fp8_modules(on)
@@ -45,12 +46,7 @@ def test_fp8_matmul_on_is_lossless_and_close_to_the_dequantized_target(fp8_pipes
     assert layer.input_scale.item() > 0 and layer.weight_scale.item() > 0
     assert fp8_modules(off) == []
 
-    prompts = [on.encode("def fibonacci(n):"), on.encode_chat("Name three colours."), on.encode("The history of")]
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    spec = on.generate(prompts, params, "dflash")
-    ar = on.generate(prompts, params, "ar")
-    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
-    assert all(len(r.token_ids) == 24 for r in spec)
+    prompts = assert_greedy_dflash_equals_ar(on)
 
     ids = prompts[1]
     a, b = prompt_logits(on, ids), prompt_logits(off, ids)

@@ -47,3 +47,13 @@ class _RequestRows:
 
     def keep_rows(self, rows: list[int]) -> None:
         self.requests = [self.requests[r] for r in rows]
+
+
+def chat_references(pipe, chats: list[str], max_tokens: int) -> tuple:
+    """(pipe, chat prompts, greedy AR completions of each decoded alone for exactly `max_tokens` tokens):
+    the references an oracle proposer drafts from and the lossless checks compare with."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    prompts = [pipe.encode_chat(c) for c in chats]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return pipe, prompts, [pipe.engine.generate([p], params, "ar")[0].token_ids for p in prompts]

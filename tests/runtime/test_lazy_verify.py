@@ -9,7 +9,7 @@ import pytest
 from dflash_trt.runtime import engine as engine_module
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
-from tests.runtime.oracle import OracleProposer
+from tests.runtime.oracle import OracleProposer, chat_references
 
 MAX_TOKENS = 20
 CHATS = ["Write a short poem about the sea.", "Name three colours.", "What is 17 times 23?"]
@@ -18,10 +18,7 @@ TIMES = ("time_to_first_token_s", "total_time_s", "tokens_per_s")
 
 @pytest.fixture(scope="module")
 def refs(smollm2_untrained):
-    pipe = smollm2_untrained
-    prompts = [pipe.encode_chat(c) for c in CHATS]
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    return pipe, prompts, [pipe.engine.generate([p], params, "ar")[0].token_ids for p in prompts]
+    return chat_references(smollm2_untrained, CHATS, MAX_TOKENS)
 
 
 def run(engine, prompts, params, monkeypatch):

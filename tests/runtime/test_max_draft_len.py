@@ -11,7 +11,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
-from tests.runtime.oracle import OracleProposer
+from tests.runtime.oracle import OracleProposer, chat_references
 
 MAX_TOKENS = 24
 CHATS = ["Write a short poem about the sea.", "Name three colours."]
@@ -19,10 +19,7 @@ CHATS = ["Write a short poem about the sea.", "Name three colours."]
 
 @pytest.fixture(scope="module")
 def refs(smollm2_untrained):
-    pipe = smollm2_untrained
-    prompts = [pipe.encode_chat(c) for c in CHATS]
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    return pipe, prompts, [pipe.engine.generate([p], params, "ar")[0].token_ids for p in prompts]
+    return chat_references(smollm2_untrained, CHATS, MAX_TOKENS)
 
 
 @pytest.mark.slow
