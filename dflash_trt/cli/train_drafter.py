@@ -45,6 +45,53 @@ def _check_resume(resume: bool, work: Path) -> None:
                           "run without --resume to start (a data cache already in the work dir is reused)")
 
 
+#: Flags whose value a fine-tuned drafter (--init DIR) dictates; given on the command line they must agree.
+_FINE_TUNE_FIXED = {"num_layers": "num_hidden_layers", "block_size": "block_size", "mask_token_id": "mask_token_id",
+                    "target_layer_ids": "target_layer_ids", "draft_vocab_size": "draft_vocab_size"}
+
+
+def _init_drafter_dir(init: str) -> Path | None:
+    """None for --init target / random, else the drafter folder to fine-tune.
+
+    Raises:
+        ConfigError: neither target, random nor a folder with a config.json.
+    """
+    from dflash_trt.errors import ConfigError
+
+    if init in ("target", "random"):
+        return None
+    path = Path(init)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"--init {init!r}: expected 'target', 'random' or a drafter folder with a config.json "
+                          f"({'no config.json in it' if path.is_dir() else 'no such folder'})")
+    return path
+
+
+def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
+    """The config of the drafter in `init_dir`, after checking that every shape flag given on the
+    command line agrees with it (`flags_cfg` holds the flags' values).
+
+    Raises:
+        ConfigError: a flag given explicitly differs from the drafter's own value.
+    """
+    from click.core import ParameterSource
+
+    from dflash_trt.config import DrafterConfig
+    from dflash_trt.errors import ConfigError
+
+    cfg = DrafterConfig.from_pretrained(init_dir)
+    for flag, field in _FINE_TUNE_FIXED.items():
+        if ctx.get_parameter_source(flag) != ParameterSource.COMMANDLINE:
+            continue
+        given, own = getattr(flags_cfg, field), getattr(cfg, field)
+        if field == "draft_vocab_size":  # 0 or >= the vocabulary on the command line = full (None)
+            given = given if given else None
+        if given != own:
+            raise ConfigError(f"--{flag.replace('_', '-')} {given} differs from the drafter being fine-tuned "
+                              f"({init_dir}: {own}); drop the flag (a fine-tune keeps the drafter's shape)")
+    return cfg
+
+
 @click.command("train-drafter")
 @click.option("--target", default=None, type=click.Path(), help="HF target folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--out", required=True, type=click.Path(), help="Output drafter folder (z-lab format).")
@@ -66,8 +113,10 @@ def _check_resume(resume: bool, work: Path) -> None:
 @click.option("--max-samples", default=None, type=click.IntRange(1),
               help="Use exactly N prompts, a seeded random subset (default: all).")
 @click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--init", "init_mode", default="target", show_default=True, type=click.Choice(["target", "random"]),
-              help="Start drafter layers from the target's top layers, or random.")
+@click.option("--init", "init_mode", default="target", show_default=True,
+              help="Start drafter layers from the target's top layers (target), random weights (random), or a "
+                   "trained drafter folder to fine-tune (its layers, block size, mask token, target layer ids and "
+                   "draft vocabulary are kept).")
 @click.option("--soft-weight", default=0.5, show_default=True, type=click.FloatRange(0, 1),
               help="Share of the soft-label (target distribution) loss.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
@@ -104,13 +153,14 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
 
     jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
     check_device(device)
+    init_dir = _init_drafter_dir(init_mode)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
     _check_resume(resume and not data_only, work)
     import torch
 
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
-    from dflash_trt.models.checkpoints import new_drafter_config
+    from dflash_trt.models.checkpoints import load_drafter, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path
     from dflash_trt.models.drafter import DFlashDrafter
     from dflash_trt.training import pipeline
@@ -134,6 +184,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:
         dcfg = dcfg.replace(draft_vocab_size=draft_vocab_size)
+    if init_dir is not None:
+        dcfg = _fine_tune_config(click.get_current_context(), init_dir, dcfg)
     check_compatible(tcfg, dcfg)
 
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(target_path, device=device)
@@ -150,15 +202,20 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     if device.startswith("cuda") and tf32:  # after data generation: the responses stay exact float32 greedy
         torch.backends.cuda.matmul.allow_tf32 = True
     draft_ids = None
-    if dcfg.draft_vocab_size is not None:
+    if init_dir is not None:  # fine-tune: its weights, and its draft vocabulary (the head rows it learned)
+        drafter = load_drafter(init_dir, torch.float32, device).train().requires_grad_(True)
+        draft_ids = drafter.draft_token_ids()
+        draft_ids = draft_ids.cpu() if draft_ids is not None else None
+    elif dcfg.draft_vocab_size is not None:
         draft_ids = top_tokens(samples, dcfg.draft_vocab_size, tcfg.vocab_size, tuple(stops))
     data = pipeline.make_train_data(samples, data_layers, dcfg.target_layer_ids, model, draft_ids, soft_weight > 0,
                                     max_seq_len)
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(dcfg)
-    if draft_ids is not None:
-        drafter.d2t.copy_(d2t_offsets(draft_ids))
-    drafter.to(device)
+    if init_dir is None:
+        drafter = DFlashDrafter(dcfg)
+        if draft_ids is not None:
+            drafter.d2t.copy_(d2t_offsets(draft_ids))
+        drafter.to(device)
     src_layers = None
     if init_mode == "target":
         some = list(range(min(16, len(data))))
@@ -187,7 +244,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "draft_vocab": {"size": dcfg.draft_vocab_size or tcfg.vocab_size,
                         "response_token_coverage": round(coverage(samples, draft_ids, tcfg.vocab_size), 5)
                         if draft_ids is not None else 1.0},
-        "init": {"mode": init_mode, "source_layers": src_layers},
+        "init": ({"mode": "drafter", "path": str(init_dir)} if init_dir is not None
+                 else {"mode": init_mode, "source_layers": src_layers}),
         "device": device + (f" ({torch.cuda.get_device_name(torch.device(device))})" if device.startswith("cuda") else ""),
         "features": "online" if online_features else "cached (bfloat16)",
         "tf32": bool(device.startswith("cuda") and tf32),

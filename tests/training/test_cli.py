@@ -152,3 +152,39 @@ def test_cuda_device_without_gpu_is_a_clear_error(tmp_path, target_with_tokenize
                 str(_prompts(tmp_path, 2)), "--mask-token-id", str(MASK), "--device", "cuda"])
     assert isinstance(res.exception, ConfigError) and "no CUDA GPU" in str(res.exception)
     assert not (tmp_path / "d").exists()
+
+
+def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
+    """--init DIR starts from a trained drafter: its shape, mask token, target layers and draft
+    vocabulary are kept; with lr 0 the export equals it bit for bit; a fine-tune continues from its
+    loss instead of starting over; a conflicting shape flag or a bad --init is one error."""
+    prompts = _prompts(tmp_path, 8)
+    base = ["--target", str(target_with_tokenizer), "--prompts", str(prompts), "--max-new-tokens", "12",
+            "--anchors", "4", "--epochs", "10"]
+    first = tmp_path / "first"
+    res = _run([*base, "--out", str(first), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "0,1",
+                "--mask-token-id", str(MASK), "--draft-vocab-size", "32", "--init", "random"])
+    assert res.exit_code == 0, repr(res.exception)
+    a = load_drafter(first)
+
+    same = tmp_path / "same"
+    res = _run([*base, "--out", str(same), "--init", str(first), "--lr", "0", "--max-steps", "1"])
+    assert res.exit_code == 0, repr(res.exception)
+    b = load_drafter(same)
+    assert b.config == a.config
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(sa[k].equal(sb[k]) for k in sa)
+    assert json.loads((same / "training.json").read_text())["init"] == {"mode": "drafter", "path": str(first)}
+
+    res = _run([*base, "--out", str(tmp_path / "tuned"), "--init", str(first), "--block-size", "4"])
+    assert res.exit_code == 0, repr(res.exception)
+    start = json.loads((first / "training.json").read_text())["history"]
+    tuned = json.loads((tmp_path / "tuned" / "training.json").read_text())["history"]
+    assert [h["step"] for h in tuned] == [h["step"] for h in start] == [10, 20]
+    assert tuned[0]["loss"] < start[0]["loss"] and tuned[1]["loss"] < start[1]["loss"]  # a head start, kept
+
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(first), "--block-size", "8"])
+    assert isinstance(res.exception, ConfigError) and "--block-size 8 differs" in str(res.exception)
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(tmp_path / "nowhere")])
+    assert isinstance(res.exception, ConfigError) and "no such folder" in str(res.exception)
+    assert not (tmp_path / "x").exists()
