@@ -44,7 +44,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size
+    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size, warn_draft_flags_unused
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -56,6 +56,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
+    warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)

@@ -75,6 +75,16 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
+def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None) -> None:
+    """One stderr line when --block-size / --max-draft-len are given but nothing drafts (only ar /
+    HF modes): they shape the drafter's block, so they have no effect there."""
+    given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len))
+             if value is not None]
+    if given and not drafting:
+        click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "
+                   "ignored here (no dflash mode runs)", err=True)
+
+
 def warn_block_size(pipe) -> None:
     """One stderr line when the draft block is larger than the block the drafter was trained with.
 

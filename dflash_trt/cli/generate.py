@@ -50,7 +50,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              max_draft_len, mode, dtype, device, batch_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import check_context, jsonl_file, model_folder, warn_block_size
+    from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, warn_block_size,
+                                       warn_draft_flags_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -62,6 +63,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import load_prompts_jsonl
 
+    warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     if bundle is not None:

@@ -131,5 +131,9 @@ def test_max_draft_len_flag_sets_the_drafts_verified_per_step(monkeypatch, capsy
     assert m["drafted_tokens"] == 2 * m["verify_steps"] and len(m["accepted_per_position"]) == 2
     code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar")
     assert json.loads(out.strip().splitlines()[-1])["token_ids"] == obj["token_ids"]
+    assert "warning" not in err
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar", "--max-draft-len", "2")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["token_ids"] == obj["token_ids"]
+    assert "warning: --max-draft-len only affects DFlash drafting; ignored here (no dflash mode runs)" in err
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "16")
     assert code == 1 and "max_draft_len must be in [1, block_size - 1 = 15]" in err and "Traceback" not in err
