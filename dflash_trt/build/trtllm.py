@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -234,8 +235,14 @@ def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_
         raise BuildError(f"the TensorRT-LLM per-rank checkpoint is wired up for {', '.join(TRTLLM_ARCHITECTURES)} "
                          f"targets only, got model_type {model_type!r}; use the trtllm/ folder (PyTorch backend)")
     full_dir = scratch / "trtllm_checkpoint_tp1"
-    export_tensorrt_llm_checkpoint(copy.deepcopy(model), TRTLLM_ARCHITECTURES[model_type][0], EXPORT_DTYPE,
-                                   str(full_dir), inference_tensor_parallel=1)
+    with warnings.catch_warnings():
+        # Two misleading ModelOpt 0.47 warnings: without tensorrt_llm installed it "cannot export the
+        # checkpoint config" and writes it by hand (the fields it misses are added below); and it warns
+        # "Enable lm_head quantization" even when lm_head's quantizers are disabled, as ours are (tested).
+        warnings.filterwarnings("ignore", message="Cannot export tensorrt_llm checkpoint config")
+        warnings.filterwarnings("ignore", message="Enable lm_head quantization")
+        export_tensorrt_llm_checkpoint(copy.deepcopy(model), TRTLLM_ARCHITECTURES[model_type][0], EXPORT_DTYPE,
+                                       str(full_dir), inference_tensor_parallel=1)
     config = json.loads((full_dir / "config.json").read_text())
     config.update(trtllm_config_fields(TargetConfig.from_hf_config(model.config)))
     full = load_file(str(full_dir / "rank0.safetensors"))

@@ -48,6 +48,15 @@ def test_config_has_what_tensorrt_llm_qwen_reads(qwen3_exports):
     assert cfg2["quantization"]["kv_cache_quant_algo"] == ("FP8" if quant == "fp8" else None)
 
 
+def test_lm_head_stays_unquantized(qwen3_exports):
+    """Our quantization configs leave lm_head alone (ModelOpt's export still warns 'Enable lm_head
+    quantization', which `export_trtllm_checkpoint` silences): bfloat16, no scaling factors."""
+    quant, _, (cfg1, (full,)), _, _ = qwen3_exports
+    assert full["lm_head.weight"].dtype == torch.bfloat16 and full["lm_head.weight"].shape == (49152, 96)
+    assert not [k for k in full if k.startswith("lm_head.") and k != "lm_head.weight"]
+    assert cfg1["quantization"].get("exclude_modules") is None or "lm_head" in cfg1["quantization"]["exclude_modules"]
+
+
 def test_qk_layernorms_are_whole_and_identical_on_every_rank(qwen3_exports):
     _, model, (_, (full,)), (_, ranks2), _ = qwen3_exports
     for i, layer in enumerate(model.model.layers):
