@@ -92,6 +92,20 @@ def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
     return cfg
 
 
+def fine_tune_lineage(init_dir: Path) -> dict:
+    """training.json's "init" entry of a fine-tune: the folder it started from and that drafter's own
+    training.json without its loss history under "parent" (whose "init" nests the same way), so an
+    exported drafter records every run that made it. "parent" is None when the folder has no
+    training.json (e.g. a released drafter)."""
+    import json
+
+    info = init_dir / "training.json"
+    parent = json.loads(info.read_text()) if info.is_file() else None
+    if parent is not None:
+        parent.pop("history", None)
+    return {"mode": "drafter", "path": str(init_dir), "parent": parent}
+
+
 @click.command("train-drafter")
 @click.option("--target", default=None, type=click.Path(), help="HF target folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--out", required=True, type=click.Path(), help="Output drafter folder (z-lab format).")
@@ -244,7 +258,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "draft_vocab": {"size": dcfg.draft_vocab_size or tcfg.vocab_size,
                         "response_token_coverage": round(coverage(samples, draft_ids, tcfg.vocab_size), 5)
                         if draft_ids is not None else 1.0},
-        "init": ({"mode": "drafter", "path": str(init_dir)} if init_dir is not None
+        "init": (fine_tune_lineage(init_dir) if init_dir is not None
                  else {"mode": init_mode, "source_layers": src_layers}),
         "device": device + (f" ({torch.cuda.get_device_name(torch.device(device))})" if device.startswith("cuda") else ""),
         "features": "online" if online_features else "cached (bfloat16)",

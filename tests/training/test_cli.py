@@ -174,7 +174,11 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
     assert b.config == a.config
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(sa[k].equal(sb[k]) for k in sa)
-    assert json.loads((same / "training.json").read_text())["init"] == {"mode": "drafter", "path": str(first)}
+    lineage = json.loads((same / "training.json").read_text())["init"]
+    parent = json.loads((first / "training.json").read_text())
+    assert lineage["mode"] == "drafter" and lineage["path"] == str(first)
+    assert lineage["parent"] == {k: v for k, v in parent.items() if k != "history"}
+    assert lineage["parent"]["init"]["mode"] == "random" and lineage["parent"]["steps"] == 20
 
     res = _run([*base, "--out", str(tmp_path / "tuned"), "--init", str(first), "--block-size", "4"])
     assert res.exit_code == 0, repr(res.exception)
