@@ -105,8 +105,15 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     # cut short by a time limit is still a random sample of the prompts)
     random.Random(0).shuffle(batches)
     if max_samples is not None and max_samples < len(order):
-        batches = batches[: -(-max_samples // batch_size)]
-        batches[-1] = batches[-1][: max_samples - (len(batches) - 1) * batch_size]
+        # the first batches of that order until max_samples, the last one cut (one batch of the
+        # length-sorted order is short when batch_size does not divide the prompt count)
+        keep, total = [], 0
+        for idxs in batches:
+            keep.append(idxs[: max_samples - total])
+            total += len(keep[-1])
+            if total == max_samples:
+                break
+        batches = keep
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     bar = tqdm(total=len(batches), desc="target responses", disable=not progress, unit="batch")
     for b, idxs in enumerate(batches):

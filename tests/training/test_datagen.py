@@ -67,6 +67,23 @@ def test_max_samples_takes_exactly_that_many_and_reuses_the_cache(tmp_path, tiny
     run(11)
 
 
+def test_max_samples_is_exact_when_a_batch_in_the_order_is_short(tmp_path, tiny_target, tiny_prompts):
+    """22 prompts in batches of 8: the length-sorted batches hold 8, 8 and 6 prompts, in a seeded order;
+    every limit 1..22 gives exactly that many samples, each a prefix of the next."""
+    from dflash_trt.training.datagen import generate_dataset, load_shards
+
+    engine = Engine(tiny_target, None, (EOS,))
+    prompts = tiny_prompts[:22]
+    previous = []
+    for n in range(1, 23):
+        stats = generate_dataset(engine, prompts, tmp_path, (), 4, 8, {"test": True}, False, max_samples=n)
+        indices = [s["index"] for s in load_shards(tmp_path)]
+        assert stats.samples == len(indices) == len(set(indices)) == n, n
+        assert indices[: n - 1] == previous
+        previous = indices
+    assert sorted(previous) == list(range(22))
+
+
 def test_online_features_equal_the_cached_ones(tiny_target, tiny_samples):
     """`--online-features` computes, per step, what the offline cache holds (one padded batch)."""
     from dflash_trt.training.features import OnlineFeatures
