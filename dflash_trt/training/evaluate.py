@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,14 +47,20 @@ def per_position_rate(results) -> list[float]:
     return [t / steps if steps else 0.0 for t in totals]
 
 
+def _note(on: bool, text: str) -> None:
+    if on:
+        print(f"evaluate: {text}", file=sys.stderr, flush=True)
+
+
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
-             batch_size: int = 40, drafter_keys: dict[str, str] | None = None) -> dict:
+             batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False) -> dict:
     """tau and parity of each drafter (name -> DFlashDrafter) on each prompt set (name -> texts).
 
     `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
     `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
-    with more drafters only decodes what is new.
+    with more drafters only decodes what is new. `progress` prints one stderr line per decode
+    (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
 
     Returns {"sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
     "parity_count", "per_position", "seconds"}}}}}.
@@ -73,6 +80,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
             for i in range(0, len(ids), batch_size):
                 outs += [r.token_ids for r in engine.generate(ids[i : i + batch_size], params, mode="ar")]
             cache[key] = {"outputs": outs, "seconds": time.perf_counter() - t0}
+            _note(progress, f"{set_name}: autoregressive reference, {len(ids)} prompts, {cache[key]['seconds']:.0f} s")
             if ar_cache is not None:
                 ar_cache.write_text(json.dumps(cache))
         ar = cache[key]["outputs"]
@@ -93,6 +101,8 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
                 "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
                 "per_position": [round(x, 4) for x in per_position_rate(results)],
                 "seconds": round(time.perf_counter() - t0, 1)}
+            d = entry["drafters"][name]
+            _note(progress, f"{set_name}: {name}: tau {d['tau']:.3f}, parity {d['parity_count']}, {d['seconds']:.0f} s")
             if (drafter_keys or {}).get(name) and ar_cache is not None:
                 cache[dkey] = entry["drafters"][name]
                 ar_cache.write_text(json.dumps(cache))
@@ -183,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size,
-                      Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys)
+                      Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys,
+                      progress=True)
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
     report["device"] = args.device
