@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import MASK, VOCAB
+from conftest import MASK, VOCAB, word_tokenizer
 from dflash_trt.cli import cli
 from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.models.checkpoints import load_drafter
@@ -17,14 +17,9 @@ def target_with_tokenizer(tiny_target_dir, tmp_path_factory):
     """The tiny target plus a word-level tokenizer ("w0".."w63" -> ids 0..63), no chat template."""
     import shutil
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     folder = tmp_path_factory.mktemp("tok") / "target"
     shutil.copytree(tiny_target_dir, folder)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2").save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
     return folder
 
 

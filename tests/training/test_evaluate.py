@@ -3,19 +3,10 @@ decodes, and one progress line per decode."""
 
 import torch
 
-from conftest import EOS, MASK, VOCAB
+from conftest import EOS, MASK, word_tokenizer
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.evaluate import evaluate
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token=f"w{EOS}")
 
 
 def test_evaluate_reports_parity_caches_and_prints_progress(tmp_path, tiny_target, capsys):
@@ -23,7 +14,7 @@ def test_evaluate_reports_parity_caches_and_prints_progress(tmp_path, tiny_targe
     drafter = DFlashDrafter(new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1])).eval()
     sets = {"tiny": ["w5 w6 w7 w9", "w8 w9 w10", "w11 w4 w30 w31 w7"]}
     cache = tmp_path / "cache.json"
-    args = (tiny_target, _tokenizer(), (EOS,), {"d": drafter}, sets, 12, None, cache)
+    args = (tiny_target, word_tokenizer(), (EOS,), {"d": drafter}, sets, 12, None, cache)
     first = evaluate(*args, drafter_keys={"d": "k1"}, progress=True)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and err[0].startswith("evaluate: tiny: autoregressive reference, 3 prompts, ")
