@@ -94,12 +94,13 @@ class Pipeline:
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                  device: str = "cpu") -> Pipeline:
+                  device: str = "cpu", draft_confidence: float = 0.0) -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
     `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
-    block_size - 1) how many of its drafts the target verifies per step (`DFlashProposer`).
+    block_size - 1) how many of its drafts the target verifies per step, `draft_confidence` (0 = off) a
+    dynamic draft length cut by the drafter's own confidence (both: `DFlashProposer`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
     "auto" is on for a CUDA GPU of compute capability >= 8.9 only).
@@ -131,7 +132,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
-                                  max_draft_len)
+                                  max_draft_len, draft_confidence)
     tokenizer = load_tokenizer(target_path)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
@@ -139,7 +140,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                device: str = "cpu") -> Pipeline:
+                device: str = "cpu", draft_confidence: float = 0.0) -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`.
 
@@ -149,7 +150,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     compute capability >= 8.9; otherwise ("off", or "auto" on the CPU) it is dequantized too.
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
-    `block_size` is given; then, as in `load_pipeline`, to block_size - 1.
+    `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence`: as in
+    `load_pipeline`.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
@@ -177,7 +179,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
         if max_draft_len is None and block_size is None:
             max_draft_len = manifest.get("max_draft_len")
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
-                                  max_draft_len=max_draft_len)
+                                  max_draft_len=max_draft_len, draft_confidence=draft_confidence)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

@@ -10,7 +10,8 @@ def _fmt(x, spec="{:.2f}"):
 
 
 def markdown_table(results: dict) -> str:
-    """One row per dataset x mode: tau, acceptance rate, tok/s, speedups, TTFT, identical-to-ar."""
+    """One row per dataset x mode: tau, acceptance rate, drafts verified per step, tok/s, speedups, TTFT,
+    identical-to-ar."""
     cfg = results.get("config", {})
     lines = [
         f"Target `{cfg.get('target')}`, drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, "
@@ -18,15 +19,17 @@ def markdown_table(results: dict) -> str:
         f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
         f"{results.get('machine', {}).get('threads')} threads. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",
         "",
-        "| dataset | mode | tau | acceptance rate | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) | identical to ar |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dataset | mode | tau | acceptance rate | drafts / step | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) "
+        "| identical to ar |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ds, entry in results["datasets"].items():
         for mode, m in entry["modes"].items():
             ttft = None if m["mean_ttft_s"] is None else m["mean_ttft_s"] * 1000
             lines.append(
                 f"| {ds} | {mode} | {_fmt(m['acceptance_length'])} | {_fmt(m['acceptance_rate'])} | "
-                f"{m['tokens_per_s']:.1f} | {_fmt(entry.get('speedup_vs_ar', {}).get(mode), '{:.2f}x')} | "
+                f"{_fmt(m.get('drafts_per_step'), '{:.1f}')} | {m['tokens_per_s']:.1f} | "
+                f"{_fmt(entry.get('speedup_vs_ar', {}).get(mode), '{:.2f}x')} | "
                 f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode), '{:.2f}x')} | {_fmt(ttft, '{:.0f}')} | "
                 f"{m['identical_to_ar']}/{m['prompts']} |"
             )

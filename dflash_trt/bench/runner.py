@@ -88,6 +88,7 @@ class ModeSummary:
             "mean_ttft_s": sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else None,
             "acceptance_length": decoded / self.verify_steps if self.verify_steps else None,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "drafts_per_step": self.drafted / self.verify_steps if self.drafted else None,
             "acceptance_by_position": [a / self.verify_steps for a in self.accepted_per_position] if self.verify_steps else [],
             "tau_per_prompt": self.tau_per_prompt,
             "identical_to_ar": self.identical_to_ar,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import max_tokens_option, temperature_option
+from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, temperature_option
 
 
 @click.command()
@@ -24,6 +24,7 @@ from dflash_trt.cli.common import max_tokens_option, temperature_option
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
                    "Fewer cost less to verify when late drafts are rarely accepted.")
+@draft_confidence_option
 @click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
@@ -33,8 +34,8 @@ from dflash_trt.cli.common import max_tokens_option, temperature_option
 @click.option("--threads", default=None, type=int, help="torch threads for every mode (default: torch's).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
-def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len, modes,
-          dtype, fp8_matmul, device, threads, seed, out):
+def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
+          draft_confidence, modes, dtype, fp8_matmul, device, threads, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -56,12 +57,13 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
-    warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len)
+    warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     if threads:
         torch.set_num_threads(threads)
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
-                         max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device)
+                         max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
+                         draft_confidence=draft_confidence)
     warn_block_size(pipe)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
@@ -71,7 +73,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     proposer = pipe.engine.proposer
     results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
                          "block_size": proposer.block_size if proposer else None,
-                         "max_draft_len": proposer.max_draft_len if proposer else None, "temperature": temperature,
+                         "max_draft_len": proposer.max_draft_len if proposer else None,
+                         "draft_confidence": proposer.draft_confidence if proposer else None, "temperature": temperature,
                          "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
                          "batch_size": batch_size, "modes": mode_list,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}

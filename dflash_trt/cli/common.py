@@ -75,10 +75,20 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
-def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None) -> None:
-    """One stderr line when --block-size / --max-draft-len are given but nothing drafts (only ar /
-    HF modes): they shape the drafter's block, so they have no effect there."""
-    given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len))
+#: --draft-confidence, shared by `generate` and `bench` (DFlashProposer.draft_confidence).
+draft_confidence_option = click.option(
+    "--draft-confidence", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
+    help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
+         "probabilities stays >= this (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
+         "where each verified position costs compute.")
+
+
+def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
+                            draft_confidence: float = 0.0) -> None:
+    """One stderr line when --block-size / --max-draft-len / --draft-confidence are given but nothing
+    drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
+    given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
+                                      ("--draft-confidence", draft_confidence or None))
              if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "

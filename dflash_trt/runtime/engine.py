@@ -4,7 +4,9 @@ DFlash (DFlash paper sec. 3, DFLASH.md sec. 4): per step, the proposer drafts ma
 (default block_size - 1) tokens for every active request in ONE drafter pass, the target verifies
 them with the last verified token in ONE forward pass, the verifier keeps the longest accepted prefix plus one target token, the target KV
 cache rolls back to the accepted length (a pointer move) and the target features of the kept
-tokens become new drafter context. Autoregressive mode ("ar") is the same loop with no drafter
+tokens become new drafter context. With a dynamic draft length (`DFlashProposer.draft_confidence`)
+each row verifies only its confident leading drafts and the pass is as long as the longest of
+them. Autoregressive mode ("ar") is the same loop with no drafter
 and blocks of one token: the baseline every speedup is measured against.
 
 Requests of different lengths decode together with ragged acceptance; each request has its own
@@ -229,13 +231,18 @@ class Engine:
         # row can draft (positions only grow), the step is autoregressive and skips the drafter
         can_draft = [mode == "dflash" and k > 0 and r.start + block <= self.proposer.max_position for r in batch]
         drafting = any(can_draft)
-        step = k + 1 if drafting else 1
         drafts = None
         tokens = last[:, None]
+        # per row: drafts verified this step (max_draft_len, or fewer with a dynamic draft length)
+        lens = [0] * len(batch)
         if drafting:
             drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
                                            [r.generator for r in batch])
-            tokens = torch.cat([tokens, drafts.tokens], dim=1)
+            lens = [(k if drafts.lengths is None else min(drafts.lengths[j], k)) if can_draft[j] else 0
+                    for j in range(len(batch))]
+            k = max(lens)  # the verify pass is as long as the longest draft kept
+            tokens = torch.cat([tokens, drafts.tokens[:, :k]], dim=1)
+        step = k + 1 if drafting else 1
         positions = starts[:, None] + torch.arange(step, device=dev)
         feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
         # logits are computed below, only where the verifier reads them
@@ -244,14 +251,14 @@ class Engine:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
         greedy = [j for j, r in enumerate(batch) if r.params.greedy]
         sampled = [j for j, r in enumerate(batch) if not r.params.greedy]
-        g_acc, g_next = self._verify_greedy(greedy, batch, can_draft, tokens, out.hidden)
+        g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, out.hidden)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
         if sampled:  # speculative sampling reads p at every position: all logits of those rows
             s_logits = self.target.compute_logits(out.hidden[torch.tensor(sampled, device=dev)])  # [s, step, V]
             s_logits = dict(zip(sampled, s_logits))
         token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):
-            kj = k if can_draft[j] else 0
+            kj = lens[j]
             if r.params.greedy:
                 acc, nxt = verdict[j]
             else:
@@ -264,9 +271,9 @@ class Engine:
             m.drafted_tokens += kj
             kept = min(acc, taken)
             m.accepted_tokens += kept
-            if k:
+            if mode == "dflash":
                 if not m.accepted_per_position:
-                    m.accepted_per_position = [0] * k
+                    m.accepted_per_position = [0] * self.proposer.max_draft_len
                 for pos in range(kept):
                     m.accepted_per_position[pos] += 1
             r.start += acc + 1
@@ -276,28 +283,30 @@ class Engine:
             # hold rejected drafts' features and stay masked until overwritten.
             self.proposer.add_context(out.features, positions, rows)
 
-    def _verify_greedy(self, rows: list[int], batch: list[_Request], can_draft: list[bool], tokens: torch.Tensor,
+    def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
                        hidden: torch.Tensor) -> tuple[list[int], list[int]]:
         """Greedy verdicts (accepted, next_token) of batch rows `rows`, given the step's tokens
-        [n, step] and final-normed target hidden states [n, step, H]. A row that may not draft
-        this step accepts nothing and takes the target's own token."""
+        [n, step], final-normed target hidden states [n, step, H] and each row's number of drafts
+        `lens` (<= step - 1; a row without drafts this step takes the target's own token)."""
         if not rows:
             return [], []
         dev, step = hidden.device, hidden.shape[1]
         idx = torch.tensor(rows, device=dev)
         drafts = tokens[idx, 1:]  # [g, step - 1], a copy
-        no_draft = torch.tensor([not can_draft[j] for j in rows], device=dev)
-        drafts[no_draft] = self.target.config.vocab_size  # an id the target never outputs: never accepted
-        first = torch.tensor([self._first_logits(batch[j], can_draft[j], step) for j in rows], device=dev)
+        num = torch.tensor([lens[j] for j in rows], device=dev)
+        unverified = torch.arange(step - 1, device=dev)[None, :] >= num[:, None]
+        drafts[unverified] = self.target.config.vocab_size  # an id the target never outputs: never accepted
+        first = torch.tensor([self._first_logits(batch[j], lens[j], step) for j in rows], device=dev)
         return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first)
 
-    def _first_logits(self, r: _Request, may_draft: bool, step: int) -> int:
+    def _first_logits(self, r: _Request, num_drafts: int, step: int) -> int:
         """How many block positions request r's greedy verification computes logits for up front
         (the others only if its drafts all match there): 1 without drafts; `lazy_logits` while
-        its drafts rarely get that far (LAZY_MAX_ACCEPT_RATE); else all `step` in one product."""
+        its drafts rarely get that far (LAZY_MAX_ACCEPT_RATE); else all it verifies in one product."""
         c, m = self.lazy_logits, r.metrics
-        if not may_draft:
+        if not num_drafts:
             return 1
+        step = min(step, num_drafts + 1)  # positions past its own drafts are never read
         if not 0 < c < step:
             return step
         rate = m.accepted_per_position[c - 1] / m.verify_steps if m.verify_steps and m.accepted_per_position else 0.0

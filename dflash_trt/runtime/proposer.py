@@ -23,10 +23,26 @@ class DraftBatch:
 
     tokens: [n, k] int64, k = the proposer's max_draft_len (at most block_size - 1) drafts per row.
     probs:  list of n entries, each [k, V] float32 q (sampled drafts) or None (argmax drafts).
+    lengths: per row, how many of its k drafts to verify (dynamic draft length, 0..k), or None:
+        all k for every row.
     """
 
     tokens: torch.Tensor
     probs: list[torch.Tensor | None]
+    lengths: list[int] | None = None
+
+
+def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list[int]:
+    """Dynamic draft length: per row, the longest prefix of drafts whose running product of
+    confidences stays >= threshold.
+
+    Args:
+        confidence: [n, k] float, the drafter's probability of its draft at each position, in [0, 1].
+        threshold: in [0, 1); 0 keeps all k.
+    Returns:
+        n ints in [0, k].
+    """
+    return (confidence.double().cumprod(1) >= threshold).sum(1).tolist()  # the product only falls
 
 
 class DFlashProposer:
@@ -42,12 +58,23 @@ class DFlashProposer:
     setting). A smaller value pays when late positions are rarely accepted and verifying a position
     costs more than it gains (a weak drafter on a compute-bound device).
 
+    `draft_confidence` (dynamic draft length; 0 = off) cuts each row's draft where the drafter
+    itself stops being confident: the row verifies its first m drafts, m the longest prefix whose
+    product of the drafter's top-token probabilities (q's largest entry at each position) is
+    >= draft_confidence; m may be 0 (then the step verifies only the target's own next token).
+    The same idea as EAGLE-2's confidence-driven draft tree (Li et al. 2024, sec. 4: the drafter's
+    confidence approximates the acceptance rate). It only changes how many drafts are verified,
+    and the length is a function of the drafter's outputs alone, so greedy output stays the
+    target's and sampling keeps the target's distribution. It pays where verifying a position
+    costs real compute (a CPU: the verify pass grows with its length), not on a GPU at batch 1.
+
     Raises:
-        ConfigError: block_size < 2, or max_draft_len outside [1, block_size - 1].
+        ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1], or
+            draft_confidence outside [0, 1).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
-                 sample_drafts: bool = True, max_draft_len: int | None = None):
+                 sample_drafts: bool = True, max_draft_len: int | None = None, draft_confidence: float = 0.0):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
@@ -58,6 +85,9 @@ class DFlashProposer:
             raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {self.block_size - 1}], got "
                               f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts (lower "
                               "--max-draft-len or raise --block-size)")
+        if not 0.0 <= draft_confidence < 1.0:
+            raise ConfigError(f"draft_confidence must be in [0, 1) (0 = verify every draft), got {draft_confidence}")
+        self.draft_confidence = float(draft_confidence)
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
@@ -109,15 +139,19 @@ class DFlashProposer:
         else:  # [n, k, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
             logits = head_matmul(hidden.reshape(n * k, -1), self.draft_head).float().view(n, k, -1)
         tokens = logits.argmax(-1)
+        confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
         probs: list[torch.Tensor | None] = [None] * n
         for r, p in enumerate(params):
             if not p.greedy and self.sample_drafts:
                 q = probs_from_logits(logits[r], p)
                 tokens[r] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
+                if confidence is not None:
+                    confidence[r] = q.amax(-1)
                 if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab
                     full = q.new_zeros(q.shape[0], self.target.config.vocab_size)
                     q = full.index_copy_(1, self.draft_ids, q)
                 probs[r] = q
         if self.draft_ids is not None:
             tokens = self.draft_ids[tokens]
-        return DraftBatch(tokens, probs)
+        lengths = None if confidence is None else confident_prefix_lengths(confidence, self.draft_confidence)
+        return DraftBatch(tokens, probs, lengths)

@@ -1,7 +1,8 @@
 """Per-request decoding statistics, returned by the decode loop (never printed by it).
 
 Definitions (TensorRT-LLM / DFlash paper names):
-- drafted_tokens: draft tokens proposed to the verifier (block_size - 1 per verify step).
+- drafted_tokens: draft tokens handed to the verifier (max_draft_len, default block_size - 1, per
+  verify step; fewer with a dynamic draft length, `DFlashProposer.draft_confidence`).
 - accepted_tokens: draft tokens the target kept AND that were emitted (nothing past a stop).
 - verify_steps: target forward passes after prefill that decoded this request.
 - acceptance_length (tau): tokens emitted per verify step = (accepted + bonus/recovered) / steps.

@@ -28,10 +28,11 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     d = modes["dflash"]
     assert 1.0 <= d["acceptance_length"] <= 16 and 0.0 <= d["acceptance_rate"] <= 1.0
     assert len(d["acceptance_by_position"]) == res["config"]["block_size"] - 1
+    assert d["drafts_per_step"] == 15 and res["config"]["draft_confidence"] == 0.0  # no dynamic draft length
     assert modes["hf"]["acceptance_length"] is None
     for name in ("results.md", "tau_histogram.png", "acceptance_by_position.png", "speedup.png"):
         assert (out / name).stat().st_size > 0
-    assert "| dataset | mode | tau |" in (out / "results.md").read_text()
+    assert "| dataset | mode | tau | acceptance rate | drafts / step |" in (out / "results.md").read_text()
 
 
 def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):

@@ -137,3 +137,20 @@ def test_max_draft_len_flag_sets_the_drafts_verified_per_step(monkeypatch, capsy
     assert "warning: --max-draft-len only affects DFlash drafting; ignored here (no dflash mode runs)" in err
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "16")
     assert code == 1 and "max_draft_len must be in [1, block_size - 1 = 15]" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsys):
+    """--draft-confidence 0.3: fewer than 15 drafts verified per step, the same tokens as --mode ar;
+    out of [0, 1) is a usage error before any model loads; with --mode ar it warns."""
+    args = ("--chat", "What is the capital of France?", "--max-tokens", "20", "--json")
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "0.3")
+    assert code == 0, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    m = obj["metrics"]
+    assert m["drafted_tokens"] < 15 * m["verify_steps"] and len(m["accepted_per_position"]) == 15
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar", "--draft-confidence", "0.3")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["token_ids"] == obj["token_ids"]
+    assert "warning: --draft-confidence only affects DFlash drafting; ignored here (no dflash mode runs)" in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "1")
+    assert code == 2 and "--draft-confidence" in err and "0<=x<1" in err.replace(" ", "")

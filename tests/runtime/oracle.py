@@ -10,14 +10,15 @@ from dflash_trt.runtime.proposer import DraftBatch
 
 class OracleProposer:
     """Drafts references[row][start + 1 : start + 1 + max_draft_len]; draft position j (1-based) is replaced by
-    a wrong token when j in `wrong_positions`. Same interface as DFlashProposer."""
+    a wrong token when j in `wrong_positions`. `lengths(request, start) -> int`, when given, is the
+    dynamic draft length the oracle reports for a row (DraftBatch.lengths). Same interface as DFlashProposer."""
 
     feature_layer_ids = ()
     max_position = 10**9
 
     def __init__(self, references: list[list[int]], block_size: int, wrong_positions=(), vocab_size: int = 49152,
-                 max_draft_len: int | None = None):
-        self.references, self.block_size = references, block_size
+                 max_draft_len: int | None = None, lengths=None):
+        self.references, self.block_size, self.lengths = references, block_size, lengths
         self.max_draft_len = block_size - 1 if max_draft_len is None else max_draft_len
         self.wrong_positions, self.vocab_size = set(wrong_positions), vocab_size
 
@@ -35,7 +36,8 @@ class OracleProposer:
             for j in range(1, self.max_draft_len + 1):
                 tok = ref[s + j] if s + j < len(ref) else 0
                 out[i, j - 1] = (tok + 1) % self.vocab_size if j in self.wrong_positions else tok
-        return DraftBatch(out, [None] * len(ids))
+        lengths = None if self.lengths is None else [self.lengths(r, s) for r, s in zip(ids, starts.tolist())]
+        return DraftBatch(out, [None] * len(ids), lengths)
 
 
 class _RequestRows:

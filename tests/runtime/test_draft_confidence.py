@@ -1,0 +1,105 @@
+"""Dynamic draft length (`draft_confidence`): each row verifies only its confident leading drafts.
+
+The engine handles per-row lengths in one batch (0 .. max_draft_len, ragged) with exact counts and
+the target's own output; the real drafter keeps greedy parity and verifies fewer drafts; sampling
+keeps the target's distribution; the cut rule is the running product of confidences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_trt.errors import ConfigError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.proposer import DFlashProposer, confident_prefix_lengths
+from dflash_trt.runtime.sampling import SamplingParams
+from tests.runtime.oracle import OracleProposer, chat_references
+from tests.runtime.test_sampling_distribution import CASES, pvalue, tiny  # noqa: F401 (fixture)
+
+MAX_TOKENS = 24
+CHATS = ["Write a short poem about the sea.", "Name three colours."]
+
+
+def test_confident_prefix_lengths_cut_at_the_running_product():
+    conf = torch.tensor([[0.9, 0.9, 0.9, 0.9],   # products 0.9 0.81 0.729 0.656
+                         [0.4, 1.0, 1.0, 1.0],   # 0.4 from the first position on
+                         [1.0, 1.0, 0.5, 0.99],  # 1 1 0.5 0.495
+                         [0.7, 0.2, 1.0, 1.0]], dtype=torch.float64)  # 0.7 0.14 ...
+    assert confident_prefix_lengths(conf, 0.7) == [3, 0, 2, 1]
+    assert confident_prefix_lengths(conf, 0.5) == [4, 0, 3, 1]
+    assert confident_prefix_lengths(conf, 0.0) == [4, 4, 4, 4]
+    assert confident_prefix_lengths(conf, 0.95) == [0, 0, 2, 0]
+
+
+@pytest.fixture(scope="module")
+def refs(smollm2_untrained):
+    return chat_references(smollm2_untrained, CHATS, MAX_TOKENS)
+
+
+@pytest.mark.slow
+def test_ragged_lengths_in_one_batch_accept_exactly_what_was_verified(refs):
+    """An oracle with every draft right accepts exactly the length it reports: row 0 cycles 0, 1, 2,
+    5 drafts by position, row 1 always 3; output stays the reference, counts follow the lengths."""
+    pipe, prompts, ar = refs
+    k = 7
+    pattern = lambda request, start: (0, 1, 2, 5)[start % 4] if request == 0 else 3  # noqa: E731
+    oracle = OracleProposer([p + r for p, r in zip(prompts, ar)], 16, max_draft_len=k, lengths=pattern)
+    results = Engine(pipe.engine.target, oracle).generate(
+        prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), "dflash")
+    for i, (res, ref) in enumerate(zip(results, ar)):
+        assert res.token_ids == ref
+        steps, drafted, start, emitted = 0, 0, len(prompts[i]), 1  # prefill emitted token 1
+        while emitted < MAX_TOKENS:
+            n = pattern(i, start)
+            steps, drafted = steps + 1, drafted + n
+            emitted += n + 1
+            start += n + 1
+        m = res.metrics
+        assert (m.verify_steps, m.drafted_tokens) == (steps, drafted)
+        assert len(m.accepted_per_position) == k
+
+
+@pytest.mark.slow
+def test_default_drafter_with_draft_confidence_is_lossless_and_verifies_fewer(refs):
+    from dflash_trt.models.checkpoints import load_drafter
+    from dflash_trt.models.default import default_drafter_path
+
+    pipe, prompts, ar = refs
+    target = pipe.engine.target
+    drafter = load_drafter(default_drafter_path())
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    full = Engine(target, DFlashProposer(drafter, target)).generate(prompts, params)
+    cut = Engine(target, DFlashProposer(drafter, target, draft_confidence=0.3)).generate(prompts, params)
+    assert [r.token_ids for r in full] == ar
+    assert [r.token_ids for r in cut] == ar
+    for f, c in zip(full, cut):
+        assert f.metrics.drafted_tokens == 15 * f.metrics.verify_steps
+        assert c.metrics.drafted_tokens < 15 * c.metrics.verify_steps / 2  # most of the block is cut
+        assert c.metrics.acceptance_rate > f.metrics.acceptance_rate
+
+
+@pytest.mark.parametrize("threshold, lengths", [(0.5, {0, 1}), (0.2, {1, 2, 3})])
+def test_sampling_with_draft_confidence_matches_target(tiny, threshold, lengths):  # noqa: F811
+    """Lengths 0 (only the target's token) to 3 (the whole block of 4) all occur across the two cuts."""
+    target, drafter = tiny
+    proposer = DFlashProposer(drafter, target, draft_confidence=threshold)
+    seen: list[int] = []
+    propose = proposer.propose
+
+    def recording_propose(*args):
+        drafts = propose(*args)
+        seen.extend(drafts.lengths)
+        return drafts
+
+    proposer.propose = recording_propose
+    p, rate = pvalue(Engine(target, proposer), CASES[0])
+    assert 0.05 < rate < 0.95
+    assert p > 0.001
+    assert lengths <= set(seen)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0])
+def test_draft_confidence_out_of_range_is_refused(smollm2_untrained, value):
+    pipe = smollm2_untrained
+    with pytest.raises(ConfigError, match=r"draft_confidence must be in \[0, 1\)"):
+        DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence=value)
