@@ -19,15 +19,7 @@ import torch
 from torch import nn
 
 from dflash_trt.config import DrafterConfig
-from dflash_trt.models.layers import (
-    AttentionProjections,
-    Linear,
-    RMSNorm,
-    RotaryEmbedding,
-    SwiGLU,
-    apply_rope,
-    attention,
-)
+from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
 from dflash_trt.runtime.kv_cache import KVCache
 
 
@@ -75,7 +67,7 @@ class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.config = cfg
-        self.fc = Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
+        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -30,39 +30,14 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state_dict) that can keep a second, row-major copy of its
-    weight for 2- and 3-row inputs on the CPU.
-
-    `use_transposed_weight_layout` stores `weight` [out, in] as a transposed view of a contiguous
-    [in, out] tensor: the layout the CPU BLAS (MKL, torch 2.13, AVX-512, 1 thread) runs fastest for
-    1 row and for 4-48 rows. For 2-3 rows the plain row-major layout is faster: a 30-layer
-    SmolLM2-shaped stack of projections takes ~55 ms transposed vs ~46 ms row-major at 2 rows, and
-    ~35 ms transposed at 1 row (2-core dev machine). A 2-row product is the verify pass of a step
-    that verifies one draft, the most common step of a dynamic draft length (`draft_confidence`).
-    `rows_weight` (a non-persistent buffer, None unless set) is that copy; it doubles the weight
-    memory of the layer, so it is set for CPU inference only and must be reset if `weight` changes.
-    """
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
-        super().__init__(in_features, out_features, bias, device, dtype)
-        self.register_buffer("rows_weight", None, persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.rows_weight
-        if w is None or x.device.type != "cpu" or not 2 <= x.numel() // x.shape[-1] <= 3:
-            w = self.weight
-        return F.linear(x, w, self.bias)
-
-
 class SwiGLU(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)); [..., hidden] -> [..., hidden]."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = Linear(hidden, intermediate, bias=bias)
-        self.up_proj = Linear(hidden, intermediate, bias=bias)
-        self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -191,19 +166,16 @@ def head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def use_transposed_weight_layout(module: nn.Module) -> nn.Module:
-    """Store every nn.Linear weight [out, in] as a transposed view of a contiguous [in, out] tensor;
-    on the CPU, each `Linear` also keeps the row-major weight as its `rows_weight` (see `Linear`).
+    """Store every nn.Linear weight [out, in] as a transposed view of a contiguous [in, out] tensor.
 
     Same values, same shapes and names (state_dict is unchanged but for strides); F.linear then
     multiplies by a contiguous [in, out] matrix, which the CPU BLAS runs 1.3-2.4x faster for the
     16-row verify/draft passes in float32 (measured on the 2-core dev machine). A tied lm_head
-    (the embedding) is left as is: the embedding gathers rows. For inference (frozen weights).
+    (the embedding) is left as is: the embedding gathers rows.
     """
     for sub in module.modules():
         if isinstance(sub, nn.Linear):
             w = sub.weight
-            if isinstance(sub, Linear) and w.device.type == "cpu":
-                sub.rows_weight = w.detach().contiguous()
             sub.weight = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
     return module
 
@@ -218,10 +190,10 @@ class AttentionProjections(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = Linear(hidden, heads * head_dim, bias=bias)
-        self.k_proj = Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.v_proj = Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.o_proj = Linear(heads * head_dim, hidden, bias=bias)
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.scale = head_dim**-0.5
