@@ -15,6 +15,7 @@ def markdown_table(results: dict) -> str:
     cfg = results.get("config", {})
     lines = [
         f"Target `{cfg.get('target')}`, drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, "
+        f"max draft len {cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}, "
         f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {cfg.get('num_prompts')} prompts "
         f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
         f"{results.get('machine', {}).get('threads')} threads. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",

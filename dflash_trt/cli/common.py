@@ -75,9 +75,17 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
+def _not_nan(ctx, param, value: float) -> float:
+    """click's FloatRange lets nan through (every comparison with nan is False)."""
+    if value != value:
+        raise click.BadParameter("nan is not a number in [0, 1); use e.g. 0.3, or 0 to verify every draft")
+    return value
+
+
 #: --draft-confidence, shared by `generate` and `bench` (DFlashProposer.draft_confidence).
 draft_confidence_option = click.option(
     "--draft-confidence", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
+    callback=_not_nan,
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
          "probabilities stays >= this (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
          "where each verified position costs compute.")

@@ -154,3 +154,5 @@ def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsy
     assert "warning: --draft-confidence only affects DFlash drafting; ignored here (no dflash mode runs)" in err
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "1")
     assert code == 2 and "--draft-confidence" in err and "0<=x<1" in err.replace(" ", "")
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "nan")
+    assert code == 2 and "nan is not a number in [0, 1)" in err
