@@ -62,7 +62,7 @@ class DFlashProposer:
     itself stops being confident: the row verifies its first m drafts, m the longest prefix whose
     product of the drafter's top-token probabilities (q's largest entry at each position) is
     >= draft_confidence; m may be 0 (then the step verifies only the target's own next token).
-    The same idea as EAGLE-2's confidence-driven draft tree (Li et al. 2024, sec. 4: the drafter's
+    The same idea as EAGLE-2's confidence-driven draft tree (Li et al. 2024, "EAGLE-2": the drafter's
     confidence approximates the acceptance rate). It only changes how many drafts are verified,
     and the length is a function of the drafter's outputs alone, so greedy output stays the
     target's and sampling keeps the target's distribution. It pays where verifying a position
