@@ -47,6 +47,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _legend_or_note(ax, note: str) -> None:
+    """A legend when the plot has labelled data, else `note` in the middle of the axes (an empty
+    plot, e.g. a run without the dflash mode, says why instead of warning about missing labels)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+
+
 def plots(results: dict, out_dir: Path) -> list[Path]:
     """tau histogram, acceptance by block position (dflash), speedup per dataset. Returns the PNG paths."""
     import matplotlib
@@ -63,7 +72,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
             ax.hist(taus, bins=20, alpha=0.6, label=ds)
     ax.set_xlabel("acceptance length tau per prompt (dflash)")
     ax.set_ylabel("prompts")
-    ax.legend()
+    _legend_or_note(ax, "no dflash mode in this run")
     paths.append(_save(fig, out_dir / "tau_histogram.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -74,7 +83,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.set_xlabel("draft position in block")
     ax.set_ylabel("fraction of verify steps accepted")
     ax.set_ylim(0, 1)
-    ax.legend()
+    _legend_or_note(ax, "no dflash mode in this run")
     paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -87,6 +96,6 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
     ax.set_ylabel("speedup vs ar (tokens/s ratio)")
-    ax.legend()
+    _legend_or_note(ax, "only ar in this run: nothing to compare")
     paths.append(_save(fig, out_dir / "speedup.png"))
     return paths

@@ -65,6 +65,7 @@ class BuildReport:
     steps: list[StepResult] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)
     manifest: dict = field(default_factory=dict)
+    running: str | None = None  # the step in progress (named by the error when it fails)
 
     @property
     def total_seconds(self) -> float:
@@ -165,8 +166,8 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
             if isinstance(exc, DFlashError) and not isinstance(exc, BuildError):
                 raise BuildError(f"{exc}\n(build failed; nothing was written to {out})") from exc
             raise
-        step = report.steps[-1].name if report.steps else "start"
-        raise BuildError(f"build failed after step '{step}': {type(exc).__name__}: {exc}; nothing was written to "
+        where = f"in step '{report.running}'" if report.running else "before its first step"
+        raise BuildError(f"build failed {where}: {type(exc).__name__}: {exc}; nothing was written to "
                          f"{out}") from exc
     return report
 
@@ -186,9 +187,11 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
 
     def step(i: int, name: str, fn):
         log(f"[{i}/{total}] {name} ...")
+        report.running = name
         t0 = time.perf_counter()
         detail = fn() or ""
         report.steps.append(StepResult(name, time.perf_counter() - t0, detail))
+        report.running = None
         log(f"[{i}/{total}] {name}: done in {report.steps[-1].seconds:.1f} s {detail}")
 
     state: dict = {}

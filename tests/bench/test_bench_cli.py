@@ -40,3 +40,16 @@ def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 1 and "unknown mode(s) ['eagle']" in capsys.readouterr().err
+
+
+def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):
+    import warnings
+
+    from dflash_trt.bench.report import plots
+
+    results = {"datasets": {"humaneval": {"modes": {"ar": {"tau_per_prompt": None}}, "speedup_vs_ar": {"ar": 1.0}}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found" was printed 3 times
+        paths = plots(results, tmp_path)
+    assert [p.name for p in paths] == ["tau_histogram.png", "acceptance_by_position.png", "speedup.png"]
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -125,6 +125,20 @@ def test_failed_build_leaves_nothing(tmp_path, tiny_pair):
     assert not out.exists() and leftovers(out.parent, "x") == []
 
 
+def test_failed_build_names_the_step_that_failed(tmp_path, tiny_pair, monkeypatch):
+    from dflash_trt.build import trtllm
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trtllm, "copy_drafter", broken)  # step 4: a failure that is not ours
+    out = tmp_path / "engines" / "y"
+    with pytest.raises(BuildError, match=r"build failed in step 'drafter \(none\)': OSError: disk full; nothing was "
+                                         r"written to"):
+        build_bundle(*tiny_pair, out, quant="none")
+    assert not out.exists() and leftovers(out.parent, "y") == []
+
+
 def test_failed_rebuild_with_force_keeps_the_old_bundle(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
     out = tmp_path / "old"
     shutil.copytree(tiny_bundle_fp8_tp3, out)
