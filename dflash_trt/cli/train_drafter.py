@@ -133,6 +133,9 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "draft vocabulary are kept).")
 @click.option("--soft-weight", default=0.5, show_default=True, type=click.FloatRange(0, 1),
               help="Share of the soft-label (target distribution) loss.")
+@click.option("--gamma", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Loss decay over block positions, weight exp(-(k-1)/gamma) (default: the paper's, 7 for "
+                   "block 16; smaller puts more weight on the first drafts).")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=6e-4, show_default=True, type=float)
@@ -159,7 +162,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "(saves ~7 KB of disk per token; worth it on a GPU).")
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
-                  anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
+                  gamma, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     from dflash_trt.cli.common import jsonl_file
@@ -237,7 +240,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         calib = torch.cat([f[:64].float() for f in first]).to(device)  # q/k scale calibration
         src_layers = init_from_target(drafter, model, None, calib)
     tc = TrainConfig(block_size=block_size, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, epochs=epochs,
-                     lr=lr, soft_weight=soft_weight, max_seq_len=max_seq_len, seed=seed,
+                     lr=lr, soft_weight=soft_weight, gamma=gamma, max_seq_len=max_seq_len, seed=seed,
                      checkpoint_every=checkpoint_every)
     state = train(drafter, data, tc, work / "run", resume=resume,
                   time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps,

@@ -116,6 +116,26 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     assert oct((out).stat().st_mode & 0o777) == "0o755"
 
 
+def test_gamma_sets_the_loss_decay(tmp_path, target_with_tokenizer):
+    prompts = _prompts(tmp_path, 8)
+
+    def run(name, *extra):
+        out = tmp_path / name
+        res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(prompts),
+                    "--work-dir", str(tmp_path / "work" / name), "--num-layers", "1", "--block-size", "4",
+                    "--epochs", "1", "--target-layer-ids", "0,1", "--max-new-tokens", "12", "--mask-token-id",
+                    str(MASK), "--init", "random", "--soft-weight", "0", *extra])
+        assert res.exit_code == 0, res.output + repr(res.exception)
+        return json.loads((out / "training.json").read_text())
+
+    default, sharp = run("default"), run("sharp", "--gamma", "0.5")
+    assert default["train_config"]["gamma"] is None and sharp["train_config"]["gamma"] == 0.5
+    # same data, anchors and init (2 steps): only the position weights differ, and so does the loss
+    assert default["history"][0]["hard_ce"] != pytest.approx(sharp["history"][0]["hard_ce"], rel=1e-6)
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "x"), "--gamma", "0"])
+    assert res.exit_code == 2 and "--gamma" in res.output
+
+
 def test_online_features_train_like_cached_ones(tmp_path, target_with_tokenizer):
     """--online-features caches tokens only; training on features computed per step reaches the
     same result as training on the bfloat16 feature cache, up to that cache's rounding."""
