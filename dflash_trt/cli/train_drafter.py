@@ -136,6 +136,11 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--gamma", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Loss decay over block positions, weight exp(-(k-1)/gamma) (default: the paper's, 7 for "
                    "block 16; smaller puts more weight on the first drafts).")
+@click.option("--val-samples", default=0, show_default=True, type=click.IntRange(0),
+              help="Hold out N target-written samples (a seeded random subset, never trained on) and measure "
+                   "their teacher-forced acceptance length at every checkpoint (training.json, loss.png).")
+@click.option("--keep-best", is_flag=True,
+              help="Export the checkpoint with the best held-out acceptance (needs --val-samples), not the last.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=6e-4, show_default=True, type=float)
@@ -162,13 +167,15 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "(saves ~7 KB of disk per token; worth it on a GPU).")
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
-                  gamma, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
+                  gamma, val_samples, keep_best, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, data_only, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     from dflash_trt.cli.common import jsonl_file
     from dflash_trt.models.checkpoints import check_device
 
     jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
+    if keep_best and not val_samples:
+        raise click.UsageError("--keep-best needs --val-samples N: the held-out samples that pick the best checkpoint")
     check_device(device)
     init_dir = _init_drafter_dir(init_mode)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
@@ -240,7 +247,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         calib = torch.cat([f[:64].float() for f in first]).to(device)  # q/k scale calibration
         src_layers = init_from_target(drafter, model, None, calib)
     tc = TrainConfig(block_size=block_size, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, epochs=epochs,
-                     lr=lr, soft_weight=soft_weight, gamma=gamma, max_seq_len=max_seq_len, seed=seed,
+                     lr=lr, soft_weight=soft_weight, gamma=gamma, val_samples=val_samples, max_seq_len=max_seq_len, seed=seed,
                      checkpoint_every=checkpoint_every)
     state = train(drafter, data, tc, work / "run", resume=resume,
                   time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps,
@@ -252,6 +259,12 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         if not export_partial:
             return
     last = state.history[-1] if state.history else {}
+    exported_step = state.step
+    if keep_best and state.best_step is not None and state.best_step != state.step:
+        from dflash_trt.training.trainer import BEST
+
+        drafter.load_state_dict(torch.load(work / "run" / BEST, weights_only=True)["drafter"])
+        exported_step = state.best_step
     info = {
         "target": str(path), "command": "dflash-trt " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "data": {"samples": stats.samples, "prompt_tokens": stats.prompt_tokens,
@@ -271,8 +284,18 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),
         "final_train_acceptance_estimate": 1 + last.get("accepted", 0.0),
         "history": state.history,
+        "exported_step": exported_step,
     }
+    if val_samples:
+        info["validation"] = {"samples": val_samples, "anchors_per_sample": anchors,
+                              "metric": "teacher-forced acceptance length on held-out target-written samples",
+                              "best_step": state.best_step, "best_acceptance_length": state.best_acceptance_length,
+                              "history": state.val_history}
     dtype = torch.bfloat16 if export_dtype == "bfloat16" else torch.float32
     final = export_drafter(drafter, out, info, state.history, dtype)
-    click.echo(f"wrote trained drafter to {final} ({state.step} steps, final loss {last.get('loss', float('nan')):.3f}, "
-               f"{time.perf_counter() - t_begin:.0f} s in this run)")
+    held = ""
+    if state.val_history:
+        held = (f", held-out acceptance {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
+                f"{state.best_acceptance_length:.3f} at step {state.best_step}")
+    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, final loss "
+               f"{last.get('loss', float('nan')):.3f}{held}, {time.perf_counter() - t_begin:.0f} s in this run)")

@@ -39,8 +39,10 @@ def versions() -> dict:
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 
-def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafter training") -> None:
-    """Write a PNG of loss (and the training-time acceptance estimate) against step."""
+def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafter training",
+              val_history: list[dict] | None = None) -> None:
+    """Write a PNG of loss (and the training-time acceptance estimate) against step; with
+    `val_history` (trainer `TrainState.val_history`) also the held-out acceptance per checkpoint."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,7 +56,10 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafte
     ax.set_ylabel("decay-weighted cross-entropy")
     ax2 = ax.twinx()
     ax2.plot(steps, [1 + h["accepted"] for h in history], label="train acceptance estimate", color="tab:orange")
-    ax2.set_ylabel("1 + leading correct positions (train blocks)")
+    if val_history:
+        ax2.plot([v["step"] for v in val_history], [v["acceptance_length"] for v in val_history], marker="o",
+                 label="held-out acceptance (teacher-forced)", color="tab:red")
+    ax2.set_ylabel("1 + leading correct positions")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right")
@@ -104,7 +109,8 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
 
     Contents: config.json (trained; `draft_vocab_size` when reduced), model.safetensors (floating
     weights in `dtype`; `d2t` int64 when reduced), training.json (`training_info` + versions),
-    loss.png (when `history` is not empty), README.md (which loaders accept it), plus `extra_files`
+    loss.png (when `history` is not empty; with the held-out acceptance of `training_info["validation"]
+    ["history"]` when there is one), README.md (which loaders accept it), plus `extra_files`
     {name: text or bytes}.
     Returns the final path.
     """
@@ -121,7 +127,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
         info = dict(training_info, versions=versions())
         (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
         if history:
-            plot_loss(history, tmp / "loss.png")
+            plot_loss(history, tmp / "loss.png", val_history=(training_info.get("validation") or {}).get("history"))
         (tmp / "README.md").write_text(bundle_readme(cfg, info))
         for name, content in (extra_files or {}).items():
             target = tmp / name

@@ -49,6 +49,8 @@ class TrainConfig:
 
     seqs_per_step sequences x anchors_per_seq blocks make one optimizer step. epochs may be
     fractional. soft_weight: share of the soft-label (distillation) cross-entropy in the loss.
+    val_samples: samples held out of training (a seeded random subset) to measure the held-out
+    acceptance at every checkpoint (`validate`); 0 = none, every sample trains.
     """
 
     block_size: int = 16
@@ -65,6 +67,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 100
     log_every: int = 10
+    val_samples: int = 0
 
     def total_steps(self, num_samples: int) -> int:
         return max(1, math.ceil(self.epochs * num_samples / self.seqs_per_step))
@@ -73,7 +76,9 @@ class TrainConfig:
 @dataclass
 class TrainState:
     """What a run has done so far. history: one dict per logged step (step, loss, hard_ce, soft_ce,
-    accepted, lr, blocks_per_s)."""
+    accepted, lr, blocks_per_s); val_history: one dict per checkpoint with held-out samples (step,
+    acceptance_length, hard_ce, blocks; see `validate`); best_step / best_acceptance_length: the
+    checkpoint with the highest held-out acceptance so far (its weights are run_dir/best.pt)."""
 
     step: int = 0
     total_steps: int = 0
@@ -82,6 +87,9 @@ class TrainState:
     blocks: int = 0
     finished: bool = False
     budget_fitted: bool = False
+    val_history: list[dict] = field(default_factory=list)
+    best_step: int | None = None
+    best_acceptance_length: float | None = None
 
 
 @dataclass
@@ -115,6 +123,23 @@ def _sample_slot(cfg: TrainConfig, n: int, slot: int) -> int:
     return int(perm[slot % n])
 
 
+def split_validation(n: int, cfg: TrainConfig) -> tuple[list[int], list[int]]:
+    """(validation, training) sample indices: a seeded random subset of cfg.val_samples held out,
+    the rest in their original order (all of them when val_samples is 0).
+
+    Raises:
+        DFlashError: val_samples leaves no sample to train on.
+    """
+    if cfg.val_samples <= 0:
+        return [], list(range(n))
+    if cfg.val_samples >= n:
+        raise DFlashError(f"--val-samples {cfg.val_samples} leaves nothing to train on ({n} samples); "
+                          "hold out fewer or add prompts")
+    held = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7919 + 104729))[: cfg.val_samples]
+    held_set = set(held.tolist())
+    return sorted(held_set), [i for i in range(n) if i not in held_set]
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -123,6 +148,115 @@ def _atomic_save(obj, path: Path) -> None:
 
 #: Steps timed (after 5 warm-up steps) before a time budget fixes the schedule's length.
 BUDGET_PROBE_STEPS = 20
+
+BEST = "best.pt"
+
+
+@dataclass
+class _Frozen:
+    """What every batch of a run needs on the drafter's device: the frozen target tensors, the
+    loss weights over block positions, the mask id."""
+
+    t2d: torch.Tensor
+    head: torch.Tensor
+    embed: torch.Tensor
+    weights: torch.Tensor
+    mask_id: int
+    dev: torch.device
+
+    @classmethod
+    def of(cls, drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig) -> _Frozen:
+        dev = next(iter(drafter.parameters())).device  # every per-step tensor goes there
+        gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
+        return cls(data.t2d.to(dev), data.head.to(dev), data.embed.to(dev), decay_weights(cfg.block_size, gamma).to(dev),
+                   drafter.config.mask_token_id, dev)
+
+
+def _batch_loss(drafter: DFlashDrafter, data: TrainData, indices: list[int], anchor_seeds: list[int],
+                cfg: TrainConfig, fz: _Frozen, soft_weight: float):
+    """The loss of one batch: the blocks at anchors of samples `indices` (anchors of sample j drawn
+    with seed anchor_seeds[j]), all sequences in ONE drafter pass (blocks padded to the most
+    anchors: anchor 0, labels -1; features to the longest context, never visible).
+
+    Returns:
+        (LossOutput, number of real blocks), or (None, 0) when no sample has an anchor.
+    """
+    dev = fz.dev
+    use_soft = soft_weight > 0
+    if data.features is None:
+        step_feats, step_teach = data.online(indices)
+    else:
+        step_feats, step_teach = [data.features[i] for i in indices], (
+            [data.teacher[i] for i in indices] if data.teacher is not None else None)
+    rows = []
+    for j, (seed, i) in enumerate(zip(anchor_seeds, indices)):
+        tokens = data.tokens[i][: cfg.max_seq_len + 1]
+        anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, torch.Generator().manual_seed(seed))
+        if anchors.numel():
+            rows.append((j, anchors, *block_inputs(tokens, anchors, cfg.block_size, fz.mask_id)))
+    if not rows:
+        return None, 0
+    a_max = max(r[1].numel() for r in rows)
+    ctx = max(int(r[1].max()) for r in rows)
+    b = cfg.block_size
+    anchors = torch.zeros(len(rows), a_max, dtype=torch.int64)
+    ids = torch.full((len(rows), a_max, b), fz.mask_id, dtype=torch.int64)
+    positions = torch.arange(b).repeat(len(rows), a_max, 1)
+    labels = torch.full((len(rows), a_max, b - 1), -1, dtype=torch.int64)
+    feats = torch.zeros(len(rows), ctx, step_feats[rows[0][0]].shape[1], device=dev)
+    for r, (j, anc, ids_r, pos_r, lab_r) in enumerate(rows):
+        n_a = anc.numel()
+        anchors[r, :n_a], ids[r, :n_a], positions[r, :n_a], labels[r, :n_a] = anc, ids_r, pos_r, lab_r
+        f = step_feats[j][: int(anc.max())]
+        feats[r, : f.shape[0]] = f.to(dev).float()
+    teacher = None
+    if use_soft:
+        teacher = torch.zeros(len(rows), a_max, b - 1, fz.embed.shape[1], device=dev)
+        for r, (j, anc, _, pos_r, _) in enumerate(rows):
+            t_j = step_teach[j]
+            pos = (pos_r[:, 1:] - 1).clamp(max=t_j.shape[0] - 1)
+            teacher[r, : anc.numel()] = t_j[pos.to(t_j.device)].to(dev).float()
+    anchors, ids, positions, labels = anchors.to(dev), ids.to(dev), positions.to(dev), labels.to(dev)
+    hidden = drafter_block_hidden(drafter, fz.embed, feats, ids, positions, anchors)
+    draft_labels = torch.where(labels >= 0, fz.t2d[labels.clamp(min=0)], labels)
+    out = block_loss(hidden, draft_labels, fz.head, fz.weights, teacher, soft_weight)
+    return out, sum(r[1].numel() for r in rows)
+
+
+def _val_anchor_seed(cfg: TrainConfig, index: int) -> int:
+    return cfg.seed * 1_000_003 + 500_000_000 + index  # fixed per held-out sample, apart from training's
+
+
+@torch.no_grad()
+def validate(drafter: DFlashDrafter, data: TrainData, indices: list[int], cfg: TrainConfig,
+             fz: _Frozen | None = None) -> dict:
+    """Held-out acceptance of the drafter, teacher-forced: on the held-out samples `indices`, the
+    same anchors every time (cfg.anchors_per_seq per sample, seeded by the sample), the number of
+    leading block positions whose argmax equals the target's token, as in greedy verification
+    with the committed context being the target's own output (the drafter sees the target's
+    features of every token before its anchor). This is what `dflash_trt.training.evaluate`
+    measures by decoding, at a fraction of the cost; it ranks checkpoints the same way.
+
+    Returns:
+        {"acceptance_length": 1 + mean leading correct positions per sample (float),
+         "hard_ce": mean decay-weighted cross-entropy on the target's tokens, "blocks": int}.
+    """
+    fz = fz or _Frozen.of(drafter, data, cfg)
+    was_training = drafter.training
+    drafter.eval()
+    acc = ce = 0.0
+    seqs = blocks = 0
+    for start in range(0, len(indices), cfg.seqs_per_step):
+        chunk = indices[start : start + cfg.seqs_per_step]
+        out, nb = _batch_loss(drafter, data, chunk, [_val_anchor_seed(cfg, i) for i in chunk], cfg, fz, 0.0)
+        if out is not None:
+            acc += out.accepted * out.sequences
+            ce += out.hard_ce * out.sequences
+            seqs += out.sequences
+            blocks += nb
+    drafter.train(was_training)
+    seqs = max(seqs, 1)
+    return {"acceptance_length": 1 + acc / seqs, "hard_ce": ce / seqs, "blocks": blocks}
 
 
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
@@ -154,24 +288,23 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     n = len(data)
     if n == 0 or not any(len(t) - p >= 2 for t, p in zip(data.tokens, data.prompt_len)):
         raise DFlashError("no training sample has a response of at least 2 tokens; check the prompts and data")
+    val_idx, train_idx = split_validation(n, cfg)
+    n_train = len(train_idx)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    state = TrainState(total_steps=cfg.total_steps(n))
+    state = TrainState(total_steps=cfg.total_steps(n_train))
     if ckpt_path.is_file():
         if not resume:
             raise DFlashError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
                               "or remove the folder to start over")
         ck = torch.load(ckpt_path, weights_only=False)
-        if ck["config"] != asdict(cfg) or ck["num_samples"] != n:
+        # fields added later take their defaults in older checkpoints
+        if {**asdict(TrainConfig()), **ck["config"]} != asdict(cfg) or ck["num_samples"] != n:
             raise DFlashError(f"{ckpt_path} was made with other training settings or data; remove it to start over")
         drafter.load_state_dict(ck["drafter"])
         opt.load_state_dict(ck["optimizer"])
         state = TrainState(**ck["state"])
-    dev = next(iter(params)).device  # the drafter's device: every per-step tensor goes there
-    gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
-    weights = decay_weights(cfg.block_size, gamma).to(dev)
-    t2d, head, embed = data.t2d.to(dev), data.head.to(dev), data.embed.to(dev)
-    mask_id = drafter.config.mask_token_id
+    fz = _Frozen.of(drafter, data, cfg)
     use_soft = cfg.soft_weight > 0 and (data.teacher is not None or data.online is not None)
     drafter.train()
 
@@ -179,6 +312,18 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state),
                       "config": asdict(cfg), "num_samples": n}, ckpt_path)
 
+    def validate_checkpoint() -> None:
+        """Held-out acceptance of the current weights (once per step); best.pt keeps the best."""
+        if state.val_history and state.val_history[-1]["step"] == state.step:
+            return
+        rec = {"step": state.step, **validate(drafter, data, val_idx, cfg, fz)}
+        state.val_history.append(rec)
+        if state.best_acceptance_length is None or rec["acceptance_length"] > state.best_acceptance_length:
+            state.best_step, state.best_acceptance_length = state.step, rec["acceptance_length"]
+            _atomic_save({"drafter": drafter.state_dict(), "step": state.step}, run / BEST)
+
+    if val_idx and state.step == 0:
+        validate_checkpoint()  # the starting weights (an --init drafter may already be the best)
     t_start = t_begin = time.perf_counter()
     first_step, t_probe = state.step, None
     bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
@@ -189,51 +334,14 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        step_blocks, parts = 0, []
         slots = [state.step * cfg.seqs_per_step + j for j in range(cfg.seqs_per_step)]
-        indices = [_sample_slot(cfg, n, slot) for slot in slots]
-        if data.features is None:
-            step_feats, step_teach = data.online(indices)
-        else:
-            step_feats, step_teach = [data.features[i] for i in indices], (
-                [data.teacher[i] for i in indices] if data.teacher is not None else None)
-        # one batch of all the step's sequences: blocks padded to the most anchors (padding
-        # blocks: anchor 0, labels -1), features to the longest context (never visible)
-        rows = []
-        for j, (slot, i) in enumerate(zip(slots, indices)):
-            tokens = data.tokens[i][: cfg.max_seq_len + 1]
-            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + slot)
-            anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, gen)
-            if anchors.numel():
-                rows.append((j, anchors, *block_inputs(tokens, anchors, cfg.block_size, mask_id)))
-        if rows:
-            a_max = max(r[1].numel() for r in rows)
-            ctx = max(int(r[1].max()) for r in rows)
-            b = cfg.block_size
-            anchors = torch.zeros(len(rows), a_max, dtype=torch.int64)
-            ids = torch.full((len(rows), a_max, b), mask_id, dtype=torch.int64)
-            positions = torch.arange(b).repeat(len(rows), a_max, 1)
-            labels = torch.full((len(rows), a_max, b - 1), -1, dtype=torch.int64)
-            feats = torch.zeros(len(rows), ctx, step_feats[rows[0][0]].shape[1], device=dev)
-            for r, (j, anc, ids_r, pos_r, lab_r) in enumerate(rows):
-                n_a = anc.numel()
-                anchors[r, :n_a], ids[r, :n_a], positions[r, :n_a], labels[r, :n_a] = anc, ids_r, pos_r, lab_r
-                f = step_feats[j][: int(anc.max())]
-                feats[r, : f.shape[0]] = f.to(dev).float()
-            teacher = None
-            if use_soft:
-                teacher = torch.zeros(len(rows), a_max, b - 1, data.embed.shape[1], device=dev)
-                for r, (j, anc, _, pos_r, _) in enumerate(rows):
-                    t_j = step_teach[j]
-                    pos = (pos_r[:, 1:] - 1).clamp(max=t_j.shape[0] - 1)
-                    teacher[r, : anc.numel()] = t_j[pos.to(t_j.device)].to(dev).float()
-            anchors, ids, positions, labels = anchors.to(dev), ids.to(dev), positions.to(dev), labels.to(dev)
-            hidden = drafter_block_hidden(drafter, embed, feats, ids, positions, anchors)
-            draft_labels = torch.where(labels >= 0, t2d[labels.clamp(min=0)], labels)
-            out = block_loss(hidden, draft_labels, head, weights, teacher, cfg.soft_weight if use_soft else 0.0)
+        indices = [train_idx[_sample_slot(cfg, n_train, slot)] for slot in slots]
+        out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots], cfg, fz,
+                                       cfg.soft_weight if use_soft else 0.0)
+        parts = []
+        if out is not None:
             (out.loss / cfg.seqs_per_step).backward()
             parts.append(out)
-            step_blocks += sum(r[1].numel() for r in rows)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
@@ -263,13 +371,16 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                    "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
                    "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
             state.history.append(rec)
+            extra = {"val_acc_len": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc_len=f"{1 + rec['accepted']:.2f}",
-                            tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")
+                            tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}", **extra)
             window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
         elapsed = time.perf_counter() - t_start
         out_of_time = time_limit_s is not None and elapsed >= time_limit_s
         stop_here = max_steps is not None and state.step >= max_steps
         if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
+            if val_idx:
+                validate_checkpoint()
             state.seconds += time.perf_counter() - t_start
             t_start = time.perf_counter()
             state.finished = state.step == state.total_steps

@@ -136,6 +136,33 @@ def test_gamma_sets_the_loss_decay(tmp_path, target_with_tokenizer):
     assert res.exit_code == 2 and "--gamma" in res.output
 
 
+def test_val_samples_and_keep_best(tmp_path, target_with_tokenizer):
+    from safetensors.torch import load_file
+
+    from dflash_trt.training.trainer import BEST
+
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    base = ["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path)),
+            "--work-dir", str(work), "--num-layers", "1", "--block-size", "4", "--epochs", "3",
+            "--target-layer-ids", "0,1", "--max-new-tokens", "12", "--mask-token-id", str(MASK), "--init", "random",
+            "--checkpoint-every", "3", "--val-samples", "4"]
+    res = _run(base + ["--keep-best"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((out / "training.json").read_text())
+    v = info["validation"]
+    assert v["samples"] == 4 and info["steps"] == 9  # 12 of the 16 samples train: 3 epochs x 12 / 4 per step
+    assert [h["step"] for h in v["history"]] == [0, 3, 6, 9]
+    accs = [h["acceptance_length"] for h in v["history"]]
+    assert v["best_acceptance_length"] == max(accs) and info["exported_step"] == v["best_step"]
+    assert v["best_step"] < 9  # in this run the best is not the last, so the export comes from best.pt
+    assert f"best {max(accs):.3f} at step {v['best_step']}" in res.output
+    best = torch.load(work / "run" / BEST, weights_only=True)["drafter"]
+    exported = load_file(out / "model.safetensors")
+    assert all(torch.equal(exported[k], best[k]) for k in exported)  # float32 export of the best weights
+    res = _run(base[:-2] + ["--keep-best"])
+    assert res.exit_code == 2 and "--keep-best needs --val-samples" in res.output
+
+
 def test_online_features_train_like_cached_ones(tmp_path, target_with_tokenizer):
     """--online-features caches tokens only; training on features computed per step reaches the
     same result as training on the bfloat16 feature cache, up to that cache's rounding."""

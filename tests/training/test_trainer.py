@@ -12,7 +12,8 @@ from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.training.evaluate import set_tau
 from dflash_trt.training.pipeline import make_train_data
-from dflash_trt.training.trainer import TrainConfig, train
+from dflash_trt.training.objective import block_inputs, drafter_block_hidden, sample_anchors
+from dflash_trt.training.trainer import BEST, TrainConfig, split_validation, train, validate
 
 CFG = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, lr=1e-2, soft_weight=0.5,
                   checkpoint_every=1000, log_every=5, seed=0)
@@ -55,7 +56,7 @@ def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
         cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3})
         data = _data(tiny_target, tiny_samples)
         straight = _drafter(tiny_target)
-        train(straight, data, cfg, tmp_path / "a", progress=False)
+        straight_state = train(straight, data, cfg, tmp_path / "a", progress=False)
         interrupted = _drafter(tiny_target)
         state = train(interrupted, data, cfg, tmp_path / "b", max_steps=5, progress=False)
         assert not state.finished and state.step == 5
@@ -64,7 +65,7 @@ def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
         assert state.finished and state.step == cfg.total_steps(len(tiny_samples))
         for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
             assert torch.equal(a, b), k
-        assert [h["loss"] for h in state.history] == pytest.approx([h["loss"] for h in state.history])
+        assert [h["loss"] for h in state.history] == [h["loss"] for h in straight_state.history]
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -95,3 +96,63 @@ def test_time_budget_fits_the_schedule(tmp_path, tiny_target, tiny_samples):
     again = train(_drafter(tiny_target), _data(tiny_target, tiny_samples), cfg, tmp_path / "run", resume=True,
                   budget_s=1000.0, progress=False)
     assert again.total_steps == state.total_steps and again.step == state.step
+
+
+def _reference_acceptance(drafter, data, indices, cfg):
+    """Held-out acceptance computed one sample at a time, without the trainer's batching."""
+    from dflash_trt.training.trainer import _val_anchor_seed
+
+    per_sample = []
+    with torch.no_grad():
+        for i in indices:
+            tokens = data.tokens[i][: cfg.max_seq_len + 1]
+            gen = torch.Generator().manual_seed(_val_anchor_seed(cfg, i))
+            anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, gen)
+            if not anchors.numel():
+                continue
+            ids, pos, lab = block_inputs(tokens, anchors, cfg.block_size, MASK)
+            feats = data.features[i][: int(anchors.max())].float()[None]
+            h = drafter_block_hidden(drafter, data.embed, feats, ids[None], pos[None], anchors[None])[0]
+            pred = (h[:, 1:] @ data.head.t()).argmax(-1)
+            lab_d = torch.where(lab >= 0, data.t2d[lab.clamp(min=0)], lab)
+            run = ((pred == lab_d) & (lab >= 0)).int().cumprod(1).sum(1).float()
+            per_sample.append(float(run.mean()))
+    return 1 + sum(per_sample) / len(per_sample)
+
+
+def test_validation_holds_out_samples_and_keeps_the_best(tmp_path, tiny_target, tiny_samples):
+    cfg = TrainConfig(**{**CFG.__dict__, "epochs": 8, "checkpoint_every": 12, "val_samples": 6})
+    n = len(tiny_samples)
+    val, rest = split_validation(n, cfg)
+    assert len(val) == 6 and sorted(val + rest) == list(range(n)) and split_validation(n, cfg) == (val, rest)
+    assert split_validation(n, TrainConfig(**{**cfg.__dict__, "val_samples": 0})) == ([], list(range(n)))
+    with pytest.raises(DFlashError, match="leaves nothing to train on"):
+        split_validation(n, TrainConfig(**{**cfg.__dict__, "val_samples": n}))
+    data = _data(tiny_target, tiny_samples)
+    torch.use_deterministic_algorithms(True)
+    try:
+        drafter = _drafter(tiny_target)
+        untrained = _reference_acceptance(drafter, data, val, cfg)
+        untrained_train = _reference_acceptance(drafter, data, rest, cfg)
+        state = train(drafter, data, cfg, tmp_path / "run", progress=False)
+        # the held-out samples never train: the same run on the other 18 samples alone, without
+        # validation, gives bitwise the same weights
+        alone = _drafter(tiny_target)
+        train(alone, _data(tiny_target, [tiny_samples[i] for i in rest]),
+              TrainConfig(**{**cfg.__dict__, "val_samples": 0}), tmp_path / "alone", progress=False)
+        for (k, a), (_, b) in zip(drafter.state_dict().items(), alone.state_dict().items()):
+            assert torch.equal(a, b), k
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert state.total_steps == cfg.total_steps(n - 6) == 36
+    steps = [v["step"] for v in state.val_history]
+    assert steps == [0, 12, 24, 36]  # the starting weights, every checkpoint (the last included)
+    accs = [v["acceptance_length"] for v in state.val_history]
+    assert accs[0] == pytest.approx(untrained, abs=1e-9)  # batched + padded == one sample at a time
+    assert accs[-1] == pytest.approx(_reference_acceptance(drafter, data, val, cfg), abs=1e-9)
+    assert all(1.0 <= a <= cfg.block_size for a in accs)
+    assert _reference_acceptance(drafter, data, rest, cfg) > untrained_train + 0.15  # it did learn its samples
+    assert state.best_acceptance_length == max(accs) and state.best_step == steps[accs.index(max(accs))]
+    best = _drafter(tiny_target, seed=5)
+    best.load_state_dict(torch.load(tmp_path / "run" / BEST, weights_only=True)["drafter"])
+    assert validate(best, data, val, cfg)["acceptance_length"] == pytest.approx(max(accs), abs=1e-9)
