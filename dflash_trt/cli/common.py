@@ -7,6 +7,7 @@ anything loads.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -79,6 +80,14 @@ def _not_nan(ctx, param, value: float) -> float:
     """click's FloatRange lets nan through (every comparison with nan is False)."""
     if value != value:
         raise click.BadParameter("nan is not a number in [0, 1); use e.g. 0.3, or 0 to verify every draft")
+    return value
+
+
+def finite_float(ctx, param, value: float | None) -> float | None:
+    """A click callback: nan and +-inf are usage errors (click's FloatRange lets nan through and
+    accepts inf where no maximum is set); None (an unset optional flag) passes."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
     return value
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from dflash_trt.cli.common import finite_float
+
 
 def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
     from dflash_trt.errors import ConfigError
@@ -115,7 +117,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
 @click.option("--max-seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 20),
               help="Tokens of prompt + response used per training sequence.")
-@click.option("--epochs", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--epochs", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              callback=finite_float)
 @click.option("--resume", is_flag=True,
               help="Continue the training checkpointed in --work-dir (same settings); an error if there is none. "
                    "The data cache is reused with or without it.")
@@ -131,9 +134,9 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Start drafter layers from the target's top layers (target), random weights (random), or a "
                    "trained drafter folder to fine-tune (its layers, block size, mask token, target layer ids and "
                    "draft vocabulary are kept).")
-@click.option("--soft-weight", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--soft-weight", default=0.5, show_default=True, type=click.FloatRange(0, 1), callback=finite_float,
               help="Share of the soft-label (target distribution) loss.")
-@click.option("--gamma", default=None, type=click.FloatRange(min=0, min_open=True),
+@click.option("--gamma", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
               help="Loss decay over block positions, weight exp(-(k-1)/gamma) (default: the paper's, 7 for "
                    "block 16; smaller puts more weight on the first drafts).")
 @click.option("--val-samples", default=0, show_default=True, type=click.IntRange(0),
@@ -143,7 +146,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Export the checkpoint with the best held-out acceptance (needs --val-samples), not the last.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--lr", default=6e-4, show_default=True, type=float)
+@click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0, min_open=True), callback=finite_float)
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
@@ -201,6 +204,10 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     tcfg = TargetConfig.from_pretrained(target_path)  # CheckpointError / ConfigError before any work
     layer_ids = _parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
+    usable = len(prompts) if max_samples is None else min(max_samples, len(prompts))
+    if val_samples and val_samples >= usable:  # before the target writes any data
+        raise click.UsageError(f"--val-samples {val_samples} leaves nothing to train on ({usable} prompts); hold out "
+                               "fewer or add prompts")
     if max_samples is not None and max_samples > len(prompts):
         click.echo(f"warning: --max-samples {max_samples} is more than the {len(prompts)} prompts; using all "
                    f"{len(prompts)}", err=True)

@@ -78,7 +78,8 @@ class TrainState:
     """What a run has done so far. history: one dict per logged step (step, loss, hard_ce, soft_ce,
     accepted, lr, blocks_per_s); val_history: one dict per checkpoint with held-out samples (step,
     acceptance_length, hard_ce, blocks; see `validate`); best_step / best_acceptance_length: the
-    checkpoint with the highest held-out acceptance so far (its weights are run_dir/best.pt)."""
+    checkpoint with the highest held-out acceptance so far, ties broken by the lower held-out
+    cross-entropy (its weights are run_dir/best.pt)."""
 
     step: int = 0
     total_steps: int = 0
@@ -318,7 +319,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             return
         rec = {"step": state.step, **validate(drafter, data, val_idx, cfg, fz)}
         state.val_history.append(rec)
-        if state.best_acceptance_length is None or rec["acceptance_length"] > state.best_acceptance_length:
+        best = next((v for v in state.val_history if v["step"] == state.best_step), None)
+        # ties (a short run often stays at the same acceptance): the lower held-out cross-entropy
+        if best is None or (rec["acceptance_length"], -rec["hard_ce"]) > (best["acceptance_length"], -best["hard_ce"]):
             state.best_step, state.best_acceptance_length = state.step, rec["acceptance_length"]
             _atomic_save({"drafter": drafter.state_dict(), "step": state.step}, run / BEST)
 

@@ -116,6 +116,27 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     assert oct((out).stat().st_mode & 0o777) == "0o755"
 
 
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--gamma", "nan", "nan is not a finite number"), ("--soft-weight", "nan", "nan is not a finite number"),
+    ("--epochs", "nan", "nan is not a finite number"), ("--epochs", "inf", "inf is not a finite number"),
+    ("--lr", "nan", "nan is not a finite number"), ("--lr", "-1", "not in the range x>0"),
+    ("--lr", "0", "not in the range x>0"),
+])
+def test_non_finite_or_out_of_range_numbers_are_usage_errors(tmp_path, target_with_tokenizer, flag, value, msg):
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 4)), "--work-dir", str(tmp_path / "work"), flag, value])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert not (tmp_path / "work").exists() and not (tmp_path / "d").exists()
+
+
+def test_val_samples_are_checked_before_any_data_is_written(tmp_path, target_with_tokenizer):
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 6)), "--work-dir", str(tmp_path / "work"), "--mask-token-id", str(MASK),
+                "--val-samples", "6"])
+    assert res.exit_code == 2 and "--val-samples 6 leaves nothing to train on (6 prompts)" in res.output, res.output
+    assert not (tmp_path / "work").exists() and not (tmp_path / "d").exists()
+
+
 def test_gamma_sets_the_loss_decay(tmp_path, target_with_tokenizer):
     prompts = _prompts(tmp_path, 8)
 
@@ -155,6 +176,8 @@ def test_val_samples_and_keep_best(tmp_path, target_with_tokenizer):
     accs = [h["acceptance_length"] for h in v["history"]]
     assert v["best_acceptance_length"] == max(accs) and info["exported_step"] == v["best_step"]
     assert v["best_step"] < 9  # in this run the best is not the last, so the export comes from best.pt
+    # steps 3 and 6 tie on acceptance here: the lower held-out cross-entropy wins the tie
+    assert v["best_step"] == max(v["history"], key=lambda h: (h["acceptance_length"], -h["hard_ce"]))["step"]
     assert f"best {max(accs):.3f} at step {v['best_step']}" in res.output
     best = torch.load(work / "run" / BEST, weights_only=True)["drafter"]
     exported = load_file(out / "model.safetensors")
