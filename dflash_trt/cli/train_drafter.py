@@ -146,7 +146,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Export the checkpoint with the best held-out acceptance (needs --val-samples), not the last.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0, min_open=True), callback=finite_float)
+@click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0), callback=finite_float,
+              help="Peak learning rate (0 leaves the weights as they are: an export of the --init drafter).")
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
