@@ -341,20 +341,18 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         indices = [train_idx[_sample_slot(cfg, n_train, slot)] for slot in slots]
         out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots], cfg, fz,
                                        cfg.soft_weight if use_soft else 0.0)
-        parts = []
         if out is not None:
             (out.loss / cfg.seqs_per_step).backward()
-            parts.append(out)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         state.step += 1
         state.blocks += step_blocks
-        if parts:
-            window["loss"] += sum(p.loss.item() / max(1, p.sequences) for p in parts) / len(parts)
-            window["hard"] += sum(p.hard_ce for p in parts) / len(parts)
-            window["soft"] += sum(p.soft_ce for p in parts) / len(parts)
-            window["acc"] += sum(p.accepted for p in parts) / len(parts)
+        if out is not None:
+            window["loss"] += out.loss.item() / max(1, out.sequences)
+            window["hard"] += out.hard_ce
+            window["soft"] += out.soft_ce
+            window["acc"] += out.accepted
             window["k"] += 1
         window["blocks"] += step_blocks
         bar.update(1)
