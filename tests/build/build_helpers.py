@@ -51,14 +51,36 @@ def build_bundle(target, drafter, out, **opts):
                      log=lambda _line: None)
 
 
-def assert_greedy_dflash_equals_ar(pipe, max_tokens: int = 24) -> list[list[int]]:
+def assert_greedy_dflash_equals_ar(pipe, max_tokens: int = 24, near_tie: float = 0.0) -> list[list[int]]:
     """Lossless on a loaded bundle: greedy DFlash == greedy AR, token for token, on three fixed prompts
-    (code, chat, plain text) decoded together for exactly `max_tokens` tokens. Returns the prompts."""
+    (code, chat, plain text) decoded together for exactly `max_tokens` tokens. Returns the prompts.
+
+    near_tie > 0 is for W8A8 targets, whose static FP8 activation quantization is discontinuous: a
+    last-bit difference between a 1-token decode and a multi-token verify matmul can move one
+    activation a whole FP8 step and so change a logit by ~0.1 (measured on the tiny FP8 bundle), which
+    flips the argmax where the target's top two logits are that close. Then a row may differ from AR,
+    but only from a position where AR's own top-2 logit gap is < near_tie, and identical before it."""
     from dflash_trt.runtime.sampling import SamplingParams
 
     prompts = [pipe.encode("def fibonacci(n):"), pipe.encode_chat("Name three colours."), pipe.encode("The history of")]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     spec, ar = pipe.generate(prompts, params, "dflash"), pipe.generate(prompts, params, "ar")
-    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
     assert all(len(r.token_ids) == max_tokens for r in spec)
+    for prompt, s, a in zip(prompts, spec, ar):
+        if s.token_ids == a.token_ids:
+            continue
+        first = next(i for i, (x, y) in enumerate(zip(s.token_ids, a.token_ids)) if x != y)
+        gap = top2_gap(pipe, prompt + a.token_ids[:first])
+        assert gap < near_tie, (f"DFlash != AR from output token {first} where the target's top-2 logit gap is "
+                                f"{gap:.4g} (not a near-tie < {near_tie}): {s.token_ids} vs {a.token_ids}")
     return prompts
+
+
+def top2_gap(pipe, ids: list[int]) -> float:
+    """The target's top-1 minus top-2 next-token logit after `ids` (one prefill pass, float32)."""
+    model = pipe.engine.target
+    cache = model.new_cache(1, len(ids))
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache, len(ids)).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
