@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, temperature_option
+from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, temperature_option, threads_option
 
 
 @click.command()
@@ -31,7 +31,7 @@ from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, te
               help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
                    "dequantized on load (off).")
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
-@click.option("--threads", default=None, type=int, help="torch threads for every mode (default: torch's).")
+@threads_option
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
@@ -45,7 +45,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import jsonl_file, model_folder, warn_block_size, warn_draft_flags_unused
+    from dflash_trt.cli.common import jsonl_file, model_folder, set_threads, warn_block_size, warn_draft_flags_unused
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -59,8 +59,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                       "or the path of an existing JSONL file")
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)  # the same for every mode
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                          max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
                          draft_confidence=draft_confidence)

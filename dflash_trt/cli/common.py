@@ -100,6 +100,21 @@ draft_confidence_option = click.option(
          "where each verified position costs compute.")
 
 
+def set_threads(threads: int | None) -> None:
+    """Apply --threads: torch's intra-op CPU threads for the whole command; None keeps torch's default
+    (one per core). On a machine busy with other work, fewer threads than cores is often much faster."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+#: --threads, shared by `generate` and `bench` (applied with `set_threads`).
+threads_option = click.option(
+    "--threads", default=None, type=click.IntRange(1),
+    help="torch CPU threads (default: torch's, one per core). On a busy machine fewer can be much faster.")
+
+
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
                             draft_confidence: float = 0.0) -> None:
     """One stderr line when --block-size / --max-draft-len / --draft-confidence are given but nothing

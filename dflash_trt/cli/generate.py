@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import (draft_confidence_option, max_tokens_option, temperature_option, top_k_option,
-                                   top_p_option)
+from dflash_trt.cli.common import (draft_confidence_option, max_tokens_option, temperature_option, threads_option,
+                                   top_k_option, top_p_option)
 
 
 def encode_item(pipe, item) -> list[int]:
@@ -47,12 +47,13 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
-             max_draft_len, draft_confidence, mode, dtype, device, batch_size, as_json):
+             max_draft_len, draft_confidence, mode, dtype, device, batch_size, threads, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, warn_block_size,
+    from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, set_threads, warn_block_size,
                                        warn_draft_flags_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
@@ -68,6 +69,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
+    set_threads(threads)
     if bundle is not None:
         if target is not None or drafter is not None:
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")

@@ -40,6 +40,10 @@ def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 1 and "unknown mode(s) ['eagle']" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--threads", "0", "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and "--threads" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):

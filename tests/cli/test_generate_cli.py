@@ -156,3 +156,27 @@ def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsy
     assert code == 2 and "--draft-confidence" in err and "0<=x<1" in err.replace(" ", "")
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "nan")
     assert code == 2 and "nan is not a number in [0, 1)" in err
+
+
+def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):
+    """--threads N sets torch's CPU threads for the command (the output does not change); 0 is a usage error
+    before anything loads."""
+    import torch
+
+    args = ("--target", str(smollm2_path), "--drafter", str(untrained_drafter), "--prompt", "The capital of France is",
+            "--max-tokens", "6", "--json")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        code, out, err = run_main(monkeypatch, capsys, "generate", *args)
+        assert code == 0, err
+        assert torch.get_num_threads() == 2
+        code, out1, err = run_main(monkeypatch, capsys, "generate", *args, "--threads", "1")
+        assert code == 0, err
+        assert torch.get_num_threads() == 1
+        assert json.loads(out1.splitlines()[-1])["token_ids"] == json.loads(out.splitlines()[-1])["token_ids"]
+    finally:
+        torch.set_num_threads(before)
+    for bad in ("0", "-2", "two"):
+        code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--threads", bad)
+        assert code == 2 and "--threads" in err and "Traceback" not in err
