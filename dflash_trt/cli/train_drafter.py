@@ -289,7 +289,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "tf32": bool(device.startswith("cuda") and tf32),
         "train_config": tc.__dict__, "steps": state.step, "total_steps": state.total_steps,
         "finished": state.finished, "blocks": state.blocks,
-        "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),
+        "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),  # of the last step, not exported_step
         "final_train_acceptance_estimate": 1 + last.get("accepted", 0.0),
         "history": state.history,
         "exported_step": exported_step,
@@ -305,5 +305,6 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     if state.val_history:
         held = (f", held-out acceptance {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
                 f"{state.best_acceptance_length:.3f} at step {state.best_step}")
-    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, final loss "
-               f"{last.get('loss', float('nan')):.3f}{held}, {time.perf_counter() - t_begin:.0f} s in this run)")
+    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, training loss "
+               f"{last.get('loss', float('nan')):.3f} at step {last.get('step', state.step)}{held}, "
+               f"{time.perf_counter() - t_begin:.0f} s in this run)")

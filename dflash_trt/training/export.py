@@ -69,6 +69,16 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafte
     plt.close(fig)
 
 
+def sample_counts(info: dict) -> str:
+    """'N target-written samples', or 'N - V training + V held-out target-written samples' when
+    training.json has a `validation` of V held-out samples (they are in data.samples, never trained on)."""
+    total = info.get("data", {}).get("samples")
+    held = info.get("validation", {}).get("samples")
+    if not held or total is None:
+        return f"{total} target-written samples"
+    return f"{total - held} training + {held} held-out target-written samples"
+
+
 def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
     """README.md of an exported drafter: what it is and which loaders accept it."""
     reduced = cfg.draft_vocab_size is not None
@@ -78,7 +88,7 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
         "",
         f"{cfg.num_hidden_layers} layer(s), block size {cfg.block_size}, hidden {cfg.hidden_size}, target layers "
         f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained by `dflash-trt train-drafter` "
-        f"({info.get('steps')} steps on {data.get('samples')} target-written samples; see training.json, loss.png"
+        f"({info.get('steps')} steps on {sample_counts(info)}; see training.json, loss.png"
         " and acceptance.* when present).",
         "",
         "## Vocabulary and loaders",

@@ -48,6 +48,7 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
                                                      "training.json"]
     info = json.loads((out / "training.json").read_text())
     assert info["data"]["samples"] == 16 and info["steps"] == 8 and info["draft_vocab"]["size"] == 32
+    assert "(8 steps on 16 target-written samples;" in (out / "README.md").read_text()
     drafter = load_drafter(out)
     assert drafter.config.draft_vocab_size == 32 and drafter.config.trained
     assert not list(tmp_path.glob(".drafter.tmp-*"))
@@ -178,6 +179,9 @@ def test_val_samples_and_keep_best(tmp_path, target_with_tokenizer):
     # steps 3 and 6 tie on acceptance here: the lower held-out cross-entropy wins the tie
     assert v["best_step"] == max(v["history"], key=lambda h: (h["acceptance_length"], -h["hard_ce"]))["step"]
     assert f"best {max(accs):.3f} at step {v['best_step']}" in res.output
+    last = info["history"][-1]
+    assert last["step"] == 9 and f"training loss {last['loss']:.3f} at step 9" in res.output
+    assert "9 steps on 12 training + 4 held-out target-written samples" in (out / "README.md").read_text()
     best = torch.load(work / "run" / BEST, weights_only=True)["drafter"]
     exported = load_file(out / "model.safetensors")
     assert all(torch.equal(exported[k], best[k]) for k in exported)  # float32 export of the best weights
