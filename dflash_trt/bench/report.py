@@ -34,7 +34,26 @@ def markdown_table(results: dict) -> str:
                 f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode), '{:.2f}x')} | {_fmt(ttft, '{:.0f}')} | "
                 f"{m['identical_to_ar']}/{m['prompts']} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _breakdown_table(results)) + "\n"
+
+
+def _breakdown_table(results: dict) -> list[str]:
+    """Where the time goes (`bench --profile`): ms per output token by decode-loop phase, per dataset x
+    mode that was timed; [] when nothing was."""
+    from dflash_trt.runtime.profile import PHASES
+
+    rows = [(ds, mode, m["time_breakdown"]) for ds, entry in results["datasets"].items()
+            for mode, m in entry["modes"].items() if m.get("time_breakdown")]
+    if not rows:
+        return []
+    lines = ["", "Where the time goes: ms per output token by phase of the decode loop (share of the mode's time).", "",
+             "| dataset | mode | steps | " + " | ".join(p.replace("_", " ") for p in PHASES) + " | total |",
+             "|---|---|---|" + "---|" * (len(PHASES) + 1)]
+    for ds, mode, b in rows:
+        ms = b.get("ms_per_token", {})
+        cells = [f"{ms.get(p, 0.0):.1f} ({100 * b['share'][p]:.0f}%)" for p in PHASES]
+        lines.append(f"| {ds} | {mode} | {b['steps']} | " + " | ".join(cells) + f" | {sum(ms.values()):.1f} |")
+    return lines
 
 
 def _save(fig, path: Path) -> Path:

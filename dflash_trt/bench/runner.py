@@ -86,6 +86,7 @@ class ModeSummary:
             "seconds": round(self.seconds, 3),
             "tokens_per_s": self.completion_tokens / self.seconds if self.seconds else 0.0,
             "mean_ttft_s": sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else None,
+            "verify_steps": self.verify_steps,
             "acceptance_length": decoded / self.verify_steps if self.verify_steps else None,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             "drafts_per_step": self.drafted / self.verify_steps if self.drafted else None,
@@ -102,9 +103,15 @@ def machine_info(threads: int, dtype: str) -> dict:
 
 
 def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int, params: SamplingParams,
-                  dtype: torch.dtype, batch_size: int = 1, progress=None) -> dict:
+                  dtype: torch.dtype, batch_size: int = 1, progress=None, profile: bool = False) -> dict:
     """Every mode on the same prompts of every dataset. Returns the results.json dict:
-    {"datasets": {name: {"modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}."""
+    {"datasets": {name: {"modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}.
+
+    profile: our modes (dflash, ar) also time each decode-loop phase (`dflash_trt.runtime.profile`);
+    each of their summaries gets "time_breakdown" (PhaseTimer.to_dict: seconds, share, ms per output
+    token, steps). The warm-up is not timed. On a CUDA device the timer synchronizes at every phase."""
+    from dflash_trt.runtime.profile import PhaseTimer
+
     runner = ModeRunner(pipe, dtype)
     warm = pipe.encode_chat("Say hello.")
     for mode in modes:  # warm-up: allocator, kernels, lazy HF load
@@ -113,6 +120,7 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
     for ds in datasets:
         prompts = load_prompts(pipe, ds, num_prompts)
         summaries = {m: ModeSummary(m) for m in modes}
+        timers = {m: PhaseTimer(pipe.engine.device) for m in modes if profile and m in ("dflash", "ar")}
         for g, lo in enumerate(range(0, len(prompts), batch_size)):
             group = prompts[lo : lo + batch_size]
             group_params = [params if params.greedy else dataclasses.replace(params, seed=(params.seed or 0) + lo + j)
@@ -120,7 +128,11 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
             order = modes[g % len(modes):] + modes[: g % len(modes)]
             runs = {}
             for mode in order:
-                runs[mode] = runner.run(mode, group, group_params)
+                pipe.engine.phase_timer = timers.get(mode)
+                try:
+                    runs[mode] = runner.run(mode, group, group_params)
+                finally:
+                    pipe.engine.phase_timer = None
                 for run in runs[mode]:
                     summaries[mode].add(run)
                 if progress:
@@ -130,6 +142,8 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
                     for run, ref in zip(group_runs, runs["ar"]):
                         summaries[mode].identical_to_ar += int(run.token_ids == ref.token_ids)
         modes_d = {m: s.to_dict() for m, s in summaries.items()}
+        for m, timer in timers.items():
+            modes_d[m]["time_breakdown"] = timer.to_dict(summaries[m].completion_tokens)
         entry = {"modes": modes_d}
         for base in ("ar", "hf"):
             if base in modes_d and modes_d[base]["tokens_per_s"]:

@@ -32,10 +32,14 @@ from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, te
                    "dequantized on load (off).")
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @threads_option
+@click.option("--profile", is_flag=True,
+              help="Also time each phase of our modes' decode loop (draft, target forward, logits + acceptance, KV "
+                   "injection, ...): a 'where the time goes' table in results.md, time_breakdown in results.json. "
+                   "On a GPU it synchronizes at every phase.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
-          draft_confidence, modes, dtype, fp8_matmul, device, threads, seed, out):
+          draft_confidence, modes, dtype, fp8_matmul, device, threads, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -67,7 +71,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
     results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
-                            progress=bar.update)
+                            progress=bar.update, profile=profile)
     bar.close()
     proposer = pipe.engine.proposer
     results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
@@ -75,7 +79,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "max_draft_len": proposer.max_draft_len if proposer else None,
                          "draft_confidence": proposer.draft_confidence if proposer else None, "temperature": temperature,
                          "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
-                         "batch_size": batch_size, "modes": mode_list,
+                         "batch_size": batch_size, "modes": mode_list, "profile": profile,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}
     results["machine"] = machine_info(torch.get_num_threads(), dtype)
     out_dir = Path(out)

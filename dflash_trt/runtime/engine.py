@@ -16,6 +16,7 @@ RNG, so its output does not depend on what else is in the batch.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +24,7 @@ import torch
 
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
+from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
@@ -93,6 +95,12 @@ class Engine:
         #: [n, t] int64, lengths: list[int])`, called after every target forward with the features
         #: of the tokens that forward consumed (row j's first lengths[j] entries are real tokens).
         self.feature_sink = None
+        #: Optional `PhaseTimer`: when set, every generate() adds its time per phase (draft, target
+        #: forward, acceptance, KV injection, ...) to it (`dflash-trt bench --profile`). None measures nothing.
+        self.phase_timer: PhaseTimer | None = None
+
+    def _phase(self, name: str):
+        return self.phase_timer.phase(name) if self.phase_timer is not None else nullcontext()
 
     @property
     def device(self) -> torch.device:
@@ -154,13 +162,18 @@ class Engine:
             r.index, r.on_tokens = i, on_tokens
         if not reqs:
             return []
+        with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
+            return self._generate(reqs, mode)
+
+    def _generate(self, reqs: list[_Request], mode: str) -> list[GenerationResult]:
         t0 = time.perf_counter()
         block = self.proposer.block_size if mode == "dflash" else 1
         capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), self.context_len) + block + 1
         cache = self.target.new_cache(len(reqs), capacity)
         if mode == "dflash":
             self.proposer.reset(len(reqs), capacity)
-        self._prefill(reqs, cache, mode)
+        with self._phase("prefill"):
+            self._prefill(reqs, cache, mode)
         ttft = time.perf_counter() - t0
         for r in reqs:
             r.metrics.time_to_first_token_s = ttft
@@ -179,6 +192,8 @@ class Engine:
                     self.proposer.cache.keep_rows(keep)
                 slots = active
             self._step(reqs, active, cache, mode, block)
+            if self.phase_timer is not None:
+                self.phase_timer.steps += 1
             now = time.perf_counter() - t0
             for i in active:
                 if reqs[i].finish_reason:
@@ -236,8 +251,9 @@ class Engine:
         # per row: drafts verified this step (max_draft_len, or fewer with a dynamic draft length)
         lens = [0] * len(batch)
         if drafting:
-            drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
-                                           [r.generator for r in batch])
+            with self._phase("draft"):
+                drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
+                                               [r.generator for r in batch])
             lens = [(k if drafts.lengths is None else min(drafts.lengths[j], k)) if can_draft[j] else 0
                     for j in range(len(batch))]
             k = max(lens)  # the verify pass is as long as the longest draft kept
@@ -246,15 +262,30 @@ class Engine:
         positions = starts[:, None] + torch.arange(step, device=dev)
         feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
         # logits are computed below, only where the verifier reads them
-        out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids, with_logits=False)
+        with self._phase("target_forward"):
+            out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids, with_logits=False)
         if mode == "ar" and self.feature_sink is not None:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
+        with self._phase("logits_and_accept"):
+            self._accept(batch, lens, tokens, drafts, out.hidden, cache, mode)
+        if drafting:
+            # KV injection of the block's target features; slots past each row's accepted length
+            # hold rejected drafts' features and stay masked until overwritten.
+            with self._phase("inject"):
+                self.proposer.add_context(out.features, positions, rows)
+
+    def _accept(self, batch: list[_Request], lens: list[int], tokens: torch.Tensor, drafts, hidden: torch.Tensor,
+                cache, mode: str) -> None:
+        """Verify one step's drafts (greedy or speculative sampling) from the target's final-normed
+        hidden states [n, step, H], emit each row's accepted drafts + one target token, update its
+        metrics and roll its target KV cache length back to what it kept."""
+        dev = hidden.device
         greedy = [j for j, r in enumerate(batch) if r.params.greedy]
         sampled = [j for j, r in enumerate(batch) if not r.params.greedy]
-        g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, out.hidden)
+        g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
         if sampled:  # speculative sampling reads p at every position: all logits of those rows
-            s_logits = self.target.compute_logits(out.hidden[torch.tensor(sampled, device=dev)])  # [s, step, V]
+            s_logits = self.target.compute_logits(hidden[torch.tensor(sampled, device=dev)])  # [s, step, V]
             s_logits = dict(zip(sampled, s_logits))
         token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):
@@ -278,10 +309,6 @@ class Engine:
                     m.accepted_per_position[pos] += 1
             r.start += acc + 1
             cache.set_length(j, r.start)
-        if drafting:
-            # KV injection of the block's target features; slots past each row's accepted length
-            # hold rejected drafts' features and stay masked until overwritten.
-            self.proposer.add_context(out.features, positions, rows)
 
     def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
                        hidden: torch.Tensor) -> tuple[list[int], list[int]]:

@@ -16,7 +16,7 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     prompts.write_text('{"messages": [{"role": "user", "content": "Name a color."}]}\n{"prompt": "def add(a, b):"}\n')
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "2",
-                                      "--max-tokens", "8", "--modes", "dflash,ar,hf", "--out", str(out)])
+                                      "--max-tokens", "8", "--modes", "dflash,ar,hf", "--profile", "--out", str(out)])
     main()
     res = json.loads((out / "results.json").read_text())
     entry = res["datasets"][str(prompts)]
@@ -30,9 +30,19 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     assert len(d["acceptance_by_position"]) == res["config"]["block_size"] - 1
     assert d["drafts_per_step"] == 15 and res["config"]["draft_confidence"] == 0.0  # no dynamic draft length
     assert modes["hf"]["acceptance_length"] is None
+    # --profile: our modes' time by phase adds up to their measured time (HF's loop is not ours to time)
+    assert "time_breakdown" not in modes["hf"] and res["config"]["profile"] is True
+    for mode in ("dflash", "ar"):
+        b = modes[mode]["time_breakdown"]
+        assert 0.9 * modes[mode]["seconds"] <= sum(b["seconds"].values()) <= modes[mode]["seconds"] + 1e-3
+        assert b["calls"] == 2 and b["steps"] == modes[mode]["verify_steps"] > 0  # batch 1: the request's steps
+    assert modes["ar"]["time_breakdown"]["seconds"]["draft"] == 0.0 < modes["dflash"]["time_breakdown"]["seconds"]["draft"]
     for name in ("results.md", "tau_histogram.png", "acceptance_by_position.png", "speedup.png"):
         assert (out / name).stat().st_size > 0
-    assert "| dataset | mode | tau | acceptance rate | drafts / step |" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "| dataset | mode | tau | acceptance rate | drafts / step |" in md
+    assert "| dataset | mode | steps | prefill | draft | target forward | logits and accept | inject | other | total |" in md
+    assert md.count(f"| {prompts} | dflash | ") == 2 and md.count(f"| {prompts} | hf | ") == 1
 
 
 def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
