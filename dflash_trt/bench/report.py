@@ -11,7 +11,7 @@ def _fmt(x, spec="{:.2f}"):
 
 def markdown_table(results: dict) -> str:
     """One row per dataset x mode: tau, acceptance rate, drafts verified per step, tok/s, speedups, TTFT,
-    identical-to-ar."""
+    identical-to-ar; after a `--profile` run also a table of ms per output token by decode-loop phase."""
     cfg = results.get("config", {})
     lines = [
         f"Target `{cfg.get('target')}`, drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, "
@@ -46,12 +46,20 @@ def _breakdown_table(results: dict) -> list[str]:
             for mode, m in entry["modes"].items() if m.get("time_breakdown")]
     if not rows:
         return []
-    lines = ["", "Where the time goes: ms per output token by phase of the decode loop (share of the mode's time).", "",
-             "| dataset | mode | steps | " + " | ".join(p.replace("_", " ") for p in PHASES) + " | total |",
+    note = ""
+    if results.get("config", {}).get("device", "cpu") != "cpu":
+        note = (" Profiled on a GPU: every phase boundary synchronized the device, so the tok/s and speedups above "
+                "are slower than an unprofiled run's.")
+    lines = ["", "Where the time goes: ms per output token by phase of the decode loop (share of the mode's time)."
+             + note, "",
+             "| dataset | mode | batch steps | " + " | ".join(p.replace("_", " ") for p in PHASES) + " | total |",
              "|---|---|---|" + "---|" * (len(PHASES) + 1)]
     for ds, mode, b in rows:
-        ms = b.get("ms_per_token", {})
-        cells = [f"{ms.get(p, 0.0):.1f} ({100 * b['share'][p]:.0f}%)" for p in PHASES]
+        ms = b.get("ms_per_token")
+        if not ms:  # no output tokens: nothing per token to show
+            lines.append(f"| {ds} | {mode} | {b['steps']} | " + " | ".join("-" for _ in PHASES) + " | - |")
+            continue
+        cells = [f"{ms[p]:.1f} ({100 * b['share'][p]:.0f}%)" for p in PHASES]
         lines.append(f"| {ds} | {mode} | {b['steps']} | " + " | ".join(cells) + f" | {sum(ms.values()):.1f} |")
     return lines
 

@@ -128,11 +128,11 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
             order = modes[g % len(modes):] + modes[: g % len(modes)]
             runs = {}
             for mode in order:
-                pipe.engine.phase_timer = timers.get(mode)
+                before, pipe.engine.phase_timer = pipe.engine.phase_timer, timers.get(mode, pipe.engine.phase_timer)
                 try:
                     runs[mode] = runner.run(mode, group, group_params)
                 finally:
-                    pipe.engine.phase_timer = None
+                    pipe.engine.phase_timer = before
                 for run in runs[mode]:
                     summaries[mode].add(run)
                 if progress:

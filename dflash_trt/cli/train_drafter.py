@@ -306,5 +306,6 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         held = (f", held-out acceptance {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
                 f"{state.best_acceptance_length:.3f} at step {state.best_step}")
     click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, training loss "
-               f"{last.get('loss', float('nan')):.3f} at step {last.get('step', state.step)}{held}, "
+               f"{last.get('loss', float('nan')):.3f} (mean over the log window ending at step {last.get('step', state.step)})"
+               f"{held}, "
                f"{time.perf_counter() - t_begin:.0f} s in this run)")

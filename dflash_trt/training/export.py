@@ -82,7 +82,6 @@ def sample_counts(info: dict) -> str:
 def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
     """README.md of an exported drafter: what it is and which loaders accept it."""
     reduced = cfg.draft_vocab_size is not None
-    data = info.get("data", {})
     lines = [
         "# DFlash drafter",
         "",

@@ -34,14 +34,14 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     assert "time_breakdown" not in modes["hf"] and res["config"]["profile"] is True
     for mode in ("dflash", "ar"):
         b = modes[mode]["time_breakdown"]
-        assert 0.9 * modes[mode]["seconds"] <= sum(b["seconds"].values()) <= modes[mode]["seconds"] + 1e-3
+        assert 0.5 * modes[mode]["seconds"] <= sum(b["seconds"].values()) <= modes[mode]["seconds"] + 1e-3
         assert b["calls"] == 2 and b["steps"] == modes[mode]["verify_steps"] > 0  # batch 1: the request's steps
     assert modes["ar"]["time_breakdown"]["seconds"]["draft"] == 0.0 < modes["dflash"]["time_breakdown"]["seconds"]["draft"]
     for name in ("results.md", "tau_histogram.png", "acceptance_by_position.png", "speedup.png"):
         assert (out / name).stat().st_size > 0
     md = (out / "results.md").read_text()
     assert "| dataset | mode | tau | acceptance rate | drafts / step |" in md
-    assert "| dataset | mode | steps | prefill | draft | target forward | logits and accept | inject | other | total |" in md
+    assert "| dataset | mode | batch steps | prefill | draft | target forward | logits and accept | inject | other | total |" in md
     assert md.count(f"| {prompts} | dflash | ") == 2 and md.count(f"| {prompts} | hf | ") == 1
 
 

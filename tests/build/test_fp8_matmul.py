@@ -10,22 +10,13 @@ import torch
 from torch import nn
 
 from dflash_trt.models.fp8 import Fp8Linear, quantize_fp8
-from build_helpers import assert_greedy_dflash_equals_ar
+from build_helpers import assert_greedy_dflash_equals_ar, prompt_logits
 
 from tests.conftest import run_main
 
 
 def fp8_modules(pipe) -> list[str]:
     return [name for name, m in pipe.engine.target.named_modules() if isinstance(m, Fp8Linear)]
-
-
-def prompt_logits(pipe, ids: list[int]) -> torch.Tensor:
-    """float32 [len(ids), vocab] target logits of one prompt (prefill)."""
-    model = pipe.engine.target
-    cache = model.new_cache(1, len(ids))
-    with torch.inference_mode():
-        out = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache, len(ids))
-    return out.logits[0]
 
 
 @pytest.fixture(scope="module")

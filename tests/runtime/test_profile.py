@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dflash_trt.runtime.profile import PHASES, PhaseTimer
 from dflash_trt.runtime.sampling import SamplingParams
 
@@ -33,9 +35,12 @@ def test_phases_add_up_and_leave_the_output_unchanged(smollm2_untrained):
         assert set(timer.seconds) == set(PHASES) and timer.calls == 1
         # the batch steps together until its last request stops: one timer step per verify step
         assert timer.steps == max(r.metrics.verify_steps for r in results) > 0
-        assert 0.95 * wall <= timer.total_s <= wall  # every second of generate() is in exactly one phase
+        # the timer wraps generate() (a loose lower bound: a busy machine may pause the process outside it)
+        assert 0.5 * wall <= timer.total_s <= wall
         named = ("prefill", "target_forward", "logits_and_accept") + (("draft", "inject") if mode == "dflash" else ())
-        assert all(timer.seconds[p] > 0 for p in named) and timer.seconds["other"] >= 0
+        assert all(timer.seconds[p] > 0 for p in named)
+        # phases never overlap: the named ones add up to less than the call, the loop's own time is the rest
+        assert timer.seconds["other"] > 0
         if mode == "ar":
             assert timer.seconds["draft"] == 0.0 and timer.seconds["inject"] == 0.0
         d = timer.to_dict(tokens=sum(len(r.token_ids) for r in results))
@@ -56,3 +61,12 @@ def test_a_timer_sums_over_calls(smollm2_untrained):
         engine.phase_timer = None
     assert timer.calls == 2 and timer.steps == a[0].metrics.verify_steps + b[0].metrics.verify_steps == 22
     assert all(timer.seconds[p] >= first[p] for p in PHASES) and timer.seconds["prefill"] > first["prefill"]
+
+
+def test_an_unknown_phase_is_refused():
+    timer = PhaseTimer()
+    for name in ("verify", "other"):
+        with pytest.raises(ValueError, match=f"unknown phase '{name}'"):
+            with timer.phase(name):
+                pass
+    assert timer.total_s == 0.0 and timer.to_dict()["ms_per_token"] is None
