@@ -27,12 +27,13 @@ def markdown_table(results: dict) -> str:
     for ds, entry in results["datasets"].items():
         for mode, m in entry["modes"].items():
             ttft = None if m["mean_ttft_s"] is None else m["mean_ttft_s"] * 1000
+            same = "-" if m["identical_to_ar"] is None else f"{m['identical_to_ar']}/{m['prompts']}"  # no ar: "-"
             lines.append(
                 f"| {ds} | {mode} | {_fmt(m['acceptance_length'])} | {_fmt(m['acceptance_rate'])} | "
                 f"{_fmt(m.get('drafts_per_step'), '{:.1f}')} | {m['tokens_per_s']:.1f} | "
                 f"{_fmt(entry.get('speedup_vs_ar', {}).get(mode), '{:.2f}x')} | "
                 f"{_fmt(entry.get('speedup_vs_hf', {}).get(mode), '{:.2f}x')} | {_fmt(ttft, '{:.0f}')} | "
-                f"{m['identical_to_ar']}/{m['prompts']} |"
+                f"{same} |"
             )
     return "\n".join(lines + _breakdown_table(results)) + "\n"
 

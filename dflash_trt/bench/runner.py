@@ -57,7 +57,7 @@ class ModeSummary:
     verify_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     tau_per_prompt: list[float] = field(default_factory=list)
-    identical_to_ar: int = 0
+    identical_to_ar: int | None = None  # None when the run has no "ar" mode to compare with
 
     def add(self, run: ModeRun) -> None:
         self.prompts += 1
@@ -140,7 +140,8 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
             if "ar" in runs:
                 for mode, group_runs in runs.items():
                     for run, ref in zip(group_runs, runs["ar"]):
-                        summaries[mode].identical_to_ar += int(run.token_ids == ref.token_ids)
+                        same = int(run.token_ids == ref.token_ids)
+                        summaries[mode].identical_to_ar = (summaries[mode].identical_to_ar or 0) + same
         modes_d = {m: s.to_dict() for m, s in summaries.items()}
         for m, timer in timers.items():
             modes_d[m]["time_breakdown"] = timer.to_dict(summaries[m].completion_tokens)

@@ -57,6 +57,11 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    if not mode_list:
+        raise InvalidRequestError(f"--modes {modes!r} names no mode; give a comma-separated list of {', '.join(MODES)}")
+    twice = sorted({m for m in mode_list if mode_list.count(m) > 1})
+    if twice:
+        raise InvalidRequestError(f"--modes lists {', '.join(twice)} more than once; give each mode once")
     for ds in datasets:  # before any model loads
         if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "

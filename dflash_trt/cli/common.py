@@ -104,8 +104,14 @@ def set_threads(threads: int | None) -> None:
     """Apply --threads: torch's intra-op CPU threads for the whole command; None keeps torch's default
     (one per core). On a machine busy with other work, fewer threads than cores is often much faster."""
     if threads is not None:
+        import os
+
         import torch
 
+        cores = os.cpu_count() or 1
+        if threads > cores:
+            click.echo(f"warning: --threads {threads} is more than this machine's {cores} CPU cores; expect it to be "
+                       f"slower than --threads {cores}", err=True)
         torch.set_num_threads(threads)
 
 

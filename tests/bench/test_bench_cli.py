@@ -54,6 +54,22 @@ def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and "--threads" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    for modes, message in ((" , ", "--modes ' , ' names no mode"), ("ar,dflash,ar", "--modes lists ar more than once")):
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", modes, "--out", str(tmp_path / "o")])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and message in err and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_identical_to_ar_is_blank_without_an_ar_mode():
+    from dflash_trt.bench.report import markdown_table
+    from dflash_trt.bench.runner import ModeSummary
+
+    m = ModeSummary("hf", prompts=2, completion_tokens=8, seconds=1.0).to_dict()
+    assert m["identical_to_ar"] is None
+    table = markdown_table({"datasets": {"humaneval": {"modes": {"hf": m}}}})
+    assert table.splitlines()[-1].endswith("| 8.0 | - | - | - | - |")
 
 
 def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):

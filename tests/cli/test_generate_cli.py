@@ -180,3 +180,23 @@ def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, s
     for bad in ("0", "-2", "two"):
         code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--threads", bad)
         assert code == 2 and "--threads" in err and "Traceback" not in err
+
+
+def test_more_threads_than_cores_warns(monkeypatch, capsys):
+    import os
+
+    import torch
+
+    from dflash_trt.cli.common import set_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    try:
+        set_threads(2)
+        assert capsys.readouterr().err == "" and torch.get_num_threads() == 2
+        set_threads(3)
+        assert capsys.readouterr().err == ("warning: --threads 3 is more than this machine's 2 CPU cores; expect it "
+                                           "to be slower than --threads 2\n")
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
