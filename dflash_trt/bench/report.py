@@ -13,9 +13,11 @@ def markdown_table(results: dict) -> str:
     """One row per dataset x mode: tau, acceptance rate, drafts verified per step, tok/s, speedups, TTFT,
     identical-to-ar; after a `--profile` run also a table of ms per output token by decode-loop phase."""
     cfg = results.get("config", {})
+    drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
+                f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
+                if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     lines = [
-        f"Target `{cfg.get('target')}`, drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, "
-        f"max draft len {cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}, "
+        f"Target `{cfg.get('target')}`, {drafting}, "
         f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {cfg.get('num_prompts')} prompts "
         f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
         f"{results.get('machine', {}).get('threads')} threads. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",

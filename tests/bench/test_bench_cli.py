@@ -62,14 +62,16 @@ def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
         assert exc.value.code == 1 and message in err and "Traceback" not in err and not (tmp_path / "o").exists()
 
 
-def test_identical_to_ar_is_blank_without_an_ar_mode():
+def test_identical_to_ar_and_the_drafter_are_blank_without_their_modes():
     from dflash_trt.bench.report import markdown_table
     from dflash_trt.bench.runner import ModeSummary
 
     m = ModeSummary("hf", prompts=2, completion_tokens=8, seconds=1.0).to_dict()
     assert m["identical_to_ar"] is None
-    table = markdown_table({"datasets": {"humaneval": {"modes": {"hf": m}}}})
+    config = {"target": "t", "drafter": None, "block_size": None, "max_draft_len": None, "draft_confidence": None}
+    table = markdown_table({"datasets": {"humaneval": {"modes": {"hf": m}}}, "config": config})
     assert table.splitlines()[-1].endswith("| 8.0 | - | - | - | - |")
+    assert table.startswith("Target `t`, no drafter (no dflash mode), temperature") and "block size None" not in table
 
 
 def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):
