@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -173,7 +174,9 @@ def calibration_texts(n: int) -> list[str]:
             if name.startswith("_") or not inspect.isfunction(fn) or not fn.__doc__:
                 continue
             try:
-                sig = str(inspect.signature(fn))
+                # a default's repr may hold a memory address (`<function f at 0x7f...>`), different in every
+                # process: drop it, or the calibration tokens (and so the FP8 scales) change from run to run
+                sig = re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(fn)))
             except (TypeError, ValueError):
                 continue
             doc = inspect.cleandoc(fn.__doc__)

@@ -233,3 +233,20 @@ def test_qwen3_bundle_has_the_per_rank_checkpoint(tmp_path, tiny_qwen3_pair):
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     assert [r.token_ids for r in pipe.generate(prompts, params, "dflash")] == \
         [r.token_ids for r in pipe.generate(prompts, params, "ar")]
+
+
+def test_calibration_texts_are_the_same_in_every_process():
+    """The built-in calibration corpus holds no memory address (a signature default like
+    `<function IS_CHARACTER_JUNK at 0x7f...>` differed per process, and with it the FP8 scales of every build)."""
+    import subprocess
+    import sys
+
+    code = "from dflash_trt.build.quantize import calibration_texts; import json; print(json.dumps(calibration_texts(64)))"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    texts = json.loads(runs[0])
+    assert len(texts) == 64 and not any(" at 0x" in t for t in texts)
+    assert sum("def ndiff(a, b, linejunk=None, charjunk=<function IS_CHARACTER_JUNK>)" in t for t in
+               json.loads(subprocess.run([sys.executable, "-c", code.replace("(64)", "(4)")], capture_output=True,
+                                         text=True, check=True).stdout)) == 1  # kept, without its address
