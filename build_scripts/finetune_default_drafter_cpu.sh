@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tune the GPU-trained default drafter on this 2-core CPU (`train-drafter --init DIR`): the
-# recipe that made the drafter shipped since 2026-11-30 from the one shipped at commit 3dc696f
-# (build_scripts/train_default_drafter_gpu.sh on one H200: 19,654 samples, 369 steps).
+# recipe that made the drafter shipped from 2026-11-29 to commit c3a862d from the one shipped at commit
+# 3dc696f (build_scripts/train_default_drafter_gpu.sh on one H200: 19,654 samples, 369 steps). Its
+# stage 4 is the base of build_scripts/finetune_default_drafter_gpu.sh, which made the drafter
+# shipped now.
 #
 #   base    the drafter of commit 3dc696f, read with `git show` (needs this git checkout)
 #   data    the target's greedy responses to 4,072 prompts of the built-in corpus, with features
@@ -13,7 +15,7 @@
 #           gamma 2 raised a held-out teacher-forced acceptance by 0.016 / 0.007 on code / chat
 #           prompts where gamma 7 gave +0.004 / -0.003; the full 561 steps +0.042 / +0.041)
 #   stage 4 814 steps on the same samples from stage 3 (same settings, gamma 2; session 7: the
-#           evaluation's tau 1.463 / 1.284 -> 1.505 / 1.319; the drafter shipped since)
+#           evaluation's tau 1.463 / 1.284 -> 1.505 / 1.319; the drafter shipped at commit c3a862d)
 #   eval    tau + greedy parity on the held-out HumanEval / MT-Bench subsets (40 + 40 prompts)
 # About 5 h in all on this 2-core CPU, one thread (data ~1 h, stages of ~50-65 min each at 4-5 s
 # per step, eval ~15 min): OVER issue 5's 4 h budget since stage 4 was added; the shipped run took
@@ -32,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${WORK:-$HOME/.cache/dflash-trt/finetune-smollm2-b16}
-OUT=${OUT:-dflash_trt/assets/smollm2-135m-instruct-dflash-b16}
+OUT=${OUT:-$WORK/stage4/drafter}  # the GPU fine-tune reads it as INIT
 CHUNK_MIN=${CHUNK_MIN:-60}
 BASE_COMMIT=3dc696f
 ASSET=dflash_trt/assets/smollm2-135m-instruct-dflash-b16

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Fine-tune the CPU-fine-tuned drafter on ONE CUDA GPU: the recipe that made the default drafter
+# shipped since 2026-11-30 (session 8) from the one shipped at commit c3a862d
+# (build_scripts/finetune_default_drafter_cpu.sh, stage 4).
+#
+#   base    the drafter of commit c3a862d, read with `git show` (needs this git checkout), or
+#           INIT=DIR (e.g. the CPU script's $WORK/stage4/drafter)
+#   corpus  the large prompt corpus (19,654 prompts: dflash_trt.training.prompts.large_corpus; its code
+#           prompts depend on the installed packages: CORPUS=FILE uses a copy made elsewhere)
+#   data    the target's greedy responses (float32, batch 512, at most 160 new tokens) to a seeded
+#           random subset of 14,000 prompts; tokens only, target features computed per step
+#           (--online-features); 512 samples held out of training (--val-samples) for a teacher-forced
+#           acceptance length at every checkpoint
+#   stage A 633 steps (3 epochs of the 13,488 training samples) from base: 64 sequences x 64 anchors
+#           per step, lr 4e-4, loss decay gamma 2, soft-label weight 0.5
+#   stage B 1,171 steps from stage A on the same samples, lr 3e-4
+#   eval    tau + greedy parity on the held-out HumanEval / MT-Bench subsets (40 + 40 prompts, float32,
+#           on the GPU; the shipped acceptance.md was measured on the CPU)
+# On the one H200 that made the shipped drafter: data 142 s, stage A 152 s, stage B 262 s (held-out
+# acceptance 1.915 -> 2.266 -> 2.513). Stage B's schedule was fitted to a 4.2-minute budget
+# (`--train-minutes`); this script fixes the step count it reached instead (the first 25 steps of that
+# run had a longer warmup), and GPU training is not bit-for-bit deterministic: the same recipe, not
+# the same weights. Every step keeps its state in $WORK: rerunning continues.
+#
+# Usage: build_scripts/finetune_default_drafter_gpu.sh
+#   WORK=/path OUT=/path INIT=/path CORPUS=corpus.jsonl SETS=sets.json DEVICE=cuda PYTHON=python3 \
+#     build_scripts/finetune_default_drafter_gpu.sh
+#   SETS: evaluation prompts as JSON (`python -m dflash_trt.training.evaluate --dump-sets FILE`) on a
+#   machine without the dataset packages. EXTRA: more train-drafter flags (appended, so they win).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+WORK=${WORK:-$HOME/.cache/dflash-trt/finetune-smollm2-b16-gpu}
+OUT=${OUT:-dflash_trt/assets/smollm2-135m-instruct-dflash-b16}
+CORPUS=${CORPUS:-$WORK/corpus.jsonl}
+DEVICE=${DEVICE:-cuda}
+BASE_COMMIT=c3a862d
+ASSET=dflash_trt/assets/smollm2-135m-instruct-dflash-b16
+export HF_HUB_OFFLINE=1
+cli() { "$PYTHON" -c 'from dflash_trt.cli import main; main()' "$@"; }
+mkdir -p "$WORK/base" "$WORK/stageA" "$WORK/stageB"
+INIT=${INIT:-$WORK/base}
+if [ "$INIT" = "$WORK/base" ]; then
+  for f in config.json model.safetensors training.json; do
+    [ -f "$WORK/base/$f" ] || git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f"
+  done
+fi
+if [ ! -f "$CORPUS" ]; then
+  "$PYTHON" -c 'import json, sys
+from dflash_trt.training.prompts import large_corpus
+for m in large_corpus(): sys.stdout.write(json.dumps({"messages": m}) + "\n")' > "$CORPUS.tmp"
+  mv "$CORPUS.tmp" "$CORPUS"
+fi
+ln -sfn "$WORK/data" "$WORK/stageA/data"  # one data cache for both stages
+ln -sfn "$WORK/data" "$WORK/stageB/data"
+common=(--prompts "$CORPUS" --device "$DEVICE" --online-features --max-samples 14000 --max-new-tokens 160
+  --gen-batch-size 512 --anchors 64 --seqs-per-step 64 --gamma 2 --soft-weight 0.5 --val-samples 512
+  --keep-best --checkpoint-every 40 --export-dtype bfloat16)
+extra=(${EXTRA:-})
+
+stage() {  # stage NAME INIT EPOCHS LR OUT
+  local resume=()
+  [ -f "$5/config.json" ] && return 0
+  [ -f "$WORK/$1/run/checkpoint.pt" ] && resume=(--resume)
+  cli train-drafter --out "$5" --work-dir "$WORK/$1" --init "$2" --epochs "$3" --lr "$4" "${common[@]}" \
+    "${extra[@]}" "${resume[@]}"
+}
+cli train-drafter --out "$WORK/stageA/drafter" --work-dir "$WORK" --init "$INIT" "${common[@]}" \
+  "${extra[@]}" --data-only
+stage stageA "$INIT" 3 4e-4 "$WORK/stageA/drafter"
+stage stageB "$WORK/stageA/drafter" 5.5555 3e-4 "$WORK/stageB/drafter"
+sets=()
+[ -n "${SETS:-}" ] && sets=(--sets-file "$SETS")
+"$PYTHON" -m dflash_trt.training.evaluate --device "$DEVICE" --drafter "$WORK/stageB/drafter" --num-prompts 40 \
+  --max-tokens 128 --out "$WORK/stageB/drafter" --cache "$WORK/eval_cache.json" "${sets[@]}"
+if [ "$OUT" != "$WORK/stageB/drafter" ]; then
+  rm -rf "$OUT.tmp" && cp -r "$WORK/stageB/drafter" "$OUT.tmp" && rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+fi
+echo "fine-tuned drafter written to $OUT"
