@@ -42,7 +42,12 @@ export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 cli() { "$PYTHON" -c 'from dflash_trt.cli import main; main()' "$@"; }
 mkdir -p "$WORK/base" "$WORK/stage1" "$WORK/stage2" "$WORK/stage3" "$WORK/stage4"
 for f in config.json model.safetensors training.json; do
-  [ -f "$WORK/base/$f" ] || git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f"
+  [ -s "$WORK/base/$f" ] && continue  # written whole (via .tmp) by an earlier run
+  git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f.tmp" || {
+    echo "error: cannot read $ASSET/$f of commit $BASE_COMMIT from git: this needs a full clone with" \
+      "that commit (a shallow one lacks it: git fetch --unshallow)" >&2
+    rm -f "$WORK/base/$f.tmp"; exit 1; }
+  mv "$WORK/base/$f.tmp" "$WORK/base/$f"
 done
 # one data cache for all stages (stage 1 uses its first 1,024 samples; stage 3 adds one batch of 24)
 ln -sfn "$WORK/data" "$WORK/stage1/data"

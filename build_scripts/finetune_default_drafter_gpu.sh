@@ -41,8 +41,14 @@ cli() { "$PYTHON" -c 'from dflash_trt.cli import main; main()' "$@"; }
 mkdir -p "$WORK/base" "$WORK/stageA" "$WORK/stageB"
 INIT=${INIT:-$WORK/base}
 if [ "$INIT" = "$WORK/base" ]; then
+  INIT_HINT=", or give the base drafter as INIT=DIR"
   for f in config.json model.safetensors training.json; do
-    [ -f "$WORK/base/$f" ] || git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f"
+    [ -s "$WORK/base/$f" ] && continue  # written whole (via .tmp) by an earlier run
+    git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f.tmp" || {
+      echo "error: cannot read $ASSET/$f of commit $BASE_COMMIT from git: this needs a full clone with" \
+        "that commit (a shallow one lacks it: git fetch --unshallow)${INIT_HINT:-}" >&2
+      rm -f "$WORK/base/$f.tmp"; exit 1; }
+    mv "$WORK/base/$f.tmp" "$WORK/base/$f"
   done
 fi
 if [ ! -f "$CORPUS" ]; then

@@ -16,11 +16,12 @@ def markdown_table(results: dict) -> str:
     drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
                 f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
+    threads = results.get("machine", {}).get("threads")
     lines = [
         f"Target `{cfg.get('target')}`, {drafting}, "
         f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {cfg.get('num_prompts')} prompts "
         f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
-        f"{results.get('machine', {}).get('threads')} threads. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",
+        f"{threads} thread{'' if threads == 1 else 's'}. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",
         "",
         "| dataset | mode | tau | acceptance rate | drafts / step | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) "
         "| identical to ar |",

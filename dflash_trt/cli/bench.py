@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -52,6 +53,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.cli.common import jsonl_file, model_folder, set_threads, warn_block_size, warn_draft_flags_unused
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
+    from dflash_trt.training.prompts import load_prompts_jsonl
 
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in mode_list if m not in MODES]
@@ -63,9 +65,22 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     if twice:
         raise InvalidRequestError(f"--modes lists {', '.join(twice)} more than once; give each mode once")
     for ds in datasets:  # before any model loads
-        if ds not in DATASETS and not Path(jsonl_file("--dataset", ds)).is_file():
+        if ds in DATASETS:
+            continue
+        if not Path(jsonl_file("--dataset", ds)).is_file():
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
+        load_prompts_jsonl(ds)  # an empty or malformed file fails here, not after the models load
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidRequestError(f"--out {out}: this is a file, not a folder; give a folder path (it is created if missing)")
+    try:  # a bench can run for hours: an unwritable --out must fail now, not when the results are ready
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidRequestError(f"--out {out}: cannot create this folder ({exc.strerror}); give a writable "
+                                  "folder path (it is created if missing)") from None
+    if not os.access(out_dir, os.W_OK):
+        raise InvalidRequestError(f"--out {out}: this folder is not writable; give a writable folder path")
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     set_threads(threads)  # the same for every mode
@@ -87,8 +102,6 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "batch_size": batch_size, "modes": mode_list, "profile": profile,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}
     results["machine"] = machine_info(torch.get_num_threads(), dtype)
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(results, out_dir / "results.json")
     table = markdown_table(results)
     (out_dir / "results.md").write_text(table)

@@ -85,3 +85,40 @@ def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):
         paths = plots(results, tmp_path)
     assert [p.name for p in paths] == ["tau_histogram.png", "acceptance_by_position.png", "speedup.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monkeypatch, capsys):
+    """A bench can run for hours: an unwritable --out or a malformed --dataset file fails before any
+    model loads (it used to fail after the run, with a raw OS error, losing the results)."""
+    import dflash_trt.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the arguments were checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_loading)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "def add(a, b):"}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cases = [([str(good), "--out", str(afile)], f"--out {afile}: this is a file, not a folder"),
+             ([str(good), "--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create this folder"),
+             ([str(bad), "--out", str(tmp_path / "o")], f"{bad}:2: not valid JSON"),
+             ([str(empty), "--out", str(tmp_path / "o")], str(empty))]
+    for args, message in cases:
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", *args])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and message in err and "Traceback" not in err, err
+    assert afile.read_text() == "x" and not (tmp_path / "o").exists()
+
+
+def test_results_header_says_thread_or_threads():
+    from dflash_trt.bench.report import markdown_table
+
+    for n, word in ((1, "1 thread."), (2, "2 threads.")):
+        assert word in markdown_table({"config": {}, "machine": {"threads": n, "dtype": "float32"}, "datasets": {}})
