@@ -32,23 +32,16 @@
 #   WORK=/path OUT=/path CHUNK_MIN=60 PYTHON=.venv/bin/python build_scripts/finetune_default_drafter_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source build_scripts/common.sh
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${WORK:-$HOME/.cache/dflash-trt/finetune-smollm2-b16}
 OUT=${OUT:-$WORK/stage4/drafter}  # the GPU fine-tune reads it as INIT
 CHUNK_MIN=${CHUNK_MIN:-60}
 BASE_COMMIT=3dc696f
-ASSET=dflash_trt/assets/smollm2-135m-instruct-dflash-b16
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 cli() { "$PYTHON" -c 'from dflash_trt.cli import main; main()' "$@"; }
 mkdir -p "$WORK/base" "$WORK/stage1" "$WORK/stage2" "$WORK/stage3" "$WORK/stage4"
-for f in config.json model.safetensors training.json; do
-  [ -s "$WORK/base/$f" ] && continue  # written whole (via .tmp) by an earlier run
-  git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f.tmp" || {
-    echo "error: cannot read $ASSET/$f of commit $BASE_COMMIT from git: this needs a full clone with" \
-      "that commit (a shallow one lacks it: git fetch --unshallow)" >&2
-    rm -f "$WORK/base/$f.tmp"; exit 1; }
-  mv "$WORK/base/$f.tmp" "$WORK/base/$f"
-done
+drafter_from_git "$BASE_COMMIT" "$WORK/base"
 # one data cache for all stages (stage 1 uses its first 1,024 samples; stage 3 adds one batch of 24)
 ln -sfn "$WORK/data" "$WORK/stage1/data"
 ln -sfn "$WORK/data" "$WORK/stage2/data"

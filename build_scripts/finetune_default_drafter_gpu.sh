@@ -29,28 +29,18 @@
 #   machine without the dataset packages. EXTRA: more train-drafter flags (appended, so they win).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source build_scripts/common.sh
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${WORK:-$HOME/.cache/dflash-trt/finetune-smollm2-b16-gpu}
 OUT=${OUT:-dflash_trt/assets/smollm2-135m-instruct-dflash-b16}
 CORPUS=${CORPUS:-$WORK/corpus.jsonl}
 DEVICE=${DEVICE:-cuda}
 BASE_COMMIT=c3a862d
-ASSET=dflash_trt/assets/smollm2-135m-instruct-dflash-b16
 export HF_HUB_OFFLINE=1
 cli() { "$PYTHON" -c 'from dflash_trt.cli import main; main()' "$@"; }
 mkdir -p "$WORK/base" "$WORK/stageA" "$WORK/stageB"
 INIT=${INIT:-$WORK/base}
-if [ "$INIT" = "$WORK/base" ]; then
-  INIT_HINT=", or give the base drafter as INIT=DIR"
-  for f in config.json model.safetensors training.json; do
-    [ -s "$WORK/base/$f" ] && continue  # written whole (via .tmp) by an earlier run
-    git show "$BASE_COMMIT:$ASSET/$f" > "$WORK/base/$f.tmp" || {
-      echo "error: cannot read $ASSET/$f of commit $BASE_COMMIT from git: this needs a full clone with" \
-        "that commit (a shallow one lacks it: git fetch --unshallow)${INIT_HINT:-}" >&2
-      rm -f "$WORK/base/$f.tmp"; exit 1; }
-    mv "$WORK/base/$f.tmp" "$WORK/base/$f"
-  done
-fi
+[ "$INIT" = "$WORK/base" ] && drafter_from_git "$BASE_COMMIT" "$WORK/base" ", or give the base drafter as INIT=DIR"
 if [ ! -f "$CORPUS" ]; then
   "$PYTHON" -c 'import json, sys
 from dflash_trt.training.prompts import large_corpus
