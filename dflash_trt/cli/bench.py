@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -50,7 +49,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import jsonl_file, model_folder, set_threads, warn_block_size, warn_draft_flags_unused
+    from dflash_trt.cli.common import (check_out_folder, jsonl_file, model_folder, set_threads, warn_block_size,
+                                      warn_draft_flags_unused)
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import load_prompts_jsonl
@@ -71,16 +71,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
         load_prompts_jsonl(ds)  # an empty or malformed file fails here, not after the models load
-    out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InvalidRequestError(f"--out {out}: this is a file, not a folder; give a folder path (it is created if missing)")
-    try:  # a bench can run for hours: an unwritable --out must fail now, not when the results are ready
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidRequestError(f"--out {out}: cannot create this folder ({exc.strerror}); give a writable "
-                                  "folder path (it is created if missing)") from None
-    if not os.access(out_dir, os.W_OK):
-        raise InvalidRequestError(f"--out {out}: this folder is not writable; give a writable folder path")
+    check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     set_threads(threads)  # the same for every mode
@@ -102,6 +93,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "batch_size": batch_size, "modes": mode_list, "profile": profile,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}
     results["machine"] = machine_info(torch.get_num_threads(), dtype)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(results, out_dir / "results.json")
     table = markdown_table(results)
     (out_dir / "results.md").write_text(table)

@@ -8,11 +8,12 @@ anything loads.
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
 import click
 
-from dflash_trt.errors import CheckpointError, ConfigError
+from dflash_trt.errors import CheckpointError, ConfigError, InvalidRequestError
 
 
 def model_folder(option: str, path: str | None, what: str = "model") -> str | None:
@@ -45,6 +46,35 @@ def jsonl_file(option: str, path: str | None) -> str | None:
 
 # Sampling options, checked when the command line is parsed (before anything loads); the library
 # checks the same ranges again, naming the SamplingParams keyword (`runtime.sampling`).
+
+
+def check_out_folder(option: str, path: str) -> None:
+    """Check that `path` is (or can be created as) a writable folder, leaving nothing behind: the
+    missing folders are created, a temporary file is written in it, and the folders it created are
+    removed again (so a later error leaves no empty output folder). Works for root too, for whom
+    permission bits say nothing.
+
+    Raises:
+        InvalidRequestError: `path` is a file, or it cannot be created or written.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InvalidRequestError(f"{option} {path}: this is a file, not a folder; give a folder path (it is created "
+                                  "if missing)")
+    created = []
+    try:
+        for d in [*reversed(p.parents), p]:
+            if not d.exists():
+                d.mkdir()
+                created.append(d)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as exc:
+        raise InvalidRequestError(f"{option} {path}: cannot write there ({exc.strerror}); give a writable folder "
+                                  "path (it is created if missing)") from None
+    finally:
+        for d in reversed(created):
+            d.rmdir()
 
 
 def temperature_option(ctx, param, value: float) -> float:

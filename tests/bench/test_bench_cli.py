@@ -105,7 +105,7 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     cases = [([str(good), "--out", str(afile)], f"--out {afile}: this is a file, not a folder"),
-             ([str(good), "--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create this folder"),
+             ([str(good), "--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot write there (Not a directory)"),
              ([str(bad), "--out", str(tmp_path / "o")], f"{bad}:2: not valid JSON"),
              ([str(empty), "--out", str(tmp_path / "o")], str(empty))]
     for args, message in cases:
@@ -115,6 +115,11 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
         err = capsys.readouterr().err
         assert exc.value.code == 1 and message in err and "Traceback" not in err, err
     assert afile.read_text() == "x" and not (tmp_path / "o").exists()
+    # a good --out is checked the same way and left as it was: nothing is created before the run
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(good), "--out", str(tmp_path / "n" / "o")])
+    with pytest.raises(AssertionError, match="models were loaded"):
+        main()
+    assert not (tmp_path / "n").exists()
 
 
 def test_results_header_says_thread_or_threads():
