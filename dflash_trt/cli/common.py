@@ -44,10 +44,6 @@ def jsonl_file(option: str, path: str | None) -> str | None:
     return path
 
 
-# Sampling options, checked when the command line is parsed (before anything loads); the library
-# checks the same ranges again, naming the SamplingParams keyword (`runtime.sampling`).
-
-
 def check_out_folder(option: str, path: str) -> None:
     """Check that `path` is (or can be created as) a writable folder, leaving nothing behind: the
     missing folders are created, a temporary file is written in it, and the folders it created are
@@ -75,6 +71,10 @@ def check_out_folder(option: str, path: str) -> None:
     finally:
         for d in reversed(created):
             d.rmdir()
+
+
+# Sampling options, checked when the command line is parsed (before anything loads); the library
+# checks the same ranges again, naming the SamplingParams keyword (`runtime.sampling`).
 
 
 def temperature_option(ctx, param, value: float) -> float:
