@@ -7,11 +7,12 @@ setup(
     version="0.1.0",
     description="DFlash block-diffusion speculative decoding: runtime, build pipeline and serving",
     python_requires=">=3.10",
-    # dflash_trt/assets (the shipped default drafter) holds data only; listed as a package so its
-    # files install as package data without setuptools' "Package would be ignored" warning
-    packages=find_packages(include=["dflash_trt", "dflash_trt.*"]) + ["dflash_trt.assets"],
+    # dflash_trt/assets (the shipped default drafter) and dflash_trt/ops/csrc (C++ sources, built on
+    # first use) hold data only; listed as packages so their files install as package data without
+    # setuptools' "Package would be ignored" warning
+    packages=find_packages(include=["dflash_trt", "dflash_trt.*"]) + ["dflash_trt.assets", "dflash_trt.ops.csrc"],
     include_package_data=True,
-    package_data={"dflash_trt.assets": ["*/*"]},
+    package_data={"dflash_trt.assets": ["*/*"], "dflash_trt.ops.csrc": ["*.cpp"]},
     # torch is left unpinned on purpose: GPU users bring their own build. The README's install
     # command pins the CPU wheel (torch==2.13.0) for machines without a GPU.
     install_requires=[

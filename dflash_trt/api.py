@@ -16,6 +16,8 @@ import torch
 from dflash_trt.compat import check_compatible
 from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
 from dflash_trt.errors import ConfigError, InvalidRequestError
+from dflash_trt.models.target import TargetModel
+from dflash_trt.ops.packed_linear import resolve_cpu_kernels
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
@@ -91,10 +93,18 @@ class Pipeline:
         return results
 
 
+def use_cpu_kernels(target: TargetModel, proposer: DFlashProposer | None) -> None:
+    """Pack the target's and the drafter's linears for the CPU float32 kernel, in place (inference only;
+    `dflash_trt.ops.packed_linear`). Raises RuntimeError from the op if used off the CPU or in another dtype."""
+    target.use_packed_linears()
+    if proposer is not None:
+        proposer.use_packed_linears()
+
+
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                  device: str = "cpu", draft_confidence: float = 0.0) -> Pipeline:
+                  device: str = "cpu", draft_confidence: float = 0.0, cpu_kernels: str = "auto") -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
@@ -103,10 +113,12 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     dynamic draft length cut by the drafter's own confidence (both: `DFlashProposer`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
-    "auto" is on for a CUDA GPU of compute capability >= 8.9 only).
+    "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
+    runs the linears of both models through the packed CPU float32 kernel (`dflash_trt.ops.packed_linear`;
+    "auto": when running float32 on a CPU where it builds).
     Raises:
         CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
-        fp8_matmul "on" with a target that is not FP8.
+        fp8_matmul "on" with a target that is not FP8, or cpu_kernels "on" where the kernels cannot run.
     """
     import os
 
@@ -128,19 +140,22 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         if block_size is not None and block_size < 2:
             raise InvalidRequestError(f"block size must be >= 2, got {block_size}")
     check_device(device)
+    packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
                                   max_draft_len, draft_confidence)
     tokenizer = load_tokenizer(target_path)
+    if packed:
+        use_cpu_kernels(model, proposer)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
 
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                device: str = "cpu", draft_confidence: float = 0.0) -> Pipeline:
+                device: str = "cpu", draft_confidence: float = 0.0, cpu_kernels: str = "auto") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`.
 
@@ -173,6 +188,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
     check_device(device)
+    packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if load_drafter_model:
@@ -181,5 +197,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
                                   max_draft_len=max_draft_len, draft_confidence=draft_confidence)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
+    if packed:
+        use_cpu_kernels(model, proposer)
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

@@ -32,4 +32,5 @@ def test_wheel_builds_warning_free_with_the_drafter_assets(tmp_path):
     shipped = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "dflash_trt" / "assets").rglob("*") if p.is_file())
     assert "dflash_trt/assets/smollm2-135m-instruct-dflash-b16/model.safetensors" in shipped
     assert set(shipped) <= names, sorted(set(shipped) - names)
+    assert "dflash_trt/ops/csrc/packed_linear.cpp" in names  # built on first use from the installed package
     assert "dflash_trt/cli/__init__.py" in names and not any(n.startswith("tests/") for n in names)

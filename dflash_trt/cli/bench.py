@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, temperature_option, threads_option
+from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
+                                   threads_option)
 
 
 @click.command()
@@ -32,6 +33,7 @@ from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, te
                    "dequantized on load (off).")
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @threads_option
+@cpu_kernels_option
 @click.option("--profile", is_flag=True,
               help="Also time each phase of our modes' decode loop (draft, target forward, logits + acceptance, KV "
                    "injection, ...): a 'where the time goes' table in results.md, time_breakdown in results.json. "
@@ -39,7 +41,7 @@ from dflash_trt.cli.common import draft_confidence_option, max_tokens_option, te
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
-          draft_confidence, modes, dtype, fp8_matmul, device, threads, profile, seed, out):
+          draft_confidence, modes, dtype, fp8_matmul, device, threads, cpu_kernels, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -77,7 +79,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     set_threads(threads)  # the same for every mode
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                          max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
-                         draft_confidence=draft_confidence)
+                         draft_confidence=draft_confidence, cpu_kernels=cpu_kernels)
     warn_block_size(pipe)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")

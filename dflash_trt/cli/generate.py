@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import (draft_confidence_option, max_tokens_option, temperature_option, threads_option,
-                                   top_k_option, top_p_option)
+from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
+                                   threads_option, top_k_option, top_p_option)
 
 
 def encode_item(pipe, item) -> list[int]:
@@ -48,9 +48,10 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @threads_option
+@cpu_kernels_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
-             max_draft_len, draft_confidence, mode, dtype, device, batch_size, threads, as_json):
+             max_draft_len, draft_confidence, mode, dtype, device, batch_size, threads, cpu_kernels, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, set_threads, warn_block_size,
@@ -76,12 +77,12 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         from dflash_trt.api import load_bundle
 
         pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash", max_draft_len=max_draft_len,
-                           fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence)
+                           fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence, cpu_kernels=cpu_kernels)
     else:
         target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash",
                              max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
-                             draft_confidence=draft_confidence)
+                             draft_confidence=draft_confidence, cpu_kernels=cpu_kernels)
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")

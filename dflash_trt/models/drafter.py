@@ -87,12 +87,12 @@ class DFlashDrafter(nn.Module):
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty context cache (projected K/V of committed tokens) for `batch` rows."""
         cfg = self.config
-        p = self.fc.weight
+        p = self.hidden_norm.weight  # model dtype and device (fc may be a packed CPU kernel: no .weight)
         return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim, p.dtype, p.device)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [n, c, len(ids) * target_hidden] -> H [n, c, hidden] = hidden_norm(fc(.))."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(features.to(self.hidden_norm.weight.dtype)))
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """KV injection without a cache: per layer (K, V) [n, kv_heads, c, head_dim] of context
@@ -142,7 +142,7 @@ class DFlashDrafter(nn.Module):
         """
         cos, sin = self.rotary(block_positions)
         masks: dict[str, torch.Tensor] = {}
-        x = block_embeds.to(self.fc.weight.dtype)
+        x = block_embeds.to(self.hidden_norm.weight.dtype)
         for i, layer in enumerate(self.layers):
             kind = self.config.layer_types[i]
             if kind not in masks:

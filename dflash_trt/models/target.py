@@ -93,6 +93,16 @@ class TargetModel(nn.Module):
         self.model = TargetBackbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        self.packed_head: nn.Module | None = None  # set by use_packed_linears
+
+    def use_packed_linears(self) -> None:
+        """Run every decoder-layer linear and the lm_head through the packed CPU float32 kernel
+        (`dflash_trt.ops.packed_linear`; inference only). The lm_head is packed as a copy: the
+        embedding (tied) or `lm_head.weight` stays for `head_weight` users (the drafter's head)."""
+        from dflash_trt.ops.packed_linear import PackedLinear, use_packed_linears
+
+        use_packed_linears(self.model)
+        self.packed_head = PackedLinear(self.head_weight)
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -107,6 +117,8 @@ class TargetModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [..., hidden] -> float32 logits [..., vocab]."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D mm: a 3-D matmul takes a slow bmm path on CPU
+        if self.packed_head is not None:
+            return self.packed_head(flat).view(*hidden.shape[:-1], -1)
         return head_matmul(flat, self.head_weight).float().view(*hidden.shape[:-1], -1)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:

@@ -95,6 +95,16 @@ class DFlashProposer:
         # work per draft), and draft ids map back to target ids
         self.draft_ids = drafter.draft_token_ids()
         self.draft_head = None if self.draft_ids is None else target.head_weight[self.draft_ids].contiguous()
+        self.packed_draft_head: torch.nn.Module | None = None
+
+    def use_packed_linears(self) -> None:
+        """Run the drafter's linears and the draft-vocabulary head through the packed CPU float32
+        kernel (`dflash_trt.ops.packed_linear`); the target's own layers are packed by the target."""
+        from dflash_trt.ops.packed_linear import PackedLinear, use_packed_linears
+
+        use_packed_linears(self.drafter)
+        if self.draft_head is not None:
+            self.packed_draft_head = PackedLinear(self.draft_head)
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:
@@ -137,7 +147,9 @@ class DFlashProposer:
         if self.draft_head is None:
             logits = self.target.compute_logits(hidden)  # [n, k, V]
         else:  # [n, k, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
-            logits = head_matmul(hidden.reshape(n * k, -1), self.draft_head).float().view(n, k, -1)
+            flat = hidden.reshape(n * k, -1)
+            logits = self.packed_draft_head(flat) if self.packed_draft_head is not None else head_matmul(flat, self.draft_head)
+            logits = logits.float().view(n, k, -1)
         tokens = logits.argmax(-1)
         confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
         probs: list[torch.Tensor | None] = [None] * n

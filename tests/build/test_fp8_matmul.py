@@ -66,9 +66,11 @@ def test_fp8_matmul_on_is_lossless_and_close_to_the_dequantized_target(fp8_pipes
 def test_auto_on_the_cpu_dequantizes(tiny_bundle_fp8_tp3):
     from dflash_trt.api import load_bundle
 
-    pipe = load_bundle(tiny_bundle_fp8_tp3, load_drafter_model=False)  # fp8_matmul="auto"
+    pipe = load_bundle(tiny_bundle_fp8_tp3, load_drafter_model=False, cpu_kernels="off")  # fp8_matmul="auto"
     assert fp8_modules(pipe) == []
     assert pipe.engine.target.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    packed = load_bundle(tiny_bundle_fp8_tp3, load_drafter_model=False)  # and so the CPU kernel can pack it
+    assert packed.engine.target.model.layers[0].mlp.down_proj.packed.dtype == torch.float32
 
 
 def test_on_for_a_target_that_is_not_fp8_is_a_clear_error(monkeypatch, capsys, tiny_pair):

@@ -1,0 +1,83 @@
+"""dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`).
+
+Built from `dflash_trt/ops/csrc/*.cpp` on first use with `torch.utils.cpp_extension` (needs a C++
+compiler and the `ninja` package; ~15 s once), into a temporary folder renamed at the end to
+`<cache>/ops/<key>/` (`dflash_trt.models.default.cache_dir`; key: a hash of the sources, flags,
+torch and Python versions), so an interrupted build leaves nothing that a later process would load
+or wait on. Later processes load the built library directly. See `dflash_trt.ops.packed_linear`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("packed_linear.cpp",)
+CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp")
+NAME = "dflash_trt_cpu_ops"
+
+
+def cpu_kernels_unavailable() -> str | None:
+    """None when the CPU op library can run here, else why not (a sentence naming what is missing).
+
+    Checks the ISA first (the kernels use AVX-512F), then builds or loads the library once per process.
+    """
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != "AVX512":
+        return f"the CPU kernels need AVX-512 (torch reports {cap} on this CPU)"
+    return _load_cpu_library()
+
+
+def require_cpu_kernels() -> None:
+    """Build/load the CPU op library, or raise ConfigError saying why it cannot run here."""
+    why = cpu_kernels_unavailable()
+    if why is not None:
+        from dflash_trt.errors import ConfigError
+
+        raise ConfigError(f"{why}; run with --cpu-kernels off (torch's linears)")
+
+
+def _build_key() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join(CFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _load_cpu_library() -> str | None:
+    from dflash_trt.models.default import cache_dir
+
+    final = cache_dir() / "ops" / _build_key()
+    lib = final / f"{NAME}.so"
+    if lib.is_file():
+        torch.ops.load_library(str(lib))
+        return None
+    try:
+        import ninja  # noqa: F401  (torch's builder runs the ninja binary this package provides)
+    except ImportError:
+        return "building the CPU kernels needs the `ninja` package: pip install ninja"
+    from torch.utils.cpp_extension import load
+
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
+        load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+             build_directory=str(tmp), is_python_module=False, verbose=False)
+    except Exception as exc:  # a compiler error, no compiler, an unwritable cache folder
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        return f"the CPU kernels failed to build ({type(exc).__name__}: {last})"
+    try:
+        tmp.rename(final)  # another process may have finished first: keep its folder
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return None
