@@ -92,6 +92,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "max_draft_len": proposer.max_draft_len if proposer else None,
                          "draft_confidence": proposer.draft_confidence if proposer else None, "temperature": temperature,
                          "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
+                         "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
                          "batch_size": batch_size, "modes": mode_list, "profile": profile,
                          "datasets": list(datasets), "seed": seed, "created": timestamp()}
     results["machine"] = machine_info(torch.get_num_threads(), dtype)

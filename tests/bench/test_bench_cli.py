@@ -29,6 +29,10 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     assert 1.0 <= d["acceptance_length"] <= 16 and 0.0 <= d["acceptance_rate"] <= 1.0
     assert len(d["acceptance_by_position"]) == res["config"]["block_size"] - 1
     assert d["drafts_per_step"] == 15 and res["config"]["draft_confidence"] == 0.0  # no dynamic draft length
+    from dflash_trt.ops import cpu_kernels_unavailable
+
+    # float32 on the CPU: auto runs the packed kernels wherever they can run
+    assert res["config"]["cpu_kernels"] == "auto" and res["config"]["cpu_kernels_used"] is (cpu_kernels_unavailable() is None)
     assert modes["hf"]["acceptance_length"] is None
     # --profile: our modes' time by phase adds up to their measured time (HF's loop is not ours to time)
     assert "time_breakdown" not in modes["hf"] and res["config"]["profile"] is True
