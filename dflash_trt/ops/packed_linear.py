@@ -15,6 +15,8 @@ place, for inference only (no gradients; state_dict keys change from `weight` to
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -76,6 +78,7 @@ def resolve_cpu_kernels(mode: str, device: str, dtype: torch.dtype) -> bool:
     if why is not None:
         if mode == "on":
             raise ConfigError(f"--cpu-kernels on: {why}; or use --cpu-kernels off")
+        print(f"dflash-trt: running torch's linears: {why}", file=sys.stderr)
         return False
     return True
 

@@ -121,3 +121,13 @@ def test_cli_cpu_kernels_on_where_they_cannot_run_is_a_one_line_error(monkeypatc
     assert code == 1 and "Traceback" not in err
     assert err == "error: --cpu-kernels on needs --device cpu and --dtype float32 (got cpu, bfloat16); " \
                   "use --cpu-kernels auto or off\n"
+
+
+def test_auto_says_why_it_falls_back(monkeypatch, capsys):
+    import dflash_trt.ops.packed_linear as pl
+
+    monkeypatch.setattr(pl, "cpu_kernels_unavailable", lambda: "the CPU kernels failed to build (OSError: x)")
+    assert resolve_cpu_kernels("auto", "cpu", torch.float32) is False
+    assert capsys.readouterr().err == "dflash-trt: running torch's linears: the CPU kernels failed to build (OSError: x)\n"
+    with pytest.raises(ConfigError, match=r"--cpu-kernels on: the CPU kernels failed to build \(OSError: x\); or use"):
+        resolve_cpu_kernels("on", "cpu", torch.float32)
