@@ -12,9 +12,8 @@
 // Arithmetic (identical for every row count M and thread count, so results are batch-invariant
 // bit for bit): K is cut into 8 segments [K s / 8, K (s + 1) / 8); within a segment each output
 // accumulates x[k] * W[n][k] with fused multiply-adds in increasing k from 0.0f; the output is
-// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then + bias. A 1-row call runs the 8 segments
-// as 8 interleaved memory streams (one stream reads ~10 GB/s on the dev machine, 8 match MKL's
-// single-row 12 GB/s); more rows run up to 12 rows per pass over a panel, prefetching ahead.
+// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then + bias. How many segments are read at once
+// (memory streams) and how many rows share a pass (up to 12) change only the speed (panel_any_rows).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -31,25 +30,6 @@ constexpr int kMaxRows = 12;  // rows per pass: 24 accumulators of the 32 zmm re
 constexpr int kPrefetch = 1024;  // floats ahead (4 KiB) in each stream
 
 inline int seg_begin(int K, int s) { return static_cast<int>(static_cast<int64_t>(K) * s / kSegments); }
-
-// One segment [k0, k1) of MR rows: acc[m] = sum_k x[m][k] * P[k][:] (FMA, increasing k).
-template <int MR>
-inline void segment_rows(const float* x, int64_t ldx, const float* panel, int k0, int k1, __m512 (*out)[2]) {
-  __m512 a[MR][2];
-  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
-  for (int k = k0; k < k1; ++k) {
-    const float* pk = panel + static_cast<int64_t>(k) * kPanel;
-    _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch + 16), _MM_HINT_T0);
-    const __m512 w0 = _mm512_loadu_ps(pk), w1 = _mm512_loadu_ps(pk + 16);
-    for (int m = 0; m < MR; ++m) {
-      const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
-      a[m][0] = _mm512_fmadd_ps(b, w0, a[m][0]);
-      a[m][1] = _mm512_fmadd_ps(b, w1, a[m][1]);
-    }
-  }
-  for (int m = 0; m < MR; ++m) { out[m][0] = a[m][0]; out[m][1] = a[m][1]; }
-}
 
 inline void store_panel(float* y, __m512 v0, __m512 v1, const float* bias, int n0, int valid) {
   if (bias != nullptr) {
@@ -75,67 +55,82 @@ inline __m512 combine(const __m512* v, int stride) {
                        _mm512_add_ps(_mm512_add_ps(v[4 * stride], v[5 * stride]), _mm512_add_ps(v[6 * stride], v[7 * stride])));
 }
 
-// One row, 8 segments streamed together; per segment the same FMA order as segment_rows.
-void panel_one_row(const float* x, const float* panel, int K, float* y, const float* bias, int n0, int valid) {
-  int b[kSegments + 1];
-  for (int s = 0; s <= kSegments; ++s) b[s] = seg_begin(K, s);
-  int common = K;
-  for (int s = 0; s < kSegments; ++s) common = std::min(common, b[s + 1] - b[s]);
-  __m512 a[kSegments][2];
-  for (int s = 0; s < kSegments; ++s) a[s][0] = a[s][1] = _mm512_setzero_ps();
-  for (int i = 0; i < common; ++i) {
-    for (int s = 0; s < kSegments; ++s) {
-      const int k = b[s] + i;
+// S consecutive segments of MR rows streamed together (S memory streams): per segment, acc = sum_k
+// x[m][k] * P[k][:] over its k range with FMAs in increasing k from 0 (the same chain whatever S and
+// MR), so S and MR only change speed. part[s][m][v] receives segment s's sums.
+template <int MR, int S, bool kPrefetchAhead>
+inline void segments(const float* x, int64_t ldx, const float* panel, const int* b, __m512 (*part)[kMaxRows][2]) {
+  __m512 a[S][MR][2];
+  for (int i = 0; i < S; ++i)
+    for (int m = 0; m < MR; ++m) a[i][m][0] = a[i][m][1] = _mm512_setzero_ps();
+  int common = b[1] - b[0];
+  for (int i = 1; i < S; ++i) common = std::min(common, b[i + 1] - b[i]);
+  for (int kk = 0; kk < common; ++kk) {
+    for (int i = 0; i < S; ++i) {
+      const int k = b[i] + kk;
       const float* pk = panel + static_cast<int64_t>(k) * kPanel;
-      const __m512 xb = _mm512_set1_ps(x[k]);
-      a[s][0] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(pk), a[s][0]);
-      a[s][1] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(pk + 16), a[s][1]);
+      if (kPrefetchAhead) {
+        _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch + 16), _MM_HINT_T0);
+      }
+      const __m512 w0 = _mm512_loadu_ps(pk), w1 = _mm512_loadu_ps(pk + 16);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+        a[i][m][0] = _mm512_fmadd_ps(xb, w0, a[i][m][0]);
+        a[i][m][1] = _mm512_fmadd_ps(xb, w1, a[i][m][1]);
+      }
     }
   }
-  for (int s = 0; s < kSegments; ++s) {  // segments longer than the common length (K % 4 != 0)
-    for (int k = b[s] + common; k < b[s + 1]; ++k) {
+  for (int i = 0; i < S; ++i) {  // segments longer than the common length (K % 8 != 0)
+    for (int k = b[i] + common; k < b[i + 1]; ++k) {
       const float* pk = panel + static_cast<int64_t>(k) * kPanel;
-      const __m512 xb = _mm512_set1_ps(x[k]);
-      a[s][0] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(pk), a[s][0]);
-      a[s][1] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(pk + 16), a[s][1]);
+      const __m512 w0 = _mm512_loadu_ps(pk), w1 = _mm512_loadu_ps(pk + 16);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+        a[i][m][0] = _mm512_fmadd_ps(xb, w0, a[i][m][0]);
+        a[i][m][1] = _mm512_fmadd_ps(xb, w1, a[i][m][1]);
+      }
     }
   }
-  store_panel(y, combine(&a[0][0], 2), combine(&a[0][1], 2), bias, n0, valid);
+  for (int i = 0; i < S; ++i)
+    for (int m = 0; m < MR; ++m) { part[i][m][0] = a[i][m][0]; part[i][m][1] = a[i][m][1]; }
 }
 
-template <int MR>
+// MR rows x one panel: all 8 segments, S at a time, then the fixed combine + bias.
+template <int MR, int S, bool kPrefetchAhead>
 void panel_rows(const float* x, int64_t ldx, const float* panel, int K, float* y, int64_t ldy, const float* bias,
                 int n0, int valid) {
-  __m512 part[kSegments][MR][2];
-  for (int s = 0; s < kSegments; ++s) segment_rows<MR>(x, ldx, panel, seg_begin(K, s), seg_begin(K, s + 1), part[s]);
-  for (int m = 0; m < MR; ++m) {
-    store_panel(y + m * ldy, combine(&part[0][m][0], MR * 2), combine(&part[0][m][1], MR * 2), bias, n0, valid);
-  }
+  int b[kSegments + 1];
+  for (int s = 0; s <= kSegments; ++s) b[s] = seg_begin(K, s);
+  __m512 part[kSegments][kMaxRows][2];
+  for (int s0 = 0; s0 < kSegments; s0 += S) segments<MR, S, kPrefetchAhead>(x, ldx, panel, b + s0, part + s0);
+  for (int m = 0; m < MR; ++m)
+    store_panel(y + m * ldy, combine(&part[0][m][0], kMaxRows * 2), combine(&part[0][m][1], kMaxRows * 2), bias, n0,
+                valid);
 }
 
+// Streams per pass (measured on the dev machine, 210 SmolLM2 matrices, 1 thread): 1 row reads 8
+// segments at once (one stream alone reads ~10 GB/s, MKL's GEMV ~12), 2-4 rows 4 at once (34-35 ms vs
+// 37-38 with one stream and prefetching), 5-12 rows one segment at a time with software prefetch.
 void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float* y, int64_t ldy, const float* bias,
                     int n0, int valid) {
-  if (M == 1) {
-    panel_one_row(x, panel, K, y, bias, n0, valid);
-    return;
-  }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, M - m0));
     const float* xm = x + m0 * K;
     float* ym = y + m0 * ldy;
     switch (mr) {
-      case 1: panel_rows<1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 2: panel_rows<2>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 3: panel_rows<3>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 4: panel_rows<4>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 5: panel_rows<5>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 6: panel_rows<6>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 7: panel_rows<7>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 8: panel_rows<8>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 9: panel_rows<9>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 10: panel_rows<10>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 11: panel_rows<11>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      default: panel_rows<12>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 1: panel_rows<1, 8, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 2: panel_rows<2, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 3: panel_rows<3, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 4: panel_rows<4, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 5: panel_rows<5, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 6: panel_rows<6, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 7: panel_rows<7, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 8: panel_rows<8, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 9: panel_rows<9, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 10: panel_rows<10, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 11: panel_rows<11, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      default: panel_rows<12, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
     }
   }
 }
