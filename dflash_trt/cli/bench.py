@@ -21,7 +21,7 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
               help="0 = greedy.")
 @click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option)
-@click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
                    "Fewer cost less to verify when late drafts are rarely accepted.")
@@ -73,6 +73,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
         load_prompts_jsonl(ds)  # an empty or malformed file fails here, not after the models load
+    hf_modes = [m for m in mode_list if m.startswith("hf")]
+    if batch_size > 1 and hf_modes:  # before the models load, not after
+        raise InvalidRequestError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
+                                  f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

@@ -38,7 +38,7 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
-@click.option("--block-size", default=None, type=int, help="Draft block size (default: the drafter's).")
+@click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
                    "Fewer cost less to verify when late drafts are rarely accepted.")

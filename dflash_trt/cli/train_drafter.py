@@ -65,7 +65,7 @@ def _init_drafter_dir(init: str) -> Path | None:
     path = Path(init)
     if not (path / "config.json").is_file():
         raise ConfigError(f"--init {init!r}: expected 'target', 'random' or a drafter folder with a config.json "
-                          f"({'no config.json in it' if path.is_dir() else 'no such folder'})")
+                          f"({'no config.json in it' if path.is_dir() else 'that is a file' if path.exists() else 'no such folder'})")
     return path
 
 

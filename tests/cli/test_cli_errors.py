@@ -300,3 +300,31 @@ def test_unwritable_cache_names_the_folder_and_the_variable(monkeypatch, capsys,
     assert err.startswith(f"error: cannot write the dflash-trt cache folder {blocker}/models (")
     assert err.endswith("set DFLASH_TRT_CACHE (or XDG_CACHE_HOME) to a writable folder\n")
     assert blocker.read_text() == "not a folder"  # nothing written over it
+
+
+def test_bench_hf_modes_at_batch_size_2_refused_before_loading(monkeypatch, capsys, tmp_path, tiny):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before --batch-size was checked against --modes")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    code, _, err = run_main(monkeypatch, capsys, "bench", "--modes", "dflash,hf,hf-prompt-lookup", "--batch-size", "2",
+                            "--out", str(tmp_path / "out"))
+    assert one_error_line(code, err), err
+    assert "--modes hf,hf-prompt-lookup: the HF modes run at batch size 1 only" in err and "--batch-size 2" in err
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+@pytest.mark.parametrize("value", ["0", "1", "65"])
+def test_block_size_out_of_range_is_a_usage_error(monkeypatch, capsys, tmp_path, command, value):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before --block-size was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    extra = ["--prompt", "hi"] if command == "generate" else ["--out", str(tmp_path / "out")]
+    code, out, err = run_main(monkeypatch, capsys, command, *extra, "--block-size", value)
+    assert code == 2 and out == "", err
+    assert f"Invalid value for '--block-size': {value} is not in the range 2<=x<=64" in err

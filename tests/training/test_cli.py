@@ -260,3 +260,6 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
     res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(tmp_path / "nowhere")])
     assert isinstance(res.exception, ConfigError) and "no such folder" in str(res.exception)
     assert not (tmp_path / "x").exists()
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(first / "config.json")])
+    assert isinstance(res.exception, ConfigError) and "that is a file" in str(res.exception)
+    assert not (tmp_path / "x").exists()
