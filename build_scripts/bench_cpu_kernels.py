@@ -1,13 +1,15 @@
 """Target forward time with torch's linears vs dflash-trt's packed CPU kernel, side by side in one run.
 
-Loads the default target (SmolLM2-135M-Instruct, float32) twice: once with torch's linears (the
-runtime's layout before the kernel: contiguous [in, out] weights), once with every linear and the
-lm_head packed (`dflash_trt.ops.packed_linear`). Times one forward over t new tokens after a
-300-token context (the verify pass of a DFlash step when t = 1 + drafts; t = 1 is an autoregressive
-step), plus the lm_head over those t positions, alternating the two models repetition by
-repetition, and reports the best of --reps for each. Also checks that the packed model's logits of
-a t-token forward equal its own 1-token logits bit for bit (batch invariance) and how far they are
-from torch's. Prints a table and writes JSON with --out.
+Loads the default target (SmolLM2-135M-Instruct, float32) three times: with torch's linears (the
+runtime's layout before the kernel: contiguous [in, out] weights), with every linear and the lm_head
+packed in float32 (`--cpu-kernels on` before the exact formats), and packed in the smallest exact
+format (the default: GGUF Q4_1 layers and a Q8_0 lm_head for this model, `dflash_trt.ops.packed_linear`).
+Times one forward over t new tokens after a 300-token context (the verify pass of a DFlash step when
+t = 1 + drafts; t = 1 is an autoregressive step), plus the lm_head over those t positions,
+alternating the models repetition by repetition, and reports the best of --reps for each. Also checks
+that the exact-format logits equal the float32-packed ones bit for bit, that a t-token forward's
+first row equals a 1-token forward's (batch invariance), and how far they are from torch's. Prints a
+table and writes JSON with --out.
 
 Usage: python build_scripts/bench_cpu_kernels.py [--threads 1] [--tokens 1,2,3,4,8,16] [--reps 7] [--out F]
 """
@@ -47,7 +49,8 @@ def main() -> None:
         raise SystemExit(f"bench_cpu_kernels: {why}")
     torch.set_num_threads(args.threads)
     path = default_target_path()
-    models = {"torch": load_target(path), "packed": load_target(path)}
+    models = {"torch": load_target(path), "packed_f32": load_target(path), "packed": load_target(path)}
+    models["packed_f32"].use_packed_linears(formats=("float32",))
     models["packed"].use_packed_linears()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, models["torch"].config.vocab_size, (1, CONTEXT + 16), generator=gen)
@@ -66,15 +69,20 @@ def main() -> None:
                     ms, logits[name] = forward_ms(model, caches[name], ids[:, CONTEXT:], t)
                     best[name] = min(best[name], ms)
             _, one = forward_ms(models["packed"], caches["packed"], ids[:, CONTEXT:], 1)
-            rows.append({"tokens": t, "torch_ms": round(best["torch"], 2), "packed_ms": round(best["packed"], 2),
+            rows.append({"tokens": t, "torch_ms": round(best["torch"], 2),
+                         "packed_f32_ms": round(best["packed_f32"], 2), "packed_ms": round(best["packed"], 2),
                          "speedup": round(best["torch"] / best["packed"], 3),
+                         "exact_formats_equal_f32": bool(torch.equal(logits["packed"], logits["packed_f32"])),
                          "packed_first_row_equals_1_token": bool(torch.equal(logits["packed"][0], one[0])),
                          "max_abs_logit_diff_vs_torch": float((logits["packed"] - logits["torch"]).abs().max())})
             r = rows[-1]
-            print(f"t={t:2d}  torch {r['torch_ms']:6.1f} ms  packed {r['packed_ms']:6.1f} ms  "
-                  f"speedup {r['speedup']:.2f}x  row 0 == 1-token: {r['packed_first_row_equals_1_token']}  "
+            print(f"t={t:2d}  torch {r['torch_ms']:6.1f} ms  packed f32 {r['packed_f32_ms']:6.1f} ms  "
+                  f"packed {r['packed_ms']:6.1f} ms  speedup {r['speedup']:.2f}x  "
+                  f"== f32: {r['exact_formats_equal_f32']}  row 0 == 1-token: {r['packed_first_row_equals_1_token']}  "
                   f"max |logit diff| vs torch {r['max_abs_logit_diff_vs_torch']:.2e}", flush=True)
+    formats = sorted({m.format for m in models["packed"].modules() if hasattr(m, "format")})
     result = {"what": "target forward + lm_head over t new tokens after a 300-token context, best of reps (ms)",
+              "packed_formats": formats,
               "target": str(path), "threads": args.threads, "reps": args.reps, "dtype": "float32",
               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "rows": rows}
     if args.out:

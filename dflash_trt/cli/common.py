@@ -106,11 +106,20 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
-def _not_nan(ctx, param, value: float) -> float:
-    """click's FloatRange lets nan through (every comparison with nan is False)."""
-    if value != value:
-        raise click.BadParameter("nan is not a number in [0, 1); use e.g. 0.3, or 0 to verify every draft")
-    return value
+def _draft_confidence(ctx, param, value: str) -> float | str:
+    """--draft-confidence: "auto" or a number in [0, 1) (click's FloatRange would let nan through)."""
+    if value == "auto":
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not auto or a number in [0, 1); use e.g. 0.3, 0 to verify every "
+                                 "draft, or auto") from None
+    if number != number:
+        raise click.BadParameter("nan is not a number in [0, 1); use e.g. 0.3, 0 to verify every draft, or auto")
+    if not 0.0 <= number < 1.0:
+        raise click.BadParameter(f"{value} is not in the range 0<=x<1; use e.g. 0.3, 0 to verify every draft, or auto")
+    return number
 
 
 def finite_float(ctx, param, value: float | None) -> float | None:
@@ -123,11 +132,10 @@ def finite_float(ctx, param, value: float | None) -> float | None:
 
 #: --draft-confidence, shared by `generate` and `bench` (DFlashProposer.draft_confidence).
 draft_confidence_option = click.option(
-    "--draft-confidence", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
-    callback=_not_nan,
+    "--draft-confidence", default="auto", show_default=True, callback=_draft_confidence, metavar="auto|P",
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
-         "probabilities stays >= this (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
-         "where each verified position costs compute.")
+         "probabilities stays >= P (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
+         "where each verified position costs compute. auto = 0.3 on a CPU, 0 on a GPU.")
 
 
 def set_threads(threads: int | None) -> None:
@@ -158,12 +166,12 @@ threads_option = click.option(
 
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
-                            draft_confidence: float = 0.0) -> None:
+                            draft_confidence: float | str = "auto") -> None:
     """One stderr line when --block-size / --max-draft-len / --draft-confidence are given but nothing
     drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
+    confidence = None if draft_confidence == "auto" else draft_confidence or None  # auto is the default
     given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
-                                      ("--draft-confidence", draft_confidence or None))
-             if value is not None]
+                                      ("--draft-confidence", confidence)) if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "
                    "ignored here (no dflash mode runs)", err=True)

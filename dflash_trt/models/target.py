@@ -95,14 +95,15 @@ class TargetModel(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.packed_head: nn.Module | None = None  # set by use_packed_linears
 
-    def use_packed_linears(self) -> None:
+    def use_packed_linears(self, formats: tuple[str, ...] | None = None) -> None:
         """Run every decoder-layer linear and the lm_head through the packed CPU float32 kernel
-        (`dflash_trt.ops.packed_linear`; inference only). The lm_head is packed as a copy: the
+        (`dflash_trt.ops.packed_linear`; inference only), each weight in the smallest of `formats`
+        (default: all, `FORMATS`) that holds it exactly. The lm_head is packed as a copy: the
         embedding (tied) or `lm_head.weight` stays for `head_weight` users (the drafter's head)."""
-        from dflash_trt.ops.packed_linear import PackedLinear, use_packed_linears
+        from dflash_trt.ops.packed_linear import FORMATS, PackedLinear, use_packed_linears
 
-        use_packed_linears(self.model)
-        self.packed_head = PackedLinear(self.head_weight)
+        use_packed_linears(self.model, formats or FORMATS)
+        self.packed_head = PackedLinear(self.head_weight, formats=formats or FORMATS)
 
     @property
     def embed_weight(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("packed_linear.cpp",)
+SOURCES = ("packed_linear.cpp", "pack_gguf.cpp")
 CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp")
 NAME = "dflash_trt_cpu_ops"
 

@@ -156,6 +156,8 @@ def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsy
     assert code == 2 and "--draft-confidence" in err and "0<=x<1" in err.replace(" ", "")
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "nan")
     assert code == 2 and "nan is not a number in [0, 1)" in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--draft-confidence", "high")
+    assert code == 2 and "'high' is not auto or a number in [0, 1)" in err
 
 
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):

@@ -98,8 +98,21 @@ def test_sampling_with_draft_confidence_matches_target(tiny, threshold, lengths)
     assert lengths <= set(seen)
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0])
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0, "0.3", "on"])
 def test_draft_confidence_out_of_range_is_refused(smollm2_untrained, value):
     pipe = smollm2_untrained
     with pytest.raises(ConfigError, match=r"draft_confidence must be in \[0, 1\)"):
         DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence=value)
+
+
+def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_untrained):
+    """"auto": CPU_DRAFT_CONFIDENCE where the target runs on a CPU (the default of load_pipeline and the
+    CLI), 0 on a GPU; the low-level DFlashProposer default stays 0 (verify every draft)."""
+    from dflash_trt.runtime.proposer import CPU_DRAFT_CONFIDENCE, auto_draft_confidence
+
+    pipe = smollm2_untrained
+    assert pipe.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.3  # load_pipeline's default, on cpu
+    proposer = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence="auto")
+    assert proposer.draft_confidence == 0.3
+    assert DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target).draft_confidence == 0.0
+    assert auto_draft_confidence("cuda:1") == 0.0 and auto_draft_confidence(torch.device("cpu")) == 0.3

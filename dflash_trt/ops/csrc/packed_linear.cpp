@@ -9,6 +9,17 @@
 //   P[p][k][j] = W[32 p + j][k]  (rows past N are zero),
 // so one panel p streams 32 outputs' weights contiguously in k order.
 //
+// Weight formats (chosen at pack time, dflash_trt/ops/packed_linear.py; each one EXACT for the weights
+// it is used for, so every format gives the float32 format's results bit for bit):
+//   float32:  P [ceil(N/32), K, 32] float.
+//   bfloat16: P [ceil(N/32), K, 32] bf16, for weights that are bf16 values (a bf16 checkpoint run in float32).
+//   q8_0:     P [ceil(N/32), K, 32] int8 q and D [ceil(N/32), K/32, 32] fp16 d: W = d * q (GGUF Q8_0, the
+//             product is exact in float32).
+//   q4_1:     P [ceil(N/32), K, 16] uint8: byte j holds q of output j (low nibble) and j + 16 (high), and
+//             S [ceil(N/32), K/32, 2, 32] fp16 (d, then m): W = d * q + m (GGUF Q4_1; d * q is exact, one rounding).
+// A quantized panel is expanded to float32 in a per-thread buffer (cache-resident) and multiplied there,
+// so a call reads 2x (bf16) to 6.4x (q4_1) fewer bytes from memory than the float32 format.
+//
 // Arithmetic (identical for every row count M and thread count, so results are batch-invariant
 // bit for bit): K is cut into 8 segments [K s / 8, K (s + 1) / 8); within a segment each output
 // accumulates x[k] * W[n][k] with fused multiply-adds in increasing k from 0.0f; the output is
@@ -21,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -109,6 +121,132 @@ void panel_rows(const float* x, int64_t ldx, const float* panel, int K, float* y
                 valid);
 }
 
+enum class Format { kF32, kBF16, kQ8_0, kQ4_1 };
+
+// One panel's K x 32 weights as float32 into out[K][32], exactly (see the formats above).
+void expand_panel(Format fmt, const void* data, const at::Half* scales, int K, float* out) {
+  if (fmt == Format::kBF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(data);
+    for (int64_t i = 0; i < static_cast<int64_t>(K) * kPanel; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+    return;
+  }
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(scales);
+  for (int kb = 0; kb < K / kPanel; ++kb) {
+    if (fmt == Format::kQ8_0) {
+      const int8_t* q = static_cast<const int8_t*>(data) + static_cast<int64_t>(kb) * kPanel * kPanel;
+      const uint16_t* d = sc + kb * kPanel;
+      const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+      const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + 16)));
+      for (int k = 0; k < kPanel; ++k) {
+        const int8_t* qk = q + k * kPanel;
+        float* o = out + (static_cast<int64_t>(kb) * kPanel + k) * kPanel;
+        const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qk)));
+        const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qk + 16)));
+        _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d0));
+        _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d1));
+      }
+    } else {  // kQ4_1
+      const uint8_t* q = static_cast<const uint8_t*>(data) + static_cast<int64_t>(kb) * kPanel * 16;
+      const uint16_t* dm = sc + kb * 2 * kPanel;
+      const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm)));
+      const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 16)));
+      const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 32)));
+      const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 48)));
+      const __m512i low = _mm512_set1_epi32(0xF);
+      for (int k = 0; k < kPanel; ++k) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16)));
+        float* o = out + (static_cast<int64_t>(kb) * kPanel + k) * kPanel;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), d0, m0));
+        _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d1, m1));
+      }
+    }
+  }
+}
+
+// The weights of 32 outputs at input k, as float32 (two vectors), for a quantized or bf16 panel; the
+// same values expand_panel writes. Scales (d, m) are those of k's block, loaded by the caller.
+template <Format F>
+inline void weights_at(const char* data, int k, __m512 d0, __m512 d1, __m512 m0, __m512 m1, __m512* w0, __m512* w1) {
+  if constexpr (F == Format::kQ4_1) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + k * 16)));
+    *w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF))), d0, m0);
+    *w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d1, m1);
+  } else if constexpr (F == Format::kQ8_0) {
+    const char* q = data + k * kPanel;
+    *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d0);
+    *w1 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d1);
+  } else {  // kBF16
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(data) + k * kPanel;
+    *w0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))), 16));
+    *w1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16))), 16));
+  }
+}
+
+// MR <= 4 rows x one quantized / bf16 panel without expanding it: each weight is computed in registers
+// and used at once (a decode step or a short verify: fewer instructions and no buffer round trip). The
+// same segments, FMA chains and combine as panel_rows, over the same float32 weights: the same bits.
+template <int MR, Format F>
+void fused_panel_rows(const float* x, int64_t ldx, const char* data, const uint16_t* sc, int K, float* y, int64_t ldy,
+                      const float* bias, int n0, int valid) {
+  constexpr int bytes_per_k = F == Format::kQ4_1 ? 16 : F == Format::kQ8_0 ? kPanel : 2 * kPanel;
+  __m512 part[kSegments][MR][2];
+  __m512 d0 = _mm512_setzero_ps(), d1 = d0, m0 = d0, m1 = d0;
+  for (int s = 0; s < kSegments; ++s) {
+    __m512 a[MR][2];
+    for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
+    const int end = seg_begin(K, s + 1);
+    for (int k = seg_begin(K, s); k < end;) {
+      const int block_end = F == Format::kBF16 ? end : std::min(end, (k / kPanel + 1) * kPanel);
+      if constexpr (F != Format::kBF16) {
+        const uint16_t* blk = sc + (k / kPanel) * (F == Format::kQ4_1 ? 2 : 1) * kPanel;
+        d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
+        if constexpr (F == Format::kQ4_1) {
+          m0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+          m1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48)));
+        }
+      }
+      for (; k < block_end; ++k) {
+        _mm_prefetch(data + static_cast<int64_t>(k) * bytes_per_k + 4096, _MM_HINT_T0);
+        __m512 w0, w1;
+        weights_at<F>(data, k, d0, d1, m0, m1, &w0, &w1);
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+          a[m][0] = _mm512_fmadd_ps(xb, w0, a[m][0]);
+          a[m][1] = _mm512_fmadd_ps(xb, w1, a[m][1]);
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) { part[s][m][0] = a[m][0]; part[s][m][1] = a[m][1]; }
+  }
+  for (int m = 0; m < MR; ++m)
+    store_panel(y + m * ldy, combine(&part[0][m][0], MR * 2), combine(&part[0][m][1], MR * 2), bias, n0, valid);
+}
+
+template <Format F>
+void fused_any_rows(int64_t M, const float* x, int K, const char* data, const uint16_t* sc, float* y, int64_t ldy,
+                    const float* bias, int n0, int valid) {
+  switch (M) {
+    case 1: fused_panel_rows<1, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 2: fused_panel_rows<2, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 3: fused_panel_rows<3, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 4: fused_panel_rows<4, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 5: fused_panel_rows<5, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 6: fused_panel_rows<6, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 7: fused_panel_rows<7, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    default: fused_panel_rows<8, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+  }
+}
+
+constexpr int kFusedMaxRows = 8;       // rows per fused pass (16 accumulators + the block's scales in registers)
+constexpr int kFusedMaxCallRows = 16;  // more rows (a prefill): expand each panel once and share it
+
 // Streams per pass (measured on the dev machine, 210 SmolLM2 matrices, 1 thread): 1 row reads 8
 // segments at once (one stream alone reads ~10 GB/s, MKL's GEMV ~12), 2-4 rows 4 at once (34-35 ms vs
 // 37-38 with one stream and prefetching), 5-12 rows one segment at a time with software prefetch.
@@ -135,14 +273,34 @@ void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float*
   }
 }
 
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out_features) {
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& scales,
+                         const std::optional<at::Tensor>& bias, int64_t out_features) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "packed_linear: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
-              "packed_linear: float32 only, got ", x.scalar_type(), " and ", packed.scalar_type());
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous(),
-              "packed_linear: packed weight must be a contiguous [ceil(N/32), K, 32] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "packed_linear: float32 only, got ", x.scalar_type(), " input");
+  Format fmt;
+  int bytes_per_k;  // of one panel
+  switch (packed.scalar_type()) {
+    case at::kFloat: fmt = Format::kF32; bytes_per_k = 4 * kPanel; break;
+    case at::kBFloat16: fmt = Format::kBF16; bytes_per_k = 2 * kPanel; break;
+    case at::kChar: fmt = Format::kQ8_0; bytes_per_k = kPanel; break;
+    case at::kByte: fmt = Format::kQ4_1; bytes_per_k = kPanel / 2; break;
+    default: TORCH_CHECK(false, "packed_linear: packed weights are float32, bfloat16, int8 (q8_0) or uint8 (q4_1), got ",
+                         packed.scalar_type());
+  }
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) * packed.element_size() == bytes_per_k && packed.is_contiguous(),
+              "packed_linear: packed weight must be a contiguous [ceil(N/32), K, ", fmt == Format::kQ4_1 ? 16 : 32,
+              "] tensor");
   const int64_t K = packed.size(1);
+  const at::Half* sp = nullptr;
+  if (fmt == Format::kQ8_0 || fmt == Format::kQ4_1) {
+    const int64_t per_block = fmt == Format::kQ4_1 ? 2 * kPanel : kPanel;
+    TORCH_CHECK(K % kPanel == 0, "packed_linear: a quantized weight needs in_features divisible by 32, got ", K);
+    TORCH_CHECK(scales.has_value() && scales->defined() && scales->scalar_type() == at::kHalf &&
+                    scales->is_contiguous() && scales->numel() == packed.size(0) * (K / kPanel) * per_block,
+                "packed_linear: a quantized weight needs contiguous float16 scales of ", per_block,
+                " per panel and 32 inputs");
+    sp = scales->data_ptr<at::Half>();
+  }
   TORCH_CHECK(x.size(-1) == K, "packed_linear: input has ", x.size(-1), " features, the weight expects ", K);
   TORCH_CHECK(out_features > (packed.size(0) - 1) * kPanel && out_features <= packed.size(0) * kPanel,
               "packed_linear: out_features ", out_features, " does not match ", packed.size(0), " panels");
@@ -158,15 +316,36 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
   shape.back() = out_features;
   at::Tensor y = at::empty({M, out_features}, x.options());
   const float* xp = xc.data_ptr<float>();
-  const float* pp = packed.data_ptr<float>();
+  const char* pp = static_cast<const char*>(packed.data_ptr());
   float* yp = y.data_ptr<float>();
   const int64_t panels = packed.size(0);
+  const int64_t scales_per_panel = fmt == Format::kQ4_1 ? 2 * K : K;
   if (M > 0) {
     at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
+      std::vector<float> expanded(fmt == Format::kF32 || M <= kFusedMaxCallRows ? 0 : K * kPanel);  // one panel, in cache
       for (int64_t p = begin; p < end; ++p) {
         const int n0 = static_cast<int>(p * kPanel);
         const int valid = static_cast<int>(std::min<int64_t>(kPanel, out_features - n0));
-        panel_any_rows(xp, M, static_cast<int>(K), pp + p * K * kPanel, yp + n0, out_features, b, n0, valid);
+        const char* data = pp + p * K * bytes_per_k;
+        const float* panel = reinterpret_cast<const float*>(data);
+        const uint16_t* ps = sp == nullptr ? nullptr : reinterpret_cast<const uint16_t*>(sp + p * scales_per_panel);
+        if (fmt != Format::kF32 && M <= kFusedMaxCallRows) {
+          const int k = static_cast<int>(K);
+          for (int64_t m0 = 0; m0 < M; m0 += kFusedMaxRows) {
+            const int64_t mr = std::min<int64_t>(kFusedMaxRows, M - m0);
+            const float* xm = xp + m0 * K;
+            float* ym = yp + m0 * out_features + n0;
+            if (fmt == Format::kQ4_1) fused_any_rows<Format::kQ4_1>(mr, xm, k, data, ps, ym, out_features, b, n0, valid);
+            else if (fmt == Format::kQ8_0) fused_any_rows<Format::kQ8_0>(mr, xm, k, data, ps, ym, out_features, b, n0, valid);
+            else fused_any_rows<Format::kBF16>(mr, xm, k, data, ps, ym, out_features, b, n0, valid);
+          }
+          continue;
+        }
+        if (fmt != Format::kF32) {
+          expand_panel(fmt, data, reinterpret_cast<const at::Half*>(ps), static_cast<int>(K), expanded.data());
+          panel = expanded.data();
+        }
+        panel_any_rows(xp, M, static_cast<int>(K), panel, yp + n0, out_features, b, n0, valid);
       }
     });
   }
@@ -176,7 +355,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
 }  // namespace
 
 TORCH_LIBRARY(dflash_trt, m) {
-  m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed, Tensor? scales, Tensor? bias, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("packed_linear", &packed_linear); }
