@@ -60,7 +60,9 @@ def test_fp8_matmul_on_is_lossless_and_close_to_the_dequantized_target(fp8_pipes
     finally:
         for h in hooks:
             h.remove()
-    torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-4)
+    # float32 accumulation order is the CPU's (oneDNN picks AMX on Sapphire Rapids, AVX-512 elsewhere): up to
+    # 2.3e-4 apart there (measured), 1e-4 elsewhere; a wrong scale or rounding moves logits by ~1e-1
+    torch.testing.assert_close(a, ref, rtol=1e-4, atol=5e-4)
 
 
 def test_auto_on_the_cpu_dequantizes(tiny_bundle_fp8_tp3):

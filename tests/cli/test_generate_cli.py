@@ -124,7 +124,7 @@ def test_more_bad_inputs_give_one_line_errors(monkeypatch, capsys, tmp_path, smo
 def test_max_draft_len_flag_sets_the_drafts_verified_per_step(monkeypatch, capsys):
     """--max-draft-len 2 with the default drafter (block 16): 2 drafts per step, the same text as --mode ar."""
     args = ("--chat", "What is the capital of France?", "--max-tokens", "20", "--json")
-    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "2")
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "2", "--draft-confidence", "0")
     assert code == 0, err
     obj = json.loads(out.strip().splitlines()[-1])
     m = obj["metrics"]

@@ -105,13 +105,15 @@ def test_draft_confidence_out_of_range_is_refused(smollm2_untrained, value):
         DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence=value)
 
 
-def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_untrained):
+def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, untrained_drafter, smollm2_untrained):
     """"auto": CPU_DRAFT_CONFIDENCE where the target runs on a CPU (the default of load_pipeline and the
     CLI), 0 on a GPU; the low-level DFlashProposer default stays 0 (verify every draft)."""
+    from dflash_trt.api import load_pipeline
     from dflash_trt.runtime.proposer import CPU_DRAFT_CONFIDENCE, auto_draft_confidence
 
+    default = load_pipeline(str(smollm2_path), str(untrained_drafter), cpu_kernels="off")
+    assert default.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.3  # load_pipeline's default, on cpu
     pipe = smollm2_untrained
-    assert pipe.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.3  # load_pipeline's default, on cpu
     proposer = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence="auto")
     assert proposer.draft_confidence == 0.3
     assert DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target).draft_confidence == 0.0
