@@ -153,13 +153,15 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-#: --threads, shared by `generate` and `bench` (applied with `set_threads`).
+#: --cpu-kernels, shared by `generate` and `bench` (`dflash_trt.ops.packed_linear.resolve_cpu_kernels`).
 cpu_kernels_option = click.option(
     "--cpu-kernels", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-    help="Run the linears through dflash-trt's packed CPU float32 kernel (built once on first use, ~15 s): "
-         "same speed as torch for 1 token, faster for the 2-16 of a verify pass, bit-identical results for any "
-         "number of tokens. auto = on for --device cpu with float32 on an AVX-512 CPU where it builds.")
+    help="Run the linears through dflash-trt's packed CPU float32 kernel (built once on first use, ~15 s): each "
+         "weight held in the smallest exact format (GGUF Q4_1 / Q8_0 blocks, bf16, else float32), read once for "
+         "the 1-16 tokens of a decode or verify step; the same results bit for bit whatever the format or number of "
+         "tokens. auto = on for --device cpu with float32 on an AVX-512 CPU where it builds.")
 
+#: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(
     "--threads", default=None, type=click.IntRange(1),
     help="torch CPU threads (default: torch's, one per core). On a busy machine fewer can be much faster.")
