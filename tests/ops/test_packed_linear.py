@@ -44,9 +44,13 @@ def test_rows_are_bit_identical_whatever_the_row_count(out_features, in_features
     assert torch.equal(layer(x.view(4, 10, in_features)).view(40, -1), alone)  # leading dims flatten
 
 
-def test_same_bits_with_one_and_two_threads():
+@pytest.mark.parametrize("kind", ["float32", "q4_1"])
+def test_same_bits_with_one_and_two_threads(kind):
+    from tests.ops.test_weight_formats import q4_1_weights
+
     g = torch.Generator().manual_seed(2)
-    layer = PackedLinear(torch.randn(1536, 576, generator=g))
+    layer = PackedLinear(torch.randn(1536, 576, generator=g) if kind == "float32" else q4_1_weights(1536, 576, 6)[0])
+    assert layer.format == kind
     x = torch.randn(5, 576, generator=g)
     before = torch.get_num_threads()
     try:
