@@ -60,6 +60,8 @@ def main() -> None:
             caches[name] = model.new_cache(1, CONTEXT + 32)
             model(ids[:, :CONTEXT], torch.arange(CONTEXT)[None], caches[name], CONTEXT, with_logits=False)
             forward_ms(model, caches[name], ids[:, CONTEXT:], 2)
+        print("row 0 == 1-token: a t-token forward's first row vs a 1-token forward, bit for bit; False for t > 1 "
+              "is expected: torch's attention rounds 1 and t query rows differently (docs/kernels.md)", flush=True)
         rows = []
         for t in (int(s) for s in args.tokens.split(",")):
             best = {name: float("inf") for name in models}

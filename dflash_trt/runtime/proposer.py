@@ -22,7 +22,8 @@ class DraftBatch:
     """Drafts for n rows, handed from proposer to verifier.
 
     tokens: [n, k] int64, k = the proposer's max_draft_len (at most block_size - 1) drafts per row.
-    probs:  list of n entries, each [k, V] float32 q (sampled drafts) or None (argmax drafts).
+    probs:  list of n entries, each [m, V] float32 q of the row's first m drafts (sampled drafts; m = its
+        length, or k without lengths) or None (argmax drafts).
     lengths: per row, how many of its k drafts to verify (dynamic draft length, 0..k), or None:
         all k for every row.
     """
@@ -45,8 +46,9 @@ def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list
     return (confidence.double().cumprod(1) >= threshold).sum(1).tolist()  # the product only falls
 
 
-#: `draft_confidence="auto"` on a CPU: measured fastest of 0 / 0.1 / 0.2 / 0.3 / 0.5 with the default
-#: SmolLM2 drafter, block 16, on HumanEval and MT-Bench (BENCHMARKS.md, session 10).
+#: `draft_confidence="auto"` on a CPU: with the default SmolLM2 drafter, block 16, on HumanEval and
+#: MT-Bench, 0.1 / 0.2 / 0.3 measured the same within noise, 0.5 slower, 0 (15 drafts) far slower
+#: (BENCHMARKS.md, session 10).
 CPU_DRAFT_CONFIDENCE = 0.3
 
 
@@ -101,8 +103,10 @@ class DFlashProposer:
                               "--max-draft-len or raise --block-size)")
         if draft_confidence == "auto":
             draft_confidence = auto_draft_confidence(target.embed_weight.device)
-        if isinstance(draft_confidence, str) or not 0.0 <= draft_confidence < 1.0:
-            raise ConfigError(f"draft_confidence must be in [0, 1) (0 = verify every draft), got {draft_confidence}")
+        if (isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float))
+                or not 0.0 <= draft_confidence < 1.0):
+            raise ConfigError(f'draft_confidence must be "auto" or a number in [0, 1) (0 = verify every draft), '
+                              f"got {draft_confidence!r}")
         self.draft_confidence = float(draft_confidence)
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
@@ -168,18 +172,21 @@ class DFlashProposer:
             logits = logits.float().view(n, k, -1)
         tokens = logits.argmax(-1)
         confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
+        sampled = {r: probs_from_logits(logits[r], p) for r, p in enumerate(params)  # q [k, V'] per sampling row
+                   if not p.greedy and self.sample_drafts}
+        for r, q in sampled.items():
+            if confidence is not None:
+                confidence[r] = q.amax(-1)
+        lengths = None if confidence is None else confident_prefix_lengths(confidence, self.draft_confidence)
         probs: list[torch.Tensor | None] = [None] * n
-        for r, p in enumerate(params):
-            if not p.greedy and self.sample_drafts:
-                q = probs_from_logits(logits[r], p)
-                tokens[r] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
-                if confidence is not None:
-                    confidence[r] = q.amax(-1)
-                if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab
-                    full = q.new_zeros(q.shape[0], self.target.config.vocab_size)
-                    q = full.index_copy_(1, self.draft_ids, q)
-                probs[r] = q
+        for r, q in sampled.items():
+            q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify
+            if q.shape[0]:
+                tokens[r, : q.shape[0]] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
+            if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab
+                full = q.new_zeros(q.shape[0], self.target.config.vocab_size)
+                q = full.index_copy_(1, self.draft_ids, q)
+            probs[r] = q
         if self.draft_ids is not None:
             tokens = self.draft_ids[tokens]
-        lengths = None if confidence is None else confident_prefix_lengths(confidence, self.draft_confidence)
         return DraftBatch(tokens, probs, lengths)

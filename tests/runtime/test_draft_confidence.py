@@ -98,10 +98,10 @@ def test_sampling_with_draft_confidence_matches_target(tiny, threshold, lengths)
     assert lengths <= set(seen)
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0, "0.3", "on"])
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0, float("nan"), "0.3", "on", None, True])
 def test_draft_confidence_out_of_range_is_refused(smollm2_untrained, value):
     pipe = smollm2_untrained
-    with pytest.raises(ConfigError, match=r"draft_confidence must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r'draft_confidence must be "auto" or a number in \[0, 1\) .*got ' + repr(value)):
         DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence=value)
 
 
