@@ -26,7 +26,7 @@ from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongErr
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.proposer import DFlashProposer
-from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits, sample
+from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.runtime.verifier import lazy_greedy_accept, speculative_sample
 
@@ -227,7 +227,7 @@ class Engine:
             self.proposer.add_context(out.features, positions, None)
         elif self.feature_sink is not None:
             self.feature_sink.record(list(range(len(reqs))), out.features, positions, lens)
-        argmax = out.logits[:, 0].argmax(-1).tolist()  # one device sync for the whole batch
+        argmax = greedy_tokens(out.logits[:, 0]).tolist()  # one device sync for the whole batch
         for i, r in enumerate(reqs):
             r.start = lens[i]
             cache.set_length(i, lens[i])

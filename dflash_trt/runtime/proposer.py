@@ -14,7 +14,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
-from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
+from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits
 
 
 @dataclass
@@ -170,7 +170,7 @@ class DFlashProposer:
             flat = hidden.reshape(n * k, -1)
             logits = self.packed_draft_head(flat) if self.packed_draft_head is not None else head_matmul(flat, self.draft_head)
             logits = logits.float().view(n, k, -1)
-        tokens = logits.argmax(-1)
+        tokens = greedy_tokens(logits)
         confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
         sampled = {r: probs_from_logits(logits[r], p) for r, p in enumerate(params)  # q [k, V'] per sampling row
                    if not p.greedy and self.sample_drafts}

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import torch
 
+from dflash_trt.runtime.sampling import greedy_tokens
+
 
 def _accept_prefix(draft_tokens: torch.Tensor, posterior: torch.Tensor) -> torch.Tensor:
     """[n] int64 length of the longest prefix of draft_tokens [n, k] equal to posterior[:, :k]."""
@@ -33,7 +35,7 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
         (accepted, next_token): per row, the number of drafts equal to the target's argmax
         (longest matching prefix) and the target's argmax after them (bonus or correction).
     """
-    posterior = target_logits.argmax(-1)  # [n, k + 1]
+    posterior = greedy_tokens(target_logits)  # [n, k + 1]
     accepted = _accept_prefix(draft_tokens, posterior)  # [n]
     nxt = posterior.gather(1, accepted[:, None])[:, 0]
     return accepted.tolist(), nxt.tolist()
@@ -68,12 +70,12 @@ def lazy_greedy_accept(draft_tokens: torch.Tensor, hidden: torch.Tensor,
     positions = torch.arange(k + 1, device=hidden.device)[None, :]  # [1, k + 1]
     posterior = torch.full((n, k + 1), -1, dtype=torch.int64, device=hidden.device)  # -1: not computed
     step1 = positions < first[:, None]  # [n, k + 1]
-    posterior[step1] = logits_fn(hidden[step1]).argmax(-1)
+    posterior[step1] = greedy_tokens(logits_fn(hidden[step1]))
     accepted = _accept_prefix(draft_tokens, posterior)  # a draft never matches an uncomputed -1
     rest = accepted == first  # every draft decided in step 1 matched: the next argmax is unknown
     if bool(rest.any()):
         step2 = rest[:, None] & ~step1
-        posterior[step2] = logits_fn(hidden[step2]).argmax(-1)
+        posterior[step2] = greedy_tokens(logits_fn(hidden[step2]))
         accepted = _accept_prefix(draft_tokens, posterior)
     nxt = posterior.gather(1, accepted[:, None])[:, 0]
     return accepted.tolist(), nxt.tolist()

@@ -114,3 +114,15 @@ def test_emitted_distribution_is_the_targets():
 def test_chi_square_catches_a_wrong_verifier():
     assert first_token_pvalue(wrong_verifier, sampled_drafts=True) < 1e-6
     assert first_token_pvalue(wrong_verifier, sampled_drafts=False) < 1e-6
+
+
+def test_greedy_tokens_is_argmax_first_index_on_ties():
+    from dflash_trt.runtime.sampling import greedy_tokens
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (6, 5, 300), generator=g).float()  # many tied maxima per row
+    logits[0, 0, 7] = float("nan")  # nan wins, as in argmax
+    got = greedy_tokens(logits)
+    assert got.dtype == torch.int64 and got.shape == (6, 5)
+    assert torch.equal(got, logits.argmax(-1))
+    assert got[0, 0] == 7 and torch.equal(greedy_tokens(torch.zeros(2, 9)), torch.zeros(2, dtype=torch.int64))
