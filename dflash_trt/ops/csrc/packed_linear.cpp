@@ -17,8 +17,9 @@
 //             product is exact in float32).
 //   q4_1:     P [ceil(N/32), K, 16] uint8: byte j holds q of output j (low nibble) and j + 16 (high), and
 //             S [ceil(N/32), K/32, 2, 32] fp16 (d, then m): W = d * q + m (GGUF Q4_1; d * q is exact, one rounding).
-// A quantized panel is expanded to float32 in a per-thread buffer (cache-resident) and multiplied there,
-// so a call reads 2x (bf16) to 6.4x (q4_1) fewer bytes from memory than the float32 format.
+// Up to 16 rows (decode, verify, a draft block) dequantize a non-float32 panel in registers, 8 rows per
+// pass (fused_panel_rows); more rows (a prefill) expand it to float32 once in a per-thread cache-resident
+// buffer and run the float32 path on it. A call reads 2x (bf16) to 6.4x (q4_1) fewer bytes from memory.
 //
 // Arithmetic (identical for every row count M and thread count, so results are batch-invariant
 // bit for bit): K is cut into 8 segments [K s / 8, K (s + 1) / 8); within a segment each output
