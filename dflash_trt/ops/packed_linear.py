@@ -12,8 +12,9 @@ one-token decode would (batch invariance).
 Each weight is stored in the smallest format that holds its float32 values EXACTLY (`pack_exact`):
 GGUF Q4_1 or Q8_0 blocks (a model converted from a GGUF file, like the embedded SmolLM2: 0.625 and
 1.06 bytes per weight), bfloat16 (a bf16 checkpoint, like the shipped drafter, run in float32: 2
-bytes), else float32. The kernel expands a panel to float32 in cache and multiplies exactly as the
-float32 format does, so the output is the same bit for bit while up to 6.4x fewer bytes are read.
+bytes), else float32. The kernel rebuilds the exact float32 weights in registers (up to 16 rows) or
+in a cache-resident panel buffer (a prefill) and multiplies exactly as the float32 format does, so
+the output is the same bit for bit while up to 6.4x fewer bytes are read.
 
 `use_packed_linears` swaps a model's `nn.Linear`s (and a target's lm_head) for `PackedLinear`s, in
 place, for inference only (no gradients; state_dict keys change from `weight` to `packed`, `scales`).
@@ -55,7 +56,8 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
-def pack_exact(weight: torch.Tensor, formats: tuple[str, ...] = FORMATS) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+def pack_exact(weight: torch.Tensor,
+               formats: tuple[str, ...] = FORMATS) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     """A weight [N, K] in the first of `formats` that holds its float32 values exactly (checked value by
     value, bit for bit): q4_1 / q8_0 (GGUF blocks of 32 inputs along K, e.g. a model converted from a
     GGUF file; found by csrc/pack_gguf.cpp), bfloat16 (a bf16 checkpoint loaded in float32), else
