@@ -104,14 +104,16 @@ def use_cpu_kernels(target: TargetModel, proposer: DFlashProposer | None) -> Non
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                  device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto") -> Pipeline:
+                  device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
+                  tree_topk: int = 1) -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
     `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
     block_size - 1) how many of its drafts the target verifies per step, `draft_confidence` (0 = off) a
     dynamic draft length cut by the drafter's own confidence (both: `DFlashProposer`; "auto": 0.3 on a
-    CPU, 0 on a GPU, `dflash_trt.runtime.proposer.auto_draft_confidence`).
+    CPU, 0 on a GPU, `dflash_trt.runtime.proposer.auto_draft_confidence`), `tree_topk` (1 = a chain)
+    the top-k per block position of a draft tree for greedy requests (`dflash_trt.runtime.draft_tree`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
     "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
@@ -146,7 +148,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
-                                  max_draft_len, draft_confidence)
+                                  max_draft_len, draft_confidence, tree_topk)
     tokenizer = load_tokenizer(target_path)
     if packed:
         use_cpu_kernels(model, proposer)
@@ -156,7 +158,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
-                device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto") -> Pipeline:
+                device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
+                tree_topk: int = 1) -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`.
 
@@ -166,8 +169,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     compute capability >= 8.9; otherwise ("off", or "auto" on the CPU) it is dequantized too.
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
-    `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence`: as in
-    `load_pipeline`.
+    `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence` and
+    `tree_topk`: as in `load_pipeline`.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
@@ -196,7 +199,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
         if max_draft_len is None and block_size is None:
             max_draft_len = manifest.get("max_draft_len")
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
-                                  max_draft_len=max_draft_len, draft_confidence=draft_confidence)
+                                  max_draft_len=max_draft_len, draft_confidence=draft_confidence, tree_topk=tree_topk)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     if packed:
         use_cpu_kernels(model, proposer)

@@ -138,6 +138,14 @@ draft_confidence_option = click.option(
          "where each verified position costs compute. auto = 0.3 on a CPU, 0 on a GPU.")
 
 
+#: --tree-topk, shared by `generate` and `bench` (DFlashProposer.tree_topk).
+tree_topk_option = click.option(
+    "--tree-topk", default=1, show_default=True, type=click.IntRange(1, 16), metavar="K",
+    help="Greedy requests verify a draft tree: the top-K drafts of each block position combine into candidate "
+         "paths, and the max_draft_len likeliest (those >= the draft confidence) are verified in one target pass "
+         "with a tree attention mask. 1 = a chain of top-1 drafts (the paper's DFlash). Output is unchanged.")
+
+
 def set_threads(threads: int | None) -> None:
     """Apply --threads: torch's intra-op CPU threads for the whole command; None keeps torch's default
     (one per core). On a machine busy with other work, fewer threads than cores is often much faster."""
@@ -168,12 +176,13 @@ threads_option = click.option(
 
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
-                            draft_confidence: float | str = "auto") -> None:
-    """One stderr line when --block-size / --max-draft-len / --draft-confidence are given but nothing
-    drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
+                            draft_confidence: float | str = "auto", tree_topk: int = 1) -> None:
+    """One stderr line when --block-size / --max-draft-len / --draft-confidence / --tree-topk are given
+    but nothing drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
     confidence = None if draft_confidence == "auto" else draft_confidence or None  # auto is the default
     given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
-                                      ("--draft-confidence", confidence)) if value is not None]
+                                      ("--draft-confidence", confidence),
+                                      ("--tree-topk", tree_topk if tree_topk != 1 else None)) if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "
                    "ignored here (no dflash mode runs)", err=True)

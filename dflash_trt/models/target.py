@@ -35,7 +35,7 @@ class TargetAttention(AttentionProjections):
                          cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps)
         self.layer_idx = layer_idx
 
-    def forward(self, x, rope, positions, mask, cache: KVCache, rows, kv_len):
+    def forward(self, x, rope, slots, mask, cache: KVCache, rows, kv_len):
         n, t, _ = x.shape
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim)
@@ -45,7 +45,7 @@ class TargetAttention(AttentionProjections):
         cos, sin = rope
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
-        cache.write(self.layer_idx, rows, positions, k, v.transpose(1, 2))
+        cache.write(self.layer_idx, rows, slots, k, v.transpose(1, 2))
         k_all, v_all = cache.read(self.layer_idx, rows, kv_len)
         return self.o_proj(attention(q, k_all, v_all, mask, self.scale))
 
@@ -58,8 +58,8 @@ class TargetDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, positions, mask, cache, rows, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), rope, positions, mask, cache, rows, kv_len)
+    def forward(self, x, rope, slots, mask, cache, rows, kv_len):
+        x = x + self.self_attn(self.input_layernorm(x), rope, slots, mask, cache, rows, kv_len)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -130,7 +130,8 @@ class TargetModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
                 rows: torch.Tensor | None = None, feature_layer_ids: tuple[int, ...] = (),
-                logits_index: torch.Tensor | None = None, with_logits: bool = True) -> TargetOutput:
+                logits_index: torch.Tensor | None = None, with_logits: bool = True,
+                slots: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> TargetOutput:
         """Run tokens through the target, writing their K/V into `cache`.
 
         Args:
@@ -145,17 +146,24 @@ class TargetModel(nn.Module):
                 for all t positions.
             with_logits: False skips the lm_head (logits None): the caller computes logits from
                 `hidden` where it needs them (lazy greedy verification).
+            slots: [n, t] int64 cache slots to write, or None: `positions` (a sequence). A draft
+                tree (`dflash_trt.runtime.draft_tree`) writes its nodes to consecutive slots while
+                siblings share a position.
+            attn_mask: bool [n, 1, t, kv_len] (True = attend), or None: causal by position. A draft
+                tree passes its ancestor mask (`tree_attention_mask`).
         Returns:
             TargetOutput with logits [n, k or t, vocab] float32 and hidden [n, t, hidden].
         """
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary(positions)
-        key_pos = torch.arange(kv_len, device=positions.device)
-        mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])
+        if attn_mask is None:
+            key_pos = torch.arange(kv_len, device=positions.device)
+            attn_mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
+        slots = positions if slots is None else slots
         wanted = {lid: None for lid in feature_layer_ids}
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, positions, mask, cache, rows, kv_len)
+            x = layer(x, rope, slots, attn_mask, cache, rows, kv_len)
             if i in wanted and i != last:
                 wanted[i] = x
         x = self.model.norm(x)

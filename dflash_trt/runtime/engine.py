@@ -25,6 +25,7 @@ import torch
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.profile import PhaseTimer
+from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
@@ -259,30 +260,49 @@ class Engine:
             k = max(lens)  # the verify pass is as long as the longest draft kept
             tokens = torch.cat([tokens, drafts.tokens[:, :k]], dim=1)
         step = k + 1 if drafting else 1
-        positions = starts[:, None] + torch.arange(step, device=dev)
+        positions = starts[:, None] + torch.arange(step, device=dev)  # also the cache slots written
+        tree = None if not drafting or drafts.parents is None else drafts.parents[:, :k]
         feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
         # logits are computed below, only where the verifier reads them
         with self._phase("target_forward"):
-            out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids, with_logits=False)
+            if tree is None:
+                out = self.target(tokens, positions, cache, max_start + step, rows, feature_ids, with_logits=False)
+            else:  # node i at slot start + i, at position start + its depth, seeing its ancestors
+                mask = tree_attention_mask(tree, starts, max_start + step)
+                out = self.target(tokens, starts[:, None] + node_depths(tree), cache, max_start + step, rows,
+                                  feature_ids, with_logits=False, slots=positions, attn_mask=mask)
         if mode == "ar" and self.feature_sink is not None:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
         with self._phase("logits_and_accept"):
-            self._accept(batch, lens, tokens, drafts, out.hidden, cache, mode)
+            kept_nodes = self._accept(batch, lens, tokens, drafts, out.hidden, cache, mode, tree)
         if drafting:
-            # KV injection of the block's target features; slots past each row's accepted length
-            # hold rejected drafts' features and stay masked until overwritten.
+            # KV injection of the block's target features (a tree's: its accepted path first); slots
+            # past each row's accepted length hold rejected drafts' features and stay masked until
+            # overwritten.
             with self._phase("inject"):
-                self.proposer.add_context(out.features, positions, rows)
+                features = out.features
+                if kept_nodes is not None:
+                    features = features.gather(1, kept_nodes[..., None].expand(-1, -1, features.shape[-1]))
+                self.proposer.add_context(features, positions, rows)
 
     def _accept(self, batch: list[_Request], lens: list[int], tokens: torch.Tensor, drafts, hidden: torch.Tensor,
-                cache, mode: str) -> None:
+                cache, mode: str, tree: torch.Tensor | None = None) -> torch.Tensor | None:
         """Verify one step's drafts (greedy or speculative sampling) from the target's final-normed
         hidden states [n, step, H], emit each row's accepted drafts + one target token, update its
-        metrics and roll its target KV cache length back to what it kept."""
+        metrics and roll its target KV cache length back to what it kept.
+
+        With draft trees (`tree`: parents [n, step - 1]) the accepted path's K/V move to consecutive
+        cache slots, and the return value is [n, step] int64: per row the node at each block offset
+        after the move (root, accepted path, then the rest unchanged), for the KV injection.
+        Chains return None."""
         dev = hidden.device
         greedy = [j for j, r in enumerate(batch) if r.params.greedy]
         sampled = [j for j, r in enumerate(batch) if not r.params.greedy]
-        g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden)
+        paths: dict[int, list[int]] = {}
+        if tree is None:
+            g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden)
+        else:
+            g_acc, g_next, paths = self._verify_greedy_trees(greedy, lens, tokens, tree, hidden)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
         if sampled:  # speculative sampling reads p at every position: all logits of those rows
             s_logits = self.target.compute_logits(hidden[torch.tensor(sampled, device=dev)])  # [s, step, V]
@@ -296,7 +316,8 @@ class Engine:
                 p = probs_from_logits(s_logits[j][: kj + 1], r.params)
                 q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
                 acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, p, r.generator)
-            taken = r.emit(token_rows[j][1 : acc + 1] + [nxt])
+            path = paths.get(j)
+            taken = r.emit((token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt])
             m = r.metrics
             m.verify_steps += 1
             m.drafted_tokens += kj
@@ -307,8 +328,17 @@ class Engine:
                     m.accepted_per_position = [0] * self.proposer.max_draft_len
                 for pos in range(kept):
                     m.accepted_per_position[pos] += 1
+            if path:  # the accepted nodes' K/V to slots start + 1 .. start + acc
+                cache.move(j, [r.start + i for i in path], list(range(r.start + 1, r.start + acc + 1)))
             r.start += acc + 1
             cache.set_length(j, r.start)
+        if tree is None:
+            return None
+        kept_nodes = torch.arange(tokens.shape[1], device=dev).repeat(len(batch), 1)
+        for j, path in paths.items():
+            if path:
+                kept_nodes[j, 1 : len(path) + 1] = torch.tensor(path, device=dev)
+        return kept_nodes
 
     def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
                        hidden: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -325,6 +355,29 @@ class Engine:
         drafts[unverified] = self.target.config.vocab_size  # an id the target never outputs: never accepted
         first = torch.tensor([self._first_logits(batch[j], lens[j], step) for j in rows], device=dev)
         return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first)
+
+    def _verify_greedy_trees(self, rows: list[int], lens: list[int], tokens: torch.Tensor, tree: torch.Tensor,
+                             hidden: torch.Tensor) -> tuple[list[int], list[int], dict[int, list[int]]]:
+        """Greedy verdicts of draft trees (`greedy_tree_accept`) of batch rows `rows`: accepted
+        counts, next tokens and the accepted paths (node indices). Logits are computed for every
+        verified node of those rows in one lm_head product."""
+        if not rows:
+            return [], [], {}
+        dev, step = hidden.device, hidden.shape[1]
+        idx = torch.tensor(rows, device=dev)
+        num = torch.tensor([lens[j] for j in rows], device=dev)
+        verified = torch.arange(step, device=dev)[None, :] <= num[:, None]  # [g, step]: root + drafts
+        flat = greedy_tokens(self.target.compute_logits(hidden[idx][verified])).tolist()
+        token_rows, parent_rows = tokens[idx, 1:].tolist(), tree[idx].tolist()
+        accepted, nxt, paths, at = [], [], {}, 0
+        for g, j in enumerate(rows):
+            m = lens[j]
+            path, token = greedy_tree_accept(token_rows[g], parent_rows[g], m, flat[at : at + m + 1])
+            at += m + 1
+            accepted.append(len(path))
+            nxt.append(token)
+            paths[j] = path
+        return accepted, nxt, paths
 
     def _first_logits(self, r: _Request, num_drafts: int, step: int) -> int:
         """How many block positions request r's greedy verification computes logits for up front

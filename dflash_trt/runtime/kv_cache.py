@@ -21,9 +21,8 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (batch, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # one buffer [2 (k, v), layers, batch, kv_heads, capacity, head_dim]; k[l] and v[l] are views
+        self._set_buffer(torch.zeros((2, num_layers, batch, kv_heads, capacity, head_dim), dtype=dtype, device=device))
         self.capacity = capacity
         self.batch = batch
         self.lengths = [0] * batch
@@ -53,11 +52,24 @@ class KVCache:
         batch whose finished requests leave reads contiguous buffers again on every later step."""
         if rows == list(range(self.batch)):
             return
-        idx = torch.tensor(rows, device=self.k[0].device)
-        self.k = [t.index_select(0, idx) for t in self.k]
-        self.v = [t.index_select(0, idx) for t in self.v]
+        self._set_buffer(self.buffer.index_select(2, torch.tensor(rows, device=self.buffer.device)))
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
+
+    def move(self, row: int, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of slots `src` of `row` to slots `dst` in every layer (the accepted path of a
+        draft tree to consecutive positions). The sources are read before any destination is
+        written, so the two lists may overlap."""
+        if src == dst:
+            return
+        dev = self.buffer.device
+        rows = self.buffer[:, :, row]  # [2, layers, kv_heads, capacity, head_dim], a view
+        rows[:, :, :, torch.tensor(dst, device=dev)] = rows[:, :, :, torch.tensor(src, device=dev)]
+
+    def _set_buffer(self, buffer: torch.Tensor) -> None:
+        self.buffer = buffer
+        self.k = list(buffer[0].unbind(0))
+        self.v = list(buffer[1].unbind(0))
 
     def set_length(self, row: int, length: int) -> None:
         """Commit (or roll back to) `length` positions of `row`: O(1), no data moves."""
@@ -66,4 +78,4 @@ class KVCache:
         self.lengths[row] = length
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return self.buffer.numel() * self.buffer.element_size()

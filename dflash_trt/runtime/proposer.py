@@ -14,6 +14,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
+from dflash_trt.runtime.draft_tree import build_tree, chain_parents
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits
 
 
@@ -26,11 +27,14 @@ class DraftBatch:
         length, or k without lengths) or None (argmax drafts).
     lengths: per row, how many of its k drafts to verify (dynamic draft length, 0..k), or None:
         all k for every row.
+    parents: [n, k] int64 draft trees (`dflash_trt.runtime.draft_tree`: draft i is node i + 1, its
+        parent node parents[:, i], 0 = the block's first token), or None: every row is a chain.
     """
 
     tokens: torch.Tensor
     probs: list[torch.Tensor | None]
     lengths: list[int] | None = None
+    parents: torch.Tensor | None = None
 
 
 def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list[int]:
@@ -83,14 +87,21 @@ class DFlashProposer:
     costs real compute (a CPU: the verify pass grows with its length), not on a GPU at batch 1.
     "auto" picks by the target's device (`auto_draft_confidence`).
 
+    `tree_topk` > 1 drafts a tree instead of a chain for greedy rows (`dflash_trt.runtime.draft_tree`):
+    the top-`tree_topk` tokens of each block position combine into candidate paths, and the
+    `max_draft_len` paths with the largest products of draft probabilities (only those >=
+    draft_confidence when it is > 0) are verified together in one target pass (max_draft_len is
+    then TensorRT-LLM's max_total_draft_tokens: the verify pass still has at most max_draft_len + 1
+    tokens). Sampling rows keep the chain (multi-candidate speculative sampling is not implemented).
+
     Raises:
-        ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1], or
-            draft_confidence outside [0, 1) (and not "auto").
+        ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
+            draft_confidence outside [0, 1) (and not "auto"), or tree_topk < 1.
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
                  sample_drafts: bool = True, max_draft_len: int | None = None,
-                 draft_confidence: float | str = 0.0):
+                 draft_confidence: float | str = 0.0, tree_topk: int = 1):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
@@ -108,6 +119,9 @@ class DFlashProposer:
             raise ConfigError(f'draft_confidence must be "auto" or a number in [0, 1) (0 = verify every draft), '
                               f"got {draft_confidence!r}")
         self.draft_confidence = float(draft_confidence)
+        if isinstance(tree_topk, bool) or not isinstance(tree_topk, int) or tree_topk < 1:
+            raise ConfigError(f"tree_topk must be an integer >= 1 (1 = a chain of drafts, the paper's DFlash), got {tree_topk!r}")
+        self.tree_topk = tree_topk
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
@@ -170,6 +184,16 @@ class DFlashProposer:
             flat = hidden.reshape(n * k, -1)
             logits = self.packed_draft_head(flat) if self.packed_draft_head is not None else head_matmul(flat, self.draft_head)
             logits = logits.float().view(n, k, -1)
+        tree_rows = [r for r, p in enumerate(params) if self.tree_topk > 1 and p.greedy]
+        if tree_rows:
+            return self._propose_trees(logits, tree_rows, params, generators)
+        return self._chain_drafts(logits, params, generators)
+
+    def _chain_drafts(self, logits: torch.Tensor, params: list[SamplingParams],
+                      generators: list[torch.Generator | None]) -> DraftBatch:
+        """Chains of drafts from draft logits [n, k, V']: argmax (greedy rows) or sampled from q,
+        cut by draft_confidence."""
+        n, k = logits.shape[:2]
         tokens = greedy_tokens(logits)
         confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
         sampled = {r: probs_from_logits(logits[r], p) for r, p in enumerate(params)  # q [k, V'] per sampling row
@@ -190,3 +214,31 @@ class DFlashProposer:
         if self.draft_ids is not None:
             tokens = self.draft_ids[tokens]
         return DraftBatch(tokens, probs, lengths)
+
+    def _propose_trees(self, logits: torch.Tensor, tree_rows: list[int], params: list[SamplingParams],
+                       generators: list[torch.Generator | None]) -> DraftBatch:
+        """Drafts of a batch with draft trees in `tree_rows` (module draft_tree) and chains in the
+        others (sampling rows, drafted as `propose` does without trees). logits: [n, k, V']."""
+        n, k = logits.shape[:2]
+        chain_rows = [r for r in range(n) if r not in tree_rows]
+        chain = DraftBatch(logits.new_zeros(n, k, dtype=torch.int64), [None] * n, [k] * n)
+        if chain_rows:  # the chain path on those rows alone
+            idx = torch.tensor(chain_rows, device=logits.device)
+            sub = self._chain_drafts(logits[idx], [params[r] for r in chain_rows], [generators[r] for r in chain_rows])
+            chain.tokens[idx] = sub.tokens
+            for j, r in enumerate(chain_rows):
+                chain.probs[r] = sub.probs[j]
+                chain.lengths[r] = k if sub.lengths is None else sub.lengths[j]
+        parents = chain_parents(n, k, logits.device)
+        top_p, top_i = torch.softmax(logits[tree_rows], -1).topk(self.tree_topk, -1)  # [t, k, topk]
+        if self.draft_ids is not None:
+            top_i = self.draft_ids[top_i]
+        tokens = chain.tokens
+        for j, r in enumerate(tree_rows):
+            toks, pars = build_tree(top_p[j].tolist(), top_i[j].tolist(), k, self.draft_confidence)
+            m = len(toks)
+            if m:
+                tokens[r, :m] = torch.tensor(toks, device=tokens.device)
+                parents[r, :m] = torch.tensor(pars, device=tokens.device)
+            chain.lengths[r] = m
+        return DraftBatch(tokens, chain.probs, chain.lengths, parents)

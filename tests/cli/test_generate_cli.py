@@ -160,6 +160,27 @@ def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsy
     assert code == 2 and "'high' is not auto or a number in [0, 1)" in err
 
 
+@pytest.mark.slow
+def test_tree_topk_flag_verifies_trees_and_keeps_the_text(monkeypatch, capsys):
+    """--tree-topk 4: the same tokens as --mode ar in fewer verify steps than the chain (a 16-token
+    verify either way); 0 is a usage error; with --mode ar it warns."""
+    args = ("--chat", "Write a Python function that reverses a string.", "--max-tokens", "32", "--json",
+            "--draft-confidence", "0")
+    runs = {}
+    for topk in ("1", "4"):
+        code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", topk)
+        assert code == 0, err
+        runs[topk] = json.loads(out.strip().splitlines()[-1])
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar", "--tree-topk", "4")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["token_ids"] == runs["4"]["token_ids"]
+    assert "warning: --draft-confidence and --tree-topk only affect DFlash drafting" not in err  # confidence 0 is off
+    assert "warning: --tree-topk only affects DFlash drafting; ignored here (no dflash mode runs)" in err
+    assert runs["1"]["token_ids"] == runs["4"]["token_ids"]
+    assert runs["4"]["metrics"]["verify_steps"] < runs["1"]["metrics"]["verify_steps"]
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", "0")
+    assert code == 2 and "--tree-topk" in err and "Traceback" not in err
+
+
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):
     """--threads N sets torch's CPU threads for the command (the output does not change); 0 is a usage error
     before anything loads."""
