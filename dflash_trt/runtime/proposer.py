@@ -55,6 +55,10 @@ def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list
 #: (BENCHMARKS.md, session 10).
 CPU_DRAFT_CONFIDENCE = 0.3
 
+#: With a draft confidence > 0 and greedy requests, draft logits are computed for the first
+#: LAZY_DRAFT_POSITIONS positions, and for the rest only if a row is still confident there.
+LAZY_DRAFT_POSITIONS = 4
+
 
 def auto_draft_confidence(device: torch.device | str) -> float:
     """The dynamic-draft-length threshold "auto" stands for on `device`: `CPU_DRAFT_CONFIDENCE` on a
@@ -178,16 +182,32 @@ class DFlashProposer:
         hidden = self.drafter(embeds, positions, self.cache, starts, max_start, rows)
         k = self.max_draft_len
         hidden = hidden[:, 1 : k + 1].to(self.target.embed_weight.dtype)
-        if self.draft_head is None:
-            logits = self.target.compute_logits(hidden)  # [n, k, V]
-        else:  # [n, k, V'] draft vocab; a 2-D product (a 3-D matmul of this strided slice takes a slow bmm path)
-            flat = hidden.reshape(n * k, -1)
-            logits = self.packed_draft_head(flat) if self.packed_draft_head is not None else head_matmul(flat, self.draft_head)
-            logits = logits.float().view(n, k, -1)
+        c = LAZY_DRAFT_POSITIONS
+        if self.draft_confidence > 0 and k > c and all(p.greedy for p in params):
+            # dynamic draft length: positions past the first c matter only while some row's running
+            # product of top-token probabilities is still >= draft_confidence at c (it only falls);
+            # else they get zero logits (uniform q), which no chain length or tree path reaches
+            logits = self._draft_logits(hidden[:, :c])
+            reach = torch.softmax(logits, -1).amax(-1).double().prod(1)  # [n]
+            rest = self._draft_logits(hidden[:, c:]) if bool((reach >= self.draft_confidence).any()) else \
+                logits.new_zeros(n, k - c, logits.shape[-1])
+            logits = torch.cat([logits, rest], 1)
+        else:
+            logits = self._draft_logits(hidden)
         tree_rows = [r for r, p in enumerate(params) if self.tree_topk > 1 and p.greedy]
         if tree_rows:
             return self._propose_trees(logits, tree_rows, params, generators)
         return self._chain_drafts(logits, params, generators)
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits float32 [n, m, V'] (V' the draft vocabulary, or the target's) of drafter
+        hidden states [n, m, H], through the target's lm_head rows."""
+        if self.draft_head is None:
+            return self.target.compute_logits(hidden).float()
+        n, m = hidden.shape[:2]  # a 2-D product: a 3-D matmul of a strided slice takes a slow bmm path
+        flat = hidden.reshape(n * m, -1)
+        logits = self.packed_draft_head(flat) if self.packed_draft_head is not None else head_matmul(flat, self.draft_head)
+        return logits.float().view(n, m, -1)
 
     def _chain_drafts(self, logits: torch.Tensor, params: list[SamplingParams],
                       generators: list[torch.Generator | None]) -> DraftBatch:

@@ -118,3 +118,39 @@ def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, unt
     assert proposer.draft_confidence == 0.3
     assert DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target).draft_confidence == 0.0
     assert auto_draft_confidence("cuda:1") == 0.0 and auto_draft_confidence(torch.device("cpu")) == 0.3
+
+
+@pytest.mark.parametrize("tree_topk, threshold", [(1, 0.3), (4, 0.1), (1, 1e-4), (4, 1e-4)])
+def test_lazy_draft_logits_give_the_same_drafts(refs, monkeypatch, tree_topk, threshold):
+    """With a draft confidence, draft logits past LAZY_DRAFT_POSITIONS are computed only while a row
+    is still confident there: the same drafts, lengths and counts as computing all 15 positions.
+    At 0.3 / 0.1 no step of these chats needs the rest; at 1e-4 some do."""
+    import dflash_trt.runtime.proposer as proposer_mod
+    from dflash_trt.models.checkpoints import load_drafter
+    from dflash_trt.models.default import default_drafter_path
+
+    pipe, prompts, ar = refs
+    target = pipe.engine.target
+    drafter = load_drafter(default_drafter_path())
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = {}
+    for lazy in (4, 15):
+        monkeypatch.setattr(proposer_mod, "LAZY_DRAFT_POSITIONS", lazy)
+        proposer = DFlashProposer(drafter, target, draft_confidence=threshold, tree_topk=tree_topk)
+        widths = []
+        draft_logits = proposer._draft_logits
+
+        def recording(hidden, draft_logits=draft_logits, widths=widths):
+            widths.append(hidden.shape[1])
+            return draft_logits(hidden)
+
+        proposer._draft_logits = recording
+        results = [Engine(target, proposer).generate([p], params)[0] for p in prompts]
+        runs[lazy] = ([(r.token_ids, r.metrics.verify_steps, r.metrics.drafted_tokens, r.metrics.accepted_per_position)
+                       for r in results], widths)
+    assert [r[0] for r in runs[4][0]] == ar
+    assert runs[4][0] == runs[15][0]
+    assert set(runs[15][1]) == {15}
+    steps = sum(r[1] for r in runs[4][0])
+    assert runs[4][1].count(4) == steps and len(runs[4][1]) == steps + runs[4][1].count(11)
+    assert (runs[4][1].count(11) > 0) == (threshold < 0.01)
