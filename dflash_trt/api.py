@@ -105,15 +105,16 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                   device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
-                  tree_topk: int = 1) -> Pipeline:
+                  tree_topk: int | str = "auto") -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
     `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
     block_size - 1) how many of its drafts the target verifies per step, `draft_confidence` (0 = off) a
-    dynamic draft length cut by the drafter's own confidence (both: `DFlashProposer`; "auto": 0.3 on a
-    CPU, 0 on a GPU, `dflash_trt.runtime.proposer.auto_draft_confidence`), `tree_topk` (1 = a chain)
-    the top-k per block position of a draft tree for greedy requests (`dflash_trt.runtime.draft_tree`).
+    dynamic draft length cut by the drafter's own confidence (all three: `DFlashProposer`; "auto": 0.2
+    on a CPU, 0 on a GPU, `dflash_trt.runtime.proposer.auto_draft_confidence`), `tree_topk` (1 = a
+    chain) the top-k per block position of a draft tree for greedy requests
+    (`dflash_trt.runtime.draft_tree`; "auto": 4 on a CPU, 1 on a GPU, `auto_tree_topk`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
     "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
@@ -159,7 +160,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                 device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
-                tree_topk: int = 1) -> Pipeline:
+                tree_topk: int | str = "auto") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`.
 

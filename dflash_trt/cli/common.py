@@ -135,15 +135,31 @@ draft_confidence_option = click.option(
     "--draft-confidence", default="auto", show_default=True, callback=_draft_confidence, metavar="auto|P",
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
          "probabilities stays >= P (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
-         "where each verified position costs compute. auto = 0.3 on a CPU, 0 on a GPU.")
+         "where each verified position costs compute. auto = 0.2 on a CPU, 0 on a GPU.")
+
+
+def _tree_topk(ctx, param, value: str) -> int | str:
+    """--tree-topk: "auto" or an integer in [1, 16]."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not auto or an integer in [1, 16]; use e.g. 4, 1 for a chain, "
+                                 "or auto") from None
+    if not 1 <= number <= 16:
+        raise click.BadParameter(f"{value} is not in the range 1<=x<=16; use e.g. 4, 1 for a chain, or auto")
+    return number
 
 
 #: --tree-topk, shared by `generate` and `bench` (DFlashProposer.tree_topk).
 tree_topk_option = click.option(
-    "--tree-topk", default=1, show_default=True, type=click.IntRange(1, 16), metavar="K",
+    "--tree-topk", default="auto", show_default=True, callback=_tree_topk,
+    metavar="auto|K",
     help="Greedy requests verify a draft tree: the top-K drafts of each block position combine into candidate "
          "paths, and the max_draft_len likeliest (those >= the draft confidence) are verified in one target pass "
-         "with a tree attention mask. 1 = a chain of top-1 drafts (the paper's DFlash). Output is unchanged.")
+         "with a tree attention mask. 1 = a chain of top-1 drafts (the paper's DFlash). Output is unchanged. "
+         "auto = 4 on a CPU, 1 on a GPU.")
 
 
 def set_threads(threads: int | None) -> None:
@@ -176,13 +192,13 @@ threads_option = click.option(
 
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
-                            draft_confidence: float | str = "auto", tree_topk: int = 1) -> None:
+                            draft_confidence: float | str = "auto", tree_topk: int | str = "auto") -> None:
     """One stderr line when --block-size / --max-draft-len / --draft-confidence / --tree-topk are given
     but nothing drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
     confidence = None if draft_confidence == "auto" else draft_confidence or None  # auto is the default
     given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
                                       ("--draft-confidence", confidence),
-                                      ("--tree-topk", tree_topk if tree_topk != 1 else None)) if value is not None]
+                                      ("--tree-topk", None if tree_topk == "auto" else tree_topk)) if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "
                    "ignored here (no dflash mode runs)", err=True)

@@ -51,9 +51,12 @@ def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list
 
 
 #: `draft_confidence="auto"` on a CPU: with the default SmolLM2 drafter, block 16, on HumanEval and
-#: MT-Bench, 0.1 / 0.2 / 0.3 measured the same within noise, 0.5 slower, 0 (15 drafts) far slower
-#: (BENCHMARKS.md, session 10).
-CPU_DRAFT_CONFIDENCE = 0.3
+#: MT-Bench, chains at 0.1 / 0.2 / 0.3 measured the same within noise, 0.5 slower, 0 (15 drafts) far
+#: slower (BENCHMARKS.md, session 10); top-4 trees at 0.1 / 0.2 alike, 0.05 and 0.3 slower (session 11).
+CPU_DRAFT_CONFIDENCE = 0.2
+#: `tree_topk="auto"` on a CPU: top-4 draft trees at P 0.1-0.2 ran 1.22x / 1.01-1.02x of `ar` on
+#: HumanEval / MT-Bench against 1.18-1.19x / 0.97x for the chain at P 0.3 (BENCHMARKS.md, session 11).
+CPU_TREE_TOPK = 4
 
 #: With a draft confidence > 0 and greedy requests, draft logits are computed for the first
 #: LAZY_DRAFT_POSITIONS positions, and for the rest only if a row is still confident there.
@@ -65,6 +68,12 @@ def auto_draft_confidence(device: torch.device | str) -> float:
     CPU, where every verified position costs compute, 0 (verify max_draft_len drafts every step) on a
     GPU, where a verify pass of 16 tokens at batch 1 costs about what one token does."""
     return CPU_DRAFT_CONFIDENCE if torch.device(device).type == "cpu" else 0.0
+
+
+def auto_tree_topk(device: torch.device | str) -> int:
+    """The draft-tree width "auto" stands for on `device`: `CPU_TREE_TOPK` on a CPU (measured faster
+    than the chain there), 1 (the paper's chain) elsewhere until a GPU measurement says otherwise."""
+    return CPU_TREE_TOPK if torch.device(device).type == "cpu" else 1
 
 
 class DFlashProposer:
@@ -97,15 +106,16 @@ class DFlashProposer:
     draft_confidence when it is > 0) are verified together in one target pass (max_draft_len is
     then TensorRT-LLM's max_total_draft_tokens: the verify pass still has at most max_draft_len + 1
     tokens). Sampling rows keep the chain (multi-candidate speculative sampling is not implemented).
+    "auto" picks by the target's device (`auto_tree_topk`).
 
     Raises:
         ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
-            draft_confidence outside [0, 1) (and not "auto"), or tree_topk < 1.
+            draft_confidence outside [0, 1) (and not "auto"), or tree_topk < 1 (and not "auto").
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
                  sample_drafts: bool = True, max_draft_len: int | None = None,
-                 draft_confidence: float | str = 0.0, tree_topk: int = 1):
+                 draft_confidence: float | str = 0.0, tree_topk: int | str = 1):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
@@ -123,8 +133,11 @@ class DFlashProposer:
             raise ConfigError(f'draft_confidence must be "auto" or a number in [0, 1) (0 = verify every draft), '
                               f"got {draft_confidence!r}")
         self.draft_confidence = float(draft_confidence)
+        if tree_topk == "auto":
+            tree_topk = auto_tree_topk(target.embed_weight.device)
         if isinstance(tree_topk, bool) or not isinstance(tree_topk, int) or tree_topk < 1:
-            raise ConfigError(f"tree_topk must be an integer >= 1 (1 = a chain of drafts, the paper's DFlash), got {tree_topk!r}")
+            raise ConfigError(f'tree_topk must be "auto" or an integer >= 1 (1 = a chain of drafts, the paper\'s DFlash), '
+                              f"got {tree_topk!r}")
         self.tree_topk = tree_topk
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts

@@ -28,8 +28,10 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     d = modes["dflash"]
     assert 1.0 <= d["acceptance_length"] <= 16 and 0.0 <= d["acceptance_rate"] <= 1.0
     assert len(d["acceptance_by_position"]) == res["config"]["block_size"] - 1
-    # --draft-confidence auto on the CPU: 0.3, so at most 15 (max_draft_len) drafts verified per step
-    assert res["config"]["draft_confidence"] == 0.3 and 0 <= d["drafts_per_step"] <= 15
+    # --draft-confidence / --tree-topk auto on the CPU: 0.2 and top-4 trees of at most 15
+    # (max_draft_len) drafts verified per step
+    assert res["config"]["draft_confidence"] == 0.2 and res["config"]["tree_topk"] == 4
+    assert 0 <= d["drafts_per_step"] <= 15
     from dflash_trt.ops import cpu_kernels_unavailable
 
     # float32 on the CPU: auto runs the packed kernels wherever they can run

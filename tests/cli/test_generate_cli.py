@@ -163,7 +163,7 @@ def test_draft_confidence_flag_cuts_drafts_and_keeps_the_text(monkeypatch, capsy
 @pytest.mark.slow
 def test_tree_topk_flag_verifies_trees_and_keeps_the_text(monkeypatch, capsys):
     """--tree-topk 4: the same tokens as --mode ar in fewer verify steps than the chain (a 16-token
-    verify either way); 0 is a usage error; with --mode ar it warns."""
+    verify either way); 0 or a word is a usage error; with --mode ar it warns (auto, the default, does not)."""
     args = ("--chat", "Write a Python function that reverses a string.", "--max-tokens", "32", "--json",
             "--draft-confidence", "0")
     runs = {}
@@ -178,7 +178,9 @@ def test_tree_topk_flag_verifies_trees_and_keeps_the_text(monkeypatch, capsys):
     assert runs["1"]["token_ids"] == runs["4"]["token_ids"]
     assert runs["4"]["metrics"]["verify_steps"] < runs["1"]["metrics"]["verify_steps"]
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", "0")
-    assert code == 2 and "--tree-topk" in err and "Traceback" not in err
+    assert code == 2 and "--tree-topk" in err and "0 is not in the range 1<=x<=16" in err and "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", "wide")
+    assert code == 2 and "'wide' is not auto or an integer in [1, 16]" in err
 
 
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):

@@ -106,18 +106,22 @@ def test_draft_confidence_out_of_range_is_refused(smollm2_untrained, value):
 
 
 def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, untrained_drafter, smollm2_untrained):
-    """"auto": CPU_DRAFT_CONFIDENCE where the target runs on a CPU (the default of load_pipeline and the
-    CLI), 0 on a GPU; the low-level DFlashProposer default stays 0 (verify every draft)."""
+    """"auto": CPU_DRAFT_CONFIDENCE and CPU_TREE_TOPK where the target runs on a CPU (the defaults of
+    load_pipeline and the CLI), a chain verifying every draft on a GPU; the low-level DFlashProposer
+    defaults stay a chain with every draft verified (0, 1)."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.runtime.proposer import CPU_DRAFT_CONFIDENCE, auto_draft_confidence
+    from dflash_trt.runtime.proposer import CPU_DRAFT_CONFIDENCE, CPU_TREE_TOPK, auto_draft_confidence, auto_tree_topk
 
     default = load_pipeline(str(smollm2_path), str(untrained_drafter), cpu_kernels="off")
-    assert default.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.3  # load_pipeline's default, on cpu
+    assert default.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.2  # load_pipeline's default, on cpu
+    assert default.engine.proposer.tree_topk == CPU_TREE_TOPK == 4
     pipe = smollm2_untrained
-    proposer = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence="auto")
-    assert proposer.draft_confidence == 0.3
-    assert DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target).draft_confidence == 0.0
-    assert auto_draft_confidence("cuda:1") == 0.0 and auto_draft_confidence(torch.device("cpu")) == 0.3
+    proposer = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence="auto", tree_topk="auto")
+    assert (proposer.draft_confidence, proposer.tree_topk) == (0.2, 4)
+    plain = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target)
+    assert (plain.draft_confidence, plain.tree_topk) == (0.0, 1)
+    assert auto_draft_confidence("cuda:1") == 0.0 and auto_draft_confidence(torch.device("cpu")) == 0.2
+    assert auto_tree_topk("cuda:1") == 1 and auto_tree_topk(torch.device("cpu")) == 4
 
 
 @pytest.mark.parametrize("tree_topk, threshold", [(1, 0.3), (4, 0.1), (1, 1e-4), (4, 1e-4)])

@@ -72,7 +72,7 @@ def test_kv_cache_move_copies_a_path_in_every_layer():
 @pytest.mark.parametrize("value", [0, -1, 2.0, True, "4"])
 def test_tree_topk_must_be_a_positive_integer(smollm2_untrained, value):
     pipe = smollm2_untrained
-    with pytest.raises(ConfigError, match=r"tree_topk must be an integer >= 1 .*got " + repr(value)):
+    with pytest.raises(ConfigError, match=r'tree_topk must be "auto" or an integer >= 1 .*got ' + repr(value)):
         DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, tree_topk=value)
 
 
