@@ -106,20 +106,27 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
-def _draft_confidence(ctx, param, value: str) -> float | str:
-    """--draft-confidence: "auto" or a number in [0, 1) (click's FloatRange would let nan through)."""
+def _auto_or_number(value: str, kind: type, words: str, in_range, range_text: str, hint: str) -> float | int | str:
+    """"auto", or `value` parsed as `kind` (float or int) and checked by `in_range`; else a usage error
+    naming the value, the allowed range (`words`: "a number in [0, 1)"; `range_text`: "0<=x<1") and
+    `hint` (examples)."""
     if value == "auto":
         return value
     try:
-        number = float(value)
+        number = kind(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not auto or a number in [0, 1); use e.g. 0.3, 0 to verify every "
-                                 "draft, or auto") from None
+        raise click.BadParameter(f"{value!r} is not auto or {words}; use {hint}") from None
     if number != number:
-        raise click.BadParameter("nan is not a number in [0, 1); use e.g. 0.3, 0 to verify every draft, or auto")
-    if not 0.0 <= number < 1.0:
-        raise click.BadParameter(f"{value} is not in the range 0<=x<1; use e.g. 0.3, 0 to verify every draft, or auto")
+        raise click.BadParameter(f"nan is not {words}; use {hint}")
+    if not in_range(number):
+        raise click.BadParameter(f"{value} is not in the range {range_text}; use {hint}")
     return number
+
+
+def _draft_confidence(ctx, param, value: str) -> float | str:
+    """--draft-confidence: "auto" or a number in [0, 1) (click's FloatRange would let nan through)."""
+    return _auto_or_number(value, float, "a number in [0, 1)", lambda x: 0.0 <= x < 1.0, "0<=x<1",
+                           "e.g. 0.3, 0 to verify every draft, or auto")
 
 
 def finite_float(ctx, param, value: float | None) -> float | None:
@@ -140,16 +147,8 @@ draft_confidence_option = click.option(
 
 def _tree_topk(ctx, param, value: str) -> int | str:
     """--tree-topk: "auto" or an integer in [1, 16]."""
-    if value == "auto":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not auto or an integer in [1, 16]; use e.g. 4, 1 for a chain, "
-                                 "or auto") from None
-    if not 1 <= number <= 16:
-        raise click.BadParameter(f"{value} is not in the range 1<=x<=16; use e.g. 4, 1 for a chain, or auto")
-    return number
+    return _auto_or_number(value, int, "an integer in [1, 16]", lambda k: 1 <= k <= 16, "1<=x<=16",
+                           "e.g. 4, 1 for a chain, or auto")
 
 
 #: --tree-topk, shared by `generate` and `bench` (DFlashProposer.tree_topk).

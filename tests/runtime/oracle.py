@@ -59,3 +59,18 @@ def chat_references(pipe, chats: list[str], max_tokens: int) -> tuple:
     prompts = [pipe.encode_chat(c) for c in chats]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return pipe, prompts, [pipe.engine.generate([p], params, "ar")[0].token_ids for p in prompts]
+
+
+def record_drafts(proposer) -> list[DraftBatch]:
+    """Wrap `proposer.propose` (in place) so that every DraftBatch it returns is also appended to the
+    returned list."""
+    seen: list[DraftBatch] = []
+    propose = proposer.propose
+
+    def recording_propose(*args):
+        drafts = propose(*args)
+        seen.append(drafts)
+        return drafts
+
+    proposer.propose = recording_propose
+    return seen

@@ -13,7 +13,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer, confident_prefix_lengths
 from dflash_trt.runtime.sampling import SamplingParams
-from tests.runtime.oracle import OracleProposer, chat_references
+from tests.runtime.oracle import OracleProposer, chat_references, record_drafts
 from tests.runtime.test_sampling_distribution import CASES, pvalue, tiny  # noqa: F401 (fixture)
 
 MAX_TOKENS = 24
@@ -83,19 +83,11 @@ def test_sampling_with_draft_confidence_matches_target(tiny, threshold, lengths)
     """Lengths 0 (only the target's token) to 3 (the whole block of 4) all occur across the two cuts."""
     target, drafter = tiny
     proposer = DFlashProposer(drafter, target, draft_confidence=threshold)
-    seen: list[int] = []
-    propose = proposer.propose
-
-    def recording_propose(*args):
-        drafts = propose(*args)
-        seen.extend(drafts.lengths)
-        return drafts
-
-    proposer.propose = recording_propose
+    seen = record_drafts(proposer)
     p, rate = pvalue(Engine(target, proposer), CASES[0])
     assert 0.05 < rate < 0.95
     assert p > 0.001
-    assert lengths <= set(seen)
+    assert lengths <= {n for drafts in seen for n in drafts.lengths}
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.0, 2.0, float("nan"), "0.3", "on", None, True])

@@ -18,7 +18,7 @@ from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.kv_cache import KVCache
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
-from tests.runtime.oracle import chat_references
+from tests.runtime.oracle import chat_references, record_drafts
 from tests.runtime.test_sampling_distribution import CASES, pvalue, tiny  # noqa: F401 (fixture)
 
 MAX_TOKENS = 24
@@ -131,34 +131,18 @@ def test_sampling_rows_keep_the_chain_and_the_targets_distribution(tiny):  # noq
     and its output keeps the target's distribution."""
     target, drafter = tiny
     proposer = DFlashProposer(drafter, target, tree_topk=4)
-    seen = []
-    propose = proposer.propose
-
-    def recording_propose(*args):
-        drafts = propose(*args)
-        seen.append(drafts.parents)
-        return drafts
-
-    proposer.propose = recording_propose
+    seen = record_drafts(proposer)
     p, rate = pvalue(Engine(target, proposer), CASES[0])
     assert 0.05 < rate < 0.95
     assert p > 0.001
-    assert seen and all(parents is None for parents in seen)  # no greedy row: no tree at all
+    assert seen and all(drafts.parents is None for drafts in seen)  # no greedy row: no tree at all
 
 
 def test_mixed_batch_trees_for_greedy_rows_chains_for_sampling_rows(refs):
     pipe, prompts, ar = refs
     target, drafter = pipe.engine.target, pipe.engine.proposer.drafter
     proposer = DFlashProposer(drafter, target, tree_topk=4)
-    seen = []
-    propose = proposer.propose
-
-    def recording_propose(*args):
-        drafts = propose(*args)
-        seen.append(drafts)
-        return drafts
-
-    proposer.propose = recording_propose
+    seen = record_drafts(proposer)
     params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
               SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)]
     results = Engine(target, proposer).generate(prompts, params)
