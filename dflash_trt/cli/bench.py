@@ -53,7 +53,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
     from dflash_trt.cli.common import (check_out_folder, jsonl_file, model_folder, set_threads, warn_block_size,
-                                      warn_draft_flags_unused)
+                                      warn_draft_flags_unused, warn_tree_unused)
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import load_prompts_jsonl
@@ -79,6 +79,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         raise InvalidRequestError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
+    warn_tree_unused(tree_topk, temperature)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     set_threads(threads)  # the same for every mode

@@ -161,6 +161,14 @@ tree_topk_option = click.option(
          "auto = 4 on a CPU, 1 on a GPU.")
 
 
+def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
+    """One stderr line when an explicit --tree-topk > 1 meets sampling (--temperature > 0): draft trees
+    apply to greedy requests only, sampling requests draft a chain."""
+    if tree_topk != "auto" and tree_topk > 1 and temperature > 0:
+        click.echo(f"warning: --tree-topk {tree_topk} applies to greedy requests (--temperature 0) only; these "
+                   "sampling requests draft a chain", err=True)
+
+
 def set_threads(threads: int | None) -> None:
     """Apply --threads: torch's intra-op CPU threads for the whole command; None keeps torch's default
     (one per core). On a machine busy with other work, fewer threads than cores is often much faster."""

@@ -56,7 +56,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, set_threads, warn_block_size,
-                                       warn_draft_flags_unused)
+                                       warn_draft_flags_unused, warn_tree_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -68,6 +68,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import load_prompts_jsonl
 
+    warn_tree_unused(tree_topk, temperature)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])

@@ -51,6 +51,10 @@ class TrainConfig:
     fractional. soft_weight: share of the soft-label (distillation) cross-entropy in the loss.
     val_samples: samples held out of training (a seeded random subset) to measure the held-out
     acceptance at every checkpoint (`validate`); 0 = none, every sample trains.
+    bf16_autocast: run each step's forward (online target features, drafter, loss) under
+    `torch.autocast(bfloat16)`; parameters, gradients and AdamW stay float32. On a CPU with AMX
+    (Sapphire Rapids and later) the trainer ran 2x the blocks/s (104 vs 53, 4 sequences x 64
+    anchors, session 11); on a CPU without bf16 matmul units it is slower. Validation stays float32.
     """
 
     block_size: int = 16
@@ -68,6 +72,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     val_samples: int = 0
+    bf16_autocast: bool = False
 
     def total_steps(self, num_samples: int) -> int:
         return max(1, math.ceil(self.epochs * num_samples / self.seqs_per_step))
@@ -329,6 +334,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         validate_checkpoint()  # the starting weights (an --init drafter may already be the best)
     t_start = t_begin = time.perf_counter()
     first_step, t_probe = state.step, None
+    device_type = next(drafter.parameters()).device.type
     bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
     window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
     while state.step < state.total_steps:
@@ -339,8 +345,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         opt.zero_grad(set_to_none=True)
         slots = [state.step * cfg.seqs_per_step + j for j in range(cfg.seqs_per_step)]
         indices = [train_idx[_sample_slot(cfg, n_train, slot)] for slot in slots]
-        out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots], cfg, fz,
-                                       cfg.soft_weight if use_soft else 0.0)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+            out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots], cfg,
+                                           fz, cfg.soft_weight if use_soft else 0.0)
         if out is not None:
             (out.loss / cfg.seqs_per_step).backward()
         if cfg.grad_clip > 0:

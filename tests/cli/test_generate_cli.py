@@ -181,6 +181,10 @@ def test_tree_topk_flag_verifies_trees_and_keeps_the_text(monkeypatch, capsys):
     assert code == 2 and "--tree-topk" in err and "0 is not in the range 1<=x<=16" in err and "Traceback" not in err
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", "wide")
     assert code == 2 and "'wide' is not auto or an integer in [1, 16]" in err
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--tree-topk", "4", "--temperature", "0.8",
+                              "--seed", "1", "--max-tokens", "4")
+    assert code == 0 and len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 4
+    assert "warning: --tree-topk 4 applies to greedy requests (--temperature 0) only" in err
 
 
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):

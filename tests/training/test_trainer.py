@@ -50,6 +50,22 @@ def test_loss_falls_and_acceptance_rises(tmp_path, tiny_target, tiny_samples, ti
     assert trained_tau > untrained_tau + 0.3, (untrained_tau, trained_tau)
 
 
+def test_bf16_autocast_trains_too(tmp_path, tiny_target, tiny_samples, tiny_prompts):
+    """bf16_autocast: the forward runs in bfloat16 (a different loss from float32's), the parameters
+    stay float32, the loss falls and the acceptance rises as in float32."""
+    drafter = _drafter(tiny_target)
+    untrained_tau = _tau(tiny_target, drafter, tiny_prompts)
+    cfg = TrainConfig(**{**CFG.__dict__, "bf16_autocast": True})
+    state = train(drafter, _data(tiny_target, tiny_samples), cfg, tmp_path / "run", progress=False)
+    assert state.finished and all(p.dtype == torch.float32 for p in drafter.parameters())
+    first, last = state.history[0], state.history[-1]
+    assert last["loss"] < first["loss"] - 0.8
+    plain = train(_drafter(tiny_target), _data(tiny_target, tiny_samples), CFG, tmp_path / "plain", max_steps=10,
+                  progress=False)
+    assert plain.history[0]["loss"] != first["loss"]  # bf16 forward really ran
+    assert _tau(tiny_target, drafter, tiny_prompts) > untrained_tau + 0.3
+
+
 def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
     torch.use_deterministic_algorithms(True)
     try:
