@@ -167,7 +167,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="On CUDA, train with TF32 matmuls (data generation always runs in full float32).")
 @click.option("--bf16-autocast", is_flag=True,
               help="Run each training step's forward under torch.autocast(bfloat16) (weights, gradients and AdamW stay "
-                   "float32): ~2x faster on a CPU with AMX (Sapphire Rapids and later) or on a GPU; slower on a CPU "
+                   "float32): ~1.9x faster on a CPU with AMX (Sapphire Rapids and later) or on a GPU; slower on a CPU "
                    "without bf16 matmul units.")
 @click.option("--data-only", is_flag=True, help="Stop after the target-written data cache is complete.")
 @click.option("--online-features", is_flag=True,

@@ -53,8 +53,8 @@ class TrainConfig:
     acceptance at every checkpoint (`validate`); 0 = none, every sample trains.
     bf16_autocast: run each step's forward (online target features, drafter, loss) under
     `torch.autocast(bfloat16)`; parameters, gradients and AdamW stay float32. On a CPU with AMX
-    (Sapphire Rapids and later) the trainer ran 2x the blocks/s (104 vs 53, 4 sequences x 64
-    anchors, session 11); on a CPU without bf16 matmul units it is slower. Validation stays float32.
+    (Sapphire Rapids and later) the trainer ran 1.9x the blocks/s (113 vs 59, 4 sequences x 64
+    anchors, `build_scripts/bench_trainer.py`, session 11); on a CPU without bf16 matmul units it is slower. Validation stays float32.
     """
 
     block_size: int = 16
