@@ -72,20 +72,25 @@ def chain_parents(n: int, k: int, device: torch.device | str = "cpu") -> torch.T
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:
     """[n, k + 1] int64 depth of every node (root 0) from parents [n, k] (parent index < node index)."""
-    n, k = parents.shape
-    depth = torch.zeros(n, k + 1, dtype=torch.int64, device=parents.device)
-    for i in range(k):  # parents come first, so one pass in node order suffices
-        depth[:, i + 1] = depth.gather(1, parents[:, i : i + 1])[:, 0] + 1
-    return depth
+    depths = []
+    for row in parents.tolist():  # host lists: k tiny device ops per step would cost more (GPU launches)
+        d = [0]
+        for parent in row:
+            d.append(d[parent] + 1)
+        depths.append(d)
+    return torch.tensor(depths, dtype=torch.int64, device=parents.device)
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """bool [n, k + 1, k + 1]: entry (i, j) is True when node j is node i or one of its ancestors."""
-    n, k = parents.shape
-    anc = torch.eye(k + 1, dtype=torch.bool, device=parents.device).expand(n, k + 1, k + 1).clone()
-    for i in range(k):
-        anc[:, i + 1] |= anc[torch.arange(n, device=parents.device), parents[:, i]]
-    return anc
+    k = parents.shape[1]
+    rows = []
+    for row in parents.tolist():
+        bits = [1]  # node i's ancestors-or-self as a bit mask; parents come first
+        for i, parent in enumerate(row):
+            bits.append(bits[parent] | 1 << (i + 1))
+        rows.append([[bool(b >> j & 1) for j in range(k + 1)] for b in bits])
+    return torch.tensor(rows, dtype=torch.bool, device=parents.device).view(-1, k + 1, k + 1)
 
 
 def tree_attention_mask(parents: torch.Tensor, starts: torch.Tensor, kv_len: int) -> torch.Tensor:
