@@ -61,12 +61,13 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in mode_list if m not in MODES]
     if bad:
-        raise InvalidRequestError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}", param_hint="'--modes'")
     if not mode_list:
-        raise InvalidRequestError(f"--modes {modes!r} names no mode; give a comma-separated list of {', '.join(MODES)}")
+        raise click.BadParameter(f"{modes!r} names no mode; give a comma-separated list of {', '.join(MODES)}",
+                                 param_hint="'--modes'")
     twice = sorted({m for m in mode_list if mode_list.count(m) > 1})
     if twice:
-        raise InvalidRequestError(f"--modes lists {', '.join(twice)} more than once; give each mode once")
+        raise click.BadParameter(f"{', '.join(twice)} listed more than once; give each mode once", param_hint="'--modes'")
     for ds in datasets:  # before any model loads
         if ds in DATASETS:
             continue
@@ -76,7 +77,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         load_prompts_jsonl(ds)  # an empty or malformed file fails here, not after the models load
     hf_modes = [m for m in mode_list if m.startswith("hf")]
     if batch_size > 1 and hf_modes:  # before the models load, not after
-        raise InvalidRequestError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
+        raise click.UsageError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_tree_unused(tree_topk, temperature)

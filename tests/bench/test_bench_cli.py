@@ -56,17 +56,18 @@ def test_bench_rejects_unknown_mode_and_dataset(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "dflash,eagle"])
     with pytest.raises(SystemExit) as exc:
         main()
-    assert exc.value.code == 1 and "unknown mode(s) ['eagle']" in capsys.readouterr().err
+    err = capsys.readouterr().err  # a bad --modes value is a usage error (exit 2), like any bad flag value
+    assert exc.value.code == 2 and "Invalid value for '--modes': unknown mode(s) ['eagle']" in err
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--threads", "0", "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and "--threads" in capsys.readouterr().err and not (tmp_path / "o").exists()
-    for modes, message in ((" , ", "--modes ' , ' names no mode"), ("ar,dflash,ar", "--modes lists ar more than once")):
+    for modes, message in ((" , ", "'--modes': ' , ' names no mode"), ("ar,dflash,ar", "'--modes': ar listed more than once")):
         monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", modes, "--out", str(tmp_path / "o")])
         with pytest.raises(SystemExit) as exc:
             main()
         err = capsys.readouterr().err
-        assert exc.value.code == 1 and message in err and "Traceback" not in err and not (tmp_path / "o").exists()
+        assert exc.value.code == 2 and message in err and "Traceback" not in err and not (tmp_path / "o").exists()
 
 
 def test_identical_to_ar_and_the_drafter_are_blank_without_their_modes():

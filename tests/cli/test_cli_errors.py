@@ -311,7 +311,7 @@ def test_bench_hf_modes_at_batch_size_2_refused_before_loading(monkeypatch, caps
     monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
     code, _, err = run_main(monkeypatch, capsys, "bench", "--modes", "dflash,hf,hf-prompt-lookup", "--batch-size", "2",
                             "--out", str(tmp_path / "out"))
-    assert one_error_line(code, err), err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err  # usage
     assert "--modes hf,hf-prompt-lookup: the HF modes run at batch size 1 only" in err and "--batch-size 2" in err
 
 
