@@ -129,16 +129,17 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
-    from dflash_trt.models.default import default_drafter_path, default_target_path
+    from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
     torch_dtype = parse_dtype(dtype)
     target_path = Path(target) if target is not None else default_target_path()
     tcfg = TargetConfig.from_pretrained(target_path)
     drafter_path = None
     if load_drafter_model:
-        drafter_path = Path(drafter) if drafter is not None else (default_drafter_path() if target is None else None)
-        if drafter_path is None:
-            raise ConfigError("a --drafter is required with a non-default --target (or use --mode ar)")
+        why = drafter_required(target, drafter)
+        if why is not None:
+            raise ConfigError(why)
+        drafter_path = Path(drafter) if drafter is not None else default_drafter_path()
         dcfg = DrafterConfig.from_pretrained(drafter_path)
         check_compatible(tcfg, dcfg)
         if block_size is not None and block_size < 2:

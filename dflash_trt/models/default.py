@@ -76,6 +76,16 @@ def is_default_target(path: str | Path) -> bool:
     return Path(path).resolve() == (cache_dir() / "models" / DEFAULT_TARGET_NAME).resolve()
 
 
+def drafter_required(target: str | Path | None, drafter: str | Path | None) -> str | None:
+    """Why a command that drafts cannot run with these --target / --drafter flags, or None when it can:
+    a target other than the default (its folder, also when given by path, uses the default drafter)
+    needs a drafter trained for it."""
+    if drafter is not None or target is None or is_default_target(target):
+        return None
+    return (f"a --drafter is required with a --target other than the default ({DEFAULT_TARGET_NAME}): give the "
+            "folder of a DFlash drafter for that target (dflash-trt train-drafter makes one), or use --mode ar")
+
+
 def default_target_path() -> Path:
     """The converted default target folder, converting it on first use (atomic: temp dir + rename)."""
     out = cache_dir() / "models" / DEFAULT_TARGET_NAME

@@ -328,3 +328,20 @@ def test_block_size_out_of_range_is_a_usage_error(monkeypatch, capsys, tmp_path,
     code, out, err = run_main(monkeypatch, capsys, command, *extra, "--block-size", value)
     assert code == 2 and out == "", err
     assert f"Invalid value for '--block-size': {value} is not in the range 2<=x<=64" in err
+
+
+def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys, smollm2_path, tiny):
+    """--target given as the default model's folder drafts with the default drafter (no --drafter
+    needed); any other target without --drafter is an error naming the fix, in generate, check and build."""
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--chat", "Hi",
+                              "--max-tokens", "4", "--draft-confidence", "0", "--json")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["metrics"]["drafted_tokens"] > 0
+    target, _ = tiny
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--prompt", "Hi")
+    assert one_error_line(code, err), err
+    assert "a --drafter is required with a --target other than the default (SmolLM2-135M-Instruct)" in err
+    assert "dflash-trt train-drafter makes one), or use --mode ar" in err
+    for command in (("check",), ("build", "--out", "unused", "--dry-run")):
+        code, _, err = run_main(monkeypatch, capsys, *command, "--target", str(target))
+        assert code == 2 and "a --drafter is required with a --target other than the default" in err, err
