@@ -24,8 +24,8 @@ import torch
 
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
-from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
+from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics

@@ -267,8 +267,9 @@ class DFlashProposer:
         if self.draft_ids is not None:
             top_i = self.draft_ids[top_i]
         tokens = chain.tokens
+        top_p, top_i = top_p.tolist(), top_i.tolist()  # one device sync each, not one per row
         for j, r in enumerate(tree_rows):
-            toks, pars = build_tree(top_p[j].tolist(), top_i[j].tolist(), k, self.draft_confidence)
+            toks, pars = build_tree(top_p[j], top_i[j], k, self.draft_confidence)
             m = len(toks)
             if m:
                 tokens[r, :m] = torch.tensor(toks, device=tokens.device)
