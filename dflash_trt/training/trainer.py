@@ -54,7 +54,8 @@ class TrainConfig:
     bf16_autocast: run each step's forward (online target features, drafter, loss) under
     `torch.autocast(bfloat16)`; parameters, gradients and AdamW stay float32. On a CPU with AMX
     (Sapphire Rapids and later) the trainer ran 1.9x the blocks/s (113 vs 59, 4 sequences x 64
-    anchors, `build_scripts/bench_trainer.py`, session 11); on a CPU without bf16 matmul units it is slower. Validation stays float32.
+    anchors, `build_scripts/bench_trainer.py`, session 11); on a CPU without bf16 matmul units it
+    is slower. Validation stays float32.
     """
 
     block_size: int = 16
