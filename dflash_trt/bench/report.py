@@ -16,6 +16,7 @@ def markdown_table(results: dict) -> str:
     drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
                 f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
                 + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 else "")
+                + (f", prompt lookup {cfg['prompt_lookup']} tokens" if cfg.get("prompt_lookup") else "")
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     threads = results.get("machine", {}).get("threads")
     lines = [

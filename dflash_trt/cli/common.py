@@ -161,12 +161,29 @@ tree_topk_option = click.option(
          "auto = 4 on a CPU, 1 on a GPU.")
 
 
-def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
-    """One stderr line when an explicit --tree-topk > 1 meets sampling (--temperature > 0): draft trees
-    apply to greedy requests only, sampling requests draft a chain."""
-    if tree_topk != "auto" and tree_topk > 1 and temperature > 0:
-        click.echo(f"warning: --tree-topk {tree_topk} applies to greedy requests (--temperature 0) only; these "
-                   "sampling requests draft a chain", err=True)
+def _prompt_lookup(ctx, param, value: str) -> int | str:
+    """--prompt-lookup: "auto" or an integer in [0, 15]."""
+    return _auto_or_number(value, int, "an integer in [0, 15]", lambda k: 0 <= k <= 15, "0<=x<=15",
+                           "e.g. 8, 0 to turn it off, or auto")
+
+
+#: --prompt-lookup, shared by `generate` and `bench` (DFlashProposer.prompt_lookup).
+prompt_lookup_option = click.option(
+    "--prompt-lookup", default="auto", show_default=True, callback=_prompt_lookup, metavar="auto|N",
+    help="Greedy requests also verify up to N tokens copied from their own context (prompt lookup: what followed "
+         "the latest earlier occurrence of the last 3-4 tokens) as one more branch of the draft tree, in the same "
+         "target pass. 0 = off (the paper's DFlash). Output is unchanged. auto = 8 on a CPU, 0 on a GPU; at most "
+         "--max-draft-len.")
+
+
+def warn_tree_unused(tree_topk: int | str, temperature: float, prompt_lookup: int | str = "auto") -> None:
+    """One stderr line when an explicit --tree-topk > 1 or --prompt-lookup > 0 meets sampling
+    (--temperature > 0): draft trees apply to greedy requests only, sampling requests draft a chain."""
+    given = [f"{name} {value}" for name, value, off in (("--tree-topk", tree_topk, 1), ("--prompt-lookup", prompt_lookup, 0))
+             if value != "auto" and value > off]
+    if given and temperature > 0:
+        click.echo(f"warning: {' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to greedy requests "
+                   "(--temperature 0) only; these sampling requests draft a chain", err=True)
 
 
 def set_threads(threads: int | None) -> None:
@@ -199,13 +216,17 @@ threads_option = click.option(
 
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
-                            draft_confidence: float | str = "auto", tree_topk: int | str = "auto") -> None:
-    """One stderr line when --block-size / --max-draft-len / --draft-confidence / --tree-topk are given
+                            draft_confidence: float | str = "auto", tree_topk: int | str = "auto",
+                            prompt_lookup: int | str = "auto") -> None:
+    """One stderr line when --block-size / --max-draft-len / --draft-confidence / --tree-topk /
+    --prompt-lookup are given
     but nothing drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
     confidence = None if draft_confidence == "auto" else draft_confidence or None  # auto is the default
     given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
                                       ("--draft-confidence", confidence),
-                                      ("--tree-topk", None if tree_topk == "auto" else tree_topk)) if value is not None]
+                                      ("--tree-topk", None if tree_topk == "auto" else tree_topk),
+                                      ("--prompt-lookup", None if prompt_lookup == "auto" else prompt_lookup))
+             if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "
                    "ignored here (no dflash mode runs)", err=True)

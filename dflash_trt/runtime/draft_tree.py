@@ -65,6 +65,42 @@ def build_tree(probs: list[list[float]], ids: list[list[int]], max_nodes: int,
     return tokens, parents
 
 
+def add_path(tokens: list[int], parents: list[int], path: list[int], max_nodes: int) -> tuple[list[int], list[int]]:
+    """Merge one candidate continuation into a row's draft tree (e.g. a prompt-lookup match,
+    `dflash_trt.runtime.prompt_lookup`), within a node budget.
+
+    The path's leading tokens that the tree already holds along one branch reuse those nodes; the
+    rest become a chain under the last of them. When the budget is short, the tree's LAST chosen
+    nodes make room (a best-first tree stays a tree when cut after any node: a parent comes before
+    its children), as few as needed; the path itself is cut to max_nodes.
+
+    Args:
+        tokens / parents: the tree as `build_tree` returns it.
+        path: the candidate tokens for block positions 1, 2, ... (target ids).
+        max_nodes: at most this many draft nodes in the result.
+    Returns:
+        (tokens, parents) of the merged tree (new lists).
+    """
+    path = path[:max_nodes]
+    for keep in range(len(tokens), -1, -1):
+        children: dict[tuple[int, int], int] = {}
+        for i in range(keep):
+            children.setdefault((parents[i], tokens[i]), i + 1)
+        node, shared = 0, 0
+        for tok in path:
+            child = children.get((node, tok))
+            if child is None:
+                break
+            node, shared = child, shared + 1
+        new = path[shared:]
+        if keep + len(new) <= max_nodes:
+            out_tokens, out_parents = tokens[:keep] + new, parents[:keep]
+            for j in range(len(new)):
+                out_parents.append(node if j == 0 else keep + j)
+            return out_tokens, out_parents
+    raise AssertionError("unreachable: keep = 0 always fits the cut path")
+
+
 def chain_parents(n: int, k: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[n, k] int64 parents of a chain of k drafts (node i + 1's parent is node i)."""
     return torch.arange(k, device=device).expand(n, k).clone()

@@ -26,6 +26,7 @@ from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongErr
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
 from dflash_trt.runtime.profile import PhaseTimer
+from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
@@ -54,6 +55,7 @@ class _Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     index: int = 0
     on_tokens: Callable[[int, list[int]], None] | None = None
+    ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (greedy dflash only)
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
@@ -173,6 +175,9 @@ class Engine:
         cache = self.target.new_cache(len(reqs), capacity)
         if mode == "dflash":
             self.proposer.reset(len(reqs), capacity)
+            if self.proposer.prompt_lookup:
+                for r in reqs:
+                    r.ngrams = NgramIndex(r.prompt) if r.params.greedy else None
         with self._phase("prefill"):
             self._prefill(reqs, cache, mode)
         ttft = time.perf_counter() - t0
@@ -254,7 +259,7 @@ class Engine:
         if drafting:
             with self._phase("draft"):
                 drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
-                                               [r.generator for r in batch])
+                                               [r.generator for r in batch], self._lookups(batch))
             lens = [(k if drafts.lengths is None else min(drafts.lengths[j], k)) if can_draft[j] else 0
                     for j in range(len(batch))]
             k = max(lens)  # the verify pass is as long as the longest draft kept
@@ -284,6 +289,21 @@ class Engine:
                 if kept_nodes is not None:
                     features = features.gather(1, kept_nodes[..., None].expand(-1, -1, features.shape[-1]))
                 self.proposer.add_context(features, positions, rows)
+
+    def _lookups(self, batch: list[_Request]) -> list[list[int]] | None:
+        """Per row, the prompt-lookup candidates after its last token (`DFlashProposer.prompt_lookup`
+        of them; [] for sampling rows), or None when prompt lookup is off."""
+        num = self.proposer.prompt_lookup
+        if not num:
+            return None
+        out = []
+        for r in batch:
+            if r.ngrams is None:
+                out.append([])
+                continue
+            r.ngrams.extend(r.out[len(r.ngrams.tokens) - len(r.prompt):])  # the tokens emitted since
+            out.append(r.ngrams.lookup(num))
+        return out
 
     def _accept(self, batch: list[_Request], lens: list[int], tokens: torch.Tensor, drafts, hidden: torch.Tensor,
                 cache, mode: str, tree: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
-from dflash_trt.runtime.draft_tree import build_tree, chain_parents
+from dflash_trt.runtime.draft_tree import add_path, build_tree, chain_parents
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits
 
 
@@ -70,6 +70,17 @@ def auto_draft_confidence(device: torch.device | str) -> float:
     return CPU_DRAFT_CONFIDENCE if torch.device(device).type == "cpu" else 0.0
 
 
+#: `prompt_lookup="auto"` on a CPU: up to this many prompt-lookup tokens join each greedy row's draft
+#: tree (BENCHMARKS.md, session 12).
+CPU_PROMPT_LOOKUP = 8
+
+
+def auto_prompt_lookup(device: torch.device | str) -> int:
+    """The prompt-lookup length "auto" stands for on `device`: `CPU_PROMPT_LOOKUP` on a CPU (measured
+    faster there), 0 (off, the paper's DFlash) elsewhere until a GPU measurement says otherwise."""
+    return CPU_PROMPT_LOOKUP if torch.device(device).type == "cpu" else 0
+
+
 def auto_tree_topk(device: torch.device | str) -> int:
     """The draft-tree width "auto" stands for on `device`: `CPU_TREE_TOPK` on a CPU (measured faster
     than the chain there), 1 (the paper's chain) elsewhere until a GPU measurement says otherwise."""
@@ -108,14 +119,22 @@ class DFlashProposer:
     tokens). Sampling rows keep the chain (multi-candidate speculative sampling is not implemented).
     "auto" picks by the target's device (`auto_tree_topk`).
 
+    `prompt_lookup` > 0 adds to each greedy row's draft tree up to that many tokens copied from the
+    request's own context (`dflash_trt.runtime.prompt_lookup`: what followed the latest earlier
+    occurrence of its last 3-4 tokens), merged as one more branch (`draft_tree.add_path`; the tree
+    stays within max_draft_len nodes, its least likely drafter nodes making room). The engine keeps
+    each request's n-gram index and passes the candidates to `propose`. 0 = off (the paper's
+    DFlash); "auto" picks by the target's device (`auto_prompt_lookup`).
+
     Raises:
         ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
-            draft_confidence outside [0, 1) (and not "auto"), or tree_topk < 1 (and not "auto").
+            draft_confidence outside [0, 1) (and not "auto"), tree_topk < 1 (and not "auto"), or
+            prompt_lookup outside [0, max_draft_len] (and not "auto").
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
                  sample_drafts: bool = True, max_draft_len: int | None = None,
-                 draft_confidence: float | str = 0.0, tree_topk: int | str = 1):
+                 draft_confidence: float | str = 0.0, tree_topk: int | str = 1, prompt_lookup: int | str = 0):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
@@ -139,6 +158,13 @@ class DFlashProposer:
             raise ConfigError(f'tree_topk must be "auto" or an integer >= 1 (1 = a chain of drafts, the paper\'s DFlash), '
                               f"got {tree_topk!r}")
         self.tree_topk = tree_topk
+        if prompt_lookup == "auto":
+            prompt_lookup = min(auto_prompt_lookup(target.embed_weight.device), self.max_draft_len)
+        if (isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int)
+                or not 0 <= prompt_lookup <= self.max_draft_len):
+            raise ConfigError(f'prompt_lookup must be "auto" or an integer in [0, max_draft_len = {self.max_draft_len}] '
+                              f"(0 = off), got {prompt_lookup!r}")
+        self.prompt_lookup = prompt_lookup
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
@@ -174,7 +200,8 @@ class DFlashProposer:
         self.drafter.inject_context(features, positions, self.cache, rows)
 
     def propose(self, last_tokens: torch.Tensor, starts: torch.Tensor, max_start: int, rows: torch.Tensor | None,
-                params: list[SamplingParams], generators: list[torch.Generator | None]) -> DraftBatch:
+                params: list[SamplingParams], generators: list[torch.Generator | None],
+                lookups: list[list[int]] | None = None) -> DraftBatch:
         """Draft max_draft_len tokens per row (one drafter pass over the whole block).
 
         Args:
@@ -184,6 +211,8 @@ class DFlashProposer:
             rows: [n] cache rows, or None for all rows.
             params / generators: per row; greedy rows draft by argmax, sampling rows sample from q
                 (or argmax when `sample_drafts` is False).
+            lookups: per row, prompt-lookup candidates for block positions 1, 2, ... (target ids,
+                at most `prompt_lookup` of them; [] for none), or None; used by greedy rows only.
         """
         b = self.block_size
         n = last_tokens.shape[0]
@@ -207,9 +236,10 @@ class DFlashProposer:
             logits = torch.cat([logits, rest], 1)
         else:
             logits = self._draft_logits(hidden)
-        tree_rows = [r for r, p in enumerate(params) if self.tree_topk > 1 and p.greedy]
+        trees = self.tree_topk > 1 or (lookups is not None and self.prompt_lookup > 0)
+        tree_rows = [r for r, p in enumerate(params) if trees and p.greedy]
         if tree_rows:
-            return self._propose_trees(logits, tree_rows, params, generators)
+            return self._propose_trees(logits, tree_rows, params, generators, lookups)
         return self._chain_drafts(logits, params, generators)
 
     def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -249,9 +279,10 @@ class DFlashProposer:
         return DraftBatch(tokens, probs, lengths)
 
     def _propose_trees(self, logits: torch.Tensor, tree_rows: list[int], params: list[SamplingParams],
-                       generators: list[torch.Generator | None]) -> DraftBatch:
-        """Drafts of a batch with draft trees in `tree_rows` (module draft_tree) and chains in the
-        others (sampling rows, drafted as `propose` does without trees). logits: [n, k, V']."""
+                       generators: list[torch.Generator | None], lookups: list[list[int]] | None) -> DraftBatch:
+        """Drafts of a batch with draft trees in `tree_rows` (module draft_tree; with their
+        prompt-lookup candidates merged in) and chains in the others (sampling rows, drafted as
+        `propose` does without trees). logits: [n, k, V']."""
         n, k = logits.shape[:2]
         chain_rows = [r for r in range(n) if r not in tree_rows]
         chain = DraftBatch(logits.new_zeros(n, k, dtype=torch.int64), [None] * n, [k] * n)
@@ -270,6 +301,8 @@ class DFlashProposer:
         top_p, top_i = top_p.tolist(), top_i.tolist()  # one device sync each, not one per row
         for j, r in enumerate(tree_rows):
             toks, pars = build_tree(top_p[j], top_i[j], k, self.draft_confidence)
+            if lookups is not None and lookups[r]:
+                toks, pars = add_path(toks, pars, lookups[r][: self.prompt_lookup], k)
             m = len(toks)
             if m:
                 tokens[r, :m] = torch.tensor(toks, device=tokens.device)

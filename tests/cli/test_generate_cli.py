@@ -187,6 +187,31 @@ def test_tree_topk_flag_verifies_trees_and_keeps_the_text(monkeypatch, capsys):
     assert "warning: --tree-topk 4 applies to greedy requests (--temperature 0) only" in err
 
 
+def test_prompt_lookup_flag_copies_from_the_prompt_and_keeps_the_text(monkeypatch, capsys, smollm2_path,
+                                                                      untrained_drafter):
+    """--prompt-lookup 8 with an untrained drafter: every accepted draft is copied from the prompt,
+    and the tokens are --mode ar's; out of range or a word is a usage error; sampling and ar warn."""
+    args = ("--target", str(smollm2_path), "--drafter", str(untrained_drafter), "--chat",
+            "Repeat exactly: one two three four five six seven eight nine ten", "--max-tokens", "16", "--json")
+    runs = {}
+    for value in ("0", "8"):
+        code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", value)
+        assert code == 0, err
+        runs[value] = json.loads(out.strip().splitlines()[-1])
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--mode", "ar", "--prompt-lookup", "8")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["token_ids"] == runs["8"]["token_ids"]
+    assert "warning: --prompt-lookup only affects DFlash drafting; ignored here (no dflash mode runs)" in err
+    assert runs["0"]["token_ids"] == runs["8"]["token_ids"]
+    assert runs["8"]["metrics"]["accepted_tokens"] > runs["0"]["metrics"]["accepted_tokens"]
+    for bad, why in (("16", "16 is not in the range 0<=x<=15"), ("many", "'many' is not auto or an integer in [0, 15]")):
+        code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", bad)
+        assert code == 2 and "--prompt-lookup" in err and why in err and "Traceback" not in err
+    code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--temperature", "0.8",
+                              "--seed", "1", "--max-tokens", "4")
+    assert code == 0 and len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 4
+    assert "warning: --prompt-lookup 8 applies to greedy requests (--temperature 0) only" in err
+
+
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):
     """--threads N sets torch's CPU threads for the command (the output does not change); 0 is a usage error
     before anything loads."""

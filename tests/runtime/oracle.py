@@ -14,6 +14,7 @@ class OracleProposer:
     dynamic draft length the oracle reports for a row (DraftBatch.lengths). Same interface as DFlashProposer."""
 
     feature_layer_ids = ()
+    prompt_lookup = 0
     max_position = 10**9
 
     def __init__(self, references: list[list[int]], block_size: int, wrong_positions=(), vocab_size: int = 49152,
@@ -28,7 +29,7 @@ class OracleProposer:
     def add_context(self, features, positions, rows):
         pass
 
-    def propose(self, last_tokens, starts, max_start, rows, params, generators):
+    def propose(self, last_tokens, starts, max_start, rows, params, generators, lookups=None):
         ids = [self.cache.requests[r] for r in (rows.tolist() if rows is not None else range(len(starts)))]
         out = torch.zeros(len(ids), self.max_draft_len, dtype=torch.int64)
         for i, (row, s) in enumerate(zip(ids, starts.tolist())):
