@@ -81,7 +81,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         raise click.UsageError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
-    warn_tree_unused(tree_topk, temperature, prompt_lookup)
+    warn_tree_unused(tree_topk, temperature)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

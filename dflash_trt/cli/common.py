@@ -170,20 +170,19 @@ def _prompt_lookup(ctx, param, value: str) -> int | str:
 #: --prompt-lookup, shared by `generate` and `bench` (DFlashProposer.prompt_lookup).
 prompt_lookup_option = click.option(
     "--prompt-lookup", default="auto", show_default=True, callback=_prompt_lookup, metavar="auto|N",
-    help="Greedy requests also verify up to N tokens copied from their own context (prompt lookup: what followed "
-         "the latest earlier occurrence of the last 3-4 tokens) as one more branch of the draft tree, in the same "
-         "target pass. 0 = off (the paper's DFlash). Output is unchanged. auto = 8 on a CPU, 0 on a GPU; at most "
-         "--max-draft-len.")
+    help="Also verify up to N tokens copied from each request's own context (prompt lookup: what followed the "
+         "latest earlier occurrence of its last 3-4 tokens), in the same target pass: for greedy requests one more "
+         "branch of the draft tree, for sampling requests the chain drafted instead of the sampled one. 0 = off (the "
+         "paper's DFlash). Output is unchanged (greedy) or keeps its distribution (sampling). auto = 8 on a CPU, 0 on "
+         "a GPU; at most --max-draft-len.")
 
 
-def warn_tree_unused(tree_topk: int | str, temperature: float, prompt_lookup: int | str = "auto") -> None:
-    """One stderr line when an explicit --tree-topk > 1 or --prompt-lookup > 0 meets sampling
-    (--temperature > 0): draft trees apply to greedy requests only, sampling requests draft a chain."""
-    given = [f"{name} {value}" for name, value, off in (("--tree-topk", tree_topk, 1), ("--prompt-lookup", prompt_lookup, 0))
-             if value != "auto" and value > off]
-    if given and temperature > 0:
-        click.echo(f"warning: {' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to greedy requests "
-                   "(--temperature 0) only; these sampling requests draft a chain", err=True)
+def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
+    """One stderr line when an explicit --tree-topk > 1 meets sampling (--temperature > 0): draft trees
+    apply to greedy requests only, sampling requests draft a chain."""
+    if tree_topk != "auto" and tree_topk > 1 and temperature > 0:
+        click.echo(f"warning: --tree-topk {tree_topk} applies to greedy requests (--temperature 0) only; these "
+                   "sampling requests draft a chain", err=True)
 
 
 def set_threads(threads: int | None) -> None:

@@ -55,7 +55,7 @@ class _Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     index: int = 0
     on_tokens: Callable[[int, list[int]], None] | None = None
-    ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (greedy dflash only)
+    ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
@@ -177,7 +177,7 @@ class Engine:
             self.proposer.reset(len(reqs), capacity)
             if self.proposer.prompt_lookup:
                 for r in reqs:
-                    r.ngrams = NgramIndex(r.prompt) if r.params.greedy else None
+                    r.ngrams = NgramIndex(r.prompt)
         with self._phase("prefill"):
             self._prefill(reqs, cache, mode)
         ttft = time.perf_counter() - t0
@@ -291,16 +291,13 @@ class Engine:
                 self.proposer.add_context(features, positions, rows)
 
     def _lookups(self, batch: list[_Request]) -> list[list[int]] | None:
-        """Per row, the prompt-lookup candidates after its last token (`DFlashProposer.prompt_lookup`
-        of them; [] for sampling rows), or None when prompt lookup is off."""
+        """Per row, the prompt-lookup candidates after its last token (at most
+        `DFlashProposer.prompt_lookup`; [] where none matched), or None when prompt lookup is off."""
         num = self.proposer.prompt_lookup
         if not num:
             return None
         out = []
         for r in batch:
-            if r.ngrams is None:
-                out.append([])
-                continue
             r.ngrams.extend(r.out[len(r.ngrams.tokens) - len(r.prompt):])  # the tokens emitted since
             out.append(r.ngrams.lookup(num))
         return out

@@ -124,7 +124,9 @@ class DFlashProposer:
     occurrence of its last 3-4 tokens), merged as one more branch (`draft_tree.add_path`; the tree
     stays within max_draft_len nodes, its least likely drafter nodes making room). The engine keeps
     each request's n-gram index and passes the candidates to `propose`. 0 = off (the paper's
-    DFlash); "auto" picks by the target's device (`auto_prompt_lookup`).
+    DFlash); "auto" picks by the target's device (`auto_prompt_lookup`). A sampling row (which drafts a
+    chain) drafts the copied tokens instead of its sampled ones when there are any, as argmax drafts
+    (q one-hot: speculative sampling accepts each with the target's probability p(x)).
 
     Raises:
         ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
@@ -212,7 +214,7 @@ class DFlashProposer:
             params / generators: per row; greedy rows draft by argmax, sampling rows sample from q
                 (or argmax when `sample_drafts` is False).
             lookups: per row, prompt-lookup candidates for block positions 1, 2, ... (target ids,
-                at most `prompt_lookup` of them; [] for none), or None; used by greedy rows only.
+                at most `prompt_lookup` of them; [] for none), or None.
         """
         b = self.block_size
         n = last_tokens.shape[0]
@@ -240,7 +242,7 @@ class DFlashProposer:
         tree_rows = [r for r, p in enumerate(params) if trees and p.greedy]
         if tree_rows:
             return self._propose_trees(logits, tree_rows, params, generators, lookups)
-        return self._chain_drafts(logits, params, generators)
+        return self._chain_drafts(logits, params, generators, lookups)
 
     def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits float32 [n, m, V'] (V' the draft vocabulary, or the target's) of drafter
@@ -253,9 +255,10 @@ class DFlashProposer:
         return logits.float().view(n, m, -1)
 
     def _chain_drafts(self, logits: torch.Tensor, params: list[SamplingParams],
-                      generators: list[torch.Generator | None]) -> DraftBatch:
+                      generators: list[torch.Generator | None], lookups: list[list[int]] | None = None) -> DraftBatch:
         """Chains of drafts from draft logits [n, k, V']: argmax (greedy rows) or sampled from q,
-        cut by draft_confidence."""
+        cut by draft_confidence; a sampling row with prompt-lookup candidates drafts those instead
+        (q one-hot: speculative sampling accepts each with the target's probability p(x))."""
         n, k = logits.shape[:2]
         tokens = greedy_tokens(logits)
         confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
@@ -276,6 +279,12 @@ class DFlashProposer:
             probs[r] = q
         if self.draft_ids is not None:
             tokens = self.draft_ids[tokens]
+        copied = [r for r, p in enumerate(params) if not p.greedy and lookups is not None and lookups[r]]
+        if copied:
+            lengths = [k] * n if lengths is None else lengths
+            for r in copied:
+                tokens[r, : len(lookups[r])] = torch.tensor(lookups[r], device=tokens.device)
+                probs[r], lengths[r] = None, len(lookups[r])
         return DraftBatch(tokens, probs, lengths)
 
     def _propose_trees(self, logits: torch.Tensor, tree_rows: list[int], params: list[SamplingParams],
@@ -288,7 +297,8 @@ class DFlashProposer:
         chain = DraftBatch(logits.new_zeros(n, k, dtype=torch.int64), [None] * n, [k] * n)
         if chain_rows:  # the chain path on those rows alone
             idx = torch.tensor(chain_rows, device=logits.device)
-            sub = self._chain_drafts(logits[idx], [params[r] for r in chain_rows], [generators[r] for r in chain_rows])
+            sub = self._chain_drafts(logits[idx], [params[r] for r in chain_rows], [generators[r] for r in chain_rows],
+                                     None if lookups is None else [lookups[r] for r in chain_rows])
             chain.tokens[idx] = sub.tokens
             for j, r in enumerate(chain_rows):
                 chain.probs[r] = sub.probs[j]

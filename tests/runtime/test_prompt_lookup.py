@@ -3,11 +3,13 @@ draft tree as one more branch; greedy output stays the target's own."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 
+import dflash_trt.runtime.engine as engine_mod
 from dflash_trt.errors import ConfigError
 from dflash_trt.runtime.draft_tree import add_path, build_tree
 from dflash_trt.runtime.engine import Engine
@@ -15,6 +17,7 @@ from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import CPU_PROMPT_LOOKUP, DFlashProposer, auto_prompt_lookup
 from dflash_trt.runtime.sampling import SamplingParams
 from tests.runtime.oracle import record_drafts
+from tests.runtime.test_sampling_distribution import CASES, pvalue, tiny  # noqa: F401 (fixture)
 
 #: a chat the target answers by copying its prompt: long n-gram matches
 COPY_CHAT = ("Repeat the following list exactly as written, then stop: apples, pears, plums, cherries, "
@@ -138,18 +141,37 @@ def test_lookup_joins_the_drafters_tree(refs):
         assert all(max(d.lengths) <= 15 for d in seen)
 
 
-def test_sampling_rows_get_no_lookup(refs):
-    """Prompt lookup applies to greedy rows: a sampling row in the batch drafts its chain with q."""
+def test_sampling_rows_draft_the_copied_chain(refs):
+    """In a mixed batch the greedy row gets a tree, the sampling row a chain: the copied tokens (q
+    one-hot, probs None) at steps where the lookup matched, else its drafts sampled from q."""
     pipe, prompts, ar = refs
     target, drafter = pipe.engine.target, pipe.engine.proposer.drafter
     proposer = DFlashProposer(drafter, target, prompt_lookup=8)
     seen = record_drafts(proposer)
     params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
-              SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)]
-    results = Engine(target, proposer).generate(prompts, params)
+              SamplingParams(temperature=0.1, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)]
+    results = Engine(target, proposer).generate([prompts[0], prompts[0]], params)
     assert results[0].token_ids == ar[0] and len(results[1].token_ids) == MAX_TOKENS
     full = [d for d in seen if d.tokens.shape[0] == 2]
     assert full
     for d in full:
         assert d.parents[1].tolist() == list(range(d.parents.shape[1]))
-        assert d.probs[1] is not None and d.probs[1].shape[0] == d.lengths[1]
+        assert d.probs[1] is None or d.probs[1].shape[0] == d.lengths[1]
+    assert any(d.probs[1] is None and d.lengths[1] > 0 for d in full)  # copied
+    assert results[1].metrics.accepted_tokens > 0
+
+
+def test_sampling_with_copied_drafts_keeps_the_targets_distribution(tiny, monkeypatch):  # noqa: F811
+    """Copied drafts are argmax drafts to speculative sampling (q one-hot): each is accepted with the
+    target's probability, so the output keeps the target's distribution (chi-square over all 6**3
+    three-token sequences; 1-2-gram matches so that a 6-token vocabulary matches often)."""
+    target, drafter = tiny
+    monkeypatch.setattr(engine_mod, "NgramIndex", functools.partial(NgramIndex, max_n=2, min_n=1))
+    proposer = DFlashProposer(drafter, target, prompt_lookup=2)
+    seen = record_drafts(proposer)
+    p, rate = pvalue(Engine(target, proposer), CASES[0])
+    assert 0.05 < rate < 0.95
+    assert p > 0.001
+    copied = sum(1 for d in seen for q, m in zip(d.probs, d.lengths) if q is None and m > 0)
+    sampled = sum(1 for d in seen for q in d.probs if q is not None)
+    assert copied > 100 and sampled > 100  # both kinds of drafts were verified
