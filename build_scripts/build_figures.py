@@ -108,7 +108,8 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens)
     ref_logits = seqs = None
     for quant in ("none", "fp8", "nvfp4"):
-        pipe = load_bundle(args.out / f"smollm2-{quant}-tp1")
+        # tau as issue 5 defines it: the paper's chain, every draft verified (not the CPU defaults)
+        pipe = load_bundle(args.out / f"smollm2-{quant}-tp1", draft_confidence=0.0, tree_topk=1, prompt_lookup=0)
         prompts = [pipe.encode_chat(q) for q in questions]
         t0 = time.perf_counter()
         spec = pipe.generate(prompts, params, "dflash")
