@@ -162,8 +162,9 @@ tree_topk_option = click.option(
 
 
 def _prompt_lookup(ctx, param, value: str) -> int | str:
-    """--prompt-lookup: "auto" or an integer in [0, 15]."""
-    return _auto_or_number(value, int, "an integer in [0, 15]", lambda k: 0 <= k <= 15, "0<=x<=15",
+    """--prompt-lookup: "auto" or an integer in [0, 63] (the largest --max-draft-len; the runtime checks it
+    against the actual max_draft_len)."""
+    return _auto_or_number(value, int, "an integer in [0, 63]", lambda k: 0 <= k <= 63, "0<=x<=63",
                            "e.g. 8, 0 to turn it off, or auto")
 
 
@@ -174,7 +175,7 @@ prompt_lookup_option = click.option(
          "latest earlier occurrence of its last 3-4 tokens), in the same target pass: for greedy requests one more "
          "branch of the draft tree, for sampling requests the chain drafted instead of the sampled one. 0 = off (the "
          "paper's DFlash). Output is unchanged (greedy) or keeps its distribution (sampling). auto = 8 on a CPU, 0 on "
-         "a GPU; at most --max-draft-len.")
+         "a GPU (capped at --max-draft-len); an explicit N must be <= --max-draft-len.")
 
 
 def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:

@@ -165,7 +165,8 @@ class DFlashProposer:
         if (isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int)
                 or not 0 <= prompt_lookup <= self.max_draft_len):
             raise ConfigError(f'prompt_lookup must be "auto" or an integer in [0, max_draft_len = {self.max_draft_len}] '
-                              f"(0 = off), got {prompt_lookup!r}")
+                              f"(0 = off), got {prompt_lookup!r}: copied drafts share the step's max_draft_len "
+                              "(lower --prompt-lookup, or raise --max-draft-len / --block-size)")
         self.prompt_lookup = prompt_lookup
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts

@@ -203,9 +203,12 @@ def test_prompt_lookup_flag_copies_from_the_prompt_and_keeps_the_text(monkeypatc
     assert "warning: --prompt-lookup only affects DFlash drafting; ignored here (no dflash mode runs)" in err
     assert runs["0"]["token_ids"] == runs["8"]["token_ids"]
     assert runs["8"]["metrics"]["accepted_tokens"] > runs["0"]["metrics"]["accepted_tokens"]
-    for bad, why in (("16", "16 is not in the range 0<=x<=15"), ("many", "'many' is not auto or an integer in [0, 15]")):
+    for bad, why in (("64", "64 is not in the range 0<=x<=63"), ("many", "'many' is not auto or an integer in [0, 63]")):
         code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", bad)
         assert code == 2 and "--prompt-lookup" in err and why in err and "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--max-draft-len", "3")
+    assert code == 1 and "got 8" in err and "lower --prompt-lookup, or raise --max-draft-len" in err
+    assert "Traceback" not in err
     code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--temperature", "0.8",
                               "--seed", "1", "--max-tokens", "4")
     assert code == 0 and len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 4
