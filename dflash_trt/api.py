@@ -105,7 +105,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                   device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
-                  tree_topk: int | str = "auto", prompt_lookup: int | str = "auto") -> Pipeline:
+                  tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
+                  max_concurrency: int | str | None = "auto") -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
@@ -116,7 +117,9 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     chain) the top-k per block position of a draft tree for greedy requests
     (`dflash_trt.runtime.draft_tree`; "auto": 4 on a CPU, 1 on a GPU, `auto_tree_topk`), `prompt_lookup`
     (0 = off) how many prompt-lookup tokens join each greedy row's draft tree
-    (`dflash_trt.runtime.prompt_lookup`; "auto": 8 on a CPU, 0 on a GPU, `auto_prompt_lookup`).
+    (`dflash_trt.runtime.prompt_lookup`; "auto": 8 on a CPU, 0 on a GPU, `auto_prompt_lookup`),
+    `max_concurrency` (None = always) speculate only while at most that many requests are active
+    ("auto": 1 on a CPU, None on a GPU, `auto_max_concurrency`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
     "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
@@ -152,7 +155,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
-                                  max_draft_len, draft_confidence, tree_topk, prompt_lookup)
+                                  max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency)
     tokenizer = load_tokenizer(target_path)
     if packed:
         use_cpu_kernels(model, proposer)
@@ -163,7 +166,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | None = None,
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                 device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
-                tree_topk: int | str = "auto", prompt_lookup: int | str = "auto") -> Pipeline:
+                tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
+                max_concurrency: int | str | None = "auto") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from `trtllm/drafter`.
 
@@ -174,7 +178,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
     `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence`,
-    `tree_topk` and `prompt_lookup`: as in `load_pipeline`.
+    `tree_topk`, `prompt_lookup` and `max_concurrency`: as in `load_pipeline`.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
@@ -204,7 +208,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
             max_draft_len = manifest.get("max_draft_len")
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
                                   max_draft_len=max_draft_len, draft_confidence=draft_confidence, tree_topk=tree_topk,
-                                  prompt_lookup=prompt_lookup)
+                                  prompt_lookup=prompt_lookup, max_concurrency=max_concurrency)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     if packed:
         use_cpu_kernels(model, proposer)

@@ -52,11 +52,11 @@ def smollm2_path():
 @pytest.fixture(scope="session")
 def smollm2_pipeline():
     """SmolLM2-135M-Instruct + the default drafter, float32, a chain with every draft verified
-    (draft_confidence 0, tree_topk 1, prompt_lookup 0: the tests count full blocks; the CPU defaults
-    "auto" have their own tests)."""
+    (draft_confidence 0, tree_topk 1, prompt_lookup 0, max_concurrency None: the tests count full
+    blocks; the CPU defaults "auto" have their own tests)."""
     from dflash_trt.api import load_pipeline
 
-    return load_pipeline(dtype="float32", draft_confidence=0.0, tree_topk=1, prompt_lookup=0)
+    return load_pipeline(dtype="float32", draft_confidence=0.0, tree_topk=1, prompt_lookup=0, max_concurrency=None)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +74,7 @@ def smollm2_untrained(smollm2_path, untrained_drafter):
     from dflash_trt.api import load_pipeline
 
     return load_pipeline(str(smollm2_path), str(untrained_drafter), dtype="float32", draft_confidence=0.0, tree_topk=1,
-                         prompt_lookup=0)
+                         prompt_lookup=0, max_concurrency=None)
 
 
 def run_main(monkeypatch, capsys, *args):

@@ -17,6 +17,7 @@ def markdown_table(results: dict) -> str:
                 f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
                 + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 else "")
                 + (f", prompt lookup {cfg['prompt_lookup']} tokens" if cfg.get("prompt_lookup") else "")
+                + (f", max concurrency {cfg['max_concurrency']}" if cfg.get("max_concurrency") else "")
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     threads = results.get("machine", {}).get("threads")
     lines = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
-                                   prompt_lookup_option, threads_option, tree_topk_option)
+                                   max_concurrency_option, prompt_lookup_option, threads_option, tree_topk_option)
 
 
 @click.command()
@@ -28,6 +28,7 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @draft_confidence_option
 @tree_topk_option
 @prompt_lookup_option
+@max_concurrency_option
 @click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
@@ -43,7 +44,8 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
-          draft_confidence, tree_topk, prompt_lookup, modes, dtype, fp8_matmul, device, threads, cpu_kernels, profile, seed, out):
+          draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
+          profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -83,13 +85,14 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_tree_unused(tree_topk, temperature)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
-                            prompt_lookup)
+                            prompt_lookup, max_concurrency)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     set_threads(threads)  # the same for every mode
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                          max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
                          draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
-                             tree_topk=tree_topk, prompt_lookup=prompt_lookup)
+                             tree_topk=tree_topk, prompt_lookup=prompt_lookup,
+                             max_concurrency=max_concurrency)
     warn_block_size(pipe)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
@@ -102,7 +105,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "max_draft_len": proposer.max_draft_len if proposer else None,
                          "draft_confidence": proposer.draft_confidence if proposer else None,
                          "tree_topk": proposer.tree_topk if proposer else None,
-                         "prompt_lookup": proposer.prompt_lookup if proposer else None, "temperature": temperature,
+                         "prompt_lookup": proposer.prompt_lookup if proposer else None,
+                         "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
                          "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
                          "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
                          "batch_size": batch_size, "modes": mode_list, "profile": profile,

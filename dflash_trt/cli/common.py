@@ -178,6 +178,22 @@ prompt_lookup_option = click.option(
          "a GPU (capped at --max-draft-len); an explicit N must be <= --max-draft-len.")
 
 
+def _max_concurrency(ctx, param, value: str) -> int | str | None:
+    """--max-concurrency: "auto", "none" (always speculate) or an integer >= 1."""
+    if value == "none":
+        return None
+    return _auto_or_number(value, int, "none or an integer >= 1", lambda k: k >= 1, "x>=1",
+                           "e.g. 4, none to always speculate, or auto")
+
+
+#: --max-concurrency, shared by `generate` and `bench` (DFlashProposer.max_concurrency).
+max_concurrency_option = click.option(
+    "--max-concurrency", default="auto", show_default=True, callback=_max_concurrency, metavar="auto|none|N",
+    help="Speculate only while at most N requests are active (TensorRT-LLM's max_concurrency); more are decoded "
+         "one token per step, as --mode ar does, until enough finish. Output is unchanged. auto = 1 on a CPU (where "
+         "batched ar beats speculation: BENCHMARKS.md), none (always) on a GPU.")
+
+
 def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
     """One stderr line when an explicit --tree-topk > 1 meets sampling (--temperature > 0): draft trees
     apply to greedy requests only, sampling requests draft a chain."""
@@ -217,15 +233,16 @@ threads_option = click.option(
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
                             draft_confidence: float | str = "auto", tree_topk: int | str = "auto",
-                            prompt_lookup: int | str = "auto") -> None:
+                            prompt_lookup: int | str = "auto", max_concurrency: int | str | None = "auto") -> None:
     """One stderr line when --block-size / --max-draft-len / --draft-confidence / --tree-topk /
-    --prompt-lookup are given
+    --prompt-lookup / --max-concurrency are given
     but nothing drafts (only ar / HF modes): they shape the drafter's block, so they have no effect there."""
     confidence = None if draft_confidence == "auto" else draft_confidence or None  # auto is the default
     given = [name for name, value in (("--block-size", block_size), ("--max-draft-len", max_draft_len),
                                       ("--draft-confidence", confidence),
                                       ("--tree-topk", None if tree_topk == "auto" else tree_topk),
-                                      ("--prompt-lookup", None if prompt_lookup == "auto" else prompt_lookup))
+                                      ("--prompt-lookup", None if prompt_lookup == "auto" else prompt_lookup),
+                                      ("--max-concurrency", None if max_concurrency == "auto" else max_concurrency or "none"))
              if value is not None]
     if given and not drafting:
         click.echo(f"warning: {' and '.join(given)} only affect{'s' if len(given) == 1 else ''} DFlash drafting; "

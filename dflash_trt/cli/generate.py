@@ -8,7 +8,7 @@ import sys
 import click
 
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
-                                   prompt_lookup_option, threads_option, top_k_option,
+                                   max_concurrency_option, prompt_lookup_option, threads_option, top_k_option,
                                    top_p_option, tree_topk_option)
 
 
@@ -46,6 +46,7 @@ def encode_item(pipe, item) -> list[int]:
 @draft_confidence_option
 @tree_topk_option
 @prompt_lookup_option
+@max_concurrency_option
 @click.option("--mode", type=click.Choice(["dflash", "ar"]), default="dflash", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
@@ -54,7 +55,8 @@ def encode_item(pipe, item) -> list[int]:
 @cpu_kernels_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
-             max_draft_len, draft_confidence, tree_topk, prompt_lookup, mode, dtype, device, batch_size, threads, cpu_kernels, as_json):
+             max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
+             threads, cpu_kernels, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, set_threads, warn_block_size,
@@ -71,7 +73,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.training.prompts import load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
-    warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup)
+    warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
+                            max_concurrency)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     set_threads(threads)
@@ -82,13 +85,15 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
 
         pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash", max_draft_len=max_draft_len,
                            fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
-                             tree_topk=tree_topk, prompt_lookup=prompt_lookup)
+                             tree_topk=tree_topk, prompt_lookup=prompt_lookup,
+                             max_concurrency=max_concurrency)
     else:
         target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash",
                              max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
                              draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
-                             tree_topk=tree_topk, prompt_lookup=prompt_lookup)
+                             tree_topk=tree_topk, prompt_lookup=prompt_lookup,
+                             max_concurrency=max_concurrency)
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")

@@ -250,8 +250,13 @@ class Engine:
         k = self.proposer.max_draft_len if mode == "dflash" else 0
         # a block reaching past the drafter's context is verified as a plain one-token step; once no
         # row can draft (positions only grow), the step is autoregressive and skips the drafter
-        can_draft = [mode == "dflash" and k > 0 and r.start + block <= self.proposer.max_position for r in batch]
+        in_reach = [mode == "dflash" and k > 0 and r.start + block <= self.proposer.max_position for r in batch]
+        # more active requests than the proposer's max_concurrency: a plain one-token step too, whose
+        # target features still go to the drafter (its context stays whole for when drafting resumes)
+        speculate = mode == "dflash" and self.proposer.speculates(len(batch))
+        can_draft = [x and speculate for x in in_reach]
         drafting = any(can_draft)
+        inject = any(in_reach)
         drafts = None
         tokens = last[:, None]
         # per row: drafts verified this step (max_draft_len, or fewer with a dynamic draft length)
@@ -267,7 +272,7 @@ class Engine:
         step = k + 1 if drafting else 1
         positions = starts[:, None] + torch.arange(step, device=dev)  # also the cache slots written
         tree = None if not drafting or drafts.parents is None else drafts.parents[:, :k]
-        feature_ids = self._feature_ids(mode) if drafting or mode == "ar" else ()
+        feature_ids = self._feature_ids(mode) if inject or mode == "ar" else ()
         # logits are computed below, only where the verifier reads them
         with self._phase("target_forward"):
             if tree is None:
@@ -280,7 +285,7 @@ class Engine:
             self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
         with self._phase("logits_and_accept"):
             kept_nodes = self._accept(batch, lens, tokens, drafts, out.hidden, cache, mode, tree)
-        if drafting:
+        if inject:
             # KV injection of the block's target features (a tree's: its accepted path first); slots
             # past each row's accepted length hold rejected drafts' features and stay masked until
             # overwritten.

@@ -81,6 +81,19 @@ def auto_prompt_lookup(device: torch.device | str) -> int:
     return CPU_PROMPT_LOOKUP if torch.device(device).type == "cpu" else 0
 
 
+#: `max_concurrency="auto"` on a CPU: speculate only while one request is active. At batch 4 DFlash
+#: ran 0.89x / 0.67x of `ar` on HumanEval / MT-Bench, at batch 2 1.07x / 0.83x (BENCHMARKS.md,
+#: session 12): batched `ar` reads each weight once for all rows, and a CPU verify pass pays compute
+#: for every row's drafts.
+CPU_MAX_CONCURRENCY = 1
+
+
+def auto_max_concurrency(device: torch.device | str) -> int | None:
+    """The concurrency limit "auto" stands for on `device`: `CPU_MAX_CONCURRENCY` on a CPU, None (always
+    speculate) elsewhere until a GPU measurement says otherwise."""
+    return CPU_MAX_CONCURRENCY if torch.device(device).type == "cpu" else None
+
+
 def auto_tree_topk(device: torch.device | str) -> int:
     """The draft-tree width "auto" stands for on `device`: `CPU_TREE_TOPK` on a CPU (measured faster
     than the chain there), 1 (the paper's chain) elsewhere until a GPU measurement says otherwise."""
@@ -128,15 +141,22 @@ class DFlashProposer:
     chain) drafts the copied tokens instead of its sampled ones when there are any, as argmax drafts
     (q one-hot: speculative sampling accepts each with the target's probability p(x)).
 
+    `max_concurrency` (TensorRT-LLM's speculative-decoding `max_concurrency`): while more requests
+    than this are active, the engine decodes them autoregressively, one token per step, and keeps
+    the drafter's context up to date; drafting resumes when enough of them have finished. None =
+    always speculate (the default); "auto" picks by the target's device (`auto_max_concurrency`).
+
     Raises:
         ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
             draft_confidence outside [0, 1) (and not "auto"), tree_topk < 1 (and not "auto"), or
-            prompt_lookup outside [0, max_draft_len] (and not "auto").
+            prompt_lookup outside [0, max_draft_len] (and not "auto"), max_concurrency < 1 (and not
+            None or "auto").
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
                  sample_drafts: bool = True, max_draft_len: int | None = None,
-                 draft_confidence: float | str = 0.0, tree_topk: int | str = 1, prompt_lookup: int | str = 0):
+                 draft_confidence: float | str = 0.0, tree_topk: int | str = 1, prompt_lookup: int | str = 0,
+                 max_concurrency: int | str | None = None):
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
@@ -168,6 +188,13 @@ class DFlashProposer:
                               f"(0 = off), got {prompt_lookup!r}: copied drafts share the step's max_draft_len "
                               "(lower --prompt-lookup, or raise --max-draft-len / --block-size)")
         self.prompt_lookup = prompt_lookup
+        if max_concurrency == "auto":
+            max_concurrency = auto_max_concurrency(target.embed_weight.device)
+        if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                                            or max_concurrency < 1):
+            raise ConfigError(f'max_concurrency must be "auto", None (always speculate) or an integer >= 1, '
+                              f"got {max_concurrency!r}")
+        self.max_concurrency = max_concurrency
         self.mask_token_id = drafter.config.mask_token_id
         self.sample_drafts = sample_drafts
         self.cache = None
@@ -185,6 +212,10 @@ class DFlashProposer:
         use_packed_linears(self.drafter)
         if self.draft_head is not None:
             self.packed_draft_head = PackedLinear(self.draft_head)
+
+    def speculates(self, active: int) -> bool:
+        """Whether a step with `active` requests drafts (`max_concurrency`)."""
+        return self.max_concurrency is None or active <= self.max_concurrency
 
     @property
     def feature_layer_ids(self) -> tuple[int, ...]:

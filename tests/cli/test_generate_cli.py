@@ -215,6 +215,28 @@ def test_prompt_lookup_flag_copies_from_the_prompt_and_keeps_the_text(monkeypatc
     assert "warning" not in err  # sampling requests draft the copied tokens too
 
 
+def test_max_concurrency_flag_keeps_the_text(monkeypatch, capsys, tmp_path):
+    """Two prompts at --batch-size 2: the CPU default (auto = 1: no drafts while both are active) and
+    --max-concurrency none give --mode ar's tokens; 0 or a word is a usage error; --mode ar warns."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Name three colours."}]}\n'
+                       '{"messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}]}\n')
+    args = ("--prompts-file", str(prompts), "--batch-size", "2", "--max-tokens", "24", "--json")
+    runs = {}
+    for value in ("auto", "none", "ar"):
+        extra = ("--mode", "ar", "--max-concurrency", "2") if value == "ar" else ("--max-concurrency", value)
+        code, out, err = run_main(monkeypatch, capsys, "generate", *args, *extra)
+        assert code == 0, err
+        runs[value] = [json.loads(line) for line in out.strip().splitlines()]
+    assert "warning: --max-concurrency only affects DFlash drafting; ignored here (no dflash mode runs)" in err
+    ids = {value: [o["token_ids"] for o in objs] for value, objs in runs.items()}
+    assert ids["auto"] == ids["none"] == ids["ar"] and len(ids["ar"]) == 2
+    assert sum(o["metrics"]["drafted_tokens"] for o in runs["none"]) > sum(o["metrics"]["drafted_tokens"] for o in runs["auto"])
+    for bad, why in (("0", "0 is not in the range x>=1"), ("all", "'all' is not auto or none or an integer >= 1")):
+        code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--max-concurrency", bad)
+        assert code == 2 and "--max-concurrency" in err and why in err and "Traceback" not in err
+
+
 def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, smollm2_path, untrained_drafter):
     """--threads N sets torch's CPU threads for the command (the output does not change); 0 is a usage error
     before anything loads."""

@@ -23,6 +23,9 @@ class OracleProposer:
         self.max_draft_len = block_size - 1 if max_draft_len is None else max_draft_len
         self.wrong_positions, self.vocab_size = set(wrong_positions), vocab_size
 
+    def speculates(self, active):
+        return True
+
     def reset(self, batch, capacity):
         self.cache = _RequestRows(batch)
 
