@@ -70,8 +70,8 @@ def auto_draft_confidence(device: torch.device | str) -> float:
     return CPU_DRAFT_CONFIDENCE if torch.device(device).type == "cpu" else 0.0
 
 
-#: `prompt_lookup="auto"` on a CPU: up to this many prompt-lookup tokens join each greedy row's draft
-#: tree (BENCHMARKS.md, session 12).
+#: `prompt_lookup="auto"` on a CPU: up to this many prompt-lookup tokens per row and step (BENCHMARKS.md,
+#: session 12: 8 and 15 measured alike, 1.46x / 1.03-1.04x of `ar`, against 1.21x / 1.01x without).
 CPU_PROMPT_LOOKUP = 8
 
 
@@ -148,9 +148,9 @@ class DFlashProposer:
 
     Raises:
         ConfigError: block_size < 2, max_draft_len outside [1, block_size - 1],
-            draft_confidence outside [0, 1) (and not "auto"), tree_topk < 1 (and not "auto"), or
-            prompt_lookup outside [0, max_draft_len] (and not "auto"), max_concurrency < 1 (and not
-            None or "auto").
+            draft_confidence outside [0, 1) (and not "auto"), tree_topk < 1 (and not "auto"),
+            prompt_lookup outside [0, max_draft_len] (and not "auto"), or max_concurrency < 1 (and
+            not None or "auto").
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
