@@ -55,8 +55,9 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import (check_out_folder, jsonl_file, model_folder, set_threads, warn_block_size,
-                                      warn_draft_flags_unused, warn_tree_unused)
+    from dflash_trt.cli.common import (check_out_folder, check_prompt_lookup, jsonl_file, model_folder,
+                                       note_max_concurrency, set_threads, warn_block_size, warn_draft_flags_unused,
+                                       warn_tree_unused)
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import load_prompts_jsonl
@@ -84,6 +85,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_tree_unused(tree_topk, temperature)
+    check_prompt_lookup(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup, max_concurrency)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
@@ -94,6 +96,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              tree_topk=tree_topk, prompt_lookup=prompt_lookup,
                              max_concurrency=max_concurrency)
     warn_block_size(pipe)
+    if "dflash" in mode_list:
+        note_max_concurrency(pipe, batch_size, num_prompts)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
     results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,

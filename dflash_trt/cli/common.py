@@ -172,10 +172,11 @@ def _prompt_lookup(ctx, param, value: str) -> int | str:
 prompt_lookup_option = click.option(
     "--prompt-lookup", default="auto", show_default=True, callback=_prompt_lookup, metavar="auto|N",
     help="Also verify up to N tokens copied from each request's own context (prompt lookup: what followed the "
-         "latest earlier occurrence of its last 3-4 tokens), in the same target pass: for greedy requests one more "
-         "branch of the draft tree, for sampling requests the chain drafted instead of the sampled one. 0 = off (the "
-         "paper's DFlash). Output is unchanged (greedy) or keeps its distribution (sampling). auto = 8 on a CPU, 0 on "
-         "a GPU (capped at --max-draft-len); an explicit N must be <= --max-draft-len.")
+         "latest earlier occurrence of its last 3-4 tokens), in the same target pass: a greedy request adds them to "
+         "its draft tree as one more branch; a sampling request drafts them in place of the drafter's sampled chain. "
+         "0 = off (with --tree-topk 1: the paper's DFlash). Output is unchanged (greedy) or keeps its distribution "
+         "(sampling). auto = 8 on a CPU, 0 on a GPU (capped at --max-draft-len); an explicit N must be <= "
+         "--max-draft-len.")
 
 
 def _max_concurrency(ctx, param, value: str) -> int | str | None:
@@ -189,9 +190,32 @@ def _max_concurrency(ctx, param, value: str) -> int | str | None:
 #: --max-concurrency, shared by `generate` and `bench` (DFlashProposer.max_concurrency).
 max_concurrency_option = click.option(
     "--max-concurrency", default="auto", show_default=True, callback=_max_concurrency, metavar="auto|none|N",
-    help="Speculate only while at most N requests are active (TensorRT-LLM's max_concurrency); more are decoded "
-         "one token per step, as --mode ar does, until enough finish. Output is unchanged. auto = 1 on a CPU (where "
-         "batched ar beats speculation: BENCHMARKS.md), none (always) on a GPU.")
+    help="Speculate only while at most N requests are active (TensorRT-LLM's max_concurrency); while more are, "
+         "every active request decodes one token per step, as --mode ar does, and drafting resumes once enough "
+         "have finished. Output is unchanged. auto = 1 on a CPU (where batched ar beats speculation: "
+         "BENCHMARKS.md), none (always speculate) on a GPU.")
+
+
+def check_prompt_lookup(prompt_lookup: int | str, max_draft_len: int | None, block_size: int | None) -> None:
+    """A usage error, before any model loads, when an explicit --prompt-lookup exceeds the max_draft_len
+    that --max-draft-len or --block-size sets (without either, the drafter's block decides, after loading)."""
+    limit = max_draft_len if max_draft_len is not None else (block_size - 1 if block_size is not None else None)
+    if prompt_lookup != "auto" and limit is not None and prompt_lookup > limit:
+        raise click.BadParameter(f"{prompt_lookup} is more than the {limit} drafts a step verifies "
+                                 f"(max_draft_len); use --prompt-lookup {limit} or less, or raise --max-draft-len",
+                                 param_hint="'--prompt-lookup'")
+
+
+def note_max_concurrency(pipe, batch_size: int, num_prompts: int) -> None:
+    """One stderr line when a dflash run decodes more prompts together than the proposer speculates for
+    (`DFlashProposer.max_concurrency`): those steps decode one token per step, so tau reads 1.00 there."""
+    proposer = pipe.engine.proposer
+    together = min(batch_size, num_prompts)
+    if proposer is not None and proposer.max_concurrency is not None and together > proposer.max_concurrency:
+        click.echo(f"note: {together} prompts decode together (--batch-size {batch_size}); DFlash drafts only while at "
+                   f"most {proposer.max_concurrency} of them are active (--max-concurrency; auto = 1 on a CPU, where "
+                   "batched ar is faster), so busy steps decode one token each. --max-concurrency none drafts always",
+                   err=True)
 
 
 def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:

@@ -59,8 +59,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              threads, cpu_kernels, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import (check_context, jsonl_file, model_folder, set_threads, warn_block_size,
-                                       warn_draft_flags_unused, warn_tree_unused)
+    from dflash_trt.cli.common import (check_context, check_prompt_lookup, jsonl_file, model_folder, note_max_concurrency,
+                                       set_threads, warn_block_size, warn_draft_flags_unused, warn_tree_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -73,6 +73,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.training.prompts import load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
+    check_prompt_lookup(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
@@ -100,6 +101,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
     check_context(pipe, prompts, max_tokens)
+    if mode == "dflash":
+        note_max_concurrency(pipe, batch_size, len(prompts))
     stream = not as_json and len(prompts) == 1
     shown = {"text": ""}
     sofar: list[int] = []
