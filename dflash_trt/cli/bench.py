@@ -55,7 +55,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
-    from dflash_trt.cli.common import (check_out_folder, check_prompt_lookup, jsonl_file, model_folder,
+    from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, jsonl_file, model_folder,
                                        note_max_concurrency, set_threads, warn_block_size, warn_draft_flags_unused,
                                        warn_tree_unused)
     from dflash_trt.errors import InvalidRequestError
@@ -85,7 +85,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
     warn_tree_unused(tree_topk, temperature)
-    check_prompt_lookup(prompt_lookup, max_draft_len, block_size)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup, max_concurrency)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

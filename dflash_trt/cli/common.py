@@ -196,13 +196,23 @@ max_concurrency_option = click.option(
          "BENCHMARKS.md), none (always speculate) on a GPU.")
 
 
-def check_prompt_lookup(prompt_lookup: int | str, max_draft_len: int | None, block_size: int | None) -> None:
-    """A usage error, before any model loads, when an explicit --prompt-lookup exceeds the max_draft_len
-    that --max-draft-len or --block-size sets (without either, the drafter's block decides, after loading)."""
-    limit = max_draft_len if max_draft_len is not None else (block_size - 1 if block_size is not None else None)
-    if prompt_lookup != "auto" and limit is not None and prompt_lookup > limit:
+def check_draft_lengths(prompt_lookup: int | str, max_draft_len: int | None, block_size: int | None) -> None:
+    """Usage errors, before any model loads, when --max-draft-len exceeds --block-size - 1, or an explicit
+    --prompt-lookup exceeds the max_draft_len that --max-draft-len or --block-size sets (without either,
+    the drafter's block decides, after loading)."""
+    if max_draft_len is not None and block_size is not None and max_draft_len > block_size - 1:
+        raise click.BadParameter(f"{max_draft_len} is more than the {block_size - 1} drafts a block of --block-size "
+                                 f"{block_size} holds; use --max-draft-len {block_size - 1} or less, or raise --block-size",
+                                 param_hint="'--max-draft-len'")
+    if max_draft_len is not None:
+        limit, fix = max_draft_len, "raise --max-draft-len"
+    elif block_size is not None:
+        limit, fix = block_size - 1, "raise --block-size"
+    else:
+        return
+    if prompt_lookup != "auto" and prompt_lookup > limit:
         raise click.BadParameter(f"{prompt_lookup} is more than the {limit} drafts a step verifies "
-                                 f"(max_draft_len); use --prompt-lookup {limit} or less, or raise --max-draft-len",
+                                 f"(max_draft_len); use --prompt-lookup {limit} or less, or {fix}",
                                  param_hint="'--prompt-lookup'")
 
 
@@ -213,7 +223,7 @@ def note_max_concurrency(pipe, batch_size: int, num_prompts: int) -> None:
     together = min(batch_size, num_prompts)
     if proposer is not None and proposer.max_concurrency is not None and together > proposer.max_concurrency:
         click.echo(f"note: {together} prompts decode together (--batch-size {batch_size}); DFlash drafts only while at "
-                   f"most {proposer.max_concurrency} of them are active (--max-concurrency; auto = 1 on a CPU, where "
+                   f"most {proposer.max_concurrency} of them {'is' if proposer.max_concurrency == 1 else 'are'} active (--max-concurrency; auto = 1 on a CPU, where "
                    "batched ar is faster), so busy steps decode one token each. --max-concurrency none drafts always",
                    err=True)
 

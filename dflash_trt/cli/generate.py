@@ -59,7 +59,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              threads, cpu_kernels, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import (check_context, check_prompt_lookup, jsonl_file, model_folder, note_max_concurrency,
+    from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
                                        set_threads, warn_block_size, warn_draft_flags_unused, warn_tree_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
@@ -73,7 +73,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.training.prompts import load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
-    check_prompt_lookup(prompt_lookup, max_draft_len, block_size)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (

@@ -209,7 +209,10 @@ def test_prompt_lookup_flag_copies_from_the_prompt_and_keeps_the_text(monkeypatc
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--max-draft-len", "3")
     assert code == 2 and "8 is more than the 3 drafts a step verifies" in err and "use --prompt-lookup 3 or less" in err
     code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--block-size", "4")
-    assert code == 2 and "8 is more than the 3 drafts a step verifies" in err and "Traceback" not in err
+    assert code == 2 and "8 is more than the 3 drafts a step verifies (max_draft_len); use --prompt-lookup 3 or less, " \
+                         "or raise --block-size" in err and "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", *args, "--max-draft-len", "8", "--block-size", "4")
+    assert code == 2 and "'--max-draft-len': 8 is more than the 3 drafts a block of --block-size 4 holds" in err
     code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--temperature", "0.8",
                               "--seed", "1", "--max-tokens", "4")
     assert code == 0 and len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 4
@@ -234,7 +237,7 @@ def test_max_concurrency_flag_keeps_the_text(monkeypatch, capsys, tmp_path):
         elif value == "none":
             assert "note:" not in err
     assert "warning: --max-concurrency only affects DFlash drafting; ignored here (no dflash mode runs)" in err
-    assert "note: 2 prompts decode together (--batch-size 2); DFlash drafts only while at most 1 of them" in runs_err
+    assert "note: 2 prompts decode together (--batch-size 2); DFlash drafts only while at most 1 of them is active" in runs_err
     ids = {value: [o["token_ids"] for o in objs] for value, objs in runs.items()}
     assert ids["auto"] == ids["none"] == ids["ar"] and len(ids["ar"]) == 2
     assert sum(o["metrics"]["drafted_tokens"] for o in runs["none"]) > sum(o["metrics"]["drafted_tokens"] for o in runs["auto"])
