@@ -36,16 +36,24 @@ class DrafterAttention(AttentionProjections):
         v = self.v_proj(h).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
+    def keys_values(self, x, cos, sin, ctx_k, ctx_v) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V a block attends to: context ctx_k/ctx_v [n, kv_heads, c, d] then the block's own,
+        projected from x [n, t, hidden] (already input_layernorm'd) -> each [n, kv_heads, c + t, d]."""
+        k_blk, v_blk = self.project_kv(x, cos, sin)
+        return torch.cat([ctx_k, k_blk], dim=2), torch.cat([ctx_v, v_blk], dim=2)
+
+    def attend(self, x, cos, sin, k, v, mask):
+        """Queries of x [n, t, hidden] (input_layernorm'd; cos/sin of those t positions) over k/v
+        [n, kv_heads, c', d] with mask bool [n, 1, t, c'] or None -> o_proj output [n, t, hidden]."""
+        n, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        return self.o_proj(attention(apply_rope(q, cos, sin), k, v, mask, self.scale))
+
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
         """x [n, t, hidden] (already input_layernorm'd), ctx_k/ctx_v [n, kv_heads, c, d],
         mask bool [n, 1, t, c + t] or None. Returns [n, t, hidden]."""
-        n, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k_blk, v_blk = self.project_kv(x, cos, sin)
-        k = torch.cat([ctx_k, k_blk], dim=2)
-        v = torch.cat([ctx_v, v_blk], dim=2)
-        return self.o_proj(attention(q, k, v, mask, self.scale))
+        k, v = self.keys_values(x, cos, sin, ctx_k, ctx_v)
+        return self.attend(x, cos, sin, k, v, mask)
 
 
 class DrafterLayer(nn.Module):
@@ -59,6 +67,15 @@ class DrafterLayer(nn.Module):
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def rows(self, x, h, cos, sin, k, v, mask, lo: int, hi: int):
+        """forward's output at block rows lo..hi-1 only, from the layer input x [n, t, hidden], its
+        input_layernorm h and the whole block's keys/values k, v (`keys_values`): the other rows'
+        queries, o_proj and MLP are skipped (every row still supplies its K/V)."""
+        sl = slice(lo, hi)
+        m = None if mask is None else mask[:, :, sl]
+        y = x[:, sl] + self.self_attn.attend(h[:, sl], cos[:, sl], sin[:, sl], k, v, m)
+        return y + self.mlp(self.post_attention_layernorm(y))
 
 
 class DFlashDrafter(nn.Module):
@@ -140,13 +157,33 @@ class DFlashDrafter(nn.Module):
         Returns:
             [n, B, hidden] final-normed hidden states (feed positions 1..B-1 to the target lm_head).
         """
+        return self.block_outputs(self.encode_block(block_embeds, block_positions, cache, ctx_lens, max_ctx, rows),
+                                  0, block_embeds.shape[1])
+
+    def encode_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
+                     ctx_lens: torch.Tensor, max_ctx: int, rows: torch.Tensor | None = None) -> tuple:
+        """`forward` up to the last layer's queries: every layer but the last, and the last layer's
+        normed input and keys/values over the whole block. `block_outputs` then gives the final
+        hidden states of any block rows (same arguments as `forward`; the state is opaque)."""
         cos, sin = self.rotary(block_positions)
         masks: dict[str, torch.Tensor] = {}
         x = block_embeds.to(self.hidden_norm.weight.dtype)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             kind = self.config.layer_types[i]
             if kind not in masks:
                 masks[kind] = self.block_mask(kind, ctx_lens, max_ctx, block_positions)
             ctx_k, ctx_v = cache.read(i, rows, max_ctx)
-            x = layer(x, cos, sin, ctx_k, ctx_v, masks[kind])
-        return self.norm(x)
+            if i < last:
+                x = layer(x, cos, sin, ctx_k, ctx_v, masks[kind])
+            else:
+                h = layer.input_layernorm(x)
+                k, v = layer.self_attn.keys_values(h, cos, sin, ctx_k, ctx_v)
+                return x, h, cos, sin, k, v, masks[kind]
+        raise ValueError("a drafter needs at least one layer")
+
+    def block_outputs(self, state: tuple, lo: int, hi: int) -> torch.Tensor:
+        """Final-normed hidden states [n, hi - lo, hidden] of block rows lo..hi-1 from `encode_block`'s
+        state: rows depend only on the whole block's keys/values, so rows computed in several calls
+        equal one `forward` (up to attention's float rounding for fewer query rows)."""
+        return self.norm(self.layers[-1].rows(*state, lo, hi))

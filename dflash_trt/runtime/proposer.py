@@ -58,8 +58,9 @@ CPU_DRAFT_CONFIDENCE = 0.2
 #: HumanEval / MT-Bench against 1.18-1.19x / 0.97x for the chain at P 0.3 (BENCHMARKS.md, session 11).
 CPU_TREE_TOPK = 4
 
-#: With a draft confidence > 0 and greedy requests, draft logits are computed for the first
-#: LAZY_DRAFT_POSITIONS positions, and for the rest only if a row is still confident there.
+#: With a draft confidence > 0, the drafter's last layer (queries, o_proj, MLP) and the draft head run
+#: for the first LAZY_DRAFT_POSITIONS draft positions, and for the rest only if some row is still
+#: confident there (greedy and sampling rows alike); the other layers and every K/V see the whole block.
 LAZY_DRAFT_POSITIONS = 4
 
 
@@ -255,30 +256,42 @@ class DFlashProposer:
         block[:, 0] = last_tokens
         positions = starts[:, None] + offsets
         embeds = torch.nn.functional.embedding(block, self.target.embed_weight)
-        hidden = self.drafter(embeds, positions, self.cache, starts, max_start, rows)
-        k = self.max_draft_len
-        hidden = hidden[:, 1 : k + 1].to(self.target.embed_weight.dtype)
-        c = LAZY_DRAFT_POSITIONS
-        if self.draft_confidence > 0 and k > c and all(p.greedy for p in params):
+        state = self.drafter.encode_block(embeds, positions, self.cache, starts, max_start, rows)
+        k, c = self.max_draft_len, LAZY_DRAFT_POSITIONS
+        if self.draft_confidence > 0 and k > c:
             # dynamic draft length: positions past the first c matter only while some row's running
-            # product of top-token probabilities is still >= draft_confidence at c (it only falls);
-            # else they get zero logits (uniform q), which no chain length or tree path reaches
-            logits = self._draft_logits(hidden[:, :c])
-            reach = torch.softmax(logits, -1).amax(-1).double().prod(1)  # [n]
-            rest = self._draft_logits(hidden[:, c:]) if bool((reach >= self.draft_confidence).any()) else \
-                logits.new_zeros(n, k - c, logits.shape[-1])
-            logits = torch.cat([logits, rest], 1)
+            # product of draft confidences is still >= draft_confidence at c (it only falls); else
+            # they get neither the drafter's last layer nor the head, and no chain length or tree
+            # path reaches them
+            logits = self._draft_logits(self.drafter.block_outputs(state, 1, c + 1))
+            reach = self._confidence(logits, self._sampled_q(logits, params)).double().prod(1)  # [n]
+            if bool((reach >= self.draft_confidence).any()):
+                logits = torch.cat([logits, self._draft_logits(self.drafter.block_outputs(state, c + 1, k + 1))], 1)
         else:
-            logits = self._draft_logits(hidden)
+            logits = self._draft_logits(self.drafter.block_outputs(state, 1, k + 1))
         trees = self.tree_topk > 1 or (lookups is not None and self.prompt_lookup > 0)
         tree_rows = [r for r, p in enumerate(params) if trees and p.greedy]
         if tree_rows:
             return self._propose_trees(logits, tree_rows, params, generators, lookups)
         return self._chain_drafts(logits, params, generators, lookups)
 
+    def _sampled_q(self, logits: torch.Tensor, params: list[SamplingParams]) -> dict[int, torch.Tensor]:
+        """q [m, V'] of each row whose drafts are sampled (`probs_from_logits`: its temperature,
+        top-k, top-p), from draft logits [n, m, V']."""
+        return {r: probs_from_logits(logits[r], p) for r, p in enumerate(params) if not p.greedy and self.sample_drafts}
+
+    def _confidence(self, logits: torch.Tensor, sampled: dict[int, torch.Tensor]) -> torch.Tensor:
+        """[n, m] the drafter's probability of its draft at each position of draft logits [n, m, V']:
+        q's largest entry, q = softmax(logits), or the row's `sampled` q where its drafts are sampled."""
+        confidence = torch.softmax(logits, -1).amax(-1)
+        for r, q in sampled.items():
+            confidence[r] = q.amax(-1)
+        return confidence
+
     def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits float32 [n, m, V'] (V' the draft vocabulary, or the target's) of drafter
         hidden states [n, m, H], through the target's lm_head rows."""
+        hidden = hidden.to(self.target.embed_weight.dtype)
         if self.draft_head is None:
             return self.target.compute_logits(hidden).float()
         n, m = hidden.shape[:2]  # a 2-D product: a 3-D matmul of a strided slice takes a slow bmm path
@@ -288,18 +301,18 @@ class DFlashProposer:
 
     def _chain_drafts(self, logits: torch.Tensor, params: list[SamplingParams],
                       generators: list[torch.Generator | None], lookups: list[list[int]] | None = None) -> DraftBatch:
-        """Chains of drafts from draft logits [n, k, V']: argmax (greedy rows) or sampled from q,
-        cut by draft_confidence; a sampling row with prompt-lookup candidates drafts those instead
-        (q one-hot: speculative sampling accepts each with the target's probability p(x))."""
-        n, k = logits.shape[:2]
-        tokens = greedy_tokens(logits)
-        confidence = torch.softmax(logits, -1).amax(-1) if self.draft_confidence > 0 else None  # [n, k]
-        sampled = {r: probs_from_logits(logits[r], p) for r, p in enumerate(params)  # q [k, V'] per sampling row
-                   if not p.greedy and self.sample_drafts}
-        for r, q in sampled.items():
-            if confidence is not None:
-                confidence[r] = q.amax(-1)
-        lengths = None if confidence is None else confident_prefix_lengths(confidence, self.draft_confidence)
+        """Chains of max_draft_len = k drafts per row from draft logits [n, m, V'] of its first m <= k
+        positions (the others, out of draft_confidence's reach, are never verified): argmax (greedy
+        rows) or sampled from q, cut by draft_confidence; a sampling row with prompt-lookup
+        candidates drafts those instead (q one-hot: speculative sampling accepts each with the
+        target's probability p(x))."""
+        n, m = logits.shape[:2]
+        k = self.max_draft_len
+        tokens = torch.zeros(n, k, dtype=torch.int64, device=logits.device)
+        tokens[:, :m] = greedy_tokens(logits)
+        sampled = self._sampled_q(logits, params)  # q [m, V'] per sampling row
+        lengths = None if self.draft_confidence == 0 else \
+            confident_prefix_lengths(self._confidence(logits, sampled), self.draft_confidence)
         probs: list[torch.Tensor | None] = [None] * n
         for r, q in sampled.items():
             q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify
@@ -323,8 +336,10 @@ class DFlashProposer:
                        generators: list[torch.Generator | None], lookups: list[list[int]] | None) -> DraftBatch:
         """Drafts of a batch with draft trees in `tree_rows` (module draft_tree; with their
         prompt-lookup candidates merged in) and chains in the others (sampling rows, drafted as
-        `propose` does without trees). logits: [n, k, V']."""
-        n, k = logits.shape[:2]
+        `propose` does without trees). logits: [n, m, V'] of the first m <= max_draft_len = k
+        positions (the others are out of draft_confidence's reach: no tree node goes there)."""
+        n, m = logits.shape[:2]
+        k = self.max_draft_len
         chain_rows = [r for r in range(n) if r not in tree_rows]
         chain = DraftBatch(logits.new_zeros(n, k, dtype=torch.int64), [None] * n, [k] * n)
         if chain_rows:  # the chain path on those rows alone
@@ -336,7 +351,7 @@ class DFlashProposer:
                 chain.probs[r] = sub.probs[j]
                 chain.lengths[r] = k if sub.lengths is None else sub.lengths[j]
         parents = chain_parents(n, k, logits.device)
-        top_p, top_i = torch.softmax(logits[tree_rows], -1).topk(self.tree_topk, -1)  # [t, k, topk]
+        top_p, top_i = torch.softmax(logits[tree_rows], -1).topk(self.tree_topk, -1)  # [t, m, topk]
         if self.draft_ids is not None:
             top_i = self.draft_ids[top_i]
         tokens = chain.tokens
@@ -345,9 +360,8 @@ class DFlashProposer:
             toks, pars = build_tree(top_p[j], top_i[j], k, self.draft_confidence)
             if lookups is not None and lookups[r]:
                 toks, pars = add_path(toks, pars, lookups[r][: self.prompt_lookup], k)
-            m = len(toks)
-            if m:
-                tokens[r, :m] = torch.tensor(toks, device=tokens.device)
-                parents[r, :m] = torch.tensor(pars, device=tokens.device)
-            chain.lengths[r] = m
+            if toks:
+                tokens[r, : len(toks)] = torch.tensor(toks, device=tokens.device)
+                parents[r, : len(toks)] = torch.tensor(pars, device=tokens.device)
+            chain.lengths[r] = len(toks)
         return DraftBatch(tokens, chain.probs, chain.lengths, parents)

@@ -72,3 +72,8 @@ def test_cached_batched_drafter_matches_reference(tmp_path):
         for r, s in enumerate(starts):
             ref = reference_block(drafter, feats[r, :s], blocks[r], s)
             torch.testing.assert_close(out[r], ref, rtol=1e-4, atol=1e-5)
+        # the proposer's lazy path: the last layer's rows in separate calls over one encoded block
+        state = drafter.encode_block(blocks, pos, cache, ctx, max(starts))
+        parts = [drafter.block_outputs(state, lo, hi) for lo, hi in ((1, 3), (3, 5), (0, 1))]
+    assert [p.shape for p in parts] == [(2, 2, 32), (2, 2, 32), (2, 1, 32)]
+    torch.testing.assert_close(torch.cat([parts[2], parts[0], parts[1]], 1), out, rtol=1e-5, atol=1e-6)

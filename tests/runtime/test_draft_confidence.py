@@ -116,11 +116,13 @@ def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, unt
     assert auto_tree_topk("cuda:1") == 1 and auto_tree_topk(torch.device("cpu")) == 4
 
 
-@pytest.mark.parametrize("tree_topk, threshold", [(1, 0.3), (4, 0.1), (1, 1e-4), (4, 1e-4)])
-def test_lazy_draft_logits_give_the_same_drafts(refs, monkeypatch, tree_topk, threshold):
-    """With a draft confidence, draft logits past LAZY_DRAFT_POSITIONS are computed only while a row
-    is still confident there: the same drafts, lengths and counts as computing all 15 positions.
-    At 0.3 / 0.1 no step of these chats needs the rest; at 1e-4 some do."""
+@pytest.mark.parametrize("tree_topk, threshold, temperature", [(1, 0.3, 0.0), (4, 0.1, 0.0), (1, 1e-4, 0.0),
+                                                               (4, 1e-4, 0.0), (1, 0.3, 1.0), (1, 1e-4, 1.0)])
+def test_lazy_draft_logits_give_the_same_drafts(refs, monkeypatch, tree_topk, threshold, temperature):
+    """With a draft confidence, the drafter's last layer and the draft logits past
+    LAZY_DRAFT_POSITIONS are computed only while a row is still confident there: the same drafts,
+    lengths and counts as computing all 15 positions, greedy and sampled (same seed). At 0.3 / 0.1
+    no step of these chats needs the rest; at 1e-4 some do."""
     import dflash_trt.runtime.proposer as proposer_mod
     from dflash_trt.models.checkpoints import load_drafter
     from dflash_trt.models.default import default_drafter_path
@@ -128,7 +130,7 @@ def test_lazy_draft_logits_give_the_same_drafts(refs, monkeypatch, tree_topk, th
     pipe, prompts, ar = refs
     target = pipe.engine.target
     drafter = load_drafter(default_drafter_path())
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=temperature, seed=5)
     runs = {}
     for lazy in (4, 15):
         monkeypatch.setattr(proposer_mod, "LAZY_DRAFT_POSITIONS", lazy)
@@ -144,7 +146,8 @@ def test_lazy_draft_logits_give_the_same_drafts(refs, monkeypatch, tree_topk, th
         results = [Engine(target, proposer).generate([p], params)[0] for p in prompts]
         runs[lazy] = ([(r.token_ids, r.metrics.verify_steps, r.metrics.drafted_tokens, r.metrics.accepted_per_position)
                        for r in results], widths)
-    assert [r[0] for r in runs[4][0]] == ar
+    if temperature == 0:
+        assert [r[0] for r in runs[4][0]] == ar
     assert runs[4][0] == runs[15][0]
     assert set(runs[15][1]) == {15}
     steps = sum(r[1] for r in runs[4][0])
