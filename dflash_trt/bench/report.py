@@ -15,6 +15,8 @@ def markdown_table(results: dict) -> str:
     cfg = results.get("config", {})
     drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
                 f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
+                + (f" ({cfg['sampled_draft_confidence']} for sampled drafts)"
+                   if cfg.get("sampled_draft_confidence") not in (None, cfg.get("draft_confidence")) else "")
                 + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 else "")
                 + (f", prompt lookup {cfg['prompt_lookup']} tokens" if cfg.get("prompt_lookup") else "")
                 + (f", max concurrency {cfg['max_concurrency']}" if cfg.get("max_concurrency") else "")

@@ -108,6 +108,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                          "block_size": proposer.block_size if proposer else None,
                          "max_draft_len": proposer.max_draft_len if proposer else None,
                          "draft_confidence": proposer.draft_confidence if proposer else None,
+                         "sampled_draft_confidence": proposer.sampled_draft_confidence if proposer else None,
                          "tree_topk": proposer.tree_topk if proposer else None,
                          "prompt_lookup": proposer.prompt_lookup if proposer else None,
                          "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,

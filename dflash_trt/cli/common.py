@@ -142,7 +142,8 @@ draft_confidence_option = click.option(
     "--draft-confidence", default="auto", show_default=True, callback=_draft_confidence, metavar="auto|P",
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
          "probabilities stays >= P (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
-         "where each verified position costs compute. auto = 0.2 on a CPU, 0 on a GPU.")
+         "where each verified position costs compute. auto = 0.2 on a CPU (0.07 for drafts sampled at temperature "
+         "> 0), 0 on a GPU; a number applies to both.")
 
 
 def _tree_topk(ctx, param, value: str) -> int | str:

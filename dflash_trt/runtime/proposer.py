@@ -37,16 +37,18 @@ class DraftBatch:
     parents: torch.Tensor | None = None
 
 
-def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list[int]:
+def confident_prefix_lengths(confidence: torch.Tensor, threshold: float | list[float]) -> list[int]:
     """Dynamic draft length: per row, the longest prefix of drafts whose running product of
     confidences stays >= threshold.
 
     Args:
         confidence: [n, k] float, the drafter's probability of its draft at each position, in [0, 1].
-        threshold: in [0, 1); 0 keeps all k.
+        threshold: in [0, 1), one for all rows or one per row; 0 keeps all k.
     Returns:
         n ints in [0, k].
     """
+    if isinstance(threshold, list):
+        threshold = torch.tensor(threshold, dtype=torch.float64, device=confidence.device)[:, None]
     return (confidence.double().cumprod(1) >= threshold).sum(1).tolist()  # the product only falls
 
 
@@ -54,6 +56,13 @@ def confident_prefix_lengths(confidence: torch.Tensor, threshold: float) -> list
 #: MT-Bench, chains at 0.1 / 0.2 / 0.3 measured the same within noise, 0.5 slower, 0 (15 drafts) far
 #: slower (BENCHMARKS.md, session 10); top-4 trees at 0.1 / 0.2 alike, 0.05 and 0.3 slower (session 11).
 CPU_DRAFT_CONFIDENCE = 0.2
+#: The same for rows whose drafts are sampled from q (temperature > 0). A sampled draft x is accepted
+#: with probability min(1, p(x) / q(x)), on average sum_x min(p, q), which stays high for a flat q
+#: close to p although q's top probability is low: the top-token product understates it. At
+#: temperature 1, 10 HumanEval + 10 MT-Bench prompts x 64 tokens, 4 interleaved rounds: 0.07 ran
+#: 1.01x / 0.97x of `ar`, 0.2 0.95x / 0.92x (tau 1.52 / 1.38 vs 1.34 / 1.23; 0.05-0.1 alike in a
+#: 2-round sweep, 0 (15 drafts) 0.5x; BENCHMARKS.md, session 13).
+CPU_SAMPLED_DRAFT_CONFIDENCE = 0.07
 #: `tree_topk="auto"` on a CPU: top-4 draft trees at P 0.1-0.2 ran 1.22x / 1.01-1.02x of `ar` on
 #: HumanEval / MT-Bench against 1.18-1.19x / 0.97x for the chain at P 0.3 (BENCHMARKS.md, session 11).
 CPU_TREE_TOPK = 4
@@ -64,11 +73,14 @@ CPU_TREE_TOPK = 4
 LAZY_DRAFT_POSITIONS = 4
 
 
-def auto_draft_confidence(device: torch.device | str) -> float:
-    """The dynamic-draft-length threshold "auto" stands for on `device`: `CPU_DRAFT_CONFIDENCE` on a
-    CPU, where every verified position costs compute, 0 (verify max_draft_len drafts every step) on a
-    GPU, where a verify pass of 16 tokens at batch 1 costs about what one token does."""
-    return CPU_DRAFT_CONFIDENCE if torch.device(device).type == "cpu" else 0.0
+def auto_draft_confidence(device: torch.device | str, sampled: bool = False) -> float:
+    """The dynamic-draft-length threshold "auto" stands for on `device`, for argmax drafts or (`sampled`)
+    drafts sampled from q: `CPU_DRAFT_CONFIDENCE` / `CPU_SAMPLED_DRAFT_CONFIDENCE` on a CPU, where
+    every verified position costs compute, 0 (verify max_draft_len drafts every step) on a GPU, where
+    a verify pass of 16 tokens at batch 1 costs about what one token does."""
+    if torch.device(device).type != "cpu":
+        return 0.0
+    return CPU_SAMPLED_DRAFT_CONFIDENCE if sampled else CPU_DRAFT_CONFIDENCE
 
 
 #: `prompt_lookup="auto"` on a CPU: up to this many prompt-lookup tokens per row and step (BENCHMARKS.md,
@@ -123,7 +135,9 @@ class DFlashProposer:
     and the length is a function of the drafter's outputs alone, so greedy output stays the
     target's and sampling keeps the target's distribution. It pays where verifying a position
     costs real compute (a CPU: the verify pass grows with its length), not on a GPU at batch 1.
-    "auto" picks by the target's device (`auto_draft_confidence`).
+    "auto" picks by the target's device, with a lower threshold for rows whose drafts are sampled
+    (`auto_draft_confidence`; the attributes `draft_confidence` and `sampled_draft_confidence`); a
+    number sets both.
 
     `tree_topk` > 1 drafts a tree instead of a chain for greedy rows (`dflash_trt.runtime.draft_tree`):
     the top-`tree_topk` tokens of each block position combine into candidate paths, and the
@@ -168,13 +182,16 @@ class DFlashProposer:
             raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {self.block_size - 1}], got "
                               f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts (lower "
                               "--max-draft-len or raise --block-size)")
+        sampled_draft_confidence = draft_confidence
         if draft_confidence == "auto":
             draft_confidence = auto_draft_confidence(target.embed_weight.device)
+            sampled_draft_confidence = auto_draft_confidence(target.embed_weight.device, sampled=True)
         if (isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float))
                 or not 0.0 <= draft_confidence < 1.0):
             raise ConfigError(f'draft_confidence must be "auto" or a number in [0, 1) (0 = verify every draft), '
                               f"got {draft_confidence!r}")
-        self.draft_confidence = float(draft_confidence)
+        self.draft_confidence = float(draft_confidence)  # argmax drafts (greedy rows) and trees
+        self.sampled_draft_confidence = float(sampled_draft_confidence)  # drafts sampled from q
         if tree_topk == "auto":
             tree_topk = auto_tree_topk(target.embed_weight.device)
         if isinstance(tree_topk, bool) or not isinstance(tree_topk, int) or tree_topk < 1:
@@ -258,14 +275,15 @@ class DFlashProposer:
         embeds = torch.nn.functional.embedding(block, self.target.embed_weight)
         state = self.drafter.encode_block(embeds, positions, self.cache, starts, max_start, rows)
         k, c = self.max_draft_len, LAZY_DRAFT_POSITIONS
-        if self.draft_confidence > 0 and k > c:
+        thresholds = self._thresholds(params)
+        if min(thresholds) > 0 and k > c:
             # dynamic draft length: positions past the first c matter only while some row's running
-            # product of draft confidences is still >= draft_confidence at c (it only falls); else
+            # product of draft confidences is still >= its threshold at c (it only falls); else
             # they get neither the drafter's last layer nor the head, and no chain length or tree
             # path reaches them
             logits = self._draft_logits(self.drafter.block_outputs(state, 1, c + 1))
-            reach = self._confidence(logits, self._sampled_q(logits, params)).double().prod(1)  # [n]
-            if bool((reach >= self.draft_confidence).any()):
+            reach = self._confidence(logits, self._sampled_q(logits, params)).double().prod(1).tolist()  # [n]
+            if any(r >= t for r, t in zip(reach, thresholds)):
                 logits = torch.cat([logits, self._draft_logits(self.drafter.block_outputs(state, c + 1, k + 1))], 1)
         else:
             logits = self._draft_logits(self.drafter.block_outputs(state, 1, k + 1))
@@ -274,6 +292,12 @@ class DFlashProposer:
         if tree_rows:
             return self._propose_trees(logits, tree_rows, params, generators, lookups)
         return self._chain_drafts(logits, params, generators, lookups)
+
+    def _thresholds(self, params: list[SamplingParams]) -> list[float]:
+        """Per row, the draft confidence its drafts are cut at: `sampled_draft_confidence` where its
+        drafts are sampled from q, else `draft_confidence`."""
+        return [self.sampled_draft_confidence if not p.greedy and self.sample_drafts else self.draft_confidence
+                for p in params]
 
     def _sampled_q(self, logits: torch.Tensor, params: list[SamplingParams]) -> dict[int, torch.Tensor]:
         """q [m, V'] of each row whose drafts are sampled (`probs_from_logits`: its temperature,
@@ -311,8 +335,9 @@ class DFlashProposer:
         tokens = torch.zeros(n, k, dtype=torch.int64, device=logits.device)
         tokens[:, :m] = greedy_tokens(logits)
         sampled = self._sampled_q(logits, params)  # q [m, V'] per sampling row
-        lengths = None if self.draft_confidence == 0 else \
-            confident_prefix_lengths(self._confidence(logits, sampled), self.draft_confidence)
+        thresholds = self._thresholds(params)
+        lengths = None if max(thresholds) == 0 else \
+            confident_prefix_lengths(self._confidence(logits, sampled), thresholds)
         probs: list[torch.Tensor | None] = [None] * n
         for r, q in sampled.items():
             q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify

@@ -31,6 +31,7 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
     # --draft-confidence / --tree-topk auto on the CPU: 0.2 and top-4 trees of at most 15
     # (max_draft_len) drafts verified per step
     assert res["config"]["draft_confidence"] == 0.2 and res["config"]["tree_topk"] == 4
+    assert res["config"]["sampled_draft_confidence"] == 0.07
     assert 0 <= d["drafts_per_step"] <= 15
     from dflash_trt.ops import cpu_kernels_unavailable
 

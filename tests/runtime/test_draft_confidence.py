@@ -29,6 +29,7 @@ def test_confident_prefix_lengths_cut_at_the_running_product():
     assert confident_prefix_lengths(conf, 0.5) == [4, 0, 3, 1]
     assert confident_prefix_lengths(conf, 0.0) == [4, 4, 4, 4]
     assert confident_prefix_lengths(conf, 0.95) == [0, 0, 2, 0]
+    assert confident_prefix_lengths(conf, [0.7, 0.0, 0.5, 0.95]) == [3, 4, 3, 0]  # one threshold per row
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,8 @@ def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, unt
     load_pipeline and the CLI), a chain verifying every draft on a GPU; the low-level DFlashProposer
     defaults stay a chain with every draft verified (0, 1)."""
     from dflash_trt.api import load_pipeline
-    from dflash_trt.runtime.proposer import CPU_DRAFT_CONFIDENCE, CPU_TREE_TOPK, auto_draft_confidence, auto_tree_topk
+    from dflash_trt.runtime.proposer import (CPU_DRAFT_CONFIDENCE, CPU_SAMPLED_DRAFT_CONFIDENCE, CPU_TREE_TOPK,
+                                             auto_draft_confidence, auto_tree_topk)
 
     default = load_pipeline(str(smollm2_path), str(untrained_drafter), cpu_kernels="off")
     assert default.engine.proposer.draft_confidence == CPU_DRAFT_CONFIDENCE == 0.2  # load_pipeline's default, on cpu
@@ -110,10 +112,40 @@ def test_auto_draft_confidence_is_picked_by_the_targets_device(smollm2_path, unt
     pipe = smollm2_untrained
     proposer = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence="auto", tree_topk="auto")
     assert (proposer.draft_confidence, proposer.tree_topk) == (0.2, 4)
+    assert proposer.sampled_draft_confidence == CPU_SAMPLED_DRAFT_CONFIDENCE == 0.07
     plain = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target)
-    assert (plain.draft_confidence, plain.tree_topk) == (0.0, 1)
+    assert (plain.draft_confidence, plain.sampled_draft_confidence, plain.tree_topk) == (0.0, 0.0, 1)
+    fixed = DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, draft_confidence=0.3)
+    assert (fixed.draft_confidence, fixed.sampled_draft_confidence) == (0.3, 0.3)  # a number sets both
     assert auto_draft_confidence("cuda:1") == 0.0 and auto_draft_confidence(torch.device("cpu")) == 0.2
+    assert auto_draft_confidence("cuda:1", sampled=True) == 0.0 and auto_draft_confidence("cpu", sampled=True) == 0.07
     assert auto_tree_topk("cuda:1") == 1 and auto_tree_topk(torch.device("cpu")) == 4
+
+
+def test_auto_cuts_sampled_drafts_at_their_own_threshold(refs):
+    """With "auto" on the CPU, a request whose drafts are sampled is cut at sampled_draft_confidence
+    and a greedy one at draft_confidence, alone or in one batch: each gives exactly the drafts,
+    counts and tokens of a proposer with that number for both; 0.07 verifies more sampled drafts
+    than 0.2 (the same request, same seed)."""
+    from dflash_trt.models.checkpoints import load_drafter
+    from dflash_trt.models.default import default_drafter_path
+
+    pipe, prompts, ar = refs
+    target = pipe.engine.target
+    drafter = load_drafter(default_drafter_path())
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=1.0, seed=3)
+
+    def run(conf, batch):
+        out = Engine(target, DFlashProposer(drafter, target, draft_confidence=conf)).generate(
+            [prompts[0]] * len(batch), batch)
+        return [(r.token_ids, r.metrics.verify_steps, r.metrics.drafted_tokens, r.metrics.accepted_tokens) for r in out]
+
+    auto = run("auto", [greedy, sampled])
+    assert auto[0] == run(0.2, [greedy])[0] and auto[0][0] == ar[0]
+    assert auto[1] == run(0.07, [sampled])[0] == run("auto", [sampled])[0]
+    at_02 = run(0.2, [sampled])[0]
+    assert auto[1][2] / auto[1][1] > at_02[2] / at_02[1]  # more drafts verified per step
 
 
 @pytest.mark.parametrize("tree_topk, threshold, temperature", [(1, 0.3, 0.0), (4, 0.1, 0.0), (1, 1e-4, 0.0),
