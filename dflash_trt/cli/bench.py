@@ -30,8 +30,8 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @prompt_lookup_option
 @max_concurrency_option
 @click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"], case_sensitive=False), default="float32", show_default=True)
+@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
               help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
                    "dequantized on load (off).")
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")

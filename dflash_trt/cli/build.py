@@ -11,10 +11,10 @@ import click
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
 @click.option("--out", required=True, type=click.Path(), help="Bundle folder to create, e.g. engines/smollm2-fp8.")
-@click.option("--quant", type=click.Choice(["none", "fp8", "nvfp4"]), default="none", show_default=True,
+@click.option("--quant", type=click.Choice(["none", "fp8", "nvfp4"], case_sensitive=False), default="none", show_default=True,
               help="Target quantization (ModelOpt FP8_DEFAULT_CFG / NVFP4_DEFAULT_CFG).")
-@click.option("--drafter-quant", type=click.Choice(["none", "fp8"]), default="none", show_default=True)
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
+@click.option("--drafter-quant", type=click.Choice(["none", "fp8"], case_sensitive=False), default="none", show_default=True)
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"], case_sensitive=False), default="auto", show_default=True)
 @click.option("--tp-size", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--calib-prompts", type=click.Path(), default=None,
               help='JSONL of {"prompt"|"text"|"messages"} for calibration (default: built-in corpus; never eval sets).')

@@ -109,9 +109,9 @@ def max_tokens_option(ctx, param, value: int) -> int:
 def _auto_or_number(value: str, kind: type, words: str, in_range, range_text: str, hint: str) -> float | int | str:
     """"auto", or `value` parsed as `kind` (float or int) and checked by `in_range`; else a usage error
     naming the value, the allowed range (`words`: "a number in [0, 1)"; `range_text`: "0<=x<1") and
-    `hint` (examples)."""
-    if value == "auto":
-        return value
+    `hint` (examples). The word is case-insensitive: AUTO and Auto are auto."""
+    if value.strip().lower() == "auto":
+        return "auto"
     try:
         number = kind(value)
     except ValueError:
@@ -181,8 +181,8 @@ prompt_lookup_option = click.option(
 
 
 def _max_concurrency(ctx, param, value: str) -> int | str | None:
-    """--max-concurrency: "auto", "none" (always speculate) or an integer >= 1."""
-    if value == "none":
+    """--max-concurrency: "auto", "none" (always speculate) or an integer >= 1 (words case-insensitive)."""
+    if value.strip().lower() == "none":
         return None
     return _auto_or_number(value, int, "none or an integer >= 1", lambda k: k >= 1, "x>=1",
                            "e.g. 4, none to always speculate, or auto")
@@ -254,7 +254,7 @@ def set_threads(threads: int | None) -> None:
 
 #: --cpu-kernels, shared by `generate` and `bench` (`dflash_trt.ops.packed_linear.resolve_cpu_kernels`).
 cpu_kernels_option = click.option(
-    "--cpu-kernels", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+    "--cpu-kernels", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
     help="Run the linears through dflash-trt's packed CPU float32 kernel (built once on first use, ~15 s): each "
          "weight held in the smallest exact format (GGUF Q4_1 / Q8_0 blocks, bf16, else float32), read once for "
          "the 1-16 tokens of a decode or verify step; the same results bit for bit whatever the format or number of "

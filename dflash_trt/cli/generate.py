@@ -26,7 +26,7 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
 @click.option("--bundle", type=click.Path(), default=None,
               help="A `dflash-trt build` bundle folder (verified); replaces --target/--drafter.")
-@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
               help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
                    "dequantized on load (off; NVFP4 always is).")
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
@@ -47,8 +47,8 @@ def encode_item(pipe, item) -> list[int]:
 @tree_topk_option
 @prompt_lookup_option
 @max_concurrency_option
-@click.option("--mode", type=click.Choice(["dflash", "ar"]), default="dflash", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--mode", type=click.Choice(["dflash", "ar"], case_sensitive=False), default="dflash", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"], case_sensitive=False), default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @threads_option

@@ -151,7 +151,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
-@click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"]))
+@click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"], case_sensitive=False))
 @click.option("--max-steps", default=None, type=click.IntRange(1),
               help="Stop after this optimizer step (the LR schedule stays that of --epochs) and export.")
 @click.option("--export-partial", is_flag=True,

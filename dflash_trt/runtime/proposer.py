@@ -59,9 +59,11 @@ CPU_DRAFT_CONFIDENCE = 0.2
 #: The same for rows whose drafts are sampled from q (temperature > 0). A sampled draft x is accepted
 #: with probability min(1, p(x) / q(x)), on average sum_x min(p, q), which stays high for a flat q
 #: close to p although q's top probability is low: the top-token product understates it. At
-#: temperature 1, 10 HumanEval + 10 MT-Bench prompts x 64 tokens, 4 interleaved rounds: 0.07 ran
-#: 1.01x / 0.97x of `ar`, 0.2 0.95x / 0.92x (tau 1.52 / 1.38 vs 1.34 / 1.23; 0.05-0.1 alike in a
-#: 2-round sweep, 0 (15 drafts) 0.5x; BENCHMARKS.md, session 13).
+#: temperature 1, 64 tokens, HumanEval / MT-Bench (BENCHMARKS.md, session 13): on their first 10
+#: prompts (4 interleaved rounds) 0.07 ran 1.01x / 0.97x of `ar` and 0.2 0.95x / 0.92x (tau 1.52 /
+#: 1.38 vs 1.34 / 1.23); on 20 other prompts each (3 rounds) 0.98x / 0.95x vs 0.96x / 0.97x (tau
+#: 1.46 / 1.32 vs 1.36 / 1.29): higher tau, speed the same or better within noise. 0.05-0.1 alike
+#: in a 2-round sweep; 0 (15 drafts) 0.5x.
 CPU_SAMPLED_DRAFT_CONFIDENCE = 0.07
 #: `tree_topk="auto"` on a CPU: top-4 draft trees at P 0.1-0.2 ran 1.22x / 1.01-1.02x of `ar` on
 #: HumanEval / MT-Bench against 1.18-1.19x / 0.97x for the chain at P 0.3 (BENCHMARKS.md, session 11).

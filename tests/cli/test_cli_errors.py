@@ -345,3 +345,27 @@ def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys
     for command in (("check",), ("build", "--out", "unused", "--dry-run")):
         code, _, err = run_main(monkeypatch, capsys, *command, "--target", str(target))
         assert code == 2 and "a --drafter is required with a --target other than the default" in err, err
+
+
+def test_flag_words_are_case_insensitive():
+    """auto / none and every fixed-choice flag accept any case (AUTO, None, OFF), as the number flags'
+    words do; the value the command receives is the canonical lower-case word."""
+    import click
+
+    from dflash_trt.cli import SUBCOMMANDS, cli
+    from dflash_trt.cli.common import _draft_confidence, _max_concurrency, _prompt_lookup, _tree_topk
+
+    assert [f(None, None, "AUTO") for f in (_draft_confidence, _tree_topk, _prompt_lookup, _max_concurrency)] == ["auto"] * 4
+    assert _max_concurrency(None, None, "None") is None and _tree_topk(None, None, " Auto ") == "auto"
+    with pytest.raises(click.BadParameter, match="'autox' is not auto or a number in"):
+        _draft_confidence(None, None, "autox")
+    checked = 0
+    for name in SUBCOMMANDS:
+        command = cli.get_command(click.Context(cli), name)
+        ctx = click.Context(command)
+        for param in command.params:
+            if isinstance(param.type, click.Choice):
+                for choice in param.type.choices:
+                    assert param.type.convert(choice.upper(), param, ctx) == choice, (name, param.name)
+                    checked += 1
+    assert checked >= 20  # --dtype, --fp8-matmul, --cpu-kernels, --mode, --quant, ...
