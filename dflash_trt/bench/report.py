@@ -13,20 +13,24 @@ def markdown_table(results: dict) -> str:
     """One row per dataset x mode: tau, acceptance rate, drafts verified per step, tok/s, speedups, TTFT,
     identical-to-ar; after a `--profile` run also a table of ms per output token by decode-loop phase."""
     cfg = results.get("config", {})
+    sampling = bool(cfg.get("temperature"))  # every request samples: chains cut at the sampled-draft confidence
+    confidence = cfg.get("sampled_draft_confidence") if sampling else cfg.get("draft_confidence")
+    confidence = cfg.get("draft_confidence") if confidence is None else confidence
     drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
-                f"{cfg.get('max_draft_len')}, draft confidence {cfg.get('draft_confidence')}"
-                + (f" ({cfg['sampled_draft_confidence']} for sampled drafts)"
-                   if cfg.get("sampled_draft_confidence") not in (None, cfg.get("draft_confidence")) else "")
-                + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 else "")
+                f"{cfg.get('max_draft_len')}, draft confidence {confidence}"
+                + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 and not sampling else "")
                 + (f", prompt lookup {cfg['prompt_lookup']} tokens" if cfg.get("prompt_lookup") else "")
-                + (f", max concurrency {cfg['max_concurrency']}" if cfg.get("max_concurrency") else "")
+                + (f", max concurrency {cfg.get('max_concurrency') or 'none'}" if "max_concurrency" in cfg else "")
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     threads = results.get("machine", {}).get("threads")
+    prompts = cfg.get("num_prompts")
     lines = [
         f"Target `{cfg.get('target')}`, {drafting}, "
-        f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {cfg.get('num_prompts')} prompts "
-        f"per dataset, batch size {cfg.get('batch_size', 1)}, {results.get('machine', {}).get('dtype')}, "
-        f"{threads} thread{'' if threads == 1 else 's'}. Peak RSS {results.get('peak_rss_mb', 0):.0f} MB.",
+        f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {prompts} prompt"
+        f"{'' if prompts == 1 else 's'} per dataset, batch size {cfg.get('batch_size', 1)}, "
+        f"{results.get('machine', {}).get('dtype')}, {threads} thread{'' if threads == 1 else 's'}. "
+        f"Peak RSS {results.get('peak_rss_mb', 0):.0f} MB."
+        + (" Sampling: 'identical to ar' counts equal samples, not a parity check." if sampling else ""),
         "",
         "| dataset | mode | tau | acceptance rate | drafts / step | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) "
         "| identical to ar |",

@@ -123,7 +123,7 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         timers = {m: PhaseTimer(pipe.engine.device) for m in modes if profile and m in ("dflash", "ar")}
         for g, lo in enumerate(range(0, len(prompts), batch_size)):
             group = prompts[lo : lo + batch_size]
-            group_params = [params if params.greedy else dataclasses.replace(params, seed=(params.seed or 0) + lo + j)
+            group_params = [params if params.greedy else dataclasses.replace(params, seed=((params.seed or 0) + lo + j) % 2**64)
                             for j in range(len(group))]
             order = modes[g % len(modes):] + modes[: g % len(modes)]
             runs = {}

@@ -32,7 +32,7 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="dflash-trt")
 def cli():
-    """DFlash block-diffusion speculative decoding: generate, bench, check, build, train."""
+    """DFlash block-diffusion speculative decoding: generate, bench, check, build, init-drafter, train-drafter."""
 
 
 def main() -> None:

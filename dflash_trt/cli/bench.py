@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
-                                   max_concurrency_option, prompt_lookup_option, threads_option, tree_topk_option)
+                                   SEED_RANGE, lower_word, max_concurrency_option, prompt_lookup_option,
+                                   threads_option, tree_topk_option)
 
 
 @click.command()
@@ -34,14 +35,16 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
               help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
                    "dequantized on load (off).")
-@click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
+@click.option("--device", default="cpu", show_default=True, callback=lower_word,
+              help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @threads_option
 @cpu_kernels_option
 @click.option("--profile", is_flag=True,
               help="Also time each phase of our modes' decode loop (draft, target forward, logits + acceptance, KV "
                    "injection, ...): a 'where the time goes' table in results.md, time_breakdown in results.json. "
                    "On a GPU it synchronizes at every phase.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED_RANGE,
+              help="Sampling seed of the first prompt; prompt i uses seed + i (temperature > 0).")
 @click.option("--out", default="bench_out", show_default=True, type=click.Path())
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
           draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
@@ -62,7 +65,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import load_prompts_jsonl
 
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    mode_list = [m.strip().lower() for m in modes.split(",") if m.strip()]
+    datasets = tuple(ds.lower() if ds.lower() in DATASETS else ds for ds in datasets)
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}", param_hint="'--modes'")

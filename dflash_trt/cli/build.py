@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from dflash_trt.cli.common import lower_word
+
 
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
@@ -21,7 +23,7 @@ import click
 @click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True)
 @click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="max_batch_size in serve.yaml and the trtllm-build command.")
-@click.option("--device", default="cpu", show_default=True,
+@click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where calibration and quantization run: cpu, cuda or cuda:N (the target loads there in float32).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out (only once the new one is complete).")
 @click.option("--dry-run", is_flag=True, help="Run the checks (--calib-prompts included) and print the plan; write nothing.")

@@ -106,6 +106,15 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
+#: --seed's range: what torch.Generator.manual_seed takes (a 64-bit value, signed or not).
+SEED_RANGE = click.IntRange(-(2**63), 2**64 - 1)
+
+
+def lower_word(ctx, param, value):
+    """A click callback: a word flag's value (--device CUDA:0) in lower case, spaces stripped."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def _auto_or_number(value: str, kind: type, words: str, in_range, range_text: str, hint: str) -> float | int | str:
     """"auto", or `value` parsed as `kind` (float or int) and checked by `in_range`; else a usage error
     naming the value, the allowed range (`words`: "a number in [0, 1)"; `range_text`: "0<=x<1") and
@@ -143,7 +152,8 @@ draft_confidence_option = click.option(
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
          "probabilities stays >= P (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
          "where each verified position costs compute. auto = 0.2 on a CPU (0.07 for drafts sampled at temperature "
-         "> 0), 0 on a GPU; a number applies to both.")
+         "> 0), 0 on a GPU; a number applies to both. Greedy output is unchanged; sampling keeps the target's "
+         "distribution (the sampled tokens for a given --seed change).")
 
 
 def _tree_topk(ctx, param, value: str) -> int | str:

@@ -9,7 +9,7 @@ import click
 
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
                                    max_concurrency_option, prompt_lookup_option, threads_option, top_k_option,
-                                   top_p_option, tree_topk_option)
+                                   SEED_RANGE, lower_word, top_p_option, tree_topk_option)
 
 
 def encode_item(pipe, item) -> list[int]:
@@ -38,7 +38,8 @@ def encode_item(pipe, item) -> list[int]:
               help="0 = greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
-@click.option("--seed", default=None, type=int, help="Per-request RNG seed for sampling.")
+@click.option("--seed", default=None, type=SEED_RANGE,
+              help="Per-request RNG seed for sampling (a 64-bit integer); unset: a random one.")
 @click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
@@ -47,9 +48,13 @@ def encode_item(pipe, item) -> list[int]:
 @tree_topk_option
 @prompt_lookup_option
 @max_concurrency_option
-@click.option("--mode", type=click.Choice(["dflash", "ar"], case_sensitive=False), default="dflash", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"], case_sensitive=False), default="float32", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="Where the target and drafter run: cpu, cuda or cuda:N.")
+@click.option("--mode", type=click.Choice(["dflash", "ar"], case_sensitive=False), default="dflash", show_default=True,
+              help="dflash: speculative decoding with the drafter; ar: the target alone, one token per step (the "
+                   "baseline).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"], case_sensitive=False), default="float32",
+              show_default=True, help="The dtype the target and drafter compute in.")
+@click.option("--device", default="cpu", show_default=True, callback=lower_word,
+              help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @threads_option
 @cpu_kernels_option

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import finite_float
+from dflash_trt.cli.common import finite_float, lower_word
 
 
 def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
@@ -158,7 +158,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Export even if the run stopped early (time limit); training.json then says finished: false.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--device", default="cpu", show_default=True,
+@click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where the target and drafter run: cpu, cuda or cuda:N (data generation and training).")
 @click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Fit the LR schedule to this much training time (measured after 25 steps; the epochs "

@@ -30,7 +30,7 @@ from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
-from dflash_trt.runtime.verifier import lazy_greedy_accept, speculative_sample
+from dflash_trt.runtime.verifier import ChunkedProbs, lazy_greedy_accept, speculative_sample
 
 MODES = ("dflash", "ar")
 
@@ -326,18 +326,15 @@ class Engine:
         else:
             g_acc, g_next, paths = self._verify_greedy_trees(greedy, lens, tokens, tree, hidden)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
-        if sampled:  # speculative sampling reads p at every position: all logits of those rows
-            s_logits = self.target.compute_logits(hidden[torch.tensor(sampled, device=dev)])  # [s, step, V]
-            s_logits = dict(zip(sampled, s_logits))
+        s_probs = self._sampling_probs(sampled, batch, lens, hidden) if sampled else {}
         token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):
             kj = lens[j]
             if r.params.greedy:
                 acc, nxt = verdict[j]
             else:
-                p = probs_from_logits(s_logits[j][: kj + 1], r.params)
                 q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
-                acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, p, r.generator)
+                acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, s_probs[j], r.generator)
             path = paths.get(j)
             taken = r.emit((token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt])
             m = r.metrics
@@ -361,6 +358,24 @@ class Engine:
             if path:
                 kept_nodes[j, 1 : len(path) + 1] = torch.tensor(path, device=dev)
         return kept_nodes
+
+    def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int],
+                        hidden: torch.Tensor) -> dict[int, ChunkedProbs]:
+        """The target's p [lens[j] + 1, V] of each sampling row j in `rows` from final-normed hidden
+        states [n, step, H], as `ChunkedProbs`: the first `_first_logits` positions of every row in
+        one lm_head product, a row's later positions only if speculative sampling reads them."""
+        first = [self._first_logits(batch[j], lens[j], hidden.shape[1]) for j in rows]
+        logits = self.target.compute_logits(torch.cat([hidden[j, :f] for j, f in zip(rows, first)]))
+        out, at = {}, 0
+        for j, f in zip(rows, first):
+            params, end = batch[j].params, lens[j] + 1
+
+            def rest(j=j, f=f, params=params, end=end) -> torch.Tensor:
+                return probs_from_logits(self.target.compute_logits(hidden[j, f:end]), params)
+
+            out[j] = ChunkedProbs(probs_from_logits(logits[at : at + f], params), rest)
+            at += f
+        return out
 
     def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
                        hidden: torch.Tensor) -> tuple[list[int], list[int]]:

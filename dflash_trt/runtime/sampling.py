@@ -40,6 +40,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

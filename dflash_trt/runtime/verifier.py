@@ -81,6 +81,29 @@ def lazy_greedy_accept(draft_tokens: torch.Tensor, hidden: torch.Tensor,
     return accepted.tolist(), nxt.tolist()
 
 
+class ChunkedProbs:
+    """A row's target probabilities p [k + 1, V] at [last token, draft_1 .. draft_k], computed in two
+    chunks: positions [0, f) up front, the rest (`rest()` -> [k + 1 - f, V]) only when indexed.
+
+    Speculative sampling reads p at position j only if drafts 1 .. j were all accepted, so with a
+    weak drafter the rest is rarely needed (the same reasoning as `lazy_greedy_accept`). Indexing
+    (`p[j]`, `p[j, d]`) gives exactly what the full tensor would, and `speculative_sample` draws the
+    same random numbers in the same order, so its decisions are those on the full tensor.
+    """
+
+    def __init__(self, first: torch.Tensor, rest: Callable[[], torch.Tensor]):
+        self._probs = first
+        self._rest: Callable[[], torch.Tensor] | None = rest
+        self.device = first.device
+
+    def __getitem__(self, index):
+        j = index[0] if isinstance(index, tuple) else index
+        if self._rest is not None and j >= self._probs.shape[0]:
+            self._probs = torch.cat([self._probs, self._rest()])
+            self._rest = None
+        return self._probs[index]
+
+
 def speculative_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                        target_probs: torch.Tensor, generator: torch.Generator | None) -> tuple[int, int]:
     """Lossless speculative sampling for one row.
@@ -88,7 +111,8 @@ def speculative_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     Args:
         draft_tokens: [k] int64 (k may be 0).
         draft_probs: [k, V] float32 q of each draft position, or None for argmax drafts (q one-hot).
-        target_probs: [k + 1, V] float32 p at [last token, draft_1 .. draft_k].
+        target_probs: [k + 1, V] float32 p at [last token, draft_1 .. draft_k] (a tensor, or a
+            `ChunkedProbs` that computes the later positions only if they are read).
         generator: the request's RNG.
     Returns:
         (accepted, next_token): drafts kept, then the recovered token (on rejection) or the

@@ -357,6 +357,9 @@ def test_flag_words_are_case_insensitive():
 
     assert [f(None, None, "AUTO") for f in (_draft_confidence, _tree_topk, _prompt_lookup, _max_concurrency)] == ["auto"] * 4
     assert _max_concurrency(None, None, "None") is None and _tree_topk(None, None, " Auto ") == "auto"
+    from dflash_trt.cli.common import lower_word
+
+    assert lower_word(None, None, " CUDA:0 ") == "cuda:0"  # --device; bench lower-cases --modes and --dataset names
     with pytest.raises(click.BadParameter, match="'autox' is not auto or a number in"):
         _draft_confidence(None, None, "autox")
     checked = 0
@@ -369,3 +372,34 @@ def test_flag_words_are_case_insensitive():
                     assert param.type.convert(choice.upper(), param, ctx) == choice, (name, param.name)
                     checked += 1
     assert checked >= 20  # --dtype, --fp8-matmul, --cpu-kernels, --mode, --quant, ...
+
+
+def test_seed_outside_64_bits_is_a_usage_error(monkeypatch, capsys):
+    """--seed takes what torch's generator takes ([-2**63, 2**64)); beyond it, one line and exit 2 before
+    any model loads (it was a traceback from manual_seed); the API refuses it with InvalidRequestError."""
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    for command in ("generate", "bench"):
+        code, out, err = run_main(monkeypatch, capsys, command, "--temperature", "1", "--seed", str(2**64))
+        assert code == 2 and "--seed" in err and "Traceback" not in err and out == ""
+    with pytest.raises(InvalidRequestError, match=r"seed must be a 64-bit integer"):
+        SamplingParams(temperature=1.0, seed=-(2**63) - 1)
+    assert SamplingParams(temperature=1.0, seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_bench_header_names_what_applies(tmp_path):
+    """The results table's header line: at temperature > 0 the sampled-draft confidence and no tree
+    (sampling requests draft chains) and a note that 'identical to ar' is not a parity check; at 0
+    the greedy confidence and the tree; max concurrency none is named; one prompt is singular."""
+    from dflash_trt.bench.report import markdown_table
+
+    cfg = {"target": "t", "drafter": "d", "block_size": 16, "max_draft_len": 15, "draft_confidence": 0.2,
+           "sampled_draft_confidence": 0.07, "tree_topk": 4, "prompt_lookup": 8, "max_concurrency": None,
+           "max_tokens": 8, "num_prompts": 1}
+    head = {t: markdown_table({"config": {**cfg, "temperature": t}, "datasets": {},
+                               "machine": {"threads": 1, "dtype": "float32"}}).splitlines()[0] for t in (0.0, 1.0)}
+    assert "draft confidence 0.2, draft tree top-4," in head[0.0] and "0.07" not in head[0.0]
+    assert "draft confidence 0.07, prompt lookup" in head[1.0] and "tree" not in head[1.0]
+    assert "not a parity check" in head[1.0] and "parity" not in head[0.0]
+    assert all("max concurrency none" in h and "1 prompt per dataset" in h for h in head.values())

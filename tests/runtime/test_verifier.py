@@ -7,6 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from dflash_trt.runtime.verifier import (
+    ChunkedProbs,
     greedy_accept,
     lazy_greedy_accept,
     speculative_sample,
@@ -75,6 +76,30 @@ def test_speculative_sample_empty_draft_and_seeded_determinism():
     a = speculative_sample(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(3))
     b = speculative_sample(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(3))
     assert a == b
+
+
+def test_chunked_probs_give_the_full_tensors_decisions_and_compute_the_rest_only_when_read():
+    """speculative_sample over ChunkedProbs (p's first f positions up front, the rest on demand)
+    makes exactly the decisions it makes over the full p, for every split and seed, sampled or
+    argmax drafts; the rest is computed at most once, and only when a draft at or past position f
+    was reached (all drafts before it accepted)."""
+    g = torch.Generator().manual_seed(0)
+    k, vocab = 4, 5
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=g), -1)
+    q = torch.softmax(torch.randn(k, vocab, generator=g), -1)
+    drafts = p[:k].argmax(-1)  # likely drafts: runs reach every position
+    reached_rest = 0
+    for f in range(1, k + 2):
+        for seed in range(60):
+            for dq in (q, None):
+                calls = []
+                lazy = ChunkedProbs(p[:f], lambda f=f: calls.append(f) or p[f:])
+                got = speculative_sample(drafts, dq, lazy, torch.Generator().manual_seed(seed))
+                assert got == speculative_sample(drafts, dq, p, torch.Generator().manual_seed(seed)), (f, seed)
+                assert len(calls) <= 1
+                assert bool(calls) == (f <= k and got[0] >= f)  # read past f only if drafts 1 .. f were kept
+                reached_rest += bool(calls)
+    assert reached_rest > 50
 
 
 def wrong_verifier(draft_tokens, draft_probs, target_probs, generator):
