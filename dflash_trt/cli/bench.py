@@ -63,7 +63,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                        warn_tree_unused)
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.sampling import SamplingParams
-    from dflash_trt.training.prompts import load_prompts_jsonl
+    from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     mode_list = [m.strip().lower() for m in modes.split(",") if m.strip()]
     datasets = tuple(ds.lower() if ds.lower() in DATASETS else ds for ds in datasets)
@@ -82,7 +82,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         if not Path(jsonl_file("--dataset", ds)).is_file():
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
-        load_prompts_jsonl(ds)  # an empty or malformed file fails here, not after the models load
+        load_prompts_jsonl(ds, REQUEST_KEYS)  # an empty or malformed file fails here, not after the models load
     hf_modes = [m for m in mode_list if m.startswith("hf")]
     if batch_size > 1 and hf_modes:  # before the models load, not after
         raise click.UsageError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "

@@ -75,13 +75,13 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     if prompt == "" or chat == "":
         raise click.UsageError(f"{'--prompt' if prompt == '' else '--chat'} is empty; give some text")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
-    from dflash_trt.training.prompts import load_prompts_jsonl
+    from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
-    items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file)) if prompts_file else (
+    items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file), REQUEST_KEYS) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     set_threads(threads)
     if bundle is not None:

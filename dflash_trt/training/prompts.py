@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import sys
 import sysconfig
 from pathlib import Path
 from typing import Union
@@ -208,9 +209,15 @@ def large_corpus(packages: tuple[str, ...] = CODE_PACKAGES, seed: int = 0) -> li
     return [[{"role": "user", "content": text}] for text in keep]
 
 
-def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
+#: Per-request keys of OpenAI-style request files that a prompts file does not carry: `generate` and
+#: `bench` take these settings from their flags, for every line (`load_prompts_jsonl(warn_keys=...)`).
+REQUEST_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "seed", "stop", "n")
+
+
+def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> list[Prompt]:
     """Prompts from a JSONL file: one `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`
-    object per line (blank lines ignored).
+    object per line (blank lines ignored). Other keys are ignored; if lines hold any of `warn_keys`
+    (e.g. REQUEST_KEYS), one warning line on stderr names them and the first line with one.
 
     Raises:
         DFlashError: the file is missing or empty.
@@ -223,6 +230,7 @@ def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
     if not p.is_file():
         raise DFlashError(f"{p}: no such prompts file; give an existing JSONL file")
     out: list[Prompt] = []
+    ignored: dict[str, int] = {}  # key -> first line holding it
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -234,6 +242,10 @@ def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+        if isinstance(obj, dict):
+            for key in warn_keys:
+                if key in obj:
+                    ignored.setdefault(key, n)
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append(obj["prompt"])
         elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"] and all(
@@ -248,6 +260,10 @@ def load_prompts_jsonl(path: str | Path) -> list[Prompt]:
             )
     if not out:
         raise DFlashError(f"{p}: the prompts file is empty; give one JSON object per line")
+    if ignored:
+        keys = ", ".join(ignored)
+        print(f"warning: {p}: per-line {keys} ignored (first on line {min(ignored.values())}); the command's "
+              "flags (--temperature, --max-tokens, --seed, ...) apply to every prompt", file=sys.stderr)
     return out
 
 

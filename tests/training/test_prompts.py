@@ -59,3 +59,18 @@ def test_missing_prompts_file(tmp_path):
         load_prompts_jsonl(tmp_path / "nope.jsonl")
     with pytest.raises(ConfigError, match="is a directory; give a JSONL file"):
         load_prompts_jsonl(tmp_path)
+
+
+def test_request_keys_in_a_prompts_file_are_named_once(tmp_path, capsys):
+    """Per-line sampling keys are not per-request settings here: with warn_keys, one warning names them
+    and the first line holding one; the prompts load as usual; without warn_keys (training), silence."""
+    from dflash_trt.training.prompts import REQUEST_KEYS
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "temperature": 1.0}\n'
+                 '{"messages": [{"role": "user", "content": "c"}], "seed": 3, "temperature": 0}\n')
+    assert load_prompts_jsonl(f) == ["a", "b", [{"role": "user", "content": "c"}]]
+    assert capsys.readouterr().err == ""
+    assert len(load_prompts_jsonl(f, REQUEST_KEYS)) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "per-line temperature, seed ignored (first on line 2)" in err and "id" not in err
