@@ -141,9 +141,10 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "block 16; smaller puts more weight on the first drafts).")
 @click.option("--val-samples", default=0, show_default=True, type=click.IntRange(0),
               help="Hold out N target-written samples (a seeded random subset, never trained on) and measure "
-                   "their teacher-forced acceptance length at every checkpoint (training.json, loss.png).")
+                   "their acceptance length tau at every checkpoint, teacher-forced: the steps greedy decoding "
+                   "would take over each response (training.json, loss.png).")
 @click.option("--keep-best", is_flag=True,
-              help="Export the checkpoint with the best held-out acceptance (needs --val-samples), not the last.")
+              help="Export the checkpoint with the best held-out tau (needs --val-samples), not the last.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0), callback=finite_float,
@@ -300,15 +301,18 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "exported_step": exported_step,
     }
     if val_samples:
-        info["validation"] = {"samples": val_samples, "anchors_per_sample": anchors,
-                              "metric": "teacher-forced acceptance length on held-out target-written samples",
+        info["validation"] = {"samples": val_samples, "anchors_per_sample": "all",
+                              "metric": "acceptance length tau on held-out target-written samples, teacher-forced: "
+                                        "(response tokens - 1) / the verify steps greedy decoding takes when each "
+                                        "block accepts its leading correct drafts; anchor_mean: 1 + mean leading "
+                                        "correct drafts over every anchor (larger)",
                               "best_step": state.best_step, "best_acceptance_length": state.best_acceptance_length,
                               "history": state.val_history}
     dtype = torch.bfloat16 if export_dtype == "bfloat16" else torch.float32
     final = export_drafter(drafter, out, info, state.history, dtype)
     held = ""
     if state.val_history:
-        held = (f", held-out acceptance {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
+        held = (f", held-out tau {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
                 f"{state.best_acceptance_length:.3f} at step {state.best_step}")
     click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, training loss "
                f"{last.get('loss', float('nan')):.3f} (mean over the log window ending at step {last.get('step', state.step)})"

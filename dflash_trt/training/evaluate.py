@@ -1,7 +1,7 @@
 """Acceptance length (tau) and greedy parity of drafters on held-out prompts.
 
     python -m dflash_trt.training.evaluate --drafter DIR [--drafter DIR2 ...] [--untrained]
-        [--num-prompts 40] [--max-tokens 128] [--block-size 16] [--out DIR]
+        [--num-prompts 40] [--max-tokens 128] [--block-size 16] [--out DIR] [--teacher-forced]
 
 For each set (HumanEval fixed subset, MT-Bench first turns; `evalsets`), in float32, temperature 0:
 the autoregressive outputs (mode "ar", cached in --out so several drafters share them), then each
@@ -52,9 +52,35 @@ def _note(on: bool, text: str) -> None:
         print(f"evaluate: {text}", file=sys.stderr, flush=True)
 
 
+def teacher_forced(target, drafter, prompts: list[list[int]], outputs: list[list[int]],
+                   block_size: int | None = None) -> dict:
+    """The trainer's held-out figures (`trainer.validate`) on given responses, with float32 target
+    features computed by the target (what decoding has): the teacher-forced tau (the decode walk;
+    equal to the decoded tau on the target's own greedy outputs) and the mean over every anchor.
+
+    Args:
+        prompts: per request, the prompt token ids; outputs: per request, the response token ids
+            (e.g. the autoregressive outputs).
+    Returns:
+        {"tau": float, "anchor_mean": float, "blocks": int}.
+    """
+    from dflash_trt.training.pipeline import make_train_data
+    from dflash_trt.training.trainer import TrainConfig, validate
+
+    samples = [{"tokens": torch.tensor(p + o, dtype=torch.int32), "prompt_len": len(p)} for p, o in zip(prompts, outputs)]
+    ids = drafter.draft_token_ids()
+    cfg = TrainConfig(block_size=block_size or drafter.config.block_size, anchors_per_seq=64, seqs_per_step=4,
+                      soft_weight=0.0, max_seq_len=max(len(s["tokens"]) for s in samples))
+    data = make_train_data(samples, (), tuple(drafter.config.target_layer_ids), target,
+                           ids.cpu() if ids is not None else None, soft_labels=False, max_seq_len=cfg.max_seq_len)
+    v = validate(drafter, data, list(range(len(samples))), cfg)
+    return {"tau": round(v["acceptance_length"], 4), "anchor_mean": round(v["anchor_mean"], 4), "blocks": v["blocks"]}
+
+
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
-             batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False) -> dict:
+             batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False,
+             with_teacher_forced: bool = False) -> dict:
     """tau and parity of each drafter (name -> DFlashDrafter) on each prompt set (name -> texts).
 
     `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
@@ -62,8 +88,11 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     with more drafters only decodes what is new. `progress` prints one stderr line per decode
     (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
 
+    `with_teacher_forced` adds each drafter's `teacher_forced` figures on the AR outputs (the
+    trainer's validation metric beside the decoded tau; not cached).
+
     Returns {"sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
-    "parity_count", "per_position", "seconds"}}}}}.
+    "parity_count", "per_position", "seconds"[, "teacher_forced"]}}}}}.
     """
     from dflash_trt.training.prompts import encode_prompt
 
@@ -89,7 +118,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
         for name, drafter in drafters.items():
             dkey = f"{key}:{(drafter_keys or {}).get(name)}:{block_size}"
             if (drafter_keys or {}).get(name) and dkey in cache:
-                entry["drafters"][name] = cache[dkey]
+                entry["drafters"][name] = dict(cache[dkey])
+                if with_teacher_forced:
+                    entry["drafters"][name]["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
                 continue
             engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
             t0 = time.perf_counter()
@@ -104,8 +135,10 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
             d = entry["drafters"][name]
             _note(progress, f"{set_name}: {name}: tau {d['tau']:.3f}, parity {d['parity_count']}, {d['seconds']:.0f} s")
             if (drafter_keys or {}).get(name) and ar_cache is not None:
-                cache[dkey] = entry["drafters"][name]
+                cache[dkey] = dict(d)
                 ar_cache.write_text(json.dumps(cache))
+            if with_teacher_forced:
+                d["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
         report["sets"][set_name] = entry
     return report
 
@@ -114,6 +147,7 @@ def write_report(report: dict, out: Path) -> None:
     """acceptance.json, acceptance.md (a table) and acceptance.png (per-position acceptance) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
+    tf = any("teacher_forced" in d for e in report["sets"].values() for d in e["drafters"].values())
     lines = [f"Block size {report.get('block_size')}, temperature 0, float32 on {report.get('device', 'cpu')}, "
              f"max {report['max_tokens']} new tokens.",
              "Prompts (chat template): a fixed subset of HumanEval (every len/n-th task, wrapped as "
@@ -121,11 +155,20 @@ def write_report(report: dict, out: Path) -> None:
              "question). tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
              "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] --num-prompts "
              f"{min(e['prompts'] for e in report['sets'].values())} --max-tokens {report['max_tokens']} "
-             f"--device {report.get('device', 'cpu')} --out D`.",
-             "", "| set | prompts | drafter | tau | greedy parity |", "|---|---|---|---|---|"]
+             f"--device {report.get('device', 'cpu')} --out D{' --teacher-forced' if tf else ''}`.",
+             ]
+    if tf:
+        lines.append("Teacher-forced (`--teacher-forced`): the trainer's validation figures on the AR outputs, "
+                     "float32 target features: tau = the verify steps greedy decoding takes when each block "
+                     "accepts its leading correct drafts; anchor mean = 1 + mean leading correct drafts over every "
+                     "anchor (what the trainer's 'accepted' estimates; larger than tau).")
+    lines += ["", "| set | prompts | drafter | tau | greedy parity |" + (" teacher-forced tau | anchor mean |" if tf else ""),
+              "|---|---|---|---|---|" + ("---|---|" if tf else "")]
     for s, e in report["sets"].items():
         for name, d in e["drafters"].items():
-            lines.append(f"| {s} | {e['prompts']} | {name} | {d['tau']:.3f} | {d['parity_count']} |")
+            t = d.get("teacher_forced")
+            extra = (f" {t['tau']:.3f} | {t['anchor_mean']:.3f} |" if t else " | |") if tf else ""
+            lines.append(f"| {s} | {e['prompts']} | {name} | {d['tau']:.3f} | {d['parity_count']} |{extra}")
     (out / "acceptance.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -162,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help='JSON {"set name": [prompt texts]} instead of the HumanEval / MT-Bench subsets '
                          "(e.g. written by --dump-sets on a machine that has the dataset packages)")
     ap.add_argument("--dump-sets", default=None, help="write the prompt sets as JSON to this file and exit")
+    ap.add_argument("--teacher-forced", action="store_true",
+                    help="also report the trainer's validation figures on the AR outputs (teacher-forced tau, anchor mean)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.sets_file:
@@ -194,11 +239,13 @@ def main(argv: list[str] | None = None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
     report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size,
                       Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys,
-                      progress=True)
+                      progress=True, with_teacher_forced=args.teacher_forced)
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
     report["device"] = args.device
-    print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"]} for n, d in e["drafters"].items()}
+    print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"],
+                              **({"teacher_forced": d["teacher_forced"]} if "teacher_forced" in d else {})}
+                          for n, d in e["drafters"].items()}
                       for s, e in report["sets"].items()}, indent=2))
     if out:
         write_report(report, out)

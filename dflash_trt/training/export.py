@@ -55,11 +55,11 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafte
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("decay-weighted cross-entropy")
     ax2 = ax.twinx()
-    ax2.plot(steps, [1 + h["accepted"] for h in history], label="train acceptance estimate", color="tab:orange")
+    ax2.plot(steps, [1 + h["accepted"] for h in history], label="train anchor mean", color="tab:orange")
     if val_history:
         ax2.plot([v["step"] for v in val_history], [v["acceptance_length"] for v in val_history], marker="o",
-                 label="held-out acceptance (teacher-forced)", color="tab:red")
-    ax2.set_ylabel("1 + leading correct positions")
+                 label="held-out tau (teacher-forced decode)", color="tab:red")
+    ax2.set_ylabel("acceptance length")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right")

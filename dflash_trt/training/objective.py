@@ -109,8 +109,10 @@ def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, fea
 class LossOutput:
     """loss: scalar tensor (with grad), the SUM over sequences of each one's weighted-mean loss;
     hard_ce / soft_ce: means over sequences (floats); accepted: mean over sequences of the mean
-    number of leading block positions whose argmax equals the label (a training-time estimate of
-    tau - 1); positions: number of labelled block positions; sequences: sequences with labels."""
+    number of leading block positions whose argmax equals the label (averaged over anchors: NOT
+    tau - 1, see `decode_walk_steps`); positions: number of labelled block positions; sequences:
+    sequences with labels; runs: int64 [S, A] each block's number of leading correct positions
+    (0 for a padding block); per_seq_hard_ce: float32 [S] each sequence's hard cross-entropy."""
 
     loss: torch.Tensor
     hard_ce: float
@@ -118,6 +120,8 @@ class LossOutput:
     accepted: float
     positions: int
     sequences: int
+    runs: torch.Tensor
+    per_seq_hard_ce: torch.Tensor
 
 
 def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.Tensor, weights: torch.Tensor,
@@ -154,12 +158,32 @@ def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.Tensor, w
     n = int(has.sum())
     with torch.no_grad():
         correct = (logp.argmax(-1) == labels) & valid
-        run = correct.int().cumprod(dim=2).sum(dim=2).float()  # [S, A]
+        runs = correct.long().cumprod(dim=2).sum(dim=2)  # [S, A]
         real = valid.any(dim=2)  # [S, A] real (non-padding) blocks
-        acc = (run * real).sum(1) / real.sum(1).clamp(min=1)
+        acc = (runs.float() * real).sum(1) / real.sum(1).clamp(min=1)
         mean = lambda x: float(x[has].mean()) if n else 0.0  # noqa: E731
-        out = LossOutput(loss, mean(hard_ce.detach()), mean(soft_ce.detach()), mean(acc), int(valid.sum()), n)
+        out = LossOutput(loss, mean(hard_ce.detach()), mean(soft_ce.detach()), mean(acc), int(valid.sum()), n,
+                         runs, hard_ce.detach().float())
     return out
+
+
+def decode_walk_steps(runs: list[int]) -> int:
+    """Verify steps greedy DFlash decoding takes over one target-written response, teacher-forced.
+
+    `runs[o]` is the number of leading drafts the target accepts from the block anchored at
+    response offset o (anchor = prompt_len + o, for every o = 0 .. T - 2 - prompt_len: all of the
+    response's anchors). Decoding visits only some anchors: the first at offset 0 (the prefill's
+    token), then each step commits runs[o] drafts + 1 bonus token and the next block starts at
+    o + runs[o] + 1. So tau = (response tokens - 1) / steps, as `evaluate.set_tau` measures by
+    decoding, given the same features. The mean of runs over ALL anchors is larger: a run of k
+    easy tokens is one step in decoding but k anchors that each accept much (the inspection
+    paradox; on the default drafter's own outputs 2.24 against a decoded tau of 1.67, session 14).
+    """
+    o = steps = 0
+    while o < len(runs):
+        o += int(runs[o]) + 1
+        steps += 1
+    return steps
 
 
 def cosine_lr(step: int, total_steps: int, warmup_steps: int) -> float:

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from dflash_trt.errors import DFlashError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.objective import (block_inputs, block_loss, cosine_lr, decay_weights, default_gamma,
-                                           drafter_block_hidden, sample_anchors)
+                                           decode_walk_steps, drafter_block_hidden, sample_anchors)
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -83,9 +83,9 @@ class TrainConfig:
 class TrainState:
     """What a run has done so far. history: one dict per logged step (step, loss, hard_ce, soft_ce,
     accepted, lr, blocks_per_s); val_history: one dict per checkpoint with held-out samples (step,
-    acceptance_length, hard_ce, blocks; see `validate`); best_step / best_acceptance_length: the
-    checkpoint with the highest held-out acceptance so far, ties broken by the lower held-out
-    cross-entropy (its weights are run_dir/best.pt)."""
+    acceptance_length (tau), anchor_mean, hard_ce, blocks; see `validate`); best_step /
+    best_acceptance_length: the checkpoint with the highest held-out tau so far, ties broken by
+    the lower held-out cross-entropy (its weights are run_dir/best.pt)."""
 
     step: int = 0
     total_steps: int = 0
@@ -188,82 +188,111 @@ def _batch_loss(drafter: DFlashDrafter, data: TrainData, indices: list[int], anc
     Returns:
         (LossOutput, number of real blocks), or (None, 0) when no sample has an anchor.
     """
+    anchor_sets = [sample_anchors(data.prompt_len[i], min(len(data.tokens[i]), cfg.max_seq_len + 1),
+                                  cfg.anchors_per_seq, torch.Generator().manual_seed(seed))
+                   for seed, i in zip(anchor_seeds, indices)]
+    out, _ = _blocks_loss(drafter, data, indices, anchor_sets, cfg, fz, soft_weight)
+    return (out, sum(a.numel() for a in anchor_sets)) if out is not None else (None, 0)
+
+
+def _blocks_loss(drafter: DFlashDrafter, data: TrainData, indices: list[int], anchor_sets: list[torch.Tensor],
+                 cfg: TrainConfig, fz: _Frozen, soft_weight: float):
+    """`block_loss` of the blocks at the given anchors (anchor_sets[j]: sorted int64 anchors of sample
+    indices[j]; a sample may appear more than once), all in one drafter pass.
+
+    Returns:
+        (LossOutput, rows): rows[r] = the position in `indices` of LossOutput row r (entries
+        without anchors have no row); (None, []) when no entry has an anchor.
+    """
     dev = fz.dev
     use_soft = soft_weight > 0
+    uniq = list(dict.fromkeys(indices))
     if data.features is None:
-        step_feats, step_teach = data.online(indices)
+        f_u, t_u = data.online(uniq)
     else:
-        step_feats, step_teach = [data.features[i] for i in indices], (
-            [data.teacher[i] for i in indices] if data.teacher is not None else None)
+        f_u = [data.features[i] for i in uniq]
+        t_u = [data.teacher[i] for i in uniq] if data.teacher is not None else None
+    at = {i: u for u, i in enumerate(uniq)}
     rows = []
-    for j, (seed, i) in enumerate(zip(anchor_seeds, indices)):
+    for j, (anchors, i) in enumerate(zip(anchor_sets, indices)):
         tokens = data.tokens[i][: cfg.max_seq_len + 1]
-        anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, torch.Generator().manual_seed(seed))
         if anchors.numel():
-            rows.append((j, anchors, *block_inputs(tokens, anchors, cfg.block_size, fz.mask_id)))
+            rows.append((j, at[i], anchors, *block_inputs(tokens, anchors, cfg.block_size, fz.mask_id)))
     if not rows:
-        return None, 0
-    a_max = max(r[1].numel() for r in rows)
-    ctx = max(int(r[1].max()) for r in rows)
+        return None, []
+    a_max = max(r[2].numel() for r in rows)
+    ctx = max(int(r[2].max()) for r in rows)
     b = cfg.block_size
     anchors = torch.zeros(len(rows), a_max, dtype=torch.int64)
     ids = torch.full((len(rows), a_max, b), fz.mask_id, dtype=torch.int64)
     positions = torch.arange(b).repeat(len(rows), a_max, 1)
     labels = torch.full((len(rows), a_max, b - 1), -1, dtype=torch.int64)
-    feats = torch.zeros(len(rows), ctx, step_feats[rows[0][0]].shape[1], device=dev)
-    for r, (j, anc, ids_r, pos_r, lab_r) in enumerate(rows):
+    feats = torch.zeros(len(rows), ctx, f_u[0].shape[1], device=dev)
+    for r, (_, u, anc, ids_r, pos_r, lab_r) in enumerate(rows):
         n_a = anc.numel()
         anchors[r, :n_a], ids[r, :n_a], positions[r, :n_a], labels[r, :n_a] = anc, ids_r, pos_r, lab_r
-        f = step_feats[j][: int(anc.max())]
+        f = f_u[u][: int(anc.max())]
         feats[r, : f.shape[0]] = f.to(dev).float()
     teacher = None
     if use_soft:
         teacher = torch.zeros(len(rows), a_max, b - 1, fz.embed.shape[1], device=dev)
-        for r, (j, anc, _, pos_r, _) in enumerate(rows):
-            t_j = step_teach[j]
+        for r, (_, u, anc, _, pos_r, _) in enumerate(rows):
+            t_j = t_u[u]
             pos = (pos_r[:, 1:] - 1).clamp(max=t_j.shape[0] - 1)
             teacher[r, : anc.numel()] = t_j[pos.to(t_j.device)].to(dev).float()
     anchors, ids, positions, labels = anchors.to(dev), ids.to(dev), positions.to(dev), labels.to(dev)
     hidden = drafter_block_hidden(drafter, fz.embed, feats, ids, positions, anchors)
     draft_labels = torch.where(labels >= 0, fz.t2d[labels.clamp(min=0)], labels)
-    out = block_loss(hidden, draft_labels, fz.head, fz.weights, teacher, soft_weight)
-    return out, sum(r[1].numel() for r in rows)
-
-
-def _val_anchor_seed(cfg: TrainConfig, index: int) -> int:
-    return cfg.seed * 1_000_003 + 500_000_000 + index  # fixed per held-out sample, apart from training's
+    return block_loss(hidden, draft_labels, fz.head, fz.weights, teacher, soft_weight), [r[0] for r in rows]
 
 
 @torch.no_grad()
 def validate(drafter: DFlashDrafter, data: TrainData, indices: list[int], cfg: TrainConfig,
              fz: _Frozen | None = None) -> dict:
-    """Held-out acceptance of the drafter, teacher-forced: on the held-out samples `indices`, the
-    same anchors every time (cfg.anchors_per_seq per sample, seeded by the sample), the number of
-    leading block positions whose argmax equals the target's token, as in greedy verification
-    with the committed context being the target's own output (the drafter sees the target's
-    features of every token before its anchor). This is what `dflash_trt.training.evaluate`
-    measures by decoding, at a fraction of the cost; it ranks checkpoints the same way.
+    """Held-out acceptance of the drafter, teacher-forced, on the held-out samples `indices`: the
+    block at EVERY anchor of each response (cfg.anchors_per_seq blocks per drafter pass), its
+    number of leading drafts whose argmax equals the target's token (the drafter sees the target's
+    features of every token before its anchor), then the steps greedy decoding would take over
+    the response (`objective.decode_walk_steps`). This is the tau `dflash_trt.training.evaluate`
+    measures by decoding (the same figure given the same features), at a fraction of the cost.
 
     Returns:
-        {"acceptance_length": 1 + mean leading correct positions per sample (float),
-         "hard_ce": mean decay-weighted cross-entropy on the target's tokens, "blocks": int}.
+        {"acceptance_length": tau = sum(response tokens - 1) / sum(decode steps) (float),
+         "anchor_mean": 1 + the mean over each sample's anchors of its leading correct drafts,
+         averaged over samples (larger than tau; the trainer's "accepted" estimates it),
+         "hard_ce": mean over samples of the decay-weighted cross-entropy on the target's tokens,
+         "blocks": int}.
     """
     fz = fz or _Frozen.of(drafter, data, cfg)
     was_training = drafter.training
     drafter.eval()
-    acc = ce = 0.0
-    seqs = blocks = 0
-    for start in range(0, len(indices), cfg.seqs_per_step):
-        chunk = indices[start : start + cfg.seqs_per_step]
-        out, nb = _batch_loss(drafter, data, chunk, [_val_anchor_seed(cfg, i) for i in chunk], cfg, fz, 0.0)
-        if out is not None:
-            acc += out.accepted * out.sequences
-            ce += out.hard_ce * out.sequences
-            seqs += out.sequences
-            blocks += nb
+    entries = []  # (sample, its anchors in passes of at most anchors_per_seq)
+    for i in indices:
+        n = min(len(data.tokens[i]), cfg.max_seq_len + 1)
+        every = torch.arange(data.prompt_len[i], n - 1, dtype=torch.int64)
+        entries += [(i, chunk) for chunk in torch.split(every, cfg.anchors_per_seq)]
+    runs: dict[int, list[torch.Tensor]] = {}
+    ce: dict[int, list[float]] = {}
+    for start in range(0, len(entries), cfg.seqs_per_step):
+        part = entries[start : start + cfg.seqs_per_step]
+        out, rows = _blocks_loss(drafter, data, [i for i, _ in part], [a for _, a in part], cfg, fz, 0.0)
+        for r, j in enumerate(rows):
+            i, anc = part[j]
+            runs.setdefault(i, []).append(out.runs[r, : anc.numel()].cpu())
+            ce.setdefault(i, []).append(float(out.per_seq_hard_ce[r]) * anc.numel())
     drafter.train(was_training)
-    seqs = max(seqs, 1)
-    return {"acceptance_length": 1 + acc / seqs, "hard_ce": ce / seqs, "blocks": blocks}
+    decoded = steps = blocks = 0
+    means, ces = [], []
+    for i, parts in runs.items():
+        r = torch.cat(parts)
+        decoded += r.numel()  # response tokens - 1
+        steps += decode_walk_steps(r.tolist())
+        blocks += r.numel()
+        means.append(1 + float(r.float().mean()))
+        ces.append(sum(ce[i]) / r.numel())
+    n = max(len(means), 1)
+    return {"acceptance_length": decoded / steps if steps else 1.0, "anchor_mean": sum(means) / n,
+            "hard_ce": sum(ces) / n, "blocks": blocks}
 
 
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
@@ -325,7 +354,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             return
         rec = {"step": state.step, **validate(drafter, data, val_idx, cfg, fz)}
         state.val_history.append(rec)
-        best = next((v for v in state.val_history if v["step"] == state.best_step), None)
+        # a record without "anchor_mean" is from a run started before the decode-walk tau (its
+        # "acceptance_length" was the anchor mean): never compared with the new figures
+        best = next((v for v in state.val_history if v["step"] == state.best_step and "anchor_mean" in v), None)
         # ties (a short run often stays at the same acceptance): the lower held-out cross-entropy
         if best is None or (rec["acceptance_length"], -rec["hard_ce"]) > (best["acceptance_length"], -best["hard_ce"]):
             state.best_step, state.best_acceptance_length = state.step, rec["acceptance_length"]
@@ -380,8 +411,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                    "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
                    "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
             state.history.append(rec)
-            extra = {"val_acc_len": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc_len=f"{1 + rec['accepted']:.2f}",
+            extra = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
                             tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}", **extra)
             window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
         elapsed = time.perf_counter() - t_start

@@ -23,3 +23,33 @@ def test_evaluate_reports_parity_caches_and_prints_progress(tmp_path, tiny_targe
     assert entry["parity"] and entry["tau"] >= 1.0 and first["sets"]["tiny"]["prompts"] == 3
     again = evaluate(*args, drafter_keys={"d": "k1"}, progress=True)  # everything cached: no decode
     assert capsys.readouterr().err == "" and again["sets"]["tiny"]["drafters"]["d"] == entry
+
+
+def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tiny_samples):
+    """--teacher-forced: the trainer's validation metric on the AR outputs equals the decoded tau
+    (float32 features from the target, as decoding has them), cached drafter results included; the
+    anchor mean is larger; acceptance.md gets both columns."""
+    from dflash_trt.training.evaluate import write_report
+    from dflash_trt.training.pipeline import make_train_data
+    from dflash_trt.training.trainer import TrainConfig, train
+
+    from conftest import DATA_LAYERS
+
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1]))
+    cfg = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, lr=1e-2, checkpoint_every=1000)
+    train(drafter, make_train_data(tiny_samples, DATA_LAYERS, (0, 1), tiny_target, None), cfg, tmp_path / "run",
+          progress=False)
+    drafter.eval()
+    sets = {"tiny": [" ".join(f"w{t}" for t in s["tokens"][: s["prompt_len"]].tolist()) for s in tiny_samples[:12]]}
+    args = (tiny_target, word_tokenizer(), (EOS,), {"d": drafter}, sets, 40, None, tmp_path / "cache.json")
+    for _ in range(2):  # decoded, then from the cache
+        report = evaluate(*args, drafter_keys={"d": "k"}, with_teacher_forced=True)
+        d = report["sets"]["tiny"]["drafters"]["d"]
+        assert d["tau"] > 1.15 and d["teacher_forced"]["tau"] == d["tau"], d
+        assert d["teacher_forced"]["anchor_mean"] > d["tau"] and d["teacher_forced"]["blocks"] > 100
+    assert "teacher_forced" not in evaluate(*args, drafter_keys={"d": "k"})["sets"]["tiny"]["drafters"]["d"]
+    report["block_size"] = 4
+    write_report(report, tmp_path / "out")
+    md = (tmp_path / "out" / "acceptance.md").read_text()
+    assert "| teacher-forced tau | anchor mean |" in md and f"| {d['tau']:.3f} | {d['teacher_forced']['anchor_mean']:.3f} |" in md

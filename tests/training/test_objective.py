@@ -52,3 +52,14 @@ def test_batched_loss_is_the_sum_of_per_sequence_losses():
     torch.testing.assert_close(batched.loss, sum(s.loss for s in singles), rtol=1e-5, atol=1e-6)
     assert abs(batched.accepted - sum(s.accepted for s in singles) / 3) < 1e-6
     assert abs(batched.hard_ce - sum(s.hard_ce for s in singles) / 3) < 1e-5
+
+
+def test_decode_walk_visits_only_the_blocks_decoding_starts():
+    # offsets 0..6 of an 8-token response; decoding anchors at 0 (accepts 2: commits 3 tokens), then
+    # 3 (accepts 0), 4 (accepts 2, up to the end): 3 steps for 7 tokens after the first, tau 7 / 3
+    runs = [2, 5, 5, 0, 2, 1, 0]
+    assert O.decode_walk_steps(runs) == 3
+    assert O.decode_walk_steps([0] * 5) == 5 and O.decode_walk_steps([4, 3, 2, 1, 0]) == 1
+    assert O.decode_walk_steps([]) == 0
+    # the mean over every anchor counts the skipped easy anchors too: 1 + 15 / 7 = 3.1 > 7 / 3
+    assert 1 + sum(runs) / len(runs) > len(runs) / O.decode_walk_steps(runs)

@@ -12,7 +12,7 @@ from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.training.evaluate import set_tau
 from dflash_trt.training.pipeline import make_train_data
-from dflash_trt.training.objective import block_inputs, drafter_block_hidden, sample_anchors
+from dflash_trt.training.objective import block_inputs, drafter_block_hidden
 from dflash_trt.training.trainer import BEST, TrainConfig, split_validation, train, validate
 
 CFG = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, lr=1e-2, soft_weight=0.5,
@@ -115,15 +115,14 @@ def test_time_budget_fits_the_schedule(tmp_path, tiny_target, tiny_samples):
 
 
 def _reference_acceptance(drafter, data, indices, cfg):
-    """Held-out acceptance computed one sample at a time, without the trainer's batching."""
-    from dflash_trt.training.trainer import _val_anchor_seed
-
-    per_sample = []
+    """Held-out tau computed one sample at a time (every anchor in one drafter pass, without the
+    trainer's batching and chunking), walking the response as greedy decoding does."""
+    decoded = steps = 0
     with torch.no_grad():
         for i in indices:
             tokens = data.tokens[i][: cfg.max_seq_len + 1]
-            gen = torch.Generator().manual_seed(_val_anchor_seed(cfg, i))
-            anchors = sample_anchors(data.prompt_len[i], len(tokens), cfg.anchors_per_seq, gen)
+            first = data.prompt_len[i]
+            anchors = torch.arange(first, len(tokens) - 1)
             if not anchors.numel():
                 continue
             ids, pos, lab = block_inputs(tokens, anchors, cfg.block_size, MASK)
@@ -131,9 +130,33 @@ def _reference_acceptance(drafter, data, indices, cfg):
             h = drafter_block_hidden(drafter, data.embed, feats, ids[None], pos[None], anchors[None])[0]
             pred = (h[:, 1:] @ data.head.t()).argmax(-1)
             lab_d = torch.where(lab >= 0, data.t2d[lab.clamp(min=0)], lab)
-            run = ((pred == lab_d) & (lab >= 0)).int().cumprod(1).sum(1).float()
-            per_sample.append(float(run.mean()))
-    return 1 + sum(per_sample) / len(per_sample)
+            run = ((pred == lab_d) & (lab >= 0)).int().cumprod(1).sum(1)
+            at = first  # the prefill's token; each verify step commits the accepted drafts + 1
+            while at < len(tokens) - 1:
+                at += int(run[at - first]) + 1
+                steps += 1
+            decoded += len(tokens) - 1 - first
+    return decoded / steps
+
+
+def test_validation_tau_is_the_decoded_tau(tmp_path, tiny_target, tiny_samples, tiny_prompts):
+    """validate's teacher-forced tau, with float32 features from the target (what decoding has),
+    equals the tau that greedy DFlash decoding measures on the same prompts, untrained and trained;
+    the mean over all anchors is larger (a long easy run is one decode step but many anchors)."""
+    assert sorted(s["tokens"][: s["prompt_len"]].tolist() for s in tiny_samples) == sorted(tiny_prompts)
+    online = _data(tiny_target, [{k: v for k, v in s.items() if k != "features"} for s in tiny_samples])
+    assert online.features is None
+    drafter = _drafter(tiny_target)
+    taus = []
+    for steps in (0, 120):
+        if steps:
+            train(drafter, _data(tiny_target, tiny_samples), CFG, tmp_path / "run", max_steps=steps, progress=False)
+        v = validate(drafter, online, list(range(len(tiny_samples))), CFG)
+        decoded = _tau(tiny_target, drafter, tiny_prompts)
+        assert v["acceptance_length"] == pytest.approx(decoded, abs=1e-12), steps
+        assert v["blocks"] == sum(len(s["tokens"]) - 1 - s["prompt_len"] for s in tiny_samples)
+        taus.append(decoded)
+    assert taus[1] > taus[0] + 0.3 and v["anchor_mean"] > v["acceptance_length"] + 0.1, (taus, v)
 
 
 def test_validation_holds_out_samples_and_keeps_the_best(tmp_path, tiny_target, tiny_samples):
