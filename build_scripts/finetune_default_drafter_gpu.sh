@@ -28,6 +28,11 @@
 #     build_scripts/finetune_default_drafter_gpu.sh
 #   SETS: evaluation prompts as JSON (`python -m dflash_trt.training.evaluate --dump-sets FILE`) on a
 #   machine without the dataset packages. EXTRA: more train-drafter flags (appended, so they win).
+#   MIX=tasks: the corpus is the large corpus plus `training.tasks.task_corpus()` (math, puzzles,
+#   extraction, role play, writing, free-form coding, explanations: the request kinds of MT-Bench,
+#   where the shipped drafter is weakest; BENCHMARKS.md session 14), shuffled together. Not run yet
+#   (no GPU since session 8); the next run is planned as
+#     INIT=dflash_trt/assets/smollm2-135m-instruct-dflash-b16 MIX=tasks build_scripts/finetune_default_drafter_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source build_scripts/common.sh
@@ -43,9 +48,14 @@ mkdir -p "$WORK/base" "$WORK/stageA" "$WORK/stageB"
 INIT=${INIT:-$WORK/base}
 [ "$INIT" = "$WORK/base" ] && drafter_from_git "$BASE_COMMIT" "$WORK/base" ", or give the base drafter as INIT=DIR"
 if [ ! -f "$CORPUS" ]; then
-  "$PYTHON" -c 'import json, sys
+  MIX=${MIX:-large} "$PYTHON" -c 'import json, os, random, sys
 from dflash_trt.training.prompts import large_corpus
-for m in large_corpus(): sys.stdout.write(json.dumps({"messages": m}) + "\n")' > "$CORPUS.tmp"
+items = large_corpus()
+if os.environ["MIX"] == "tasks":  # + the task prompts (training/tasks.py), shuffled in
+    from dflash_trt.training.tasks import task_corpus
+    items += task_corpus()
+    random.Random(0).shuffle(items)
+for m in items: sys.stdout.write(json.dumps({"messages": m}) + "\n")' > "$CORPUS.tmp"
   mv "$CORPUS.tmp" "$CORPUS"
 fi
 ln -sfn "$WORK/data" "$WORK/stageA/data"  # one data cache for both stages

@@ -58,7 +58,8 @@ def encode_item(pipe, item) -> list[int]:
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @threads_option
 @cpu_kernels_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
+                   "of the batch: requests of one batch share the time to first token).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
              threads, cpu_kernels, as_json):

@@ -8,6 +8,9 @@ Definitions (TensorRT-LLM / DFlash paper names):
 - acceptance_length (tau): tokens emitted per verify step = (accepted + bonus/recovered) / steps.
 - acceptance_rate: accepted_tokens / drafted_tokens, within [0, 1] (0 when nothing was drafted).
 - accepted_per_position[j]: verify steps in which draft position j + 1 was accepted and emitted.
+- time_to_first_token_s / total_time_s: seconds from the start of the `generate` call to this
+  request's first token / its last. Requests of one batch share a prefill, so they share the first,
+  and requests that finish at the same step share the second (the batch's clock, not copied numbers).
 """
 
 from __future__ import annotations

@@ -74,3 +74,24 @@ def test_request_keys_in_a_prompts_file_are_named_once(tmp_path, capsys):
     assert len(load_prompts_jsonl(f, REQUEST_KEYS)) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "per-line temperature, seed ignored (first on line 2)" in err and "id" not in err
+
+
+def test_task_corpus_families_are_seeded_distinct_and_held_out():
+    """Task prompts (training/tasks.py): each family gives N distinct prompts, the same for a seed
+    and others for another seed; the corpus covers every family, and not one of its prompts had
+    to be dropped for sharing a 13-word span or a whole text with HumanEval / MT-Bench."""
+    from dflash_trt.training.tasks import FAMILIES, task_corpus, task_prompts
+
+    assert set(FAMILIES) == {"math", "reasoning", "extraction", "roleplay", "writing", "coding", "explain"}
+    for fam in FAMILIES:
+        a = task_prompts(fam, 50)
+        assert len(a) == len(set(a)) == 50 and a == task_prompts(fam, 50), fam
+        assert a != task_prompts(fam, 50, seed=1), fam
+    corpus = [m[0]["content"] for m in task_corpus(per_family=300)]
+    assert len(corpus) == sum(len(task_prompts(f, 300)) for f in FAMILIES) > 1500  # nothing dropped
+    assert len(set(corpus)) == len(corpus)
+    evals = list(humaneval_prompts()) + [t for q in mt_bench_questions() for t in q["turns"]]
+    eval_grams = set().union(*(_ngrams(e) for e in evals))
+    assert [c for c in corpus if _ngrams(c) & eval_grams] == []
+    norm = lambda s: " ".join(s.split()).lower()  # noqa: E731
+    assert not {norm(e) for e in evals} & {norm(c) for c in corpus}
