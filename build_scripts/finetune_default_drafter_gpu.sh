@@ -31,7 +31,8 @@
 #   MIX=tasks: the corpus is the large corpus plus `training.tasks.task_corpus()` (math, puzzles,
 #   extraction, role play, writing, free-form coding, explanations: the request kinds of MT-Bench,
 #   where the shipped drafter is weakest; BENCHMARKS.md session 14), shuffled together. Not run yet
-#   (no GPU since session 8); the next run is planned as
+#   (no GPU since session 8). On the CPU, 768 such samples moved tau by -0.05 / +0.03 (HumanEval /
+#   MT-Bench; session 14): a candidate, not a promise. The next run is planned as
 #     INIT=dflash_trt/assets/smollm2-135m-instruct-dflash-b16 MIX=tasks build_scripts/finetune_default_drafter_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

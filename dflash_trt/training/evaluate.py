@@ -150,11 +150,15 @@ def write_report(report: dict, out: Path) -> None:
     tf = any("teacher_forced" in d for e in report["sets"].values() for d in e["drafters"].values())
     lines = [f"Block size {report.get('block_size')}, temperature 0, float32 on {report.get('device', 'cpu')}, "
              f"max {report['max_tokens']} new tokens.",
-             "Prompts (chat template): a fixed subset of HumanEval (every len/n-th task, wrapped as "
-             "'Complete the following Python function.' + the code) and of MT-Bench first turns (every len/n-th "
-             "question). tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
-             "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] --num-prompts "
-             f"{min(e['prompts'] for e in report['sets'].values())} --max-tokens {report['max_tokens']} "
+             ("Prompts (chat template): a fixed subset of HumanEval (every len/n-th task, wrapped as "
+              "'Complete the following Python function.' + the code) and of MT-Bench first turns (every len/n-th "
+              "question)." if not report.get("sets_file") else
+              f"Prompts (chat template): the sets of `{report['sets_file']}` ({', '.join(report['sets'])}).")
+             + " tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
+             "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] "
+             + (f"--sets-file {report['sets_file']}" if report.get("sets_file") else
+                f"--num-prompts {min(e['prompts'] for e in report['sets'].values())}")
+             + f" --max-tokens {report['max_tokens']} "
              f"--device {report.get('device', 'cpu')} --out D{' --teacher-forced' if tf else ''}`.",
              ]
     if tf:
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
     report["device"] = args.device
+    if args.sets_file:
+        report["sets_file"] = Path(args.sets_file).name
     print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"],
                               **({"teacher_forced": d["teacher_forced"]} if "teacher_forced" in d else {})}
                           for n, d in e["drafters"].items()}
