@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
@@ -193,12 +194,40 @@ def write_report(report: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def load_sets(path: str | Path) -> dict[str, list[str]]:
+    """Prompt sets from a JSON file: {"set name": ["prompt text", ...], ...} (what --dump-sets writes).
+
+    Raises:
+        DFlashError: the file is missing or not JSON, or not an object of non-empty lists of
+            non-empty strings (the message names the file and the first problem).
+    """
+    f = Path(path)
+    try:
+        sets = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise DFlashError(f"--sets-file {f}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DFlashError(f"--sets-file {f}: not valid JSON ({e})") from None
+    shape = '{"set name": ["prompt", ...], ...}'
+    if not isinstance(sets, dict) or not sets:
+        raise DFlashError(f"--sets-file {f}: expected a non-empty JSON object {shape}, got {type(sets).__name__}"
+                          + (" {}" if isinstance(sets, dict) else ""))
+    for name, texts in sets.items():
+        if not isinstance(texts, list) or not texts:
+            raise DFlashError(f"--sets-file {f}: set {name!r} must be a non-empty list of prompt strings {shape}")
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+        if bad:
+            raise DFlashError(f"--sets-file {f}: set {name!r} item {bad[0]} is not a non-empty string: {texts[bad[0]]!r}")
+    return sets
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", action="append", default=[], help="drafter folder (repeatable; default: the packaged one)")
     ap.add_argument("--untrained", action="store_true", help="also measure a random drafter of the same shape")
-    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--num-prompts", type=int, default=40,
+                    help="prompts per set of the HumanEval / MT-Bench subsets (not used with --sets-file)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--out", default=None, help="report folder (default: print only)")
@@ -213,8 +242,13 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also report the trainer's validation figures on the AR outputs (teacher-forced tau, anchor mean)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.num_prompts < 1:
+        ap.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.sets_file:
-        sets = json.loads(Path(args.sets_file).read_text())
+        try:
+            sets = load_sets(args.sets_file)
+        except DFlashError as e:
+            ap.error(str(e))
     else:
         sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
     if args.dump_sets:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
+from dflash_trt.errors import ConfigError
 from dflash_trt.training.prompts import MORE_TOPICS, TOPICS
 
 NAMES = ["Amara", "Bruno", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kira", "Luis", "Maya",
@@ -95,13 +96,14 @@ def _math(rng: random.Random) -> str:
     n = rng.choice(NAMES)
     a, b, c = rng.randint(12, 90), rng.randint(2, 11), rng.randint(3, 40)
     item = rng.choice(ITEMS)
+    price = rng.randint(2, 15)
     return rng.choice([
         f"{n} has {a} {item}. {n} gives away {b} and then buys {c} more. How many {item} does {n} have now? "
         "Explain each step.",
         f"A train travels at {rng.randint(40, 160)} km per hour for {rng.randint(2, 9)} hours and then at "
         f"{rng.randint(40, 160)} km per hour for {rng.randint(1, 5)} more hours. What distance does it cover in total?",
-        f"{item.capitalize()} cost ${rng.randint(2, 15)} each. {n} buys {b} of them and pays with a "
-        f"${rng.choice([50, 100])} note. How much change should {n} receive?",
+        f"{item.capitalize()} cost ${price} each. {n} buys {b} of them and pays with a "
+        f"${next(v for v in (20, 50, 100, 200) if v > price * b)} note. How much change should {n} receive?",
         f"What is {rng.choice([5, 12, 15, 20, 35, 40, 75])} percent of {rng.randint(80, 2400)}? Show the calculation.",
         f"Solve for x: {b}x + {c} = {b * rng.randint(2, 20) + c}. Check your answer.",
         f"A rectangular garden is {a} m long and {c} m wide. What are its area and its perimeter?",
@@ -114,7 +116,7 @@ def _math(rng: random.Random) -> str:
         f"A shirt costs ${a}. It is discounted by {rng.choice([10, 15, 20, 25, 30])}% and then a {rng.choice([5, 8, 10])}% "
         "sales tax is added. What is the final price?",
         f"How many minutes are there between {rng.randint(6, 11)}:{rng.choice(['05', '20', '45'])} in the morning and "
-        f"{rng.randint(1, 9)}:{rng.choice(['10', '30', '50'])} in the afternoon?",
+        f"{rng.randint(1, 5)}:{rng.choice(['10', '30', '50'])} in the afternoon?",
     ])
 
 
@@ -123,7 +125,7 @@ def _reasoning(rng: random.Random) -> str:
     return rng.choice([
         f"{p} is older than {q}, and {q} is older than {r}. Who is the youngest? Explain your reasoning.",
         f"If today is {rng.choice(DAYS)}, what day of the week will it be in {rng.randint(3, 200)} days?",
-        f"{p} is {q}'s mother and {r} is {p}'s father. How is {r} related to {q}?",
+        f"{p} is {q}'s parent and {r} is {p}'s parent. How is {r} related to {q}?",
         f"In a race, {p} finished ahead of {q} but behind {r}. Who finished first and who finished last?",
         f"A box holds {rng.randint(2, 12)} red, {rng.randint(2, 12)} green and {rng.randint(2, 12)} blue marbles. If one "
         "marble is drawn at random, what is the probability that it is not red?",
@@ -141,10 +143,10 @@ def _reasoning(rng: random.Random) -> str:
 
 def _passage(rng: random.Random) -> str:
     p, q = rng.sample(NAMES, 2)
-    c1, c2 = rng.sample(CITIES, 2)
-    y = rng.randint(1985, 2023)
+    c1, c2, c3 = rng.sample(CITIES, 3)
+    y = rng.randint(1985, 2018)
     return (f"{p} grew up in {c1} and moved to {c2} in {y} to work for {rng.choice(COMPANIES)} as {_a(rng.choice(JOBS))}. "
-            f"In {y + rng.randint(1, 6)}, {p} met {q}, who was visiting from {rng.choice(CITIES)}. Together they opened "
+            f"In {y + rng.randint(1, 6)}, {p} met {q}, who was visiting from {c3}. Together they opened "
             f"a small {rng.choice(['bakery', 'bookshop', 'design studio', 'bicycle repair shop', 'cafe'])} near the "
             f"{rng.choice(['river', 'main square', 'train station', 'university'])}, which now employs "
             f"{rng.randint(3, 40)} people.")
@@ -172,7 +174,7 @@ def _extraction(rng: random.Random) -> str:
 
 
 def _roleplay(rng: random.Random) -> str:
-    return f"Pretend that you are a {rng.choice(ROLES)}. {rng.choice(ROLE_REQUESTS)}"
+    return f"Pretend that you are {_a(rng.choice(ROLES))}. {rng.choice(ROLE_REQUESTS)}"
 
 
 def _writing(rng: random.Random) -> str:
@@ -223,8 +225,10 @@ def task_prompts(family: str, n: int, seed: int = 0) -> list[str]:
     the family has fewer distinct prompts than that).
 
     Raises:
-        KeyError: an unknown family.
+        ConfigError: an unknown family.
     """
+    if family not in FAMILIES:
+        raise ConfigError(f"unknown task family {family!r}; the families are {', '.join(FAMILIES)}")
     gen = FAMILIES[family]
     rng = random.Random(f"{family}:{seed}")
     out: dict[str, None] = {}

@@ -1,6 +1,7 @@
 """`dflash_trt.training.evaluate.evaluate`: tau + greedy parity per set, a cache that skips repeated
 decodes, and one progress line per decode."""
 
+import pytest
 import torch
 
 from conftest import EOS, MASK, word_tokenizer
@@ -53,3 +54,34 @@ def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tin
     write_report(report, tmp_path / "out")
     md = (tmp_path / "out" / "acceptance.md").read_text()
     assert "| teacher-forced tau | anchor mean |" in md and f"| {d['tau']:.3f} | {d['teacher_forced']['anchor_mean']:.3f} |" in md
+
+
+@pytest.mark.parametrize("text,msg", [
+    (None, "no such file"),
+    ('{"a": ["x",\n', "not valid JSON"),
+    ('["a", "b"]', "expected a non-empty JSON object"),
+    ("{}", "expected a non-empty JSON object"),
+    ('{"mine": []}', "set 'mine' must be a non-empty list"),
+    ('{"mine": "just a string"}', "set 'mine' must be a non-empty list"),
+    ('{"mine": ["ok", 5]}', "set 'mine' item 1 is not a non-empty string: 5"),
+    ('{"mine": ["ok", "  "]}', "set 'mine' item 1 is not a non-empty string"),
+])
+def test_bad_sets_files_are_one_line_usage_errors(tmp_path, capsys, text, msg):
+    """A bad --sets-file stops before any model loads, exit 2, naming the file and the problem."""
+    from dflash_trt.training.evaluate import main
+
+    f = tmp_path / "sets.json"
+    if text is not None:
+        f.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main(["--sets-file", str(f)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and str(f) in err and "Traceback" not in err
+
+
+def test_num_prompts_must_be_positive(capsys):
+    from dflash_trt.training.evaluate import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--num-prompts", "0"])
+    assert e.value.code == 2 and "--num-prompts must be >= 1, got 0" in capsys.readouterr().err

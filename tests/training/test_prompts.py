@@ -83,6 +83,8 @@ def test_task_corpus_families_are_seeded_distinct_and_held_out():
     from dflash_trt.training.tasks import FAMILIES, task_corpus, task_prompts
 
     assert set(FAMILIES) == {"math", "reasoning", "extraction", "roleplay", "writing", "coding", "explain"}
+    with pytest.raises(ConfigError, match="unknown task family 'poetry'; the families are math, reasoning"):
+        task_prompts("poetry", 3)
     for fam in FAMILIES:
         a = task_prompts(fam, 50)
         assert len(a) == len(set(a)) == 50 and a == task_prompts(fam, 50), fam
