@@ -120,26 +120,23 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
             dkey = f"{key}:{(drafter_keys or {}).get(name)}:{block_size}"
             if (drafter_keys or {}).get(name) and dkey in cache:
                 entry["drafters"][name] = dict(cache[dkey])
-                if with_teacher_forced:
-                    entry["drafters"][name]["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
-                continue
-            engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
-            t0 = time.perf_counter()
-            results = []
-            for i in range(0, len(ids), batch_size):
-                results += engine.generate(ids[i : i + batch_size], params, mode="dflash")
-            same = [r.token_ids == o for r, o in zip(results, ar)]
-            entry["drafters"][name] = {
-                "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
-                "per_position": [round(x, 4) for x in per_position_rate(results)],
-                "seconds": round(time.perf_counter() - t0, 1)}
-            d = entry["drafters"][name]
-            _note(progress, f"{set_name}: {name}: tau {d['tau']:.3f}, parity {d['parity_count']}, {d['seconds']:.0f} s")
-            if (drafter_keys or {}).get(name) and ar_cache is not None:
-                cache[dkey] = dict(d)
-                ar_cache.write_text(json.dumps(cache))
-            if with_teacher_forced:
-                d["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
+            else:
+                engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
+                t0 = time.perf_counter()
+                results = []
+                for i in range(0, len(ids), batch_size):
+                    results += engine.generate(ids[i : i + batch_size], params, mode="dflash")
+                same = [r.token_ids == o for r, o in zip(results, ar)]
+                d = entry["drafters"][name] = {
+                    "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
+                    "per_position": [round(x, 4) for x in per_position_rate(results)],
+                    "seconds": round(time.perf_counter() - t0, 1)}
+                _note(progress, f"{set_name}: {name}: tau {d['tau']:.3f}, parity {d['parity_count']}, {d['seconds']:.0f} s")
+                if (drafter_keys or {}).get(name) and ar_cache is not None:
+                    cache[dkey] = dict(d)
+                    ar_cache.write_text(json.dumps(cache))
+            if with_teacher_forced:  # not cached: it needs no decoding
+                entry["drafters"][name]["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
         report["sets"][set_name] = entry
     return report
 
