@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -153,11 +154,12 @@ def write_report(report: dict, out: Path) -> None:
               "question)." if not report.get("sets_file") else
               f"Prompts (chat template): the sets of `{report['sets_file']}` ({', '.join(report['sets'])}).")
              + " tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
-             "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] "
-             + (f"--sets-file {report['sets_file']}" if report.get("sets_file") else
-                f"--num-prompts {min(e['prompts'] for e in report['sets'].values())}")
-             + f" --max-tokens {report['max_tokens']} "
-             f"--device {report.get('device', 'cpu')} --out D{' --teacher-forced' if tf else ''}`.",
+             "Measured by: `" + (report.get("command") or (
+                 "python -m dflash_trt.training.evaluate --drafter D [--drafter D2] "
+                 + (f"--sets-file {report['sets_file']}" if report.get("sets_file") else
+                    f"--num-prompts {min(e['prompts'] for e in report['sets'].values())}")
+                 + f" --max-tokens {report['max_tokens']} "
+                 f"--device {report.get('device', 'cpu')} --out D{' --teacher-forced' if tf else ''}")) + "`.",
              ]
     if tf:
         lines.append("Teacher-forced (`--teacher-forced`): the trainer's validation figures on the AR outputs, "
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["device"] = args.device
     if args.sets_file:
         report["sets_file"] = Path(args.sets_file).name
+    report["command"] = "python -m dflash_trt.training.evaluate " + shlex.join(sys.argv[1:] if argv is None else argv)
     print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"],
                               **({"teacher_forced": d["teacher_forced"]} if "teacher_forced" in d else {})}
                           for n, d in e["drafters"].items()}

@@ -90,6 +90,15 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
         f"({info.get('steps')} steps on {sample_counts(info)}; see training.json, loss.png"
         " and acceptance.* when present).",
         "",
+    ]
+    exported = info.get("exported_step")
+    if exported is not None and exported != info.get("steps"):
+        best = info.get("validation", {}).get("best_acceptance_length")
+        tau = f" ({best:.3f})" if isinstance(best, (int, float)) else ""
+        lines += [f"The weights are those of step {exported} of {info.get('steps')}, the best held-out tau{tau} "
+                  "(`--keep-best`)" + (": the starting `--init` weights, which no later checkpoint beat."
+                                       if exported == 0 else "."), ""]
+    lines += [
         "## Vocabulary and loaders",
         "",
     ]

@@ -368,6 +368,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     first_step, t_probe = state.step, None
     device_type = next(drafter.parameters()).device.type
     bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
+    postfix = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
     window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
     while state.step < state.total_steps:
         warmup = int(round(cfg.warmup_frac * state.total_steps))
@@ -411,9 +412,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                    "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
                    "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
             state.history.append(rec)
-            extra = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
-                            tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}", **extra)
+            postfix.update(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
+                           tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")
+            bar.set_postfix(postfix)
             window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
         elapsed = time.perf_counter() - t_start
         out_of_time = time_limit_s is not None and elapsed >= time_limit_s
@@ -421,6 +422,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
             if val_idx:
                 validate_checkpoint()
+                postfix["val_tau"] = f"{state.val_history[-1]['acceptance_length']:.3f}"
+                bar.set_postfix(postfix)  # this checkpoint's figure, not the previous one's
             state.seconds += time.perf_counter() - t_start
             t_start = time.perf_counter()
             state.finished = state.step == state.total_steps

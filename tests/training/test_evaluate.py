@@ -54,6 +54,11 @@ def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tin
     write_report(report, tmp_path / "out")
     md = (tmp_path / "out" / "acceptance.md").read_text()
     assert "| teacher-forced tau | anchor mean |" in md and f"| {d['tau']:.3f} | {d['teacher_forced']['anchor_mean']:.3f} |" in md
+    assert "Measured by: `python -m dflash_trt.training.evaluate --drafter D [--drafter D2] --num-prompts 12" in md
+    report["command"] = "python -m dflash_trt.training.evaluate --drafter /x/d --max-tokens 40 --teacher-forced"
+    write_report(report, tmp_path / "out")  # main() records the exact command it ran
+    md = (tmp_path / "out" / "acceptance.md").read_text()
+    assert f"Measured by: `{report['command']}`." in md
 
 
 @pytest.mark.parametrize("text,msg", [

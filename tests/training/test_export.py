@@ -65,3 +65,19 @@ def test_reduced_vocab_export_loads_and_drafts(tmp_path, tiny_target, tiny_sampl
     assert full_drafter.d2t is None
     assert torch.equal(full_drafter.state_dict()["fc.weight"], loaded.state_dict()["fc.weight"])
     assert (full / "training.json").is_file() and (full / "loss.png").is_file()
+
+
+def test_readme_names_the_exported_step():
+    from dflash_trt.config import DrafterConfig
+    from dflash_trt.training.export import bundle_readme
+
+    cfg = DrafterConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=100, block_size=4, mask_token_id=3,
+                        target_layer_ids=(0,), num_target_layers=2, target_hidden_size=64)
+    info = {"steps": 30, "exported_step": 30, "data": {"samples": 8}}
+    assert "The weights are those of step" not in bundle_readme(cfg, info)  # the last step: nothing to say
+    val = {"samples": 4, "best_acceptance_length": 1.25}
+    mid = bundle_readme(cfg, {**info, "exported_step": 20, "validation": val})
+    assert "The weights are those of step 20 of 30, the best held-out tau (1.250) (`--keep-best`)." in mid
+    start = bundle_readme(cfg, {**info, "exported_step": 0, "validation": val})
+    assert "step 0 of 30, the best held-out tau (1.250) (`--keep-best`): the starting `--init` weights" in start
