@@ -34,6 +34,10 @@
 #   (no GPU since session 8). On the CPU, 768 such samples moved tau by -0.05 / +0.03 (HumanEval /
 #   MT-Bench; session 14): a candidate, not a promise. The next run is planned as
 #     INIT=dflash_trt/assets/smollm2-135m-instruct-dflash-b16 MIX=tasks build_scripts/finetune_default_drafter_gpu.sh
+#   Session 15 (BENCHMARKS.md): the shipped drafter drafts its own training responses only 0.07-0.10 tau
+#   better than unseen prompts of the corpus (build_scripts/drafter_fit_check.py): it is short of fit, not
+#   of data, so give the run more steps (EXTRA="--epochs N" sets both stages' epochs; the 14,000 samples can take
+#   them) before more samples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source build_scripts/common.sh

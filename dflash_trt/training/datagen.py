@@ -65,6 +65,29 @@ class DataStats:
         return self.response_tokens / self.generation_seconds if self.generation_seconds else 0.0
 
 
+def batch_order(prompt_lens: list[int], batch_size: int, max_samples: int | None = None) -> list[list[int]]:
+    """The prompts `generate_dataset` uses, batch by batch (shard i = batch i): prompt indices sorted
+    by length (stable) and cut into batches of `batch_size`, the batches in a seeded random order;
+    with `max_samples` (< the prompt count) the first batches of that order until max_samples
+    prompts, the last one cut. So the samples of a cache cut short (by a limit or a time budget)
+    are a random subset of the prompts, and the prompts a cache left out can be listed.
+    """
+    order = sorted(range(len(prompt_lens)), key=lambda i: prompt_lens[i])
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    # similar lengths within a batch (little padding), batches in a seeded random order
+    random.Random(0).shuffle(batches)
+    if max_samples is not None and max_samples < len(order):
+        # one batch of the length-sorted order is short when batch_size does not divide the count
+        keep, total = [], 0
+        for idxs in batches:
+            keep.append(idxs[: max_samples - total])
+            total += len(keep[-1])
+            if total == max_samples:
+                break
+        batches = keep
+    return batches
+
+
 def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str | Path, layer_ids: tuple[int, ...],
                      max_new_tokens: int = 128, batch_size: int = 64, settings: dict | None = None,
                      progress: bool = True, max_samples: int | None = None) -> DataStats:
@@ -72,8 +95,8 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
 
     Args:
         engine: an Engine over the target (its drafter is not used).
-        prompt_ids: n tokenized prompts. They are sorted by length (stable) and cut into batches of
-            `batch_size`; shard i holds batch i.
+        prompt_ids: n tokenized prompts, generated in the batches of `batch_order`; shard i holds
+            batch i.
         layer_ids: target layer ids whose outputs are recorded (drafter features + the last layer);
             empty = record none (samples then have no "features": the trainer computes them online).
         settings: anything that identifies the data (target path, prompts hash...); a cache whose
@@ -99,21 +122,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     manifest.setdefault("settings", settings)
     manifest.setdefault("generation_seconds", 0.0)
     manifest.setdefault("shards", {})
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    # similar lengths within a batch (little padding), batches in a seeded random order (a cache
-    # cut short by a time limit is still a random sample of the prompts)
-    random.Random(0).shuffle(batches)
-    if max_samples is not None and max_samples < len(order):
-        # the first batches of that order until max_samples, the last one cut (one batch of the
-        # length-sorted order is short when batch_size does not divide the prompt count)
-        keep, total = [], 0
-        for idxs in batches:
-            keep.append(idxs[: max_samples - total])
-            total += len(keep[-1])
-            if total == max_samples:
-                break
-        batches = keep
+    batches = batch_order([len(p) for p in prompt_ids], batch_size, max_samples)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     bar = tqdm(total=len(batches), desc="target responses", disable=not progress, unit="batch")
     for b, idxs in enumerate(batches):

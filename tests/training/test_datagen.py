@@ -102,3 +102,19 @@ def test_online_features_equal_the_cached_ones(tiny_target, tiny_samples):
     short = OnlineFeatures(tiny_target, [s["tokens"] for s in tiny_samples], drafter_ids, False, max_seq_len=10)
     feats, teach = short([0])
     assert teach is None and feats[0].shape == (min(10, tiny_samples[0]["tokens"].numel() - 1), width)
+
+
+def test_batch_order_lists_what_a_cache_used():
+    """batch_order: length-sorted batches in a seeded order, cut at max_samples; the prompts left out
+    are the complement (what build_scripts/drafter_fit_check.py calls never seen)."""
+    from dflash_trt.training.datagen import batch_order
+
+    lens = [(7 * i) % 23 for i in range(50)]
+    full = batch_order(lens, 8)
+    assert sorted(i for b in full for i in b) == list(range(50)) and len(full) == 7
+    assert all(max(lens[i] for i in b) <= min(lens[j] for j in c) or max(lens[j] for j in c) <= min(lens[i] for i in b)
+               for b in full for c in full if b is not c)  # batches are disjoint length ranges
+    assert batch_order(lens, 8) == full  # seeded
+    cut = batch_order(lens, 8, max_samples=20)
+    assert [len(b) for b in cut] == [len(b) for b in full[:len(cut) - 1]] + [20 - sum(map(len, cut[:-1]))]
+    assert sum(map(len, cut)) == 20 and cut[:-1] == full[:len(cut) - 1] and cut[-1] == full[len(cut) - 1][:len(cut[-1])]
