@@ -12,7 +12,9 @@ target write their responses here (float32, greedy, as the run did) and reports 
 teacher-forced tau (`evaluate.teacher_forced`: the decoded tau, given the same responses) per
 group and kind of prompt (function completions vs the rest).
 
-    .venv/bin/python build_scripts/drafter_fit_check.py --out docs/bench/session15/fit.json
+    .venv/bin/python build_scripts/drafter_fit_check.py --out docs/bench/session15/fit_check.json
+
+About 10 minutes on the 2-core dev CPU at the defaults (the target writes 2 x 100 responses).
 
 The code prompts of the large corpus come from installed packages: on another machine the corpus,
 and so the split, may differ (the script prints the corpus size; the shipped drafter's was 19,654).
@@ -41,16 +43,17 @@ from dflash_trt.training.trainer import TrainConfig, split_validation
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--drafter", default=str(default_drafter_path()))
-    ap.add_argument("--prompts", default=None, help="the run's --prompts JSONL (default: the large corpus)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--drafter", default=str(default_drafter_path()), help="the drafter the run made")
+    ap.add_argument("--prompts", default=None, help="the run's --prompts JSONL; None = the large corpus")
     ap.add_argument("--max-samples", type=int, default=14000, help="the run's --max-samples")
     ap.add_argument("--gen-batch-size", type=int, default=512, help="the run's --gen-batch-size")
     ap.add_argument("--val-samples", type=int, default=512, help="the run's --val-samples (also never trained on)")
     ap.add_argument("--max-new-tokens", type=int, default=160, help="the run's --max-new-tokens")
     ap.add_argument("--num", type=int, default=100, help="prompts drawn from each group")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None, help="JSON report")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--out", default=None, help="JSON report; None = print only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     corpus = load_prompts_jsonl(args.prompts) if args.prompts else large_corpus()

@@ -96,7 +96,7 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
         best = info.get("validation", {}).get("best_acceptance_length")
         tau = f" ({best:.3f})" if isinstance(best, (int, float)) else ""
         lines += [f"The weights are those of step {exported} of {info.get('steps')}, the best held-out tau{tau} "
-                  "(`--keep-best`)" + (": the starting `--init` weights, which no later checkpoint beat."
+                  "(`--keep-best`)" + (": the weights training started from (`--init`), which no later checkpoint beat."
                                        if exported == 0 else "."), ""]
     lines += [
         "## Vocabulary and loaders",

@@ -184,7 +184,7 @@ def test_val_samples_and_keep_best(tmp_path, target_with_tokenizer):
     readme = (out / "README.md").read_text()
     assert "9 steps on 12 training + 4 held-out target-written samples" in readme
     assert f"weights are those of step {v['best_step']} of 9, the best held-out tau ({max(accs):.3f})" in readme
-    assert ("starting `--init` weights" in readme) == (v["best_step"] == 0)
+    assert ("the weights training started from" in readme) == (v["best_step"] == 0)
     best = torch.load(work / "run" / BEST, weights_only=True)["drafter"]
     exported = load_file(out / "model.safetensors")
     assert all(torch.equal(exported[k], best[k]) for k in exported)  # float32 export of the best weights

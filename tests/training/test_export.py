@@ -80,4 +80,4 @@ def test_readme_names_the_exported_step():
     mid = bundle_readme(cfg, {**info, "exported_step": 20, "validation": val})
     assert "The weights are those of step 20 of 30, the best held-out tau (1.250) (`--keep-best`)." in mid
     start = bundle_readme(cfg, {**info, "exported_step": 0, "validation": val})
-    assert "step 0 of 30, the best held-out tau (1.250) (`--keep-best`): the starting `--init` weights" in start
+    assert "step 0 of 30, the best held-out tau (1.250) (`--keep-best`): the weights training started from (`--init`)" in start
