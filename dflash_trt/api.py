@@ -15,11 +15,11 @@ import torch
 
 from dflash_trt.compat import check_compatible
 from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
-from dflash_trt.errors import ConfigError, InvalidRequestError
+from dflash_trt.errors import ConfigError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.ops.packed_linear import resolve_cpu_kernels
 from dflash_trt.runtime.engine import Engine
-from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.proposer import DFlashProposer, check_draft_len, check_prompt_lookup
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult
 
@@ -147,8 +147,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         drafter_path = Path(drafter) if drafter is not None else default_drafter_path()
         dcfg = DrafterConfig.from_pretrained(drafter_path)
         check_compatible(tcfg, dcfg)
-        if block_size is not None and block_size < 2:
-            raise InvalidRequestError(f"block size must be >= 2, got {block_size}")
+        # before any weights load
+        check_prompt_lookup(prompt_lookup, check_draft_len(block_size or dcfg.block_size, max_draft_len))
     check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)

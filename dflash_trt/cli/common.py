@@ -210,7 +210,7 @@ max_concurrency_option = click.option(
 def check_draft_lengths(prompt_lookup: int | str, max_draft_len: int | None, block_size: int | None) -> None:
     """Usage errors, before any model loads, when --max-draft-len exceeds --block-size - 1, or an explicit
     --prompt-lookup exceeds the max_draft_len that --max-draft-len or --block-size sets (without either,
-    the drafter's block decides, after loading)."""
+    the drafter's block decides: `load_pipeline` checks it from the drafter's config, before weights load)."""
     if max_draft_len is not None and block_size is not None and max_draft_len > block_size - 1:
         raise click.BadParameter(f"{max_draft_len} is more than the {block_size - 1} drafts a block of --block-size "
                                  f"{block_size} holds; use --max-draft-len {block_size - 1} or less, or raise --block-size",

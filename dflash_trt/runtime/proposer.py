@@ -115,6 +115,38 @@ def auto_tree_topk(device: torch.device | str) -> int:
     return CPU_TREE_TOPK if torch.device(device).type == "cpu" else 1
 
 
+def check_draft_len(block_size: int, max_draft_len: int | None) -> int:
+    """The max_draft_len a block of `block_size` verifies per step: `max_draft_len`, or block_size - 1
+    when None. `load_pipeline` calls it with the drafter's config BEFORE any weights load.
+
+    Raises:
+        ConfigError: block_size < 2, or max_draft_len outside [1, block_size - 1] (a block holds the
+            last verified token and block_size - 1 drafts).
+    """
+    if block_size < 2:
+        raise ConfigError(f"block size must be >= 2, got {block_size}")
+    k = block_size - 1 if max_draft_len is None else max_draft_len
+    if not 1 <= k <= block_size - 1:
+        raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {block_size - 1}], got {k}; a block holds "
+                          "the last verified token and block_size - 1 drafts (lower --max-draft-len or raise --block-size)")
+    return k
+
+
+def check_prompt_lookup(prompt_lookup: int | str, max_draft_len: int) -> int | str:
+    """`prompt_lookup` ("auto" or an int in [0, max_draft_len]) as given; see `check_draft_len`.
+
+    Raises:
+        ConfigError: anything else (copied drafts share the step's max_draft_len).
+    """
+    if prompt_lookup == "auto":
+        return prompt_lookup
+    if isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int) or not 0 <= prompt_lookup <= max_draft_len:
+        raise ConfigError(f'prompt_lookup must be "auto" or an integer in [0, max_draft_len = {max_draft_len}] '
+                          f"(0 = off), got {prompt_lookup!r}: copied drafts share the step's max_draft_len "
+                          "(lower --prompt-lookup, or raise --max-draft-len / --block-size)")
+    return prompt_lookup
+
+
 class DFlashProposer:
     """Drafts blocks of `block_size` tokens with a DFlash drafter over a shared target.
 
@@ -177,13 +209,7 @@ class DFlashProposer:
         self.drafter = drafter
         self.target = target
         self.block_size = block_size or drafter.config.block_size
-        if self.block_size < 2:
-            raise ConfigError(f"block size must be >= 2, got {self.block_size}")
-        self.max_draft_len = self.block_size - 1 if max_draft_len is None else max_draft_len
-        if not 1 <= self.max_draft_len <= self.block_size - 1:
-            raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {self.block_size - 1}], got "
-                              f"{self.max_draft_len}; a block holds the last verified token and block_size - 1 drafts (lower "
-                              "--max-draft-len or raise --block-size)")
+        self.max_draft_len = check_draft_len(self.block_size, max_draft_len)
         sampled_draft_confidence = draft_confidence
         if draft_confidence == "auto":
             draft_confidence = auto_draft_confidence(target.embed_weight.device)
@@ -202,12 +228,7 @@ class DFlashProposer:
         self.tree_topk = tree_topk
         if prompt_lookup == "auto":
             prompt_lookup = min(auto_prompt_lookup(target.embed_weight.device), self.max_draft_len)
-        if (isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int)
-                or not 0 <= prompt_lookup <= self.max_draft_len):
-            raise ConfigError(f'prompt_lookup must be "auto" or an integer in [0, max_draft_len = {self.max_draft_len}] '
-                              f"(0 = off), got {prompt_lookup!r}: copied drafts share the step's max_draft_len "
-                              "(lower --prompt-lookup, or raise --max-draft-len / --block-size)")
-        self.prompt_lookup = prompt_lookup
+        self.prompt_lookup = check_prompt_lookup(prompt_lookup, self.max_draft_len)
         if max_concurrency == "auto":
             max_concurrency = auto_max_concurrency(target.embed_weight.device)
         if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)

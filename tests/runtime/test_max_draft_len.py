@@ -55,3 +55,24 @@ def test_max_draft_len_out_of_range_is_refused(smollm2_untrained, block, k):
     pipe = smollm2_untrained
     with pytest.raises(ConfigError, match=rf"max_draft_len must be in \[1, block_size - 1 = {block - 1}\]"):
         DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, block, max_draft_len=k)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_draft_len": 16}, r"max_draft_len must be in \[1, block_size - 1 = 15\], got 16"),  # the drafter's block 16
+    ({"block_size": 1}, r"block size must be >= 2, got 1"),
+    ({"max_draft_len": 4, "prompt_lookup": 5}, r"integer in \[0, max_draft_len = 4\] \(0 = off\), got 5"),
+])
+def test_load_pipeline_refuses_draft_lengths_before_weights_load(monkeypatch, smollm2_path, untrained_drafter,
+                                                                   kwargs, match):
+    """A max_draft_len the drafter's own block cannot hold (no --block-size given) is refused from the
+    configs, before either model's weights load (it used to load the target first)."""
+    import dflash_trt.models.checkpoints as checkpoints
+    from dflash_trt.api import load_pipeline
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights loaded before the draft length was checked")
+
+    monkeypatch.setattr(checkpoints, "load_target", no_load)
+    monkeypatch.setattr(checkpoints, "load_drafter", no_load)
+    with pytest.raises(ConfigError, match=match):
+        load_pipeline(smollm2_path, untrained_drafter, **kwargs)
