@@ -4,6 +4,7 @@ Online target features (one target forward per step), 2-layer drafter, block 16,
 8192, soft labels on. Prints one line per --seqs value and writes JSON with --out.
 
 Usage: python build_scripts/bench_trainer.py --device cuda --seqs 32,64,128 [--anchors 64] [--steps 24] [--bf16-autocast]
+       [--offline-features]   (random cached features instead of a target forward per step: the CPU recipes' way)
 Measured on one H200 (2026-11-29, float32 without TF32): 10.9k / 11.9k / 12.4k blocks/s at 32 / 64 /
 128 sequences x 64 anchors; the per-sequence loop it replaced (commit 4b81c27) ran 3.1k at 32.
 On the 2 vCPU Sapphire Rapids dev machine (2026-11-30, --device cpu --seqs 4 --steps 8, 2 threads):
@@ -43,6 +44,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--bf16-autocast", action="store_true", help="TrainConfig.bf16_autocast")
+    ap.add_argument("--offline-features", action="store_true",
+                    help="random bfloat16 features and teacher states held in memory (as a data cache gives them) "
+                         "instead of computing them with the target every step")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args()
     dev = args.device
@@ -51,15 +55,21 @@ def main() -> None:
     torch.manual_seed(0)
     target = use_transposed_weight_layout(TargetModel(cfg).eval().requires_grad_(False)).to(dev)
     gen = torch.Generator().manual_seed(0)
-    n = 2048
+    n = 2048 if not args.offline_features else max(int(x) for x in args.seqs.split(",")) * args.steps
     tokens = [torch.randint(0, cfg.vocab_size, (int(k),), generator=gen, dtype=torch.int32)
               for k in torch.randint(150, 320, (n,), generator=gen)]
     prompt_len = [int(p) for p in torch.randint(40, 120, (n,), generator=gen)]
     ids = torch.arange(8192, device=dev)
     head = target.head_weight[ids].float().contiguous()
     layer_ids = (1, 8, 14, 20, 27)
-    data = TrainData(tokens, prompt_len, None, None, target_to_draft(ids.cpu(), cfg.vocab_size), head,
-                     target.embed_weight, OnlineFeatures(target, tokens, layer_ids, True, 512))
+    if args.offline_features:
+        feats = [torch.randn(len(t) - 1, len(layer_ids) * cfg.hidden_size, generator=gen).bfloat16() for t in tokens]
+        teacher = [torch.randn(len(t) - 1, cfg.hidden_size, generator=gen).bfloat16() for t in tokens]
+        data = TrainData(tokens, prompt_len, feats, teacher, target_to_draft(ids.cpu(), cfg.vocab_size), head,
+                         target.embed_weight)
+    else:
+        data = TrainData(tokens, prompt_len, None, None, target_to_draft(ids.cpu(), cfg.vocab_size), head,
+                         target.embed_weight, OnlineFeatures(target, tokens, layer_ids, True, 512))
     results = []
     for seqs in (int(x) for x in args.seqs.split(",")):
         torch.manual_seed(0)
@@ -77,7 +87,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
         row = {"device": dev, "seqs_per_step": seqs, "anchors": args.anchors, "steps": args.steps,
                "blocks_per_s": round(state.blocks / dt), "steps_per_s": round(args.steps / dt, 2), "tf32": args.tf32,
-               "bf16_autocast": args.bf16_autocast}
+               "bf16_autocast": args.bf16_autocast, "features": "offline" if args.offline_features else "online"}
         results.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

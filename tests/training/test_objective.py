@@ -63,3 +63,32 @@ def test_decode_walk_visits_only_the_blocks_decoding_starts():
     assert O.decode_walk_steps([]) == 0
     # the mean over every anchor counts the skipped easy anchors too: 1 + 15 / 7 = 3.1 > 7 / 3
     assert 1 + sum(runs) / len(runs) > len(runs) / O.decode_walk_steps(runs)
+
+
+def test_training_blocks_equal_the_runtime_drafter_pass():
+    """drafter_block_hidden (all blocks of all sequences in one pass, block-diagonal mask) gives every block the
+    hidden states the runtime's drafter pass gives it (DFlashDrafter.forward over a KV cache holding
+    the context K/V of the slots before its anchor, injected by inject_context)."""
+    torch.manual_seed(0)
+    block, mask = 4, 3
+    drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, block, mask, [0, 1])).eval()
+    embed = torch.randn(64, 64)
+    gen = torch.Generator().manual_seed(2)
+    seqs = []
+    for length, prompt, a in [(30, 5, 6), (20, 3, 4)]:
+        tok = torch.randint(0, 64, (length + 1,), generator=gen)
+        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
+                     torch.randn(length, 64, generator=gen)))
+    feats, ids, pos, anc, _, _ = _batch(seqs, block, mask)
+    with torch.no_grad():
+        hidden = O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc)
+        compared = 0
+        for r, (_, anchors, f, _) in enumerate(seqs):
+            for i, a in enumerate(anchors.tolist()):
+                cache = drafter.new_cache(1, a + block)
+                drafter.inject_context(f[None, :a], torch.arange(a)[None], cache)
+                ref = drafter(torch.nn.functional.embedding(ids[r, i][None], embed), pos[r, i][None], cache,
+                              torch.tensor([a]), a)
+                torch.testing.assert_close(hidden[r, i], ref[0], rtol=1e-5, atol=1e-5)
+                compared += 1
+    assert compared == 10
