@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from dflash_trt.config import DrafterConfig
-from dflash_trt.models.layers import AttentionProjections, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attention
+from dflash_trt.models.layers import (AttentionProjections, BlockLayout, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope,
+                                     attention, block_attention)
 from dflash_trt.runtime.kv_cache import KVCache
 
 
@@ -42,16 +43,25 @@ class DrafterAttention(AttentionProjections):
         k_blk, v_blk = self.project_kv(x, cos, sin)
         return torch.cat([ctx_k, k_blk], dim=2), torch.cat([ctx_v, v_blk], dim=2)
 
+    def queries(self, x, cos, sin) -> torch.Tensor:
+        """x [n, t, hidden] (input_layernorm'd; cos/sin of those t positions) -> q [n, heads, t, d],
+        q_norm'd and RoPE'd."""
+        n, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        return apply_rope(q, cos, sin)
+
     def attend(self, x, cos, sin, k, v, mask):
         """Queries of x [n, t, hidden] (input_layernorm'd; cos/sin of those t positions) over k/v
         [n, kv_heads, c', d] with mask bool [n, 1, t, c'] or None -> o_proj output [n, t, hidden]."""
-        n, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        return self.o_proj(attention(apply_rope(q, cos, sin), k, v, mask, self.scale))
+        return self.o_proj(attention(self.queries(x, cos, sin), k, v, mask, self.scale))
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
-        """x [n, t, hidden] (already input_layernorm'd), ctx_k/ctx_v [n, kv_heads, c, d],
-        mask bool [n, 1, t, c + t] or None. Returns [n, t, hidden]."""
+        """x [n, t, hidden] (already input_layernorm'd), ctx_k/ctx_v [n, kv_heads, c, d], mask bool
+        [n, 1, t, c + t], None, or a `BlockLayout` (training: x holds A blocks of B rows, each seeing
+        its own keys and the context slots the layout allows; `block_attention`). Returns [n, t, hidden]."""
+        if isinstance(mask, BlockLayout):
+            k_blk, v_blk = self.project_kv(x, cos, sin)
+            return self.o_proj(block_attention(self.queries(x, cos, sin), ctx_k, ctx_v, k_blk, v_blk, mask, self.scale))
         k, v = self.keys_values(x, cos, sin, ctx_k, ctx_v)
         return self.attend(x, cos, sin, k, v, mask)
 

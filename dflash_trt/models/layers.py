@@ -6,6 +6,7 @@ Parameter names follow Hugging Face (`weight`, `gate_proj`, ...) so checkpoints 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +149,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     b, h, t, d = out.shape
     return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Query rows grouped in blocks for `block_attention` (drafter training: many blocks in one pass).
+
+    context: bool [n, A, C], which context slots each of the A blocks of a row sees;
+    block_size: B, the rows (and own keys) of each block (a row holds A * B queries).
+    """
+
+    context: torch.Tensor
+    block_size: int
+
+
+def block_attention(q: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, blk_k: torch.Tensor,
+                    blk_v: torch.Tensor, layout: BlockLayout, scale: float) -> torch.Tensor:
+    """Grouped-query attention of A blocks of B queries each: every block sees the context slots its
+    `layout.context` row allows and its own B keys (bidirectionally), never another block's.
+
+    The same values as `attention` over cat(context, block keys) with the block-diagonal mask, but
+    each query is scored against C + B keys instead of C + A * B: with A = 64, B = 16, C ~ 350
+    (the trainer's default) forward + backward of one layer's attention took 130 ms instead of
+    440 ms in bfloat16 (550 vs 620 ms in float32), 1 thread of the 2-core dev CPU (session 16).
+
+    Args:
+        q: [n, hq, A*B, d]; ctx_k, ctx_v: [n, hkv, C, d]; blk_k, blk_v: [n, hkv, A*B, d] (hq a
+            multiple of hkv; query head h uses K/V head h // (hq / hkv)).
+    Returns:
+        [n, A*B, hq * d] in q's dtype (softmax in float32).
+    """
+    n, hq, t, d = q.shape
+    hkv, c = ctx_k.shape[1], ctx_k.shape[2]
+    g, b = hq // hkv, layout.block_size
+    a = t // b
+    qg = q.reshape(n, hkv, g, a, b, d)
+    s_ctx = (q.reshape(n, hkv, g * t, d) @ ctx_k.transpose(-1, -2)).view(n, hkv, g, a, b, c)
+    s_ctx = s_ctx.masked_fill(~layout.context[:, None, None, :, None, :], float("-inf"))
+    s_blk = qg @ blk_k.reshape(n, hkv, 1, a, b, d).transpose(-1, -2)  # [n, hkv, g, A, B, B]
+    p = (torch.cat([s_ctx, s_blk], dim=-1).float() * scale).softmax(-1).to(ctx_v.dtype)
+    out = (p[..., :c].reshape(n, hkv, g * t, c) @ ctx_v).view(n, hkv, g, a, b, d)
+    out = out + p[..., c:] @ blk_v.reshape(n, hkv, 1, a, b, d)
+    return out.view(n, hq, t, d).transpose(1, 2).reshape(n, t, hq * d)
 
 
 def head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_trt.models.drafter import DFlashDrafter
+from dflash_trt.models.layers import BlockLayout
 
 #: gamma of the loss decay per block size (paper: 7 for B=16, 5 for B=10, 4 for B=8).
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -79,7 +80,8 @@ def block_diagonal_mask(anchors: torch.Tensor, context_len: int, block_size: int
 
 
 def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, features: torch.Tensor,
-                         ids: torch.Tensor, positions: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+                         ids: torch.Tensor, positions: torch.Tensor, anchors: torch.Tensor,
+                         blockwise: bool | None = None) -> torch.Tensor:
     """The drafter's final-normed hidden states for A blocks of each of S sequences (training form of
     `DFlashDrafter.forward`, the same layers with a block-diagonal mask), all in one pass.
 
@@ -88,6 +90,12 @@ def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, fea
             anchor (rows past a sequence's own length are padding: no block can see them).
         ids, positions: [S, A, B] from `block_inputs` (padding blocks: anchor 0, labels all -1).
         anchors: [S, A].
+        blockwise: attention as `layers.block_attention` (each query scored against the context
+            and its own block's keys only) instead of SDPA with the dense block-diagonal mask over
+            all A*B block keys: the same values, less work. None = on a CPU, where the trainer ran
+            1.07-1.22x the blocks/s with it (float32 and bfloat16 autocast, 4 sequences x 64
+            anchors, 1 thread; docs/bench/session16/trainer_attention.json); other devices keep
+            SDPA until a run there times both (`build_scripts/bench_trainer.py`).
     Returns:
         [S, A, B, hidden] in the drafter's dtype.
     """
@@ -98,7 +106,12 @@ def drafter_block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, fea
     ctx_cos, ctx_sin = drafter.rotary(ctx_pos)
     x = F.embedding(ids.reshape(s, a * b), embed_weight).to(drafter.fc.weight.dtype)
     cos, sin = drafter.rotary(positions.reshape(s, a * b))
-    mask = block_diagonal_mask(anchors, ctx_len, b)[:, None]
+    if blockwise is None:
+        blockwise = features.device.type == "cpu"
+    if blockwise:
+        mask = BlockLayout(torch.arange(ctx_len, device=ids.device) < anchors[:, :, None], b)
+    else:
+        mask = block_diagonal_mask(anchors, ctx_len, b)[:, None]
     for layer in drafter.layers:
         ctx_k, ctx_v = layer.self_attn.project_kv(h, ctx_cos, ctx_sin)
         x = layer(x, cos, sin, ctx_k, ctx_v, mask)

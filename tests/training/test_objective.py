@@ -1,5 +1,6 @@
 """The batched training objective: padding blocks and padded context never change a sequence's loss."""
 
+import pytest
 import torch
 
 from conftest import TINY
@@ -65,10 +66,12 @@ def test_decode_walk_visits_only_the_blocks_decoding_starts():
     assert 1 + sum(runs) / len(runs) > len(runs) / O.decode_walk_steps(runs)
 
 
-def test_training_blocks_equal_the_runtime_drafter_pass():
-    """drafter_block_hidden (all blocks of all sequences in one pass, block-diagonal mask) gives every block the
-    hidden states the runtime's drafter pass gives it (DFlashDrafter.forward over a KV cache holding
-    the context K/V of the slots before its anchor, injected by inject_context)."""
+@pytest.mark.parametrize("blockwise", [True, False])
+def test_training_blocks_equal_the_runtime_drafter_pass(blockwise):
+    """drafter_block_hidden (all blocks of all sequences in one pass; blockwise attention or SDPA
+    with the block-diagonal mask) gives every block the hidden states the runtime's drafter pass
+    gives it (DFlashDrafter.forward over a KV cache holding the context K/V of the slots before its
+    anchor, injected by inject_context)."""
     torch.manual_seed(0)
     block, mask = 4, 3
     drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, block, mask, [0, 1])).eval()
@@ -81,7 +84,7 @@ def test_training_blocks_equal_the_runtime_drafter_pass():
                      torch.randn(length, 64, generator=gen)))
     feats, ids, pos, anc, _, _ = _batch(seqs, block, mask)
     with torch.no_grad():
-        hidden = O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc)
+        hidden = O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc, blockwise)
         compared = 0
         for r, (_, anchors, f, _) in enumerate(seqs):
             for i, a in enumerate(anchors.tolist()):
@@ -92,3 +95,30 @@ def test_training_blocks_equal_the_runtime_drafter_pass():
                 torch.testing.assert_close(hidden[r, i], ref[0], rtol=1e-5, atol=1e-5)
                 compared += 1
     assert compared == 10
+
+
+def test_blockwise_attention_gives_the_dense_gradients():
+    """Training with blockwise attention moves the drafter exactly as SDPA with the dense block-diagonal
+    mask does: the same loss and the same gradient for every parameter (float32)."""
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, 4, 3, [0, 1]))
+    embed, head = torch.randn(64, 64), torch.randn(64, 64) * 0.1
+    gen = torch.Generator().manual_seed(3)
+    seqs = []
+    for length, prompt, a in [(30, 5, 6), (12, 9, 8)]:
+        tok = torch.randint(0, 64, (length + 1,), generator=gen)
+        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
+                     torch.randn(length, 64, generator=gen)))
+    feats, ids, pos, anc, lab, teach = _batch(seqs, 4, 3)
+    grads, losses = [], []
+    for blockwise in (True, False):
+        drafter.zero_grad()
+        hidden = O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc, blockwise)
+        out = O.block_loss(hidden, lab, head, O.decay_weights(4, 2.0), teach, 0.5)
+        out.loss.backward()
+        losses.append(out.loss.detach())
+        grads.append({k: p.grad.clone() for k, p in drafter.named_parameters()})
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6, msg=k)
