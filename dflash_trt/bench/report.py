@@ -23,11 +23,16 @@ def markdown_table(results: dict) -> str:
                 + (f", max concurrency {cfg.get('max_concurrency') or 'none'}" if "max_concurrency" in cfg else "")
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     threads = results.get("machine", {}).get("threads")
-    prompts = cfg.get("num_prompts")
+    counts = {ds: entry.get("prompts", cfg.get("num_prompts")) for ds, entry in results["datasets"].items()}
+    if len(set(counts.values())) <= 1:
+        prompts = next(iter(counts.values()), cfg.get("num_prompts"))
+        prompts = f"{prompts} prompt{'' if prompts == 1 else 's'} per dataset"
+    else:  # a JSONL with fewer prompts than --num-prompts
+        prompts = "prompts per dataset: " + ", ".join(f"{ds} {n}" for ds, n in counts.items())
     lines = [
         f"Target `{cfg.get('target')}`, {drafting}, "
-        f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {prompts} prompt"
-        f"{'' if prompts == 1 else 's'} per dataset, batch size {cfg.get('batch_size', 1)}, "
+        f"temperature {cfg.get('temperature')}, max tokens {cfg.get('max_tokens')}, {prompts}, "
+        f"batch size {cfg.get('batch_size', 1)}, "
         f"{results.get('machine', {}).get('dtype')}, {threads} thread{'' if threads == 1 else 's'}. "
         f"Peak RSS {results.get('peak_rss_mb', 0):.0f} MB."
         + (" Sampling: 'identical to ar' counts equal samples, not a parity check." if sampling else ""),

@@ -105,7 +105,8 @@ def machine_info(threads: int, dtype: str) -> dict:
 def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int, params: SamplingParams,
                   dtype: torch.dtype, batch_size: int = 1, progress=None, profile: bool = False) -> dict:
     """Every mode on the same prompts of every dataset. Returns the results.json dict:
-    {"datasets": {name: {"modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}.
+    {"datasets": {name: {"prompts": how many ran (at most num_prompts: a JSONL may hold fewer),
+    "modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}.
 
     profile: our modes (dflash, ar) also time each decode-loop phase (`dflash_trt.runtime.profile`);
     each of their summaries gets "time_breakdown" (PhaseTimer.to_dict: seconds, share, ms per output
@@ -145,7 +146,7 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         modes_d = {m: s.to_dict() for m, s in summaries.items()}
         for m, timer in timers.items():
             modes_d[m]["time_breakdown"] = timer.to_dict(summaries[m].completion_tokens)
-        entry = {"modes": modes_d}
+        entry = {"prompts": len(prompts), "modes": modes_d}
         for base in ("ar", "hf"):
             if base in modes_d and modes_d[base]["tokens_per_s"]:
                 entry[f"speedup_vs_{base}"] = {m: d["tokens_per_s"] / modes_d[base]["tokens_per_s"] for m, d in modes_d.items()}

@@ -107,6 +107,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
                             progress=bar.update, profile=profile)
     bar.close()
+    for ds, entry in results["datasets"].items():
+        if entry["prompts"] < num_prompts:
+            click.echo(f"warning: {ds} holds {entry['prompts']} prompts, fewer than --num-prompts {num_prompts}; "
+                       f"its rows are over those {entry['prompts']}", err=True)
     proposer = pipe.engine.proposer
     results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
                          "block_size": proposer.block_size if proposer else None,

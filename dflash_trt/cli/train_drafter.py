@@ -47,6 +47,30 @@ def _check_resume(resume: bool, work: Path) -> None:
                           "run without --resume to start (a data cache already in the work dir is reused)")
 
 
+def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path) -> None:
+    """Refuse an --out the export would replace, before any data is generated: a file always (the
+    drafter is a folder), an existing folder unless --force, or --resume with a drafter already
+    exported there (an earlier export of the run checkpointed in `work`, which the resumed run
+    replaces).
+
+    Raises:
+        click.UsageError: naming the path and the fix.
+    """
+    from dflash_trt.training.trainer import CHECKPOINT
+
+    path = Path(out)
+    if data_only or not (path.exists() or path.is_symlink()):
+        return
+    if not path.is_dir():
+        raise click.UsageError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
+    if force or (resume and (path / "training.json").is_file()):
+        return
+    run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
+           if (work / "run" / CHECKPOINT).is_file() and (path / "training.json").is_file() else "")
+    raise click.UsageError(f"--out {out} already exists; pick another --out, or pass --force to replace it (the old "
+                           f"folder is removed only once the new drafter is written){run}")
+
+
 #: Flags whose value a fine-tuned drafter (--init DIR) dictates; given on the command line they must agree.
 _FINE_TUNE_FIXED = {"num_layers": "num_hidden_layers", "block_size": "block_size", "mask_token_id": "mask_token_id",
                     "target_layer_ids": "target_layer_ids", "draft_vocab_size": "draft_vocab_size"}
@@ -150,7 +174,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0), callback=finite_float,
               help="Peak learning rate (0 leaves the weights as they are: an export of the --init drafter).")
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
-@click.option("--time-limit-min", default=None, type=float, help="Stop (checkpointed) after this many minutes; rerun with --resume.")
+@click.option("--time-limit-min", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
+              help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
 @click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"], case_sensitive=False))
 @click.option("--max-steps", default=None, type=click.IntRange(1),
@@ -171,6 +196,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "float32): ~1.9x faster on a CPU with AMX (Sapphire Rapids and later) or on a GPU; slower on a CPU "
                    "without bf16 matmul units.")
 @click.option("--data-only", is_flag=True, help="Stop after the target-written data cache is complete.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out folder (only once the new drafter is written).")
 @click.option("--online-features", is_flag=True,
               help="Cache only tokens and compute target features for each training step with the target "
                    "(saves ~7 KB of disk per token; worth it on a GPU).")
@@ -178,7 +205,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
                   gamma, val_samples, keep_best, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, bf16_autocast, data_only,
-                  online_features):
+                  force, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     from dflash_trt.cli.common import jsonl_file
     from dflash_trt.models.checkpoints import check_device
@@ -190,6 +217,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     init_dir = _init_drafter_dir(init_mode)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
     _check_resume(resume and not data_only, work)
+    _check_out(out, force, resume, data_only, work)
     import torch
 
     from dflash_trt.compat import check_compatible
@@ -314,7 +342,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     if state.val_history:
         held = (f", held-out tau {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
                 f"{state.best_acceptance_length:.3f} at step {state.best_step}")
-    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, training loss "
-               f"{last.get('loss', float('nan')):.3f} (mean over the log window ending at step {last.get('step', state.step)})"
-               f"{held}, "
+    loss = (f"training loss {last['loss']:.3f} (mean over the log window ending at step {last['step']})" if last
+            else f"no training loss logged (the first log is at step {tc.log_every})")
+    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, {loss}{held}, "
                f"{time.perf_counter() - t_begin:.0f} s in this run)")

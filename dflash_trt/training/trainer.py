@@ -335,8 +335,19 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                               "or remove the folder to start over")
         ck = torch.load(ckpt_path, weights_only=False)
         # fields added later take their defaults in older checkpoints
-        if {**asdict(TrainConfig()), **ck["config"]} != asdict(cfg) or ck["num_samples"] != n:
-            raise DFlashError(f"{ckpt_path} was made with other training settings or data; remove it to start over")
+        saved = {**asdict(TrainConfig()), **ck["config"]}
+        differ = [f"{k} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
+        if ck["num_samples"] != n:
+            differ.append(f"samples {ck['num_samples']} -> {n}")
+        own = drafter.state_dict()
+        shapes = {k: tuple(v.shape) for k, v in ck["drafter"].items()}
+        if shapes != {k: tuple(v.shape) for k, v in own.items()}:
+            layers = lambda keys: len({k.split(".")[1] for k in keys if k.startswith("layers.")})  # noqa: E731
+            differ.append(f"drafter layers {layers(shapes)} -> {layers(own)}" if layers(shapes) != layers(own)
+                          else "drafter shape (block size, target layer ids, draft vocabulary or widths)")
+        if differ:
+            raise DFlashError(f"{ckpt_path} was made with other training settings or data ({'; '.join(differ)}); "
+                              "resume with the settings it was started with, or remove it to start over")
         drafter.load_state_dict(ck["drafter"])
         opt.load_state_dict(ck["optimizer"])
         state = TrainState(**ck["state"])

@@ -11,15 +11,18 @@ from dflash_trt.cli import main
 
 
 @pytest.mark.slow
-def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch):
+def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "Name a color."}]}\n{"prompt": "def add(a, b):"}\n')
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "2",
+    # --num-prompts 3 of a file of 2: the run and its header say 2
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "3",
                                       "--max-tokens", "8", "--modes", "dflash,ar,hf", "--profile", "--out", str(out)])
     main()
+    assert f"warning: {prompts} holds 2 prompts, fewer than --num-prompts 3" in capsys.readouterr().err
     res = json.loads((out / "results.json").read_text())
     entry = res["datasets"][str(prompts)]
+    assert entry["prompts"] == 2 and "max tokens 8, 2 prompts per dataset, batch size 1" in (out / "results.md").read_text()
     modes = entry["modes"]
     assert set(modes) == {"dflash", "ar", "hf"}
     for mode in modes:  # temperature 0: every mode gives the target's greedy tokens
@@ -136,3 +139,17 @@ def test_results_header_says_thread_or_threads():
 
     for n, word in ((1, "1 thread."), (2, "2 threads.")):
         assert word in markdown_table({"config": {}, "machine": {"threads": n, "dtype": "float32"}, "datasets": {}})
+
+
+def test_results_header_counts_the_prompts_each_dataset_ran():
+    """The header gives the prompts that ran (a JSONL may hold fewer than --num-prompts), per dataset
+    when they differ."""
+    from dflash_trt.bench.report import markdown_table
+
+    base = {"config": {"num_prompts": 10}, "machine": {"threads": 1, "dtype": "float32"}}
+    same = markdown_table({**base, "datasets": {"humaneval": {"prompts": 10, "modes": {}},
+                                                  "mt-bench": {"prompts": 10, "modes": {}}}})
+    assert ", 10 prompts per dataset, " in same
+    differ = markdown_table({**base, "datasets": {"humaneval": {"prompts": 10, "modes": {}},
+                                                    "p.jsonl": {"prompts": 3, "modes": {}}}})
+    assert ", prompts per dataset: humaneval 10, p.jsonl 3, " in differ

@@ -53,7 +53,9 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
     assert drafter.config.draft_vocab_size == 32 and drafter.config.trained
     assert not list(tmp_path.glob(".drafter.tmp-*"))
     # rerun: the data cache is reused, the finished run needs --resume and then exports again
-    res = _run(args)
+    res = _run(args)  # the same command again: its --out exists, and so does the finished run's checkpoint
+    assert res.exit_code == 2 and "already exists" in res.output and "or pass --resume to continue" in res.output
+    res = _run(args + ["--force"])
     assert isinstance(res.exception, DFlashError) and "--resume" in str(res.exception)
     res = _run(args + ["--resume"])
     assert res.exit_code == 0, repr(res.exception)
@@ -121,6 +123,8 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     ("--gamma", "nan", "nan is not a finite number"), ("--soft-weight", "nan", "nan is not a finite number"),
     ("--epochs", "nan", "nan is not a finite number"), ("--epochs", "inf", "inf is not a finite number"),
     ("--lr", "nan", "nan is not a finite number"), ("--lr", "-1", "not in the range x>=0"),
+    ("--time-limit-min", "-1", "not in the range x>0"), ("--time-limit-min", "0", "not in the range x>0"),
+    ("--time-limit-min", "nan", "nan is not a finite number"),
 ])
 def test_non_finite_or_out_of_range_numbers_are_usage_errors(tmp_path, target_with_tokenizer, flag, value, msg):
     res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
@@ -266,3 +270,24 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
     res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(first / "config.json")])
     assert isinstance(res.exception, ConfigError) and "that is a file" in str(res.exception)
     assert not (tmp_path / "x").exists()
+
+
+def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_with_tokenizer):
+    """An existing --out folder needs --force (it used to be replaced without a word), a file is never
+    replaced; both are refused before the target writes any data, and nothing of theirs changes."""
+    folder, file, work = tmp_path / "precious", tmp_path / "notes.jsonl", tmp_path / "work"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    file.write_text("keep me too")
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--work-dir", str(work),
+            "--num-layers", "1", "--block-size", "4", "--epochs", "1", "--target-layer-ids", "0,1",
+            "--max-new-tokens", "8", "--mask-token-id", str(MASK), "--init", "random"]
+    res = _run(args + ["--out", str(folder)])
+    assert res.exit_code == 2 and f"--out {folder} already exists" in res.output and "--force" in res.output, res.output
+    res = _run(args + ["--out", str(file), "--force"])
+    assert res.exit_code == 2 and f"--out {file} is a file" in res.output, res.output
+    assert not work.exists() and (folder / "notes.txt").read_text() == "keep me" and file.read_text() == "keep me too"
+    res = _run(args + ["--out", str(folder), "--force", "--max-steps", "1"])  # stops before the first log
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]
+    assert "no training loss logged (the first log is at step 10)" in res.output

@@ -19,8 +19,8 @@ CFG = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, l
                   checkpoint_every=1000, log_every=5, seed=0)
 
 
-def _drafter(target, seed=0):
-    cfg = new_drafter_config(target.config, 1, 4, MASK, [0, 1])
+def _drafter(target, seed=0, layers=1):
+    cfg = new_drafter_config(target.config, layers, 4, MASK, [0, 1])
     torch.manual_seed(seed)
     return DFlashDrafter(cfg)
 
@@ -93,8 +93,10 @@ def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_targe
     with pytest.raises(DFlashError, match="--resume"):
         train(_drafter(tiny_target), data, cfg, tmp_path / "r", progress=False)
     other = TrainConfig(**{**cfg.__dict__, "lr": 1e-4})
-    with pytest.raises(DFlashError, match="other training settings"):
+    with pytest.raises(DFlashError, match=r"other training settings or data \(lr 0.01 -> 0.0001\); resume with"):
         train(_drafter(tiny_target), data, other, tmp_path / "r", resume=True, progress=False)
+    with pytest.raises(DFlashError, match=r"other training settings or data \(drafter layers 1 -> 2\)"):
+        train(_drafter(tiny_target, layers=2), data, cfg, tmp_path / "r", resume=True, progress=False)
     with pytest.raises(DFlashError, match="nothing to resume in .* run without --resume to start"):
         train(_drafter(tiny_target), data, cfg, tmp_path / "fresh", resume=True, progress=False)
     assert not (tmp_path / "fresh").exists()
