@@ -93,6 +93,13 @@ def _init_drafter_dir(init: str) -> Path | None:
     return path
 
 
+def _given(ctx: click.Context, flag: str) -> bool:
+    """Whether option `flag` (its parameter name) was given on the command line, not defaulted."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(flag) == ParameterSource.COMMANDLINE
+
+
 def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
     """The config of the drafter in `init_dir`, after checking that every shape flag given on the
     command line agrees with it (`flags_cfg` holds the flags' values).
@@ -100,14 +107,12 @@ def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
     Raises:
         ConfigError: a flag given explicitly differs from the drafter's own value.
     """
-    from click.core import ParameterSource
-
     from dflash_trt.config import DrafterConfig
     from dflash_trt.errors import ConfigError
 
     cfg = DrafterConfig.from_pretrained(init_dir)
     for flag, field in _FINE_TUNE_FIXED.items():
-        if ctx.get_parameter_source(flag) != ParameterSource.COMMANDLINE:
+        if not _given(ctx, flag):
             continue
         given, own = getattr(flags_cfg, field), getattr(cfg, field)
         if field == "draft_vocab_size":  # 0 or >= the vocabulary on the command line = full (None)
@@ -250,6 +255,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:
         dcfg = dcfg.replace(draft_vocab_size=draft_vocab_size)
+    elif draft_vocab_size and _given(click.get_current_context(), "draft_vocab_size"):
+        click.echo(f"warning: --draft-vocab-size {draft_vocab_size} is not below the target's vocabulary "
+                   f"({tcfg.vocab_size} tokens); the drafter predicts over the full vocabulary (as with 0)", err=True)
     if init_dir is not None:
         dcfg = _fine_tune_config(click.get_current_context(), init_dir, dcfg)
     check_compatible(tcfg, dcfg)

@@ -221,8 +221,9 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
 
     Raises:
         DFlashError: the file is missing or empty.
-        ConfigError: `path` is a directory; a line is not JSON, or has neither a non-empty "prompt" string nor a list of
-            messages with string "role" and "content"; the message names the line.
+        ConfigError: `path` is a directory; a line is not JSON, has both "prompt" and "messages", or has
+            neither a non-empty "prompt" string nor a list of messages with string "role" and "content";
+            the message names the line. A UTF-8 byte-order mark is allowed.
     """
     p = Path(path)
     if p.is_dir():
@@ -232,7 +233,7 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     out: list[Prompt] = []
     ignored: dict[str, int] = {}  # key -> first line holding it
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a leading byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); give a JSONL file, one JSON object per line") from exc
     for n, line in enumerate(text.splitlines(), 1):
@@ -246,6 +247,9 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             for key in warn_keys:
                 if key in obj:
                     ignored.setdefault(key, n)
+            if "prompt" in obj and "messages" in obj:
+                raise ConfigError(f'{p}:{n}: holds both "prompt" and "messages"; keep one of them (a plain prompt, '
+                                  "or a conversation that goes through the chat template)")
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append(obj["prompt"])
         elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"] and all(

@@ -88,6 +88,10 @@ def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
     res = _run(args + ["--max-samples", "9"])
     assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
     assert "warning: --max-samples 9 is more than the 8 prompts; using all 8" in res.stderr
+    assert "--draft-vocab-size" not in res.stderr  # the default 8192 > this target's 64 tokens: no word
+    res = _run(args + ["--draft-vocab-size", "64"])
+    assert res.exit_code == 0 and ("warning: --draft-vocab-size 64 is not below the target's vocabulary (64 tokens); "
+                                   "the drafter predicts over the full vocabulary") in res.stderr, res.output
 
 
 @pytest.mark.parametrize("content,extra,err,msg", [

@@ -37,6 +37,8 @@ def test_jsonl_prompts_and_messages(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "hi"}) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
     assert load_prompts_jsonl(f) == ["hi", [{"role": "user", "content": "yo"}]]
+    f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())  # a UTF-8 byte-order mark, as Windows editors write
+    assert load_prompts_jsonl(f) == ["hi", [{"role": "user", "content": "yo"}]]
 
 
 @pytest.mark.parametrize("text,err,msg", [
@@ -46,6 +48,8 @@ def test_jsonl_prompts_and_messages(tmp_path):
     ('{"text": "x"}\n', ConfigError, ":1: expected"),
     ('{"messages": [{"role": "user"}]}\n', ConfigError, ":1: expected"),
     ('{"prompt": ""}\n', ConfigError, ":1: expected"),
+    ('{"prompt": "a"}\n{"prompt": "b", "messages": [{"role": "user", "content": "c"}]}\n', ConfigError,
+     ':2: holds both "prompt" and "messages"; keep one of them'),
 ])
 def test_bad_prompt_files(tmp_path, text, err, msg):
     f = tmp_path / "bad.jsonl"
