@@ -16,6 +16,32 @@ import click
 from dflash_trt.errors import CheckpointError, ConfigError, InvalidRequestError
 
 
+def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
+    """--target-layer-ids "a,b,c" -> [a, b, c]; None when the flag is absent (the z-lab default).
+
+    Raises:
+        ConfigError: not comma-separated integers, empty, an id outside [0, num_layers - 1] (the
+            target's layers), or an id given twice.
+    """
+    if text is None:
+        return None
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from exc
+    if not ids:
+        raise ConfigError("--target-layer-ids is empty; give comma-separated target layer ids, or leave the flag out "
+                          "for the default (the z-lab rule)")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise ConfigError(f"--target-layer-ids {ids}: {bad} outside [0, {num_layers - 1}] "
+                          f"(the target has {num_layers} layers)")
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ConfigError(f"--target-layer-ids {ids}: {twice} given more than once; name each target layer once")
+    return ids
+
+
 def model_folder(option: str, path: str | None, what: str = "model") -> str | None:
     """`path` unchanged when it is None (the embedded default) or an existing folder.
 

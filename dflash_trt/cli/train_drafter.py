@@ -14,23 +14,7 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import finite_float, lower_word
-
-
-def _parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
-    from dflash_trt.errors import ConfigError
-
-    if not text:
-        return None
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from exc
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if not ids or bad:
-        raise ConfigError(f"--target-layer-ids {ids}: {bad or 'none given'} outside [0, {num_layers - 1}] "
-                          f"(the target has {num_layers} layers)")
-    return ids
+from dflash_trt.cli.common import finite_float, lower_word, parse_layer_ids
 
 
 def _check_resume(resume: bool, work: Path) -> None:
@@ -242,7 +226,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     default_target = target is None
     target_path = Path(target) if target is not None else default_target_path()
     tcfg = TargetConfig.from_pretrained(target_path)  # CheckpointError / ConfigError before any work
-    layer_ids = _parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
+    layer_ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
     usable = len(prompts) if max_samples is None else min(max_samples, len(prompts))
     if val_samples and val_samples >= usable:  # before the target writes any data

@@ -76,3 +76,14 @@ def word_tokenizer():
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token=f"w{EOS}")
+
+
+@pytest.fixture(scope="session")
+def target_with_tokenizer(tiny_target_dir, tmp_path_factory):
+    """The tiny target plus a word-level tokenizer ("w0".."w63" -> ids 0..63), no chat template."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tok") / "target"
+    shutil.copytree(tiny_target_dir, folder)
+    word_tokenizer().save_pretrained(folder)
+    return folder

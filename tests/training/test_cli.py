@@ -6,21 +6,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import MASK, VOCAB, word_tokenizer
+from conftest import MASK, VOCAB
 from dflash_trt.cli import cli
 from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.models.checkpoints import load_drafter
-
-
-@pytest.fixture(scope="module")
-def target_with_tokenizer(tiny_target_dir, tmp_path_factory):
-    """The tiny target plus a word-level tokenizer ("w0".."w63" -> ids 0..63), no chat template."""
-    import shutil
-
-    folder = tmp_path_factory.mktemp("tok") / "target"
-    shutil.copytree(tiny_target_dir, folder)
-    word_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def _prompts(tmp_path, n=16):
@@ -100,6 +89,8 @@ def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
     ('{"messages": [{"role": "user", "content": "w5 w6"}]}\n', [], ConfigError, "no chat template"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "0,4"], ConfigError, "outside [0, 3]"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "a,b"], ConfigError, "comma-separated integers"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "1,0,1"], ConfigError, "[1] given more than once"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", ""], ConfigError, "--target-layer-ids is empty"),
 ])
 def test_bad_inputs_fail_cleanly(tmp_path, target_with_tokenizer, content, extra, err, msg):
     f = tmp_path / "p.jsonl"
@@ -295,3 +286,4 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]
     assert "no training loss logged (the first log is at step 10)" in res.output
+
