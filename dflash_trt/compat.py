@@ -97,20 +97,32 @@ def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
 
 
 def _weight_shape_problems(drafter_path: Path, drafter: DrafterConfig) -> list[str]:
-    import torch
-    from safetensors import safe_open
+    """What the strict load (`loading.load_strict`) would refuse in the drafter's weights, read from the
+    safetensors headers only: missing keys, keys of another shape, unexpected keys (quantization scales,
+    which loading consumes, are not unexpected).
 
+    Raises:
+        CheckpointError: no safetensors weights, or a file that is not readable (truncated, corrupt).
+    """
+    import torch
+
+    from dflash_trt.models.dequant import SCALE_SUFFIXES
     from dflash_trt.models.drafter import DFlashDrafter
-    from dflash_trt.models.loading import safetensors_files
+    from dflash_trt.models.loading import open_safetensors, safetensors_files
 
     with torch.device("meta"):
         expected = {k: list(v.shape) for k, v in DFlashDrafter(drafter).state_dict().items()}
     found: dict[str, list[int]] = {}
     for file in safetensors_files(drafter_path):
-        with safe_open(str(file), framework="pt") as f:
+        with open_safetensors(file) as f:
             for key in f.keys():
                 found[key] = list(f.get_slice(key).get_shape())
     problems = []
+    unexpected = [k for k in found if k not in expected and not k.endswith(SCALE_SUFFIXES)]
+    if unexpected:
+        problems.append(f"drafter weights: unexpected key(s) {', '.join(unexpected[:5])}"
+                        f"{f' (and {len(unexpected) - 5} more)' if len(unexpected) > 5 else ''} in {drafter_path}; "
+                        "the checkpoint has weights this architecture does not use (wrong model type or config?)")
     for key, shape in expected.items():
         if key not in found:
             problems.append(f"drafter weights: {key} {shape} is missing from {drafter_path}; the weights do not match "

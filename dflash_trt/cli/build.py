@@ -35,11 +35,12 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from dflash_trt.build.pipeline import BuildOptions, plan, preflight, run_build, summary_table
     from dflash_trt.build.quantize import read_calibration_jsonl
     from dflash_trt.cli.common import model_folder
+    from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
-    why = drafter_required(target, drafter)
+    why = drafter_required(target, drafter, mode_ar=False)
     if why is not None:
-        raise click.UsageError(why)
+        raise ConfigError(why)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     console = Console(stderr=True)
     opts = BuildOptions(

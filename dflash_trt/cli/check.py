@@ -16,11 +16,12 @@ def check(target, drafter):
     """Run every compatibility check; print each problem with its fix. Warnings do not fail the check."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
-    why = drafter_required(target, drafter)
+    why = drafter_required(target, drafter, mode_ar=False)
     if why is not None:
-        raise click.UsageError(why)
+        raise ConfigError(why)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     findings = check_checkpoints(target or default_target_path(), drafter or default_drafter_path())
     for f in findings:

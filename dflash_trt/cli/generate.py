@@ -21,6 +21,18 @@ def encode_item(pipe, item) -> list[int]:
     return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}")
 
 
+def text_to_stream(text: str, shown: str) -> str:
+    """Incremental detokenization: the part of `text` (the decode of every token so far) to print after
+    `shown` (printed already, a prefix of an earlier decode). A trailing run of U+FFFD is held back: it
+    is a multi-byte character whose remaining bytes come in later tokens, so printing it would garble
+    the stream. Returns "" when nothing new is complete or when `text` no longer extends `shown`;
+    the caller prints the final text's rest at the end, so the stream equals the final decode."""
+    end = len(text.rstrip("\ufffd"))
+    if end <= len(shown) or not text.startswith(shown):
+        return ""
+    return text[len(shown):end]
+
+
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
@@ -115,10 +127,11 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
 
     def on_tokens(_i, toks):
         sofar.extend(toks)
-        text = pipe.decode(sofar)
-        sys.stdout.write(text[len(shown["text"]):])
-        sys.stdout.flush()
-        shown["text"] = text
+        new = text_to_stream(pipe.decode(sofar), shown["text"])
+        if new:
+            sys.stdout.write(new)
+            sys.stdout.flush()
+            shown["text"] += new
 
     for lo in range(0, len(prompts), batch_size):
         chunk = prompts[lo : lo + batch_size]
@@ -131,8 +144,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                 continue
             if not stream:
                 click.echo(res.text)
-            else:
-                click.echo()
+            else:  # what was held back (an incomplete character at the end: the final text has it as is)
+                click.echo(res.text[len(shown["text"]):])
             click.echo(
                 f"[{mode}] {m.completion_tokens} tokens, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
                 f"acceptance rate={m.acceptance_rate:.2f}, TTFT={m.time_to_first_token_s * 1000:.0f} ms, "

@@ -32,11 +32,16 @@ DEVICE_TYPES = ("cpu", "cuda")
 
 
 def check_device(device: str) -> None:
-    """Raises ConfigError (naming the fix) unless `device` is "cpu", "cuda" or "cuda:N" for a GPU torch can use."""
+    """Raises ConfigError (naming the fix) unless `device` is "cpu", "cuda" or "cuda:N" for a GPU torch can use.
+
+    "cpu:0" is refused too: torch takes it, but safetensors cannot load onto it, and the CPU has no index.
+    """
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         dev = None
+    if dev is not None and dev.type == "cpu" and dev.index is not None:
+        raise ConfigError(f"--device {device}: the CPU takes no index; use cpu, cuda or cuda:N")
     if dev is None or dev.type not in DEVICE_TYPES:
         raise ConfigError(f"--device {device}: not a device dflash-trt runs on; use cpu, cuda or cuda:N")
     if dev.type == "cuda":

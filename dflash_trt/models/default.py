@@ -76,14 +76,16 @@ def is_default_target(path: str | Path) -> bool:
     return Path(path).resolve() == (cache_dir() / "models" / DEFAULT_TARGET_NAME).resolve()
 
 
-def drafter_required(target: str | Path | None, drafter: str | Path | None) -> str | None:
+def drafter_required(target: str | Path | None, drafter: str | Path | None, mode_ar: bool = True) -> str | None:
     """Why a command that drafts cannot run with these --target / --drafter flags, or None when it can:
     a target other than the default (its folder, also when given by path, uses the default drafter)
-    needs a drafter trained for it."""
+    needs a drafter trained for it. `mode_ar`: the command has `--mode ar` (generate), so the message
+    offers it; `check` and `build` have not."""
     if drafter is not None or target is None or is_default_target(target):
         return None
     return (f"a --drafter is required with a --target other than the default ({DEFAULT_TARGET_NAME}): give the "
-            "folder of a DFlash drafter for that target (dflash-trt train-drafter makes one), or use --mode ar")
+            "folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)"
+            + (", or use --mode ar" if mode_ar else ""))
 
 
 def default_target_path() -> Path:

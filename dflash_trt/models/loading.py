@@ -44,15 +44,29 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return files
 
 
+def open_safetensors(file: str | Path, device: str | torch.device = "cpu"):
+    """`safetensors.safe_open(file, framework="pt", device=device)`: a context manager giving the file's
+    reader (keys, shapes via `get_slice`, tensors via `get_tensor`); opening reads only the header.
+
+    Raises:
+        CheckpointError: the file is not a readable safetensors file (truncated, corrupt header, another
+            format); the message names the file and says to re-save or re-download it.
+    """
+    try:
+        return safe_open(str(file), framework="pt", device=str(device))
+    except Exception as exc:  # safetensors raises its own SafetensorError for a corrupt header
+        raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); re-save or re-download it") from exc
+
+
 def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only)."""
+    """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only).
+
+    Raises:
+        CheckpointError: no safetensors weights, or a file that is not readable (`open_safetensors`).
+    """
     out: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
-        try:
-            handle = safe_open(str(file), framework="pt", device=str(device))
-        except Exception as exc:  # safetensors raises its own SafetensorError for a corrupt header
-            raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); re-save or re-download it") from exc
-        with handle as f:
+        with open_safetensors(file, device) as f:
             for key in f.keys():
                 t = f.get_tensor(key)
                 if dtype is not None and t.is_floating_point():

@@ -332,7 +332,8 @@ def test_block_size_out_of_range_is_a_usage_error(monkeypatch, capsys, tmp_path,
 
 def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys, smollm2_path, tiny):
     """--target given as the default model's folder drafts with the default drafter (no --drafter
-    needed); any other target without --drafter is an error naming the fix, in generate, check and build."""
+    needed); any other target without --drafter is an error naming the fix, in generate, check and build
+    (exit 1 in all three; only generate, which has --mode, offers --mode ar)."""
     code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--chat", "Hi",
                               "--max-tokens", "4", "--draft-confidence", "0", "--json")
     assert code == 0, err
@@ -344,7 +345,9 @@ def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys
     assert "dflash-trt train-drafter makes one), or use --mode ar" in err
     for command in (("check",), ("build", "--out", "unused", "--dry-run")):
         code, _, err = run_main(monkeypatch, capsys, *command, "--target", str(target))
-        assert code == 2 and "a --drafter is required with a --target other than the default" in err, err
+        assert one_error_line(code, err), err
+        assert err.endswith("a --drafter is required with a --target other than the default (SmolLM2-135M-Instruct): "
+                            "give the folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)\n")
 
 
 def test_flag_words_are_case_insensitive():
