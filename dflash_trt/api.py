@@ -169,7 +169,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
                 tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
                 max_concurrency: int | str | None = "auto") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
-    from `trtllm/target` and the drafter from `trtllm/drafter`.
+    from `trtllm/target` and the drafter from the manifest's drafter path: `trtllm/drafter`, or
+    `runtime/drafter` for a reduced-vocabulary drafter (kept as given, d2t included; `trtllm/drafter`
+    then holds the full-vocabulary variant TensorRT-LLM loads).
 
     NVFP4 weights (and FP8 drafter weights) are dequantized to `dtype` on load (`dflash_trt.models.dequant`:
     activations not quantized). An FP8 target runs FP8 matmuls with the checkpoint's weight and input scales

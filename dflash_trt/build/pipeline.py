@@ -7,7 +7,9 @@ an existing bundle replaced with `--force` stays intact until the new one is com
 Bundle layout (docs/build.md):
     NAME/manifest.json           schema version, models, quantization, tp, block size, ... sha256 of every file
     NAME/trtllm/target/          unified HF checkpoint (ModelOpt) + tokenizer
-    NAME/trtllm/drafter/         DFlash drafter (z-lab format)
+    NAME/trtllm/drafter/         DFlash drafter (z-lab format, full target vocabulary: what TensorRT-LLM loads)
+    NAME/runtime/drafter/        only for a reduced-vocabulary drafter: that drafter as given (d2t), which
+                                 `dflash-trt generate --bundle` loads (drafting over fewer lm_head rows is faster)
     NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
     NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
 """
@@ -113,6 +115,28 @@ def preflight(opts: BuildOptions) -> dict:
     return {"target": target, "drafter": drafter, "warnings": [f.message for f in findings if f.level != ERROR]}
 
 
+#: where a reduced-vocabulary drafter goes as given, for our runtime (trtllm/drafter gets the full-vocabulary one)
+RUNTIME_DRAFTER = "runtime/drafter"
+TRTLLM_DRAFTER = "trtllm/drafter"
+
+
+def existing_out(out: Path) -> str | None:
+    """What `--force` would replace at `out`: None when nothing is there, "a dflash-trt bundle", or a
+    description of something that is not a bundle (a file, a folder without a bundle manifest)."""
+    from dflash_trt.build.manifest import load_manifest
+    from dflash_trt.errors import BundleError
+
+    if not (out.exists() or out.is_symlink()):
+        return None
+    if not out.is_dir():
+        return "a file, not a dflash-trt bundle"
+    try:
+        load_manifest(out, verify=False)
+    except BundleError:
+        return "a folder that is not a dflash-trt bundle (no bundle manifest.json)"
+    return "a dflash-trt bundle"
+
+
 def plan(opts: BuildOptions, pre: dict) -> list[str]:
     """Human-readable steps of the build (what `--dry-run` prints)."""
     t, d = pre["target"], pre["drafter"]
@@ -123,6 +147,15 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
                      f"{opts.kv_cache_dtype}), {opts.calib_size} prompts from {calib}")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
+    if d.draft_vocab_size is not None:
+        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ (reduced vocabulary {d.draft_vocab_size}, for dflash-trt); "
+                       "full-vocabulary variant (no d2t) for TensorRT-LLM")
+    existing = existing_out(opts.out)
+    publish = f"move the bundle to {opts.out}"
+    if existing == "a dflash-trt bundle":
+        publish = f"replace the existing bundle at {opts.out} (--force) with the new one"
+    elif existing:
+        publish = f"REPLACE {opts.out} (--force), which is {existing}, with the new bundle"
     steps += [
         (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
          f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
@@ -132,7 +165,7 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
         (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
          f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML"),
-        f"write manifest.json (sha256 of every file) and move the bundle to {opts.out}",
+        f"write manifest.json (sha256 of every file) and {publish}",
     ]
     return steps
 
@@ -144,22 +177,21 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         ConfigError / IncompatibleModelsError: found before anything is written.
         BuildError: a step failed (the message names it); nothing was written to `opts.out`.
     """
+    from dflash_trt.models.loading import publish_folder
+
     pre = preflight(opts)
     for w in pre["warnings"]:
         log(f"warning: {w}")
+    existing = existing_out(opts.out)
+    if existing and existing != "a dflash-trt bundle":
+        log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
     out = opts.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     report = BuildReport(out)
     try:
         _build_into(tmp, opts, pre, report, log)
-        if out.exists():  # --force: swap only now that the new bundle is complete
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        publish_folder(tmp, out)  # readable modes; --force: the old --out (bundle or file) goes only now
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, (DFlashError, KeyboardInterrupt)):
@@ -216,15 +248,29 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
         trtllm.export_target_hf(state["model"], root / "trtllm" / "target", Path(opts.target))
         del state["model"]
 
+    # A reduced-vocabulary drafter (d2t) stays as given in runtime/drafter for our runtime; TensorRT-LLM's
+    # DFlash loader reads the z-lab format over the full target vocabulary, written by full_vocab_copy.
+    reduced = dcfg.draft_vocab_size is not None
+    runtime_drafter = RUNTIME_DRAFTER if reduced else TRTLLM_DRAFTER
+
     def drafter():
-        dst = root / "trtllm" / "drafter"
+        dst = root / runtime_drafter
+        detail = ""
         if opts.drafter_quant == "fp8":
             from dflash_trt.build.drafter_quant import quantize_drafter_fp8
             from dflash_trt.models.checkpoints import load_target
 
             n = quantize_drafter_fp8(opts.drafter, load_target(opts.target, device=opts.device), state["calib"][:8], dst)
-            return f"({n} Linear layers in FP8)"
-        trtllm.copy_drafter(Path(opts.drafter), dst)
+            detail = f"({n} Linear layers in FP8)"
+        else:
+            trtllm.copy_drafter(Path(opts.drafter), dst)
+        if reduced:
+            from dflash_trt.training.export import full_vocab_copy
+
+            full_vocab_copy(dst, root / TRTLLM_DRAFTER)
+            detail += (f" (draft vocabulary {dcfg.draft_vocab_size} in {RUNTIME_DRAFTER}/ for dflash-trt; "
+                       f"{TRTLLM_DRAFTER}/: full vocabulary, no d2t)")
+        return detail.strip()
 
     def serving():
         cfg = trtllm.serve_config(opts.tp_size, dcfg.block_size, dcfg.mask_token_id, list(dcfg.target_layer_ids),
@@ -243,8 +289,12 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
                            "num_hidden_layers": tcfg.num_hidden_layers, "hidden_size": tcfg.hidden_size,
                            "vocab_size": tcfg.vocab_size, "path": "trtllm/target",
                            "trtllm_checkpoint_architecture": state.get("trt_arch")},
+                # path: what dflash-trt loads; trtllm_path: what serve.yaml / llm_api_example.py point at
                 "drafter": {"source": str(opts.drafter), "num_hidden_layers": dcfg.num_hidden_layers,
-                            "trained": dcfg.trained, "path": "trtllm/drafter"},
+                            "trained": dcfg.trained, "path": runtime_drafter,
+                            "draft_vocab_size": dcfg.draft_vocab_size, "trtllm_path": TRTLLM_DRAFTER,
+                            "trtllm_vocabulary": ("full (dflash_trt.training.export.full_vocab_copy: same weights, "
+                                                  "no d2t)") if reduced else "full (as given)"},
             },
             "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,
                              "trtllm_checkpoint": state.get("trt_quant"),
@@ -270,8 +320,9 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     step(4, f"drafter ({opts.drafter_quant})", drafter)
     step(5, "write serve.yaml, launch.sh, LLM API example", serving)
     step(6, "write manifest.json", manifest)
-    for part in ("trtllm/target", "trtllm/drafter", "trtllm_checkpoint"):
-        report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
+    for part in ("trtllm/target", TRTLLM_DRAFTER, RUNTIME_DRAFTER, "trtllm_checkpoint"):
+        if part != RUNTIME_DRAFTER or reduced:
+            report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
     report.sizes["total"] = folder_bytes(root)
 
 

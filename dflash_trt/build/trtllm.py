@@ -3,7 +3,8 @@
 `trtllm/` (PyTorch backend, TensorRT-LLM >= 1.3.0rc with DFlash):
 - `target/`: the target as a ModelOpt unified HF checkpoint (`export_hf_checkpoint`: config.json with
   `quantization_config`, hf_quant_config.json, safetensors) plus the tokenizer files;
-- `drafter/`: the DFlash drafter (z-lab format; FP8 when `--drafter-quant fp8`);
+- `drafter/`: the DFlash drafter (z-lab format over the full target vocabulary: a reduced-vocabulary
+  drafter's `full_vocab_copy`; FP8 when `--drafter-quant fp8`);
 - `serve.yaml`: the `trtllm-serve --config` file (TorchLlmArgs: tensor_parallel_size, kv_cache_config,
   speculative_config with decoding_type DFlash), checked by `dflash_trt.build.schema`;
 - `launch.sh`: the trtllm-serve command; `llm_api_example.py`: the same through `tensorrt_llm.LLM`.

@@ -16,15 +16,23 @@ import click
               help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--force", is_flag=True, help="Overwrite an existing --out.")
+@click.option("--force", is_flag=True, help="Replace an existing --out (once the new drafter is written).")
 def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed, force):
-    """Write an UNTRAINED DFlash drafter for TARGET (its config says so)."""
+    """Write an UNTRAINED DFlash drafter for TARGET (its config says so).
+
+    The folder is written beside --out under a temporary name and moved into place with ordinary
+    modes (0755 folder, 0644 files under umask 022), so a server running as another user can read it.
+    """
+    import shutil
+    import tempfile
+
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, is_default_target
+    from dflash_trt.models.loading import publish_folder
 
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
@@ -43,6 +51,13 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
                    "reserved token of the target's tokenizer)", err=True)
     cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
     check_compatible(tcfg, cfg)
-    write(cfg, out, seed)
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.init-", dir=dst.parent))
+    try:
+        write(cfg, tmp, seed)
+        publish_folder(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     click.echo(f"wrote untrained drafter ({num_layers} layers, block {block_size}, target layers "
                f"{list(cfg.target_layer_ids)}, mask id {cfg.mask_token_id}) to {out}")

@@ -4,11 +4,19 @@ Reads `model.safetensors` or a sharded `model.safetensors.index.json` folder (HF
 strict: every key the module needs must be present with the exact shape, and every key in the file
 must be used (a converter that silently left keys random produced zero acceptance in a public
 project). Errors name the key and the expected shape.
+
+Publishing: a finished output folder (a bundle, an exported or initialised drafter) is written under a
+temporary name and moved into place by `publish_folder`, which also gives it ordinary modes
+(`share_modes`): `tempfile.mkdtemp` makes 0700 folders and safetensors writes 0600 files, which a
+server running as another user (a Triton / trtllm-serve container) could not read.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -115,3 +123,62 @@ def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.T
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux reports it (/proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
+def share_modes(root: str | Path) -> None:
+    """Give `root` and everything under it the modes a plain `mkdir` / `open` would give under the umask.
+
+    Folders become 0o777 & ~umask, files 0o666 & ~umask, and files with the owner's execute bit
+    (launch.sh, build_engine.sh) 0o777 & ~umask: 0755 / 0644 / 0755 under the usual umask 022.
+    Symbolic links and their targets are left alone.
+    """
+    mask = current_umask()
+    root = Path(root)
+    paths = [root]
+    for folder, dirs, files in os.walk(root):
+        paths += [Path(folder, name) for name in dirs + files]
+    for p in paths:
+        st = p.lstat()
+        if stat.S_ISDIR(st.st_mode):
+            os.chmod(p, 0o777 & ~mask)
+        elif stat.S_ISREG(st.st_mode):
+            os.chmod(p, (0o777 if st.st_mode & stat.S_IXUSR else 0o666) & ~mask)
+
+
+def publish_folder(tmp: str | Path, out: str | Path) -> Path:
+    """Move the finished folder `tmp` into place as `out` (a rename: `tmp` must be beside `out`).
+
+    `tmp` first gets ordinary modes (`share_modes`). An existing `out`, a folder or a file, is replaced
+    only now (moved aside, then removed once `tmp` is in place; put back if the rename fails), so a
+    failure before this call leaves it untouched. Returns `out`.
+    """
+    tmp, out = Path(tmp), Path(out)
+    share_modes(tmp)
+    if not (out.exists() or out.is_symlink()):
+        tmp.rename(out)
+        return out
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+    return out

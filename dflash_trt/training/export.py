@@ -26,7 +26,7 @@ import torch
 
 from dflash_trt.config import DrafterConfig
 from dflash_trt.models.drafter import DFlashDrafter
-from dflash_trt.models.loading import read_tensors, save_checkpoint
+from dflash_trt.models.loading import publish_folder, read_tensors, save_checkpoint
 
 
 def versions() -> dict:
@@ -82,13 +82,18 @@ def sample_counts(info: dict) -> str:
 def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
     """README.md of an exported drafter: what it is and which loaders accept it."""
     reduced = cfg.draft_vocab_size is not None
+    if not cfg.trained:  # e.g. the full-vocabulary copy of a `dflash-trt init-drafter` drafter
+        origin = "UNTRAINED: random weights (`dflash-trt init-drafter`); few drafts are accepted."
+    elif info.get("steps") is None:  # no training.json: not trained here
+        origin = "Trained elsewhere (no training.json)."
+    else:
+        origin = (f"Trained by `dflash-trt train-drafter` ({info.get('steps')} steps on {sample_counts(info)}; see "
+                  "training.json, loss.png and acceptance.* when present).")
     lines = [
         "# DFlash drafter",
         "",
         f"{cfg.num_hidden_layers} layer(s), block size {cfg.block_size}, hidden {cfg.hidden_size}, target layers "
-        f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained by `dflash-trt train-drafter` "
-        f"({info.get('steps')} steps on {sample_counts(info)}; see training.json, loss.png"
-        " and acceptance.* when present).",
+        f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. {origin}",
         "",
     ]
     exported = info.get("exported_step")
@@ -130,6 +135,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     loss.png (when `history` is not empty; with the held-out acceptance of `training_info["validation"]
     ["history"]` when there is one), README.md (which loaders accept it), plus `extra_files`
     {name: text or bytes}.
+    Folders get mode 0o777 & ~umask, files 0o666 & ~umask (`publish_folder`).
     Returns the final path.
     """
     out = Path(out)
@@ -150,13 +156,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
         for name, content in (extra_files or {}).items():
             target = tmp / name
             target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
-        tmp.chmod(0o755)  # mkdtemp makes 0700; an exported folder (package data) must be readable
-        old = out.with_name(f".{out.name}.old")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        if old.exists():
-            shutil.rmtree(old)
+        publish_folder(tmp, out)  # readable modes (mkdtemp makes 0700, safetensors 0600), then the rename
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -165,13 +165,18 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
 
 def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
-    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied."""
+    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied.
+
+    Written beside `dst` and moved into place (an existing `dst` is replaced) with ordinary modes
+    (`publish_folder`). Returns `dst`.
+    """
     src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     cfg = DrafterConfig.from_pretrained(src)
     tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
     hf = json.loads((src / "config.json").read_text())
     hf.pop("draft_vocab_size", None)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent if dst.parent.exists() else None))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         save_checkpoint(tmp, hf, tensors)
         for f in src.iterdir():
@@ -179,9 +184,7 @@ def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
                 shutil.copy2(f, tmp / f.name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
-        if dst.exists():
-            shutil.rmtree(dst)
-        shutil.move(str(tmp), str(dst))
+        publish_folder(tmp, dst)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""Publishing a bundle: modes another user can read, `--force` over a path that is not a bundle (a file),
+and the drafter TensorRT-LLM gets: the full-vocabulary (z-lab) variant of a reduced-vocabulary drafter,
+while `dflash-trt generate --bundle` keeps running the reduced one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+from build_helpers import assert_greedy_dflash_equals_ar, build_bundle, write_tiny_drafter
+
+from dflash_trt.build.manifest import load_manifest, sha256_file
+from dflash_trt.models.loading import read_tensors
+from tests.conftest import run_main
+from tests.models.test_publish import assert_shareable
+
+SCRIPTS = ("trtllm/launch.sh", "trtllm_checkpoint/build_engine.sh")
+DRAFT_VOCAB = 1024
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.fixture(scope="module")
+def reduced_drafter(tmp_path_factory, tiny_pair):
+    """The tiny pair's target with an untrained drafter over a reduced draft vocabulary (d2t, draft_vocab_size)."""
+    target, _ = tiny_pair
+    return write_tiny_drafter(tmp_path_factory.mktemp("reduced") / "drafter", target, draft_vocab_size=DRAFT_VOCAB)
+
+
+def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umask022, monkeypatch, capsys):
+    """trtllm/drafter (what serve.yaml and llm_api_example.py load) is the full-vocabulary variant: no d2t,
+    no draft_vocab_size, the same weights; runtime/drafter is the drafter as given and what `generate
+    --bundle` runs, so its output equals the bundle's target with the original drafter, token for token
+    and in accepted drafts. Every folder 0755, every file 0644 (scripts 0755) under umask 022."""
+    from dflash_trt.api import load_bundle, load_pipeline
+    from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    target, _ = tiny_pair
+    out = tmp_path / "reduced"
+    report = build_bundle(target, reduced_drafter, out, quant="none", tp_size=3)
+    assert_shareable(out, scripts=SCRIPTS)
+
+    trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
+    source = read_tensors(reduced_drafter)
+    full = read_tensors(trt)
+    assert "d2t" in source and "d2t" not in full and set(full) == set(source) - {"d2t"}
+    assert all(torch.equal(full[k], source[k]) for k in full)
+    trt_cfg = json.loads((trt / "config.json").read_text())
+    src_cfg = json.loads((reduced_drafter / "config.json").read_text())
+    assert src_cfg["draft_vocab_size"] == DRAFT_VOCAB and "draft_vocab_size" not in trt_cfg
+    assert trt_cfg == {k: v for k, v in src_cfg.items() if k != "draft_vocab_size"}
+    assert sha256_file(runtime / "model.safetensors") == sha256_file(reduced_drafter / "model.safetensors")
+    assert json.loads((runtime / "config.json").read_text()) == src_cfg
+    assert "UNTRAINED" in (trt / "README.md").read_text()
+
+    m = load_manifest(out)
+    assert m["models"]["drafter"]["path"] == "runtime/drafter" and m["models"]["drafter"]["trtllm_path"] == "trtllm/drafter"
+    assert m["models"]["drafter"]["draft_vocab_size"] == DRAFT_VOCAB
+    assert "full_vocab_copy" in m["models"]["drafter"]["trtllm_vocabulary"]
+    assert {"trtllm/drafter/model.safetensors", "runtime/drafter/model.safetensors"} <= set(m["files"])
+    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["speculative_config"]["speculative_model"] == "./drafter"
+    assert report.sizes["trtllm/drafter"] > 0 and report.sizes["runtime/drafter"] > 0
+    assert "full vocabulary, no d2t" in report.steps[3].detail
+
+    assert [f.message for f in check_checkpoints(out / "trtllm/target", trt) if f.level == ERROR] == []
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(out / "trtllm/target"), "--drafter", str(trt))
+    assert code == 0, err
+
+    chain = dict(draft_confidence=0.0, tree_topk=1, prompt_lookup=0, max_concurrency=None)
+    pipe = load_bundle(out, **chain)
+    assert pipe.engine.proposer.drafter.config.draft_vocab_size == DRAFT_VOCAB
+    direct = load_pipeline(str(out / "trtllm/target"), str(reduced_drafter), **chain)
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    got, want = pipe.generate(prompts, params, "dflash"), direct.generate(prompts, params, "dflash")
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.metrics.accepted_tokens for r in got] == [r.metrics.accepted_tokens for r in want]
+    assert_greedy_dflash_equals_ar(pipe, max_tokens=16)
+
+    code, stdout, err = run_main(monkeypatch, capsys, "generate", "--bundle", str(out), "--prompt", "The history of",
+                                 "--max-tokens", "12", "--json")
+    assert code == 0, err
+    ar = pipe.generate([pipe.encode("The history of")], SamplingParams(max_tokens=12), "ar")[0]
+    assert json.loads(stdout.strip().splitlines()[-1])["token_ids"] == ar.token_ids
+
+
+def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umask022):
+    """--drafter-quant fp8: both drafter folders FP8 and readable (their weights used to be 0600); the
+    trtllm one without d2t, otherwise the same tensors as the runtime one; the bundle stays lossless."""
+    from dflash_trt.api import load_bundle
+    from dflash_trt.models.dequant import quant_algo
+
+    target, _ = tiny_pair
+    out = tmp_path / "fp8-drafter"
+    build_bundle(target, reduced_drafter, out, quant="none", drafter_quant="fp8")
+    assert_shareable(out, scripts=SCRIPTS)
+    trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
+    assert quant_algo(trt) == "FP8" and quant_algo(runtime) == "FP8"
+    full, reduced = read_tensors(trt), read_tensors(runtime)
+    assert "d2t" in reduced and set(full) == set(reduced) - {"d2t"}
+    assert full["fc.weight"].dtype == torch.float8_e4m3fn
+    assert all(torch.equal(full[k].view(torch.uint8) if full[k].dtype == torch.float8_e4m3fn else full[k],
+                           reduced[k].view(torch.uint8) if reduced[k].dtype == torch.float8_e4m3fn else reduced[k])
+               for k in full)
+    assert (trt / "hf_quant_config.json").read_text() == (runtime / "hf_quant_config.json").read_text()
+    assert "draft_vocab_size" not in json.loads((trt / "config.json").read_text())
+    assert_greedy_dflash_equals_ar(load_bundle(out), max_tokens=16)
+
+
+def test_force_over_a_file_leaves_nothing_beside_it(tmp_path, tiny_pair, umask022, monkeypatch, capsys):
+    """`build --out victim.jsonl --force` with victim.jsonl a FILE: the dry run says it replaces something
+    that is not a bundle; the build replaces it and leaves no `.victim.jsonl.old-PID` behind."""
+    target, drafter = tiny_pair
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text('{"prompt": "def add(a, b):"}\n')
+    base = ("build", "--target", str(target), "--drafter", str(drafter), "--out", str(victim), "--force")
+    code, stdout, err = run_main(monkeypatch, capsys, *base, "--dry-run")
+    assert code == 0, err
+    assert f"REPLACE {victim} (--force), which is a file, not a dflash-trt bundle, with the new bundle" in stdout
+    assert victim.is_file()
+
+    code, _, err = run_main(monkeypatch, capsys, *base)
+    assert code == 0, err
+    assert f"warning: --force: {victim} is a file, not a dflash-trt bundle" in " ".join(err.split())  # rich wraps
+    assert load_manifest(victim)["tp_size"] == 1 and assert_shareable(victim, scripts=SCRIPTS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim.jsonl"]
+
+    code, stdout, err = run_main(monkeypatch, capsys, *base, "--dry-run")  # now a bundle
+    assert code == 0 and f"replace the existing bundle at {victim} (--force) with the new one" in stdout
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x")
+    code, stdout, err = run_main(monkeypatch, capsys, *base[:-3], "--out", str(folder), "--force", "--dry-run")
+    assert code == 0 and "which is a folder that is not a dflash-trt bundle (no bundle manifest.json)" in stdout
+    shutil.rmtree(folder)
+    code, stdout, err = run_main(monkeypatch, capsys, *base[:-3], "--out", str(folder), "--dry-run")
+    assert code == 0 and f"move the bundle to {folder}" in stdout
