@@ -61,7 +61,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, jsonl_file, model_folder,
                                        note_max_concurrency, set_threads, warn_block_size, warn_draft_flags_unused,
                                        warn_tree_unused)
-    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.errors import ConfigError, InvalidRequestError
+    from dflash_trt.models.default import drafter_required
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
@@ -93,6 +94,9 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup, max_concurrency)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
+    why = drafter_required(target, drafter, alternative="drop dflash from --modes") if "dflash" in mode_list else None
+    if why is not None:
+        raise ConfigError(why)
     set_threads(threads)  # the same for every mode
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                          max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,

@@ -19,7 +19,7 @@ def check(target, drafter):
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
-    why = drafter_required(target, drafter, mode_ar=False)
+    why = drafter_required(target, drafter, alternative=None)
     if why is not None:
         raise ConfigError(why)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

@@ -26,7 +26,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     import shutil
     import tempfile
 
-    from dflash_trt.cli.common import model_folder
+    from dflash_trt.cli.common import model_folder, parse_layer_ids
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError
@@ -37,12 +37,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
     tcfg = TargetConfig.from_pretrained(model_folder("--target", target))
-    ids = None
-    if target_layer_ids:
-        try:
-            ids = [int(x) for x in target_layer_ids.split(",")]
-        except ValueError as exc:
-            raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {target_layer_ids!r}") from exc
+    ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     if mask_token_id is None:
         default_target = is_default_target(target)
         mask_token_id = DEFAULT_MASK_TOKEN_ID if default_target else tcfg.vocab_size - 1
@@ -59,5 +54,5 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         publish_folder(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    click.echo(f"wrote untrained drafter ({num_layers} layers, block {block_size}, target layers "
+    click.echo(f"wrote untrained drafter ({num_layers} layer{'' if num_layers == 1 else 's'}, block {block_size}, target layers "
                f"{list(cfg.target_layer_ids)}, mask id {cfg.mask_token_id}) to {out}")

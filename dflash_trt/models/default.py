@@ -76,16 +76,18 @@ def is_default_target(path: str | Path) -> bool:
     return Path(path).resolve() == (cache_dir() / "models" / DEFAULT_TARGET_NAME).resolve()
 
 
-def drafter_required(target: str | Path | None, drafter: str | Path | None, mode_ar: bool = True) -> str | None:
+def drafter_required(target: str | Path | None, drafter: str | Path | None,
+                     alternative: str | None = "use --mode ar") -> str | None:
     """Why a command that drafts cannot run with these --target / --drafter flags, or None when it can:
     a target other than the default (its folder, also when given by path, uses the default drafter)
-    needs a drafter trained for it. `mode_ar`: the command has `--mode ar` (generate), so the message
-    offers it; `check` and `build` have not."""
+    needs a drafter trained for it. `alternative`: the command's way to run without a drafter, which
+    the message offers ("use --mode ar" for generate, "drop dflash from --modes" for bench; None
+    for check and build, which have none)."""
     if drafter is not None or target is None or is_default_target(target):
         return None
     return (f"a --drafter is required with a --target other than the default ({DEFAULT_TARGET_NAME}): give the "
             "folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)"
-            + (", or use --mode ar" if mode_ar else ""))
+            + (f", or {alternative}" if alternative else ""))
 
 
 def default_target_path() -> Path:

@@ -330,10 +330,10 @@ def test_block_size_out_of_range_is_a_usage_error(monkeypatch, capsys, tmp_path,
     assert f"Invalid value for '--block-size': {value} is not in the range 2<=x<=64" in err
 
 
-def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys, smollm2_path, tiny):
+def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys, smollm2_path, tiny, tmp_path):
     """--target given as the default model's folder drafts with the default drafter (no --drafter
     needed); any other target without --drafter is an error naming the fix, in generate, check and build
-    (exit 1 in all three; only generate, which has --mode, offers --mode ar)."""
+    (exit 1 in all three; only generate, which has --mode, offers --mode ar); bench offers dropping dflash."""
     code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--chat", "Hi",
                               "--max-tokens", "4", "--draft-confidence", "0", "--json")
     assert code == 0, err
@@ -348,6 +348,11 @@ def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys
         assert one_error_line(code, err), err
         assert err.endswith("a --drafter is required with a --target other than the default (SmolLM2-135M-Instruct): "
                             "give the folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)\n")
+    # bench offers its own way out, before any model loads; without dflash in --modes it needs no drafter
+    code, _, err = run_main(monkeypatch, capsys, "bench", "--target", str(target), "--modes", "dflash,ar",
+                            "--out", str(tmp_path / "bench"))
+    assert one_error_line(code, err) and err.endswith("train-drafter makes one), or drop dflash from --modes\n"), err
+    assert not (tmp_path / "bench").exists()
 
 
 def test_flag_words_are_case_insensitive():

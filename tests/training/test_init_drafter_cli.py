@@ -1,0 +1,22 @@
+"""`dflash-trt init-drafter` on the tiny target: its --target-layer-ids rules are train-drafter's."""
+
+from click.testing import CliRunner
+
+from conftest import MASK
+from dflash_trt.cli import cli
+from dflash_trt.errors import ConfigError
+
+
+def test_init_drafter_checks_layer_ids_as_train_drafter_does(tmp_path, target_with_tokenizer):
+    """init-drafter parses --target-layer-ids with train-drafter's rules (it accepted repeats, ids past
+    the target's layers and an empty list); its summary counts layers in the singular too."""
+    def init(*extra):
+        return CliRunner().invoke(cli, ["init-drafter", "--target", str(target_with_tokenizer), "--out",
+                                        str(tmp_path / "d"), "--num-layers", "1", "--mask-token-id", str(MASK), *extra])
+
+    for ids, msg in (("3,1,3", "[3] given more than once"), ("0,4", "[4] outside [0, 3]"), ("", "is empty")):
+        res = init("--target-layer-ids", ids)
+        assert isinstance(res.exception, ConfigError) and msg in str(res.exception), repr(res.exception)
+    assert not (tmp_path / "d").exists()
+    res = init("--target-layer-ids", "0,2")
+    assert res.exit_code == 0 and "wrote untrained drafter (1 layer, block 16, target layers [0, 2]" in res.output, res.output
