@@ -29,17 +29,23 @@ def _batch(seqs, block, mask):
     return feats, ids, positions, anchors, labels, teach
 
 
+def _random_seqs(shapes, gen):
+    """(tokens [T + 1], anchors, features [T, 128], teacher states [T, 64]) per (T, prompt_len, anchors)."""
+    seqs = []
+    for length, prompt, a in shapes:
+        tok = torch.randint(0, 64, (length + 1,), generator=gen)
+        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
+                     torch.randn(length, 64, generator=gen)))
+    return seqs
+
+
 def test_batched_loss_is_the_sum_of_per_sequence_losses():
     torch.manual_seed(0)
     drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, 4, 3, [0, 1]))
     embed, head = torch.randn(64, 64), torch.randn(64, 64) * 0.1
     weights = O.decay_weights(4, 2.0)
     gen = torch.Generator().manual_seed(1)
-    seqs = []
-    for length, prompt, a in [(30, 5, 6), (20, 3, 4), (12, 9, 8)]:  # the last: 3 anchors only
-        tok = torch.randint(0, 64, (length + 1,), generator=gen)
-        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
-                     torch.randn(length, 64, generator=gen)))
+    seqs = _random_seqs([(30, 5, 6), (20, 3, 4), (12, 9, 8)], gen)  # the last: 3 anchors only
     singles = []
     for s in seqs:
         feats, ids, pos, anc, lab, teach = _batch([s], 4, 3)
@@ -77,11 +83,7 @@ def test_training_blocks_equal_the_runtime_drafter_pass(blockwise):
     drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, block, mask, [0, 1])).eval()
     embed = torch.randn(64, 64)
     gen = torch.Generator().manual_seed(2)
-    seqs = []
-    for length, prompt, a in [(30, 5, 6), (20, 3, 4)]:
-        tok = torch.randint(0, 64, (length + 1,), generator=gen)
-        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
-                     torch.randn(length, 64, generator=gen)))
+    seqs = _random_seqs([(30, 5, 6), (20, 3, 4)], gen)
     feats, ids, pos, anc, _, _ = _batch(seqs, block, mask)
     with torch.no_grad():
         hidden = O.drafter_block_hidden(drafter, embed, feats, ids, pos, anc, blockwise)
@@ -104,11 +106,7 @@ def test_blockwise_attention_gives_the_dense_gradients():
     drafter = DFlashDrafter(new_drafter_config(TargetConfig.from_hf_config(TINY), 2, 4, 3, [0, 1]))
     embed, head = torch.randn(64, 64), torch.randn(64, 64) * 0.1
     gen = torch.Generator().manual_seed(3)
-    seqs = []
-    for length, prompt, a in [(30, 5, 6), (12, 9, 8)]:
-        tok = torch.randint(0, 64, (length + 1,), generator=gen)
-        seqs.append((tok, O.sample_anchors(prompt, length + 1, a, gen), torch.randn(length, 128, generator=gen),
-                     torch.randn(length, 64, generator=gen)))
+    seqs = _random_seqs([(30, 5, 6), (12, 9, 8)], gen)
     feats, ids, pos, anc, lab, teach = _batch(seqs, 4, 3)
     grads, losses = [], []
     for blockwise in (True, False):
