@@ -78,7 +78,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     """Generate text with DFlash speculative decoding and report acceptance statistics."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
-                                       set_threads, warn_block_size, warn_draft_flags_unused, warn_tree_unused)
+                                       set_threads, warn_block_size, warn_draft_flags_unused, warn_float16_on_cpu,
+                                       warn_sampling_unused, warn_tree_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -91,6 +92,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
+    warn_sampling_unused(temperature, top_p, top_k)
+    warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)

@@ -411,3 +411,18 @@ def test_bench_header_names_what_applies(tmp_path):
     assert "draft confidence 0.07, prompt lookup" in head[1.0] and "tree" not in head[1.0]
     assert "not a parity check" in head[1.0] and "parity" not in head[0.0]
     assert all("max concurrency none" in h and "1 prompt per dataset" in h for h in head.values())
+
+
+def test_ignored_sampling_flags_and_float16_on_a_cpu_are_named(monkeypatch, capsys):
+    """--top-p / --top-k with greedy decoding, and --dtype float16 on the CPU, each get one warning line
+    before anything loads (here a usage error then stops the run before the models load)."""
+    stop = ("--max-draft-len", "9", "--block-size", "4")
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--top-p", "0.5", "--top-k", "5",
+                            "--dtype", "float16", *stop)
+    assert code == 2 and "9 is more than the 3 drafts a block of --block-size 4 holds" in err, err
+    assert ("warning: --top-p 0.5 and --top-k 5 only apply when sampling (--temperature > 0); greedy decoding "
+            "ignores them") in err
+    assert "warning: --dtype float16 is very slow on a CPU" in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--temperature", "0.7", "--top-p", "0.5",
+                            "--dtype", "bfloat16", *stop)
+    assert code == 2 and "warning" not in err, err
