@@ -93,10 +93,14 @@ class TargetConfig:
         """Build from a config.json dict or a `transformers.PretrainedConfig`.
 
         Raises:
-            ConfigError: unsupported model_type / rope type, or a required field is missing.
+            ConfigError: a DFlash drafter's config (swapped folders), unsupported model_type / rope type,
+                or a required field is missing.
         """
         cfg = _as_dict(hf_config)
         model_type = cfg.get("model_type")
+        if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or ()):
+            raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: were "
+                              "the target and the drafter swapped? Give the drafter as --drafter and the target as --target")
         if model_type not in SUPPORTED_TARGET_TYPES:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
@@ -194,12 +198,18 @@ class DrafterConfig:
         """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`).
 
         Raises:
-            ConfigError: missing dflash_config.target_layer_ids / mask_token_id, or wrong shapes.
+            ConfigError: a model's config without dflash_config (swapped folders), missing
+                dflash_config.target_layer_ids / mask_token_id, or wrong shapes.
         """
         cfg = _as_dict(hf_config)
         dflash = dict(cfg.get("dflash_config") or {})
         layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
         if layer_ids is None:
+            arch = ", ".join(cfg.get("architectures") or ())
+            if not dflash and arch and "DFlashDraftModel" not in arch:
+                raise ConfigError(f"this config.json is a {arch} model's, not a DFlash drafter's (no dflash_config): "
+                                  "were the target and the drafter swapped? Give the drafter as --drafter and the "
+                                  "target as --target")
             raise ConfigError(
                 "drafter config.json has no dflash_config.target_layer_ids; add the target layers whose "
                 "hidden states feed the drafter"

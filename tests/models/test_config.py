@@ -29,3 +29,20 @@ def test_unsupported_configs_are_named():
                                          rope_scaling={"rope_type": "longrope"}))
     with pytest.raises(ConfigError, match="target_layer_ids"):
         DrafterConfig.from_hf_config({"hidden_size": 8})
+
+
+def test_swapped_target_and_drafter_configs_are_named():
+    """A drafter's config.json read as a target, or a model's read as a drafter, says the two folders
+    look swapped (a drafter config parsed as a Qwen3 target before, and a target as a drafter only
+    missed target_layer_ids)."""
+    drafter = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+               "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "dflash_config": {"target_layer_ids": [1], "mask_token_id": 3}}
+    with pytest.raises(ConfigError, match=r"a DFlash drafter's \(DFlashDraftModel\), not a target model's: were the "
+                                          r"target and the drafter swapped\?"):
+        TargetConfig.from_hf_config(drafter)
+    target = {k: v for k, v in drafter.items() if k != "dflash_config"} | {"architectures": ["LlamaForCausalLM"]}
+    with pytest.raises(ConfigError, match=r"a LlamaForCausalLM model's, not a DFlash drafter's \(no dflash_config\): "
+                                          r"were the target and the drafter swapped\?"):
+        DrafterConfig.from_hf_config(target)
+    assert TargetConfig.from_hf_config(target).num_hidden_layers == 1
