@@ -4,6 +4,7 @@ Online target features (one target forward per step), 2-layer drafter, block 16,
 8192, soft labels on. Prints one line per --seqs value and writes JSON with --out.
 
 Usage: python build_scripts/bench_trainer.py --device cuda --seqs 32,64,128 [--anchors 64] [--steps 24] [--bf16-autocast]
+       [--attention auto|blockwise|sdpa]   (TrainConfig.attention; time both on a new device)
        [--offline-features]   (random cached features instead of a target forward per step: the CPU recipes' way)
 Measured on one H200 (2026-11-29, float32 without TF32): 10.9k / 11.9k / 12.4k blocks/s at 32 / 64 /
 128 sequences x 64 anchors; the per-sequence loop it replaced (commit 4b81c27) ran 3.1k at 32.
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--bf16-autocast", action="store_true", help="TrainConfig.bf16_autocast")
+    ap.add_argument("--attention", default="auto", choices=["auto", "blockwise", "sdpa"], help="TrainConfig.attention")
     ap.add_argument("--offline-features", action="store_true",
                     help="random bfloat16 features and teacher states held in memory (as a data cache gives them) "
                          "instead of computing them with the target every step")
@@ -76,7 +78,7 @@ def main() -> None:
         dcfg = new_drafter_config(cfg, 2, 16, 16, list(layer_ids)).replace(draft_vocab_size=8192)
         drafter = DFlashDrafter(dcfg).to(dev)
         tc = TrainConfig(block_size=16, anchors_per_seq=args.anchors, seqs_per_step=seqs, epochs=100.0,
-                         checkpoint_every=10**9, bf16_autocast=args.bf16_autocast)
+                         checkpoint_every=10**9, bf16_autocast=args.bf16_autocast, attention=args.attention)
         with tempfile.TemporaryDirectory() as tmp:
             if dev.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -87,7 +89,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
         row = {"device": dev, "seqs_per_step": seqs, "anchors": args.anchors, "steps": args.steps,
                "blocks_per_s": round(state.blocks / dt), "steps_per_s": round(args.steps / dt, 2), "tf32": args.tf32,
-               "bf16_autocast": args.bf16_autocast, "features": "offline" if args.offline_features else "online"}
+               "bf16_autocast": args.bf16_autocast, "attention": args.attention, "features": "offline" if args.offline_features else "online"}
         results.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -184,6 +184,11 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Run each training step's forward under torch.autocast(bfloat16) (weights, gradients and AdamW stay "
                    "float32): ~1.9x faster on a CPU with AMX (Sapphire Rapids and later) or on a GPU; slower on a CPU "
                    "without bf16 matmul units.")
+@click.option("--attention", default="auto", show_default=True, type=click.Choice(["auto", "blockwise", "sdpa"]),
+              help="How training attention keeps blocks apart: blockwise (each block's queries against its context "
+                   "and its own keys; 1.07-1.22x the blocks/s on a 2-core CPU) or sdpa (one SDPA call with the dense "
+                   "block-diagonal mask over all blocks' keys). The same values; auto = blockwise on a CPU, sdpa "
+                   "elsewhere (time both with build_scripts/bench_trainer.py --attention).")
 @click.option("--data-only", is_flag=True, help="Stop after the target-written data cache is complete.")
 @click.option("--force", is_flag=True,
               help="Replace an existing --out folder (only once the new drafter is written).")
@@ -193,7 +198,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len, epochs, resume, target_layer_ids,
                   work_dir, draft_vocab_size, max_new_tokens, max_samples, gen_batch_size, init_mode, soft_weight,
                   gamma, val_samples, keep_best, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
-                  max_steps, export_partial, seed, threads, device, train_minutes, tf32, bf16_autocast, data_only,
+                  max_steps, export_partial, seed, threads, device, train_minutes, tf32, bf16_autocast, attention, data_only,
                   force, online_features):
     """Train a DFlash drafter for TARGET and export it to OUT."""
     from dflash_trt.cli.common import jsonl_file
@@ -282,7 +287,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         src_layers = init_from_target(drafter, model, None, calib)
     tc = TrainConfig(block_size=block_size, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, epochs=epochs,
                      lr=lr, soft_weight=soft_weight, gamma=gamma, val_samples=val_samples, max_seq_len=max_seq_len, seed=seed,
-                     checkpoint_every=checkpoint_every, bf16_autocast=bf16_autocast)
+                     checkpoint_every=checkpoint_every, bf16_autocast=bf16_autocast, attention=attention)
     state = train(drafter, data, tc, work / "run", resume=resume,
                   time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps,
                   budget_s=train_minutes * 60 if train_minutes else None)

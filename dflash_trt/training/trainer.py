@@ -56,6 +56,10 @@ class TrainConfig:
     (Sapphire Rapids and later) the trainer ran 1.9x the blocks/s (113 vs 59, 4 sequences x 64
     anchors, `build_scripts/bench_trainer.py`, session 11); on a CPU without bf16 matmul units it
     is slower. Validation stays float32.
+    attention: "blockwise" (each block's queries against its context and its own keys,
+    `layers.block_attention`), "sdpa" (one SDPA call with the dense block-diagonal mask over all
+    blocks' keys) or "auto" (blockwise on a CPU, sdpa elsewhere: `objective.drafter_block_hidden`).
+    The same values either way; a resumed run must keep its choice (bitwise resume).
     """
 
     block_size: int = 16
@@ -74,6 +78,11 @@ class TrainConfig:
     log_every: int = 10
     val_samples: int = 0
     bf16_autocast: bool = False
+    attention: str = "auto"
+
+    def __post_init__(self):
+        if self.attention not in ("auto", "blockwise", "sdpa"):
+            raise ValueError(f'attention must be "auto", "blockwise" or "sdpa", got {self.attention!r}')
 
     def total_steps(self, num_samples: int) -> int:
         return max(1, math.ceil(self.epochs * num_samples / self.seqs_per_step))
@@ -241,7 +250,8 @@ def _blocks_loss(drafter: DFlashDrafter, data: TrainData, indices: list[int], an
             pos = (pos_r[:, 1:] - 1).clamp(max=t_j.shape[0] - 1)
             teacher[r, : anc.numel()] = t_j[pos.to(t_j.device)].to(dev).float()
     anchors, ids, positions, labels = anchors.to(dev), ids.to(dev), positions.to(dev), labels.to(dev)
-    hidden = drafter_block_hidden(drafter, fz.embed, feats, ids, positions, anchors)
+    blockwise = None if cfg.attention == "auto" else cfg.attention == "blockwise"
+    hidden = drafter_block_hidden(drafter, fz.embed, feats, ids, positions, anchors, blockwise)
     draft_labels = torch.where(labels >= 0, fz.t2d[labels.clamp(min=0)], labels)
     return block_loss(hidden, draft_labels, fz.head, fz.weights, teacher, soft_weight), [r[0] for r in rows]
 

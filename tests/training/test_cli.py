@@ -107,10 +107,12 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     out = tmp_path / "drafter"
     res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 8)),
                 "--num-layers", "1", "--block-size", "4", "--epochs", "4", "--target-layer-ids", "0,1",
-                "--max-new-tokens", "12", "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "3"])
+                "--max-new-tokens", "12", "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "3",
+                "--attention", "sdpa"])
     assert res.exit_code == 0, repr(res.exception)
     info = json.loads((out / "training.json").read_text())
     assert (info["steps"], info["total_steps"], info["finished"]) == (3, 8, False)
+    assert info["train_config"]["attention"] == "sdpa"
     assert oct((out).stat().st_mode & 0o777) == "0o755"
 
 

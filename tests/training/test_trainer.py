@@ -198,3 +198,21 @@ def test_validation_holds_out_samples_and_keeps_the_best(tmp_path, tiny_target, 
     best = _drafter(tiny_target, seed=5)
     best.load_state_dict(torch.load(tmp_path / "run" / BEST, weights_only=True)["drafter"])
     assert validate(best, data, val, cfg)["acceptance_length"] == pytest.approx(max(accs), abs=1e-9)
+
+
+def test_attention_choices_train_alike(tmp_path, tiny_target, tiny_samples):
+    """attention "blockwise" (the CPU's auto) and "sdpa" compute the same steps up to float rounding:
+    after 6 steps the weights agree closely; "auto" on the CPU is "blockwise" bit for bit."""
+    data = _data(tiny_target, tiny_samples)
+    weights = {}
+    for attention in ("auto", "blockwise", "sdpa"):
+        cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "attention": attention})
+        drafter = _drafter(tiny_target)
+        state = train(drafter, data, cfg, tmp_path / attention, max_steps=6, progress=False)
+        assert state.step == 6
+        weights[attention] = drafter.state_dict()
+    for k, w in weights["auto"].items():
+        assert torch.equal(w, weights["blockwise"][k]), k
+        torch.testing.assert_close(w, weights["sdpa"][k], rtol=1e-3, atol=1e-4, msg=k)
+    with pytest.raises(ValueError, match='attention must be "auto", "blockwise" or "sdpa"'):
+        TrainConfig(attention="flash")
