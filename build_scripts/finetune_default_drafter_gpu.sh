@@ -38,8 +38,8 @@
 #   better than unseen prompts of the corpus (build_scripts/drafter_fit_check.py): it is short of fit, not
 #   of data, so give the run more steps (EXTRA="--epochs N" sets both stages' epochs; the 14,000 samples can take
 #   them) before more samples.
-#   Session 16: the shipped run did 18k blocks/s on an H200 (4,096 blocks in 224 ms a step), far below
-#   what its FLOPs need, and it ran float32 (TF32) with SDPA over a dense block-diagonal mask. Before
+#   Session 16: the shipped run did 18k blocks/s on an H200 (4,096 blocks in 224 ms a step; its FLOPs,
+#   ~12 TFLOP a step, estimate ~60 ms at TF32), in float32 (TF32) with SDPA over a dense block-diagonal mask. Before
 #   training, time the options on the GPU (~1 min):
 #     $PYTHON build_scripts/bench_trainer.py --device cuda --seqs 64 --steps 12 --tf32 --attention sdpa
 #     $PYTHON build_scripts/bench_trainer.py --device cuda --seqs 64 --steps 12 --tf32 --attention blockwise
