@@ -137,7 +137,7 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     """Every check `dflash-trt check` runs on a target folder and a drafter folder.
 
     Errors: unreadable configs, every `compatibility_problems` item, drafter weights that do not match
-    its config, different tokenizers. Warnings: a drafter context (max_position_embeddings) shorter than
+    its config, different tokenizers. Warnings: an untrained drafter, a drafter context (max_position_embeddings) shorter than
     the target's (the runtime then stops drafting near the drafter's limit and decodes one token per
     step), different RoPE settings, a mask token that is not a special token of the tokenizer.
     """
@@ -157,6 +157,11 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
         out += [Finding(ERROR, p) for p in _weight_shape_problems(drafter_path, drafter)]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
+    if not drafter.trained:
+        out.append(Finding(WARNING, (
+            "untrained: the drafter's config.json marks it untrained (dflash_trt.untrained, as init-drafter writes): "
+            "the target will accept almost none of its drafts (tau ~1.0, slower than --mode ar); train it with "
+            "dflash-trt train-drafter --init DIR, or use a trained drafter")))
     if drafter.max_position_embeddings < target.max_position_embeddings:
         out.append(Finding(WARNING, (
             f"context: the drafter's max_position_embeddings {drafter.max_position_embeddings} is below the target's "

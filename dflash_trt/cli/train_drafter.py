@@ -184,7 +184,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Run each training step's forward under torch.autocast(bfloat16) (weights, gradients and AdamW stay "
                    "float32): ~1.9x faster on a CPU with AMX (Sapphire Rapids and later) or on a GPU; slower on a CPU "
                    "without bf16 matmul units.")
-@click.option("--attention", default="auto", show_default=True, type=click.Choice(["auto", "blockwise", "sdpa"]),
+@click.option("--attention", default="auto", show_default=True,
+              type=click.Choice(["auto", "blockwise", "sdpa"], case_sensitive=False),
               help="How training attention keeps blocks apart: blockwise (each block's queries against its context "
                    "and its own keys; 1.07-1.22x the blocks/s on a 2-core CPU) or sdpa (one SDPA call with the dense "
                    "block-diagonal mask over all blocks' keys). The same values; auto = blockwise on a CPU, sdpa "

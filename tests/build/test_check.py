@@ -78,10 +78,22 @@ def test_shorter_drafter_context_rope_and_plain_mask_are_warnings(target, drafte
     findings = check_checkpoints(target, drafter)
     assert only(findings, ERROR) == []
     warnings = only(findings, WARNING)
-    assert len(warnings) == 3
-    assert "max_position_embeddings 128 is below the target's 256; past position 124 drafting stops" in warnings[0]
-    assert "rope_theta 1e+06" in warnings[1] and "target's 10000" in warnings[1]
-    assert "id 300 is not a special token" in warnings[2]
+    assert len(warnings) == 4
+    assert warnings[0].startswith("untrained: the drafter's config.json marks it untrained")  # init-drafter's
+    assert "max_position_embeddings 128 is below the target's 256; past position 124 drafting stops" in warnings[1]
+    assert "rope_theta 1e+06" in warnings[2] and "target's 10000" in warnings[2]
+    assert "id 300 is not a special token" in warnings[3]
+
+
+def test_an_untrained_drafter_is_a_warning(target, drafter):
+    """init-drafter's untrained marker gives one warning (tau ~1.0 is slower than ar); a drafter
+    without it (trained) gets none."""
+    warnings = only(check_checkpoints(target, drafter), WARNING)
+    assert [w for w in warnings if w.startswith("untrained:")] == [warnings[0]] and "tau ~1.0" in warnings[0]
+    cfg = json.loads((drafter / "config.json").read_text())
+    assert cfg.pop("dflash_trt") == {"untrained": True}
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    assert not [w for w in only(check_checkpoints(target, drafter), WARNING) if w.startswith("untrained:")]
 
 
 def test_drafting_stops_at_the_drafter_context_and_output_is_unchanged(target, drafter):
@@ -102,7 +114,8 @@ def test_drafting_stops_at_the_drafter_context_and_output_is_unchanged(target, d
 def test_cli_exit_codes(target, drafter, tmp_path):
     run = [sys.executable, "-c", "from dflash_trt.cli import main; main()", "check", "--target", str(target), "--drafter"]
     ok = subprocess.run(run + [str(drafter)], capture_output=True, text=True)
-    assert ok.returncode == 0 and ok.stdout.startswith("ok: the drafter fits the target"), ok.stderr
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1].startswith("ok: the drafter fits the target"), ok.stderr
+    assert ok.stdout.startswith("warning: untrained: ")  # the tiny drafter is init-drafter's
     bad = subprocess.run(run + [str(edit_config(drafter, vocab_size=32000))], capture_output=True, text=True)
     assert bad.returncode == 1 and "error: vocab size: drafter 32000 != target 49152" in bad.stderr
     assert "Traceback" not in bad.stderr

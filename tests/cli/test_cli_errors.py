@@ -175,11 +175,14 @@ def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny)
     args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
             "fp8", "--dry-run", "--calib-prompts"]
     code, _, err = run_main(monkeypatch, capsys, *args, str(tmp_path / "missing.jsonl"))
+    untrained, err = err[: err.index("error: ")], err[err.index("error: "):]  # check's warning first (wrapped)
+    assert untrained.startswith("warning: untrained: the drafter's config.json marks it untrained"), untrained
     assert one_error_line(code, err), err
     assert "cannot read --calib-prompts" in err and "give an existing JSONL file" in err
     bad = tmp_path / "calib.jsonl"
     bad.write_text('{"prompt": "ok"}\n{not json\n')
     code, _, err = run_main(monkeypatch, capsys, *args, str(bad))
+    err = err[err.index("error: "):]  # after the untrained warning
     assert one_error_line(code, err) and "calib.jsonl:2: not valid JSON" in err, err
     if importlib.util.find_spec("modelopt") is None:
         pytest.skip("a passing dry run needs the quantization extra (nvidia-modelopt)")
