@@ -34,6 +34,8 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, is_default_target
     from dflash_trt.models.loading import publish_folder
 
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
     tcfg = TargetConfig.from_pretrained(model_folder("--target", target))

@@ -31,11 +31,22 @@ def _check_resume(resume: bool, work: Path) -> None:
                           "run without --resume to start (a data cache already in the work dir is reused)")
 
 
+def _exported_from(path: Path, work: Path) -> bool:
+    """Whether drafter folder `path` was exported by the run whose work dir is `work` (its
+    training.json records the work dir; exports made before that never match)."""
+    import json
+
+    try:
+        info = json.loads((path / "training.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("work_dir") == str(work.resolve())
+
+
 def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path) -> None:
     """Refuse an --out the export would replace, before any data is generated: a file always (the
     drafter is a folder), an existing folder unless --force, or --resume with a drafter already
-    exported there (an earlier export of the run checkpointed in `work`, which the resumed run
-    replaces).
+    exported there by this same run (its training.json names `work`; the resumed run replaces it).
 
     Raises:
         click.UsageError: naming the path and the fix.
@@ -47,10 +58,10 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
         return
     if not path.is_dir():
         raise click.UsageError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
-    if force or (resume and (path / "training.json").is_file()):
+    if force or (resume and _exported_from(path, work)):
         return
     run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
-           if (work / "run" / CHECKPOINT).is_file() and (path / "training.json").is_file() else "")
+           if (work / "run" / CHECKPOINT).is_file() and _exported_from(path, work) else "")
     raise click.UsageError(f"--out {out} already exists; pick another --out, or pass --force to replace it (the old "
                            f"folder is removed only once the new drafter is written){run}")
 
@@ -325,6 +336,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "final_train_acceptance_estimate": 1 + last.get("accepted", 0.0),
         "history": state.history,
         "exported_step": exported_step,
+        "work_dir": str(work.resolve()),  # what --resume may re-export over (`_check_out`)
     }
     if val_samples:
         info["validation"] = {"samples": val_samples, "anchors_per_sample": "all",

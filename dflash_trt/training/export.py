@@ -165,7 +165,9 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
 
 def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
-    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied.
+    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied but
+    acceptance.* (measured with the reduced vocabulary: the full one drafts differently; measure it
+    with `python -m dflash_trt.training.evaluate --drafter DST`).
 
     Written beside `dst` and moved into place (an existing `dst` is replaced) with ordinary modes
     (`publish_folder`). Returns `dst`.
@@ -180,7 +182,9 @@ def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
     try:
         save_checkpoint(tmp, hf, tensors)
         for f in src.iterdir():
-            if f.name not in ("config.json", "model.safetensors", "README.md") and f.is_file():
+            # acceptance.* measured the reduced-vocabulary drafts, which differ (argmax over fewer tokens)
+            if (f.name not in ("config.json", "model.safetensors", "README.md") and not f.name.startswith("acceptance.")
+                    and f.is_file()):
                 shutil.copy2(f, tmp / f.name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))

@@ -318,7 +318,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         resume: continue from run_dir/checkpoint.pt (the drafter's weights are replaced by it).
         time_limit_s: stop (after saving a checkpoint) once this much wall time has passed; the
             returned state has finished=False and a rerun with resume=True continues.
-        max_steps: stop after this step (for interruption tests); as with time_limit_s.
+        max_steps: stop after this step (for interruption tests); as with time_limit_s. A run resumed
+            at or past it trains no further step.
     Returns:
         the TrainState (finished=True once step == total_steps).
     Raises:
@@ -391,7 +392,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
     postfix = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
     window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
-    while state.step < state.total_steps:
+    while state.step < state.total_steps and (max_steps is None or state.step < max_steps):
         warmup = int(round(cfg.warmup_frac * state.total_steps))
         lr = cfg.lr * cosine_lr(state.step, state.total_steps, warmup)
         for g in opt.param_groups:

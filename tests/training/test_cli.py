@@ -289,3 +289,31 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]
     assert "no training loss logged (the first log is at step 10)" in res.output
 
+
+
+def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, target_with_tokenizer):
+    """--resume may replace the --out its own run exported (training.json names the work dir), not
+    another drafter folder; a run resumed at its --max-steps trains no further step (it trained one
+    more per rerun)."""
+    import shutil
+
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--work-dir", str(work),
+            "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--target-layer-ids", "0,1",
+            "--max-new-tokens", "8", "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "2"]
+    res = _run(args + ["--out", str(out)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((out / "training.json").read_text())
+    assert (info["steps"], info["work_dir"]) == (2, str(work.resolve()))
+    weights = (out / "model.safetensors").read_bytes()
+    res = _run(args + ["--out", str(out), "--resume"])
+    assert res.exit_code == 0 and "(weights of step 2 of 2," in res.output, res.output + repr(res.exception)
+    assert json.loads((out / "training.json").read_text())["steps"] == 2
+    assert (out / "model.safetensors").read_bytes() == weights
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    (other / "NOTES.txt").write_text("keep me")
+    (other / "training.json").write_text(json.dumps({**info, "work_dir": str(tmp_path / "elsewhere")}))
+    res = _run(args + ["--out", str(other), "--resume"])
+    assert res.exit_code == 2 and f"--out {other} already exists" in res.output, res.output
+    assert (other / "NOTES.txt").read_text() == "keep me"

@@ -58,7 +58,9 @@ def test_reduced_vocab_export_loads_and_drafts(tmp_path, tiny_target, tiny_sampl
     off[ids] = False
     assert q[:, off].abs().max() == 0
 
+    (out / "acceptance.md").write_text("tau of the reduced-vocabulary drafts")
     full = full_vocab_copy(out, tmp_path / "full")
+    assert not (full / "acceptance.md").exists()  # measured on the other variant: not copied
     assert "draft_vocab_size" not in json.loads((full / "config.json").read_text())
     assert "d2t" not in read_tensors(full)
     full_drafter = load_drafter(full)

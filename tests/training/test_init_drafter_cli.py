@@ -20,3 +20,13 @@ def test_init_drafter_checks_layer_ids_as_train_drafter_does(tmp_path, target_wi
     assert not (tmp_path / "d").exists()
     res = init("--target-layer-ids", "0,2")
     assert res.exit_code == 0 and "wrote untrained drafter (1 layer, block 16, target layers [0, 2]" in res.output, res.output
+
+
+def test_init_drafter_never_replaces_a_file(tmp_path, target_with_tokenizer):
+    """A file at --out stays, even with --force (it used to become a drafter folder)."""
+    f = tmp_path / "notes.jsonl"
+    f.write_text("keep me")
+    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target_with_tokenizer), "--out", str(f), "--force",
+                                   "--mask-token-id", str(MASK), "--target-layer-ids", "0,2"])
+    assert isinstance(res.exception, ConfigError) and f"--out {f} is a file" in str(res.exception), repr(res.exception)
+    assert f.read_text() == "keep me"
