@@ -305,6 +305,36 @@ def validate(drafter: DFlashDrafter, data: TrainData, indices: list[int], cfg: T
             "hard_ce": sum(ces) / n, "blocks": blocks}
 
 
+#: train-drafter's flag for the TrainConfig fields whose flag is not their name (resume errors name it).
+_FLAGS = {"anchors_per_seq": "--anchors", "bf16_autocast": "--bf16-autocast"}
+
+
+def _flag(field_name: str) -> str:
+    """The train-drafter flag that sets TrainConfig field `field_name`, as " (--flag)"; "" if none does."""
+    if field_name in _FLAGS:
+        return f" ({_FLAGS[field_name]})"
+    cli = {"block_size", "seqs_per_step", "epochs", "lr", "gamma", "soft_weight", "max_seq_len", "seed",
+           "checkpoint_every", "val_samples", "attention"}
+    return f" (--{field_name.replace('_', '-')})" if field_name in cli else ""
+
+
+def _shape_differences(saved: dict[str, tuple], own: dict[str, tuple]) -> list[str]:
+    """How a checkpoint's drafter (tensor name -> shape) differs from this run's, in flag terms:
+    the layer count, the draft vocabulary (d2t), the fused target features (fc: target layer ids)."""
+    if saved == own:
+        return []
+    layers = lambda keys: len({k.split(".")[1] for k in keys if k.startswith("layers.")})  # noqa: E731
+    out = []
+    if layers(saved) != layers(own):
+        out.append(f"drafter layers (--num-layers) {layers(saved)} -> {layers(own)}")
+    if saved.get("d2t") != own.get("d2t"):
+        size = lambda shapes: shapes["d2t"][0] if "d2t" in shapes else "full"  # noqa: E731
+        out.append(f"draft vocabulary (--draft-vocab-size) {size(saved)} -> {size(own)}")
+    if saved.get("fc.weight") != own.get("fc.weight"):
+        out.append(f"fused target features (--target-layer-ids) {saved.get('fc.weight')} -> {own.get('fc.weight')}")
+    return out or ["drafter shape (widths)"]
+
+
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
           time_limit_s: float | None = None, max_steps: int | None = None, progress: bool = True,
           budget_s: float | None = None) -> TrainState:
@@ -347,15 +377,11 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         ck = torch.load(ckpt_path, weights_only=False)
         # fields added later take their defaults in older checkpoints
         saved = {**asdict(TrainConfig()), **ck["config"]}
-        differ = [f"{k} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
+        differ = [f"{k}{_flag(k)} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
         if ck["num_samples"] != n:
             differ.append(f"samples {ck['num_samples']} -> {n}")
-        own = drafter.state_dict()
-        shapes = {k: tuple(v.shape) for k, v in ck["drafter"].items()}
-        if shapes != {k: tuple(v.shape) for k, v in own.items()}:
-            layers = lambda keys: len({k.split(".")[1] for k in keys if k.startswith("layers.")})  # noqa: E731
-            differ.append(f"drafter layers {layers(shapes)} -> {layers(own)}" if layers(shapes) != layers(own)
-                          else "drafter shape (block size, target layer ids, draft vocabulary or widths)")
+        differ += _shape_differences({k: tuple(v.shape) for k, v in ck["drafter"].items()},
+                                     {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
         if differ:
             raise DFlashError(f"{ckpt_path} was made with other training settings or data ({'; '.join(differ)}); "
                               "resume with the settings it was started with, or remove it to start over")

@@ -93,9 +93,12 @@ def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_targe
     with pytest.raises(DFlashError, match="--resume"):
         train(_drafter(tiny_target), data, cfg, tmp_path / "r", progress=False)
     other = TrainConfig(**{**cfg.__dict__, "lr": 1e-4})
-    with pytest.raises(DFlashError, match=r"other training settings or data \(lr 0.01 -> 0.0001\); resume with"):
+    with pytest.raises(DFlashError, match=r"other training settings or data \(lr \(--lr\) 0.01 -> 0.0001\); resume with"):
         train(_drafter(tiny_target), data, other, tmp_path / "r", resume=True, progress=False)
-    with pytest.raises(DFlashError, match=r"other training settings or data \(drafter layers 1 -> 2\)"):
+    anchors = TrainConfig(**{**cfg.__dict__, "anchors_per_seq": 16})
+    with pytest.raises(DFlashError, match=r"\(anchors_per_seq \(--anchors\) 8 -> 16\)"):
+        train(_drafter(tiny_target), data, anchors, tmp_path / "r", resume=True, progress=False)
+    with pytest.raises(DFlashError, match=r"other training settings or data \(drafter layers \(--num-layers\) 1 -> 2\)"):
         train(_drafter(tiny_target, layers=2), data, cfg, tmp_path / "r", resume=True, progress=False)
     with pytest.raises(DFlashError, match="nothing to resume in .* run without --resume to start"):
         train(_drafter(tiny_target), data, cfg, tmp_path / "fresh", resume=True, progress=False)
@@ -216,3 +219,17 @@ def test_attention_choices_train_alike(tmp_path, tiny_target, tiny_samples):
         torch.testing.assert_close(w, weights["sdpa"][k], rtol=1e-3, atol=1e-4, msg=k)
     with pytest.raises(ValueError, match='attention must be "auto", "blockwise" or "sdpa"'):
         TrainConfig(attention="flash")
+
+
+def test_resume_shape_differences_name_the_flags():
+    from dflash_trt.training.trainer import _shape_differences
+
+    base = {"fc.weight": (64, 128), "layers.0.mlp.up_proj.weight": (128, 64), "d2t": (32,)}
+    assert _shape_differences(base, dict(base)) == []
+    assert _shape_differences(base, {**base, "d2t": (16,)}) == ["draft vocabulary (--draft-vocab-size) 32 -> 16"]
+    full = {k: v for k, v in base.items() if k != "d2t"}
+    assert _shape_differences(base, full) == ["draft vocabulary (--draft-vocab-size) 32 -> full"]
+    assert _shape_differences(base, {**base, "fc.weight": (64, 192)}) == [
+        "fused target features (--target-layer-ids) (64, 128) -> (64, 192)"]
+    assert _shape_differences(base, {**base, "layers.1.mlp.up_proj.weight": (128, 64)}) == [
+        "drafter layers (--num-layers) 1 -> 2"]
