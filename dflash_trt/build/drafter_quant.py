@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -93,4 +94,6 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     cfg["quantization_config"] = qcfg
     save_checkpoint(out, cfg, tensors)
     (Path(out) / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")
+    if (Path(drafter_path) / "training.json").is_file():  # the same drafter, quantized: keep how it was made
+        shutil.copy2(Path(drafter_path) / "training.json", Path(out) / "training.json")
     return count

@@ -46,6 +46,11 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
     from dflash_trt.runtime.sampling import SamplingParams
 
     target, _ = tiny_pair
+    given = tmp_path / "given"  # the drafter with the files an export carries beside its weights
+    shutil.copytree(reduced_drafter, given)
+    (given / "README.md").write_text("# notes on this drafter\n")
+    (given / "training.json").write_text('{"steps": 3}\n')
+    reduced_drafter = given
     out = tmp_path / "reduced"
     report = build_bundle(target, reduced_drafter, out, quant="none", tp_size=3)
     assert_shareable(out, scripts=SCRIPTS)
@@ -61,6 +66,8 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
     assert trt_cfg == {k: v for k, v in src_cfg.items() if k != "draft_vocab_size"}
     assert sha256_file(runtime / "model.safetensors") == sha256_file(reduced_drafter / "model.safetensors")
     assert json.loads((runtime / "config.json").read_text()) == src_cfg
+    for name in ("README.md", "training.json"):  # as given (trtllm/drafter writes its own README)
+        assert (runtime / name).read_text() == (given / name).read_text(), name
     assert "UNTRAINED" in (trt / "README.md").read_text()
 
     m = load_manifest(out)
@@ -101,8 +108,11 @@ def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, 
     from dflash_trt.models.dequant import quant_algo
 
     target, _ = tiny_pair
+    given = tmp_path / "given"
+    shutil.copytree(reduced_drafter, given)
+    (given / "training.json").write_text('{"steps": 3}\n')
     out = tmp_path / "fp8-drafter"
-    build_bundle(target, reduced_drafter, out, quant="none", drafter_quant="fp8")
+    build_bundle(target, given, out, quant="none", drafter_quant="fp8")
     assert_shareable(out, scripts=SCRIPTS)
     trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
     assert quant_algo(trt) == "FP8" and quant_algo(runtime) == "FP8"
@@ -114,6 +124,8 @@ def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, 
                for k in full)
     assert (trt / "hf_quant_config.json").read_text() == (runtime / "hf_quant_config.json").read_text()
     assert "draft_vocab_size" not in json.loads((trt / "config.json").read_text())
+    for folder in (trt, runtime):  # how the drafter was made survives quantization (its README said "elsewhere")
+        assert (folder / "training.json").read_text() == '{"steps": 3}\n'
     assert_greedy_dflash_equals_ar(load_bundle(out), max_tokens=16)
 
 
