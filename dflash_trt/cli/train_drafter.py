@@ -49,20 +49,21 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
     exported there by this same run (its training.json names `work`; the resumed run replaces it).
 
     Raises:
-        click.UsageError: naming the path and the fix.
+        ConfigError: naming the path and the fix (exit 1, as build and init-drafter refuse an existing --out).
     """
+    from dflash_trt.errors import ConfigError
     from dflash_trt.training.trainer import CHECKPOINT
 
     path = Path(out)
     if data_only or not (path.exists() or path.is_symlink()):
         return
     if not path.is_dir():
-        raise click.UsageError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
+        raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
     if force or (resume and _exported_from(path, work)):
         return
     run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
            if (work / "run" / CHECKPOINT).is_file() and _exported_from(path, work) else "")
-    raise click.UsageError(f"--out {out} already exists; pick another --out, or pass --force to replace it (the old "
+    raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to replace it (the old "
                            f"folder is removed only once the new drafter is written){run}")
 
 

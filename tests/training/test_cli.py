@@ -43,7 +43,8 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
     assert not list(tmp_path.glob(".drafter.tmp-*"))
     # rerun: the data cache is reused, the finished run needs --resume and then exports again
     res = _run(args)  # the same command again: its --out exists, and so does the finished run's checkpoint
-    assert res.exit_code == 2 and "already exists" in res.output and "or pass --resume to continue" in res.output
+    msg = str(res.exception)
+    assert isinstance(res.exception, ConfigError) and "already exists" in msg and "or pass --resume to continue" in msg
     res = _run(args + ["--force"])
     assert isinstance(res.exception, DFlashError) and "--resume" in str(res.exception)
     res = _run(args + ["--resume"])
@@ -280,9 +281,10 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
             "--num-layers", "1", "--block-size", "4", "--epochs", "1", "--target-layer-ids", "0,1",
             "--max-new-tokens", "8", "--mask-token-id", str(MASK), "--init", "random"]
     res = _run(args + ["--out", str(folder)])
-    assert res.exit_code == 2 and f"--out {folder} already exists" in res.output and "--force" in res.output, res.output
+    assert isinstance(res.exception, ConfigError) and f"--out {folder} already exists" in str(res.exception)
+    assert "--force" in str(res.exception)
     res = _run(args + ["--out", str(file), "--force"])
-    assert res.exit_code == 2 and f"--out {file} is a file" in res.output, res.output
+    assert isinstance(res.exception, ConfigError) and f"--out {file} is a file" in str(res.exception)
     assert not work.exists() and (folder / "notes.txt").read_text() == "keep me" and file.read_text() == "keep me too"
     res = _run(args + ["--out", str(folder), "--force", "--max-steps", "1"])  # stops before the first log
     assert res.exit_code == 0, res.output + repr(res.exception)
@@ -315,5 +317,5 @@ def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, t
     (other / "NOTES.txt").write_text("keep me")
     (other / "training.json").write_text(json.dumps({**info, "work_dir": str(tmp_path / "elsewhere")}))
     res = _run(args + ["--out", str(other), "--resume"])
-    assert res.exit_code == 2 and f"--out {other} already exists" in res.output, res.output
+    assert isinstance(res.exception, ConfigError) and f"--out {other} already exists" in str(res.exception)
     assert (other / "NOTES.txt").read_text() == "keep me"
