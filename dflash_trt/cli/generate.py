@@ -33,6 +33,25 @@ def text_to_stream(text: str, shown: str) -> str:
     return text[len(shown):end]
 
 
+def final_text(text: str, finish_reason: str | None) -> str:
+    """The text to print (and `--json`'s "text") for a completion decoded to `text`: when generation stopped
+    for length (--max-tokens, or the target's context filled up), one trailing U+FFFD is dropped: the
+    decode of a multi-byte character whose remaining bytes were never generated (one U+FFFD however many of
+    its bytes came). Anything else, a U+FFFD inside the text or at the end of a completion that stopped
+    on its own (finish_reason "stop"), is the text's own and kept; the token ids stay complete either way.
+    A literal U+FFFD that is the very last token of a length-cut completion reads the same and is dropped
+    too (the decoded text cannot tell the two apart)."""
+    if finish_reason == "length" and text.endswith("\ufffd"):
+        return text[:-1]
+    return text
+
+
+def prompt_header(index: int, total: int) -> str:
+    """The stdout line before the plain-text answer to prompt `index` (0-based) of `total`, so that the
+    answers of several prompts can be told apart; "" for a single prompt (its output is the answer alone)."""
+    return f"=== prompt {index + 1}/{total} ===" if total > 1 else ""
+
+
 @click.command()
 @click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
@@ -75,7 +94,10 @@ def text_to_stream(text: str, shown: str) -> str:
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
              threads, cpu_kernels, as_json):
-    """Generate text with DFlash speculative decoding and report acceptance statistics."""
+    """Generate text with DFlash speculative decoding and report acceptance statistics.
+
+    Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
+    statistics to stderr."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
                                        set_threads, warn_block_size, warn_draft_flags_unused, warn_float16_on_cpu,
@@ -139,16 +161,20 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     for lo in range(0, len(prompts), batch_size):
         chunk = prompts[lo : lo + batch_size]
         results = pipe.generate(chunk, params, mode, on_tokens if stream else None)
-        for res in results:
+        for j, res in enumerate(results):
             m = res.metrics
+            text = final_text(res.text, res.finish_reason)
             if as_json:
-                click.echo(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                click.echo(json.dumps({"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                                        "metrics": m.to_dict()}))
                 continue
             if not stream:
-                click.echo(res.text)
-            else:  # what was held back (an incomplete character at the end: the final text has it as is)
-                click.echo(res.text[len(shown["text"]):])
+                header = prompt_header(lo + j, len(prompts))
+                if header:
+                    click.echo(header)
+                click.echo(text)
+            else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
+                click.echo(text[len(shown["text"]):])
             click.echo(
                 f"[{mode}] {m.completion_tokens} tokens, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
                 f"acceptance rate={m.acceptance_rate:.2f}, TTFT={m.time_to_first_token_s * 1000:.0f} ms, "

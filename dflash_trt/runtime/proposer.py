@@ -127,8 +127,10 @@ def check_draft_len(block_size: int, max_draft_len: int | None) -> int:
         raise ConfigError(f"block size must be >= 2, got {block_size}")
     k = block_size - 1 if max_draft_len is None else max_draft_len
     if not 1 <= k <= block_size - 1:
+        fix = (f"use --max-draft-len {block_size - 1} or less, or raise --block-size" if k > block_size - 1
+               else "use --max-draft-len 1 or more")
         raise ConfigError(f"max_draft_len must be in [1, block_size - 1 = {block_size - 1}], got {k}; a block holds "
-                          "the last verified token and block_size - 1 drafts (lower --max-draft-len or raise --block-size)")
+                          f"the last verified token and block_size - 1 drafts ({fix})")
     return k
 
 

@@ -1,0 +1,112 @@
+"""What `dflash-trt generate` prints: a header per answer for several prompts, no U+FFFD for a character that
+--max-tokens cut, and the exit codes of --block-size / --max-draft-len errors. Real models: SmolLM2 (the
+default target and drafter)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_main
+
+
+@pytest.fixture(scope="module")
+def decode(smollm2_path):
+    """SmolLM2's tokenizer as `Pipeline.decode` uses it: (encode, decode)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    return (lambda text: tok(text)["input_ids"],
+            lambda ids: tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+
+def test_final_text_drops_a_character_cut_by_max_tokens(decode):
+    """SmolLM2 splits "😀" (4 bytes) over 2-3 tokens and "日" / "語" over 2: cut after the first of them, the
+    decode ends in one U+FFFD, which `final_text` drops for finish_reason "length" only; a U+FFFD inside
+    the text (a literal one is a token of its own) is kept, and the streamed text adds up to the final one."""
+    from dflash_trt.cli.generate import final_text, text_to_stream
+
+    enc, dec = decode
+    hi = enc("Hi 😀")
+    assert hi == [26843, 40303, 218]  # "Hi", " " + the emoji's first 3 bytes, its last byte
+    assert dec(hi[:2]) == "Hi \ufffd" and dec(hi) == "Hi 😀"
+    assert final_text(dec(hi[:2]), "length") == "Hi " and final_text(dec(hi), "length") == "Hi 😀"
+    assert final_text(dec(hi[:2]), "stop") == "Hi \ufffd"  # stopped on its own: the text's own bytes
+    ja = enc("日本語")
+    assert len(ja) == 6 and [dec(ja[:i]) for i in (1, 4, 5)] == ["\ufffd", "日本\ufffd", "日本\ufffd"]
+    assert [final_text(dec(ja[:i]), "length") for i in (1, 2, 4, 5, 6)] == ["", "日", "日本", "日本", "日本語"]
+    genuine = enc("a\ufffdb")
+    assert dec(genuine) == "a\ufffdb" and final_text(dec(genuine), "length") == "a\ufffdb"
+    assert final_text(dec(genuine + hi[:2]), "length") == "a\ufffdbHi "  # only the cut character goes
+    for ids in (hi[:2], ja[:5]):
+        shown = ""
+        for i in range(1, len(ids) + 1):
+            shown += text_to_stream(dec(ids[:i]), shown)
+        final = final_text(dec(ids), "length")
+        assert final.startswith(shown) and "\ufffd" not in final  # the CLI prints final[len(shown):] at the end
+
+
+@pytest.mark.slow
+def test_max_tokens_cut_inside_a_character_prints_no_replacement_char(monkeypatch, capsys, decode):
+    """Greedy --mode ar on a Japanese prompt, cut by --max-tokens where the tokens so far decode to a trailing
+    U+FFFD: --json's text and the streamed stdout end before the cut character, the token ids are all there."""
+    _, dec = decode
+    args = ("generate", "--prompt", "日本語で挨拶: ", "--mode", "ar")
+    code, out, err = run_main(monkeypatch, capsys, *args, "--max-tokens", "24", "--json")
+    assert code == 0, err
+    ids = json.loads(out.strip().splitlines()[-1])["token_ids"]
+    cut = next(i for i in range(1, len(ids)) if dec(ids[:i]).endswith("\ufffd"))
+    code, out, err = run_main(monkeypatch, capsys, *args, "--max-tokens", str(cut), "--json")
+    assert code == 0, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert obj["token_ids"] == ids[:cut] and obj["finish_reason"] == "length"
+    assert obj["text"] == dec(ids[:cut])[:-1] and not obj["text"].endswith("\ufffd")
+    for mode in ("ar", "dflash"):
+        code, out, err = run_main(monkeypatch, capsys, *args[:-1], mode, "--max-tokens", str(cut))
+        assert code == 0, err
+        assert out == obj["text"] + "\n", (mode, out)
+
+
+def test_several_prompts_print_a_header_before_each_answer(monkeypatch, capsys, tmp_path):
+    """Two prompts, plain text: `=== prompt i/2 ===` before each answer (the --json texts, once each, in
+    order), the stats lines on stderr as before; one prompt prints its answer alone."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "What is the capital of France?"}]}\n'
+                       '{"messages": [{"role": "user", "content": "Name a colour."}]}\n')
+    args = ("generate", "--prompts-file", str(prompts), "--max-tokens", "6")
+    code, out, err = run_main(monkeypatch, capsys, *args, "--json")
+    assert code == 0, err
+    texts = [json.loads(line)["text"] for line in out.strip().splitlines()]
+    assert len(texts) == 2 and texts[0] != texts[1] and all(texts), texts
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert out == f"=== prompt 1/2 ===\n{texts[0]}\n=== prompt 2/2 ===\n{texts[1]}\n"
+    assert out.count(texts[0]) == 1 and out.count(texts[1]) == 1
+    stats = err.strip().splitlines()
+    assert [line.startswith("[dflash] 6 tokens, finish=length, tau=") for line in stats[-2:]] == [True, True]
+
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", "What is the capital of France?",
+                              "--max-tokens", "6")
+    assert code == 0 and out == texts[0] + "\n"  # a single prompt: the answer alone, streamed
+
+
+def test_draft_length_errors_exit_2_on_their_own_and_1_against_the_drafter(monkeypatch, capsys):
+    """The convention: a value invalid on the command line alone (--block-size out of [2, 64], --max-draft-len
+    out of [1, 63] or above --block-size - 1) is a usage error, exit 2, before anything loads; one invalid only
+    against the loaded drafter (--max-draft-len 16 with its block of 16) is a one-line `error: ...`, exit 1.
+    Every message names the flag and the allowed values, with no traceback."""
+    base = ("generate", "--prompt", "hi", "--max-tokens", "2")
+    for flag, value, allowed in (("--block-size", "1", "2<=x<=64"), ("--block-size", "65", "2<=x<=64"),
+                                 ("--max-draft-len", "0", "1<=x<=63"), ("--max-draft-len", "64", "1<=x<=63")):
+        code, _, err = run_main(monkeypatch, capsys, *base, flag, value)
+        assert code == 2, (flag, value, err)
+        assert f"error: Invalid value for '{flag}': {value} is not in the range {allowed}" in err
+        assert "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, *base, "--block-size", "4", "--max-draft-len", "8")
+    assert code == 2 and ("error: Invalid value for '--max-draft-len': 8 is more than the 3 drafts a block of "
+                          "--block-size 4 holds; use --max-draft-len 3 or less, or raise --block-size") in err
+    code, out, err = run_main(monkeypatch, capsys, *base, "--max-draft-len", "16")
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err == ("error: max_draft_len must be in [1, block_size - 1 = 15], got 16; a block holds the last verified "
+                   "token and block_size - 1 drafts (use --max-draft-len 15 or less, or raise --block-size)\n")
