@@ -94,6 +94,9 @@ def quantize_drafter_fp8(drafter_path: str | Path, target: TargetModel, prompts:
     cfg["quantization_config"] = qcfg
     save_checkpoint(out, cfg, tensors)
     (Path(out) / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")
-    if (Path(drafter_path) / "training.json").is_file():  # the same drafter, quantized: keep how it was made
-        shutil.copy2(Path(drafter_path) / "training.json", Path(out) / "training.json")
+    # the same drafter, quantized: keep how it was made (training.json, loss.png), not acceptance.* (measured on
+    # the unquantized drafts); the build writes its README.md (dflash_trt.build.readme)
+    for f in [Path(drafter_path) / "training.json", *sorted(Path(drafter_path).glob("*.png"))]:
+        if f.is_file() and not f.name.startswith("acceptance."):
+            shutil.copy2(f, Path(out) / f.name)
     return count

@@ -90,6 +90,19 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
     return manifest
 
 
+def enclosing_bundle(path: str | Path) -> Path | None:
+    """The dflash-trt bundle that `path` (existing or not) is, or lies inside: the nearest folder at or
+    above it (symlinks resolved) holding a bundle manifest (of any schema version); None when there is none."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        try:
+            if json.loads((folder / MANIFEST_NAME).read_text()).get("kind") == KIND:
+                return folder
+        except (OSError, ValueError, AttributeError):  # no manifest, unreadable, not JSON, not an object
+            continue
+    return None
+
+
 def verify_files(root: Path, manifest: dict) -> None:
     """Check that every file listed in the manifest exists with its recorded sha256.
 

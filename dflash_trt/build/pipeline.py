@@ -6,6 +6,8 @@ an existing bundle replaced with `--force` stays intact until the new one is com
 
 Bundle layout (docs/build.md):
     NAME/manifest.json           schema version, models, quantization, tp, block size, ... sha256 of every file
+    NAME/README.md               the models, the quantization applied, the loaders (`dflash_trt.build.readme`;
+                                 trtllm/target/ and the drafter folders get a README saying their quantization)
     NAME/trtllm/target/          unified HF checkpoint (ModelOpt) + tokenizer
     NAME/trtllm/drafter/         DFlash drafter (z-lab format, full target vocabulary: what TensorRT-LLM loads)
     NAME/runtime/drafter/        only for a reduced-vocabulary drafter: that drafter as given (d2t), which
@@ -165,6 +167,8 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
         (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
          f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML"),
+        (f"write README.md (the bundle, quantization {opts.quant}, loaders), trtllm/target/README.md and the drafter "
+         "README(s)' quantization section"),
         f"write manifest.json (sha256 of every file) and {publish}",
     ]
     return steps
@@ -212,6 +216,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     from dflash_trt.build import trtllm
     from dflash_trt.build.manifest import sha256_file, tool_versions, write_manifest
     from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
+    from dflash_trt.build.readme import write_readmes
     from dflash_trt.build.schema import validate_with_tensorrt_llm
 
     tcfg, dcfg = pre["target"], pre["drafter"]
@@ -281,7 +286,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
 
     def manifest():
         tok_file = root / "trtllm" / "target" / "tokenizer.json"
-        report.manifest = write_manifest(root, {
+        fields = {
             "name": opts.out.name,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {
@@ -311,7 +316,10 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
             "serve_config_check": state.get("serve_check"),
             "trtllm_checkpoint": "trtllm_checkpoint",
             "tools": tool_versions(),
-        })
+        }
+        # the READMEs say what the manifest records (quantization included) and are hashed with the rest
+        write_readmes(root, fields, [TRTLLM_DRAFTER, RUNTIME_DRAFTER] if reduced else [TRTLLM_DRAFTER])
+        report.manifest = write_manifest(root, fields)
         return f"({len(report.manifest['files'])} files hashed)"
 
     step(1, f"calibrate + quantize target ({opts.quant})", load_and_quantize)
@@ -319,7 +327,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     step(3, "export unified HF target checkpoint", export_target)
     step(4, f"drafter ({opts.drafter_quant})", drafter)
     step(5, "write serve.yaml, launch.sh, LLM API example", serving)
-    step(6, "write manifest.json", manifest)
+    step(6, "write README.md files and manifest.json", manifest)
     for part in ("trtllm/target", TRTLLM_DRAFTER, RUNTIME_DRAFTER, "trtllm_checkpoint"):
         if part != RUNTIME_DRAFTER or reduced:
             report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0

@@ -95,10 +95,11 @@ def _store_unquantized_as(folder: Path, dtype: torch.dtype) -> None:
 
 def copy_drafter(src: Path, out: Path) -> None:
     """Copy an unquantized drafter folder to `out`: config.json, safetensors, the other JSON files
-    (training.json, acceptance.json) and its Markdown (README.md: vocabulary and loaders, acceptance.md)."""
+    (training.json, acceptance.json), its Markdown (README.md: vocabulary and loaders, acceptance.md) and
+    the PNG figures they refer to (loss.png, acceptance.png)."""
     out.mkdir(parents=True, exist_ok=True)
     for p in src.iterdir():
-        if p.is_file() and (p.suffix in (".json", ".safetensors", ".md") or p.name in TOKENIZER_FILES):
+        if p.is_file() and (p.suffix in (".json", ".safetensors", ".md", ".png") or p.name in TOKENIZER_FILES):
             shutil.copy2(p, out / p.name)
 
 

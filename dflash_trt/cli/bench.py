@@ -45,7 +45,10 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
                    "On a GPU it synchronizes at every phase.")
 @click.option("--seed", default=0, show_default=True, type=SEED_RANGE,
               help="Sampling seed of the first prompt; prompt i uses seed + i (temperature > 0).")
-@click.option("--out", default="bench_out", show_default=True, type=click.Path())
+@click.option("--out", default="bench_out", show_default=True, type=click.Path(),
+              help="Folder for results.json, results.md and the PNG plots, created if missing. An earlier run's "
+                   "files of those names there are overwritten (other files are left alone). Must not be inside a "
+                   "built bundle.")
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
           draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
           profile, seed, out):
@@ -58,6 +61,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
     from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, jsonl_file, model_folder,
                                        note_max_concurrency, set_threads, warn_block_size, warn_draft_flags_unused,
                                        warn_tree_unused)
@@ -88,7 +92,14 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     if batch_size > 1 and hf_modes:  # before the models load, not after
         raise click.UsageError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
+    bundle = enclosing_bundle(out)
+    if bundle is not None:  # results mixed into a deployable artifact (and into no manifest)
+        raise InvalidRequestError(f"--out {out} is inside the dflash-trt bundle {bundle}; choose an --out outside the "
+                                  "bundle (e.g. --out bench_out)")
     check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
+    if (Path(out) / "results.json").is_file():
+        click.echo(f"note: --out {out} holds an earlier run's results.json; this run overwrites it, results.md and "
+                   "the plots", err=True)
     warn_tree_unused(tree_topk, temperature)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,

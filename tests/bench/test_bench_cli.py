@@ -153,3 +153,39 @@ def test_results_header_counts_the_prompts_each_dataset_ran():
     differ = markdown_table({**base, "datasets": {"humaneval": {"prompts": 10, "modes": {}},
                                                     "p.jsonl": {"prompts": 3, "modes": {}}}})
     assert ", prompts per dataset: humaneval 10, p.jsonl 3, " in differ
+
+
+def test_bench_refuses_an_out_inside_a_bundle_before_loading_models(tmp_path, monkeypatch, capsys):
+    """--out in a built bundle (its folder, or any folder under it, existing or not) would mix results into a
+    deployable artifact: one line, exit 1, before any model loads, and nothing is written there. A folder
+    whose manifest.json is not a bundle's is an ordinary --out; an earlier run's results.json there is
+    overwritten, which bench says before it starts."""
+    import dflash_trt.api
+    from dflash_trt.build.manifest import write_manifest
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the arguments were checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_loading)
+    bundle = tmp_path / "engines" / "b"
+    (bundle / "trtllm").mkdir(parents=True)
+    write_manifest(bundle, {"name": "b"})
+    before = sorted(p.relative_to(bundle) for p in bundle.rglob("*"))
+    for out in (bundle, bundle / "bench", bundle / "trtllm" / "x" / "y"):
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--out", str(out)])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and "Traceback" not in err, err
+        assert err.strip() == (f"error: --out {out} is inside the dflash-trt bundle {bundle.resolve()}; choose an "
+                               "--out outside the bundle (e.g. --out bench_out)"), err
+    assert sorted(p.relative_to(bundle) for p in bundle.rglob("*")) == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"kind": "something else"}\n')
+    (other / "results.json").write_text("{}\n")
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--out", str(other)])
+    with pytest.raises(AssertionError, match="models were loaded"):
+        main()
+    assert f"note: --out {other} holds an earlier run's results.json; this run overwrites it" in capsys.readouterr().err
