@@ -35,3 +35,23 @@ class BundleError(DFlashError):
 
 class BuildError(DFlashError):
     """`dflash-trt build` failed; nothing was written to the output folder."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (KeyboardInterrupt) stopped `trainer.train`; a KeyboardInterrupt still, so code that
+    catches that keeps working. Nothing is saved at the interruption: the weights of the step in
+    progress may be half-updated. The last complete checkpoint stays as it was.
+
+    Attributes:
+        step: optimizer steps done when interrupted; total_steps: the run's planned steps.
+        checkpoint: the run's checkpoint file; checkpoint_step: its step, None when the run has
+            not written one yet (a rerun then starts over).
+    """
+
+    def __init__(self, step: int, total_steps: int, checkpoint, checkpoint_step: int | None):
+        self.step, self.total_steps = step, total_steps
+        self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step
+        where = (f"last checkpoint: step {checkpoint_step} ({checkpoint}); train again with resume=True to continue "
+                 "from it" if checkpoint_step is not None
+                 else f"no checkpoint written yet ({checkpoint}); train again without resume to start over")
+        super().__init__(f"training interrupted at step {step}/{total_steps}; {where}")

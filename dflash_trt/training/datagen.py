@@ -118,48 +118,52 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
                     batch_size=batch_size, num_prompts=len(prompt_ids))
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if manifest and manifest.get("settings") != settings:
-        raise DFlashError(f"{out} holds training data made with other settings; remove it or pass another --work-dir")
+        differ = settings_differences(manifest.get("settings") or {}, settings)
+        raise DFlashError(f"{out} holds training data made with other settings ({differ}); rerun with the settings "
+                          "it was made with, or remove it, or pass another --work-dir")
     manifest.setdefault("settings", settings)
     manifest.setdefault("generation_seconds", 0.0)
     manifest.setdefault("shards", {})
     batches = batch_order([len(p) for p in prompt_ids], batch_size, max_samples)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     bar = tqdm(total=len(batches), desc="target responses", disable=not progress, unit="batch")
-    for b, idxs in enumerate(batches):
-        shard = out / f"shard-{b:05d}.pt"
-        entry = manifest["shards"].get(shard.name, {})
-        if shard.is_file() and entry.get("samples", 0) >= len(idxs):
-            if len(idxs) < entry["samples"] and "lengths" not in entry:  # a shard from before lengths were kept
-                entry["lengths"] = _lengths(torch.load(shard, weights_only=True))
+    try:
+        for b, idxs in enumerate(batches):
+            shard = out / f"shard-{b:05d}.pt"
+            entry = manifest["shards"].get(shard.name, {})
+            if shard.is_file() and entry.get("samples", 0) >= len(idxs):
+                if len(idxs) < entry["samples"] and "lengths" not in entry:  # a shard from before lengths were kept
+                    entry["lengths"] = _lengths(torch.load(shard, weights_only=True))
+                bar.update(1)
+                continue
+            recorder = FeatureRecorder(layer_ids, len(idxs)) if layer_ids else None
+            engine.feature_sink = recorder
+            t0 = time.perf_counter()
+            try:
+                results = engine.generate([prompt_ids[i] for i in idxs], params, mode="ar")
+            finally:
+                engine.feature_sink = None
+            manifest["generation_seconds"] += time.perf_counter() - t0
+            samples = []
+            for j, (i, res) in enumerate(zip(idxs, results)):
+                tokens = torch.tensor(prompt_ids[i] + res.token_ids, dtype=torch.int32)
+                sample = {"tokens": tokens, "prompt_len": len(prompt_ids[i]), "index": i}
+                if recorder is not None:
+                    sample["features"] = recorder.features(j)
+                    assert sample["features"].shape[0] == len(tokens) - 1, (sample["features"].shape, len(tokens))
+                samples.append(sample)
+            tmp = shard.with_suffix(".tmp")
+            torch.save(samples, tmp)
+            tmp.rename(shard)
+            lengths = _lengths(samples)
+            manifest["shards"][shard.name] = {
+                "samples": len(samples), "prompt_tokens": sum(p for p, _ in lengths),
+                "response_tokens": sum(r for _, r in lengths), "lengths": lengths}
+            _write_json(manifest_path, manifest)
             bar.update(1)
-            continue
-        recorder = FeatureRecorder(layer_ids, len(idxs)) if layer_ids else None
-        engine.feature_sink = recorder
-        t0 = time.perf_counter()
-        try:
-            results = engine.generate([prompt_ids[i] for i in idxs], params, mode="ar")
-        finally:
-            engine.feature_sink = None
-        manifest["generation_seconds"] += time.perf_counter() - t0
-        samples = []
-        for j, (i, res) in enumerate(zip(idxs, results)):
-            tokens = torch.tensor(prompt_ids[i] + res.token_ids, dtype=torch.int32)
-            sample = {"tokens": tokens, "prompt_len": len(prompt_ids[i]), "index": i}
-            if recorder is not None:
-                sample["features"] = recorder.features(j)
-                assert sample["features"].shape[0] == len(tokens) - 1, (sample["features"].shape, len(tokens))
-            samples.append(sample)
-        tmp = shard.with_suffix(".tmp")
-        torch.save(samples, tmp)
-        tmp.rename(shard)
-        lengths = _lengths(samples)
-        manifest["shards"][shard.name] = {
-            "samples": len(samples), "prompt_tokens": sum(p for p, _ in lengths),
-            "response_tokens": sum(r for _, r in lengths), "lengths": lengths}
-        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0):.0f}")
-    bar.close()
+            bar.set_postfix(tok_s=f"{sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0):.0f}")
+    finally:
+        bar.close()  # on Ctrl-C too: what is printed next starts on a line of its own
     manifest["used_shards"] = [f"shard-{b:05d}.pt" for b in range(len(batches))]
     manifest["used_samples"] = [len(idxs) for idxs in batches]
     stats = dataset_stats(manifest)
@@ -167,8 +171,35 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
                           "response_tokens": stats.response_tokens,
                           "response_tokens_per_s": round(stats.response_tokens_per_s, 1)}
     manifest["complete"] = True
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_json(manifest_path, manifest)
     return stats
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write `obj` as JSON through a temporary file renamed over `path`: an interrupted write (Ctrl-C)
+    leaves the previous file whole, never a truncated one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.replace(path)
+
+
+#: train-drafter's flag behind each data-cache setting (`settings_differences` names it).
+_SETTING_FLAGS = {"target": "--target", "prompts_sha256": "--prompts", "num_prompts": "--prompts",
+                  "layer_ids": "--target-layer-ids, plus the last layer; none with --online-features",
+                  "max_new_tokens": "--max-new-tokens", "batch_size": "--gen-batch-size"}
+
+
+def settings_differences(cached: dict, wanted: dict) -> str:
+    """How a data cache's settings differ from a run's, e.g. "layer_ids (--target-layer-ids ...)
+    [0, 1, 3] -> [0, 2, 3]"; the prompts' hash as "differ" rather than two hashes."""
+    out = []
+    for key in sorted(set(cached) | set(wanted)):
+        old, new = cached.get(key), wanted.get(key)
+        if old == new:
+            continue
+        flag = f" ({_SETTING_FLAGS[key]})" if key in _SETTING_FLAGS else ""
+        out.append(f"{key}{flag} differs" if key == "prompts_sha256" else f"{key}{flag} {old} -> {new}")
+    return "; ".join(out)
 
 
 def load_shards(out_dir: str | Path) -> list[dict]:

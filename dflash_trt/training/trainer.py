@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, TrainingInterrupted
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.objective import (block_inputs, block_loss, cosine_lr, decay_weights, default_gamma,
                                            decode_walk_steps, drafter_block_hidden, sample_anchors)
@@ -157,15 +157,38 @@ def split_validation(n: int, cfg: TrainConfig) -> tuple[list[int], list[int]]:
 
 
 def _atomic_save(obj, path: Path) -> None:
+    """torch.save `obj` to `path` through a temporary file renamed over it: an interrupted write
+    (Ctrl-C, a full disk) leaves the previous `path` as it was and no temporary file behind."""
     tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    try:
+        torch.save(obj, tmp)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 #: Steps timed (after 5 warm-up steps) before a time budget fixes the schedule's length.
 BUDGET_PROBE_STEPS = 20
 
 BEST = "best.pt"
+
+
+def checkpoint_target_layer_ids(run_dir: str | Path) -> tuple[int, ...] | None:
+    """The drafter's target_layer_ids recorded in run_dir's checkpoint; None when there is no
+    checkpoint or it predates the record (its fused-feature width is still checked on resume).
+    Reads the file memory-mapped: the weights are not loaded."""
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file():
+        return None
+    ids = torch.load(path, weights_only=False, mmap=True).get("target_layer_ids")
+    return tuple(ids) if ids is not None else None
+
+
+def _best_step(run: Path) -> int | None:
+    """The step whose weights run/best.pt holds; None without one."""
+    path = run / BEST
+    return torch.load(path, weights_only=True, mmap=True)["step"] if path.is_file() else None
 
 
 @dataclass
@@ -354,8 +377,11 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         the TrainState (finished=True once step == total_steps).
     Raises:
         DFlashError: run_dir holds a checkpoint but resume is False, or none but resume is True;
-            the checkpoint was made with another TrainConfig or data size; no sample has a
-            response of 2+ tokens.
+            the checkpoint was made with another TrainConfig, data size or drafter (shape, target
+            layer ids); no sample has a response of 2+ tokens.
+        TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) during training; it names the step and
+            the last checkpoint, which is complete (checkpoints and best.pt are written to a
+            temporary file renamed over the old one; best.pt after the checkpoint that names it).
     """
     run = Path(run_dir)
     ckpt_path = run / CHECKPOINT
@@ -370,6 +396,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     state = TrainState(total_steps=cfg.total_steps(n_train))
+    checkpoint_step = None  # the step of the checkpoint on disk (the one a resume continues from)
     if ckpt_path.is_file():
         if not resume:
             raise DFlashError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
@@ -380,26 +407,40 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         differ = [f"{k}{_flag(k)} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
         if ck["num_samples"] != n:
             differ.append(f"samples {ck['num_samples']} -> {n}")
-        differ += _shape_differences({k: tuple(v.shape) for k, v in ck["drafter"].items()},
-                                     {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
+        saved_ids, own_ids = ck.get("target_layer_ids"), list(drafter.config.target_layer_ids)
+        if saved_ids is not None and list(saved_ids) != own_ids:  # the same count keeps fc's shape
+            differ.append(f"target layer ids (--target-layer-ids) {list(saved_ids)} -> {own_ids}")
+        differ += [d for d in _shape_differences({k: tuple(v.shape) for k, v in ck["drafter"].items()},
+                                                 {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
+                   if saved_ids is None or "--target-layer-ids" not in d]
         if differ:
             raise DFlashError(f"{ckpt_path} was made with other training settings or data ({'; '.join(differ)}); "
                               "resume with the settings it was started with, or remove it to start over")
         drafter.load_state_dict(ck["drafter"])
         opt.load_state_dict(ck["optimizer"])
         state = TrainState(**ck["state"])
+        checkpoint_step = state.step
     fz = _Frozen.of(drafter, data, cfg)
     use_soft = cfg.soft_weight > 0 and (data.teacher is not None or data.online is not None)
     drafter.train()
 
     def save() -> None:
+        nonlocal checkpoint_step
         _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state),
-                      "config": asdict(cfg), "num_samples": n}, ckpt_path)
+                      "config": asdict(cfg), "num_samples": n,
+                      "target_layer_ids": list(drafter.config.target_layer_ids)}, ckpt_path)
+        checkpoint_step = state.step
 
-    def validate_checkpoint() -> None:
-        """Held-out acceptance of the current weights (once per step); best.pt keeps the best."""
+    def save_best() -> None:
+        _atomic_save({"drafter": drafter.state_dict(), "step": state.step}, run / BEST)
+
+    def validate_checkpoint() -> bool:
+        """Held-out acceptance of the current weights (once per step); True when they are the best
+        so far (state.best_step is then this step; the caller writes best.pt: after the checkpoint
+        that records it, so an interruption in between leaves a checkpoint whose best.pt a resume
+        rewrites, never a best.pt ahead of its checkpoint)."""
         if state.val_history and state.val_history[-1]["step"] == state.step:
-            return
+            return False
         rec = {"step": state.step, **validate(drafter, data, val_idx, cfg, fz)}
         state.val_history.append(rec)
         # a record without "anchor_mean" is from a run started before the decode-walk tau (its
@@ -408,76 +449,89 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         # ties (a short run often stays at the same acceptance): the lower held-out cross-entropy
         if best is None or (rec["acceptance_length"], -rec["hard_ce"]) > (best["acceptance_length"], -best["hard_ce"]):
             state.best_step, state.best_acceptance_length = state.step, rec["acceptance_length"]
-            _atomic_save({"drafter": drafter.state_dict(), "step": state.step}, run / BEST)
+            return True
+        return False
 
-    if val_idx and state.step == 0:
-        validate_checkpoint()  # the starting weights (an --init drafter may already be the best)
-    t_start = t_begin = time.perf_counter()
-    first_step, t_probe = state.step, None
-    device_type = next(drafter.parameters()).device.type
-    bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
-    postfix = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
-    window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
-    while state.step < state.total_steps and (max_steps is None or state.step < max_steps):
-        warmup = int(round(cfg.warmup_frac * state.total_steps))
-        lr = cfg.lr * cosine_lr(state.step, state.total_steps, warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        slots = [state.step * cfg.seqs_per_step + j for j in range(cfg.seqs_per_step)]
-        indices = [train_idx[_sample_slot(cfg, n_train, slot)] for slot in slots]
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots], cfg,
-                                           fz, cfg.soft_weight if use_soft else 0.0)
-        if out is not None:
-            (out.loss / cfg.seqs_per_step).backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        state.step += 1
-        state.blocks += step_blocks
-        if out is not None:
-            window["loss"] += out.loss.item() / max(1, out.sequences)
-            window["hard"] += out.hard_ce
-            window["soft"] += out.soft_ce
-            window["acc"] += out.accepted
-            window["k"] += 1
-        window["blocks"] += step_blocks
-        bar.update(1)
-        if budget_s is not None and not state.budget_fitted:
-            if state.step == first_step + 5:
-                t_probe = time.perf_counter()
-            elif state.step == first_step + 5 + BUDGET_PROBE_STEPS:
-                per_step = (time.perf_counter() - t_probe) / BUDGET_PROBE_STEPS
-                left = budget_s - (time.perf_counter() - t_begin)
-                state.total_steps = max(state.step + 1, min(state.total_steps, state.step + int(left / per_step)))
-                state.budget_fitted = True
-                bar.total = state.total_steps
-        if state.step % cfg.log_every == 0 or state.step == state.total_steps:
-            k = max(1, window["k"])
-            dt = time.perf_counter() - window["t"]
-            rec = {"step": state.step, "loss": window["loss"] / k, "hard_ce": window["hard"] / k,
-                   "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
-                   "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
-            state.history.append(rec)
-            postfix.update(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
-                           tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")
-            bar.set_postfix(postfix)
-            window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
-        elapsed = time.perf_counter() - t_start
-        out_of_time = time_limit_s is not None and elapsed >= time_limit_s
-        stop_here = max_steps is not None and state.step >= max_steps
-        if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
-            if val_idx:
-                validate_checkpoint()
-                postfix["val_tau"] = f"{state.val_history[-1]['acceptance_length']:.3f}"
-                bar.set_postfix(postfix)  # this checkpoint's figure, not the previous one's
-            state.seconds += time.perf_counter() - t_start
-            t_start = time.perf_counter()
-            state.finished = state.step == state.total_steps
-            save()
-        if (out_of_time or stop_here) and state.step < state.total_steps:
-            break
+    bar = None
+    try:
+        if checkpoint_step is not None and state.best_step == state.step and _best_step(run) != state.best_step:
+            save_best()  # interrupted between the checkpoint and its best.pt: the checkpoint's weights are the best
+        if val_idx and state.step == 0 and validate_checkpoint():
+            save_best()  # the starting weights (an --init drafter may already be the best)
+        t_start = t_begin = time.perf_counter()
+        first_step, t_probe = state.step, None
+        device_type = next(drafter.parameters()).device.type
+        bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
+        postfix = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
+        window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
+        while state.step < state.total_steps and (max_steps is None or state.step < max_steps):
+            warmup = int(round(cfg.warmup_frac * state.total_steps))
+            lr = cfg.lr * cosine_lr(state.step, state.total_steps, warmup)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            slots = [state.step * cfg.seqs_per_step + j for j in range(cfg.seqs_per_step)]
+            indices = [train_idx[_sample_slot(cfg, n_train, slot)] for slot in slots]
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+                out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots],
+                                               cfg, fz, cfg.soft_weight if use_soft else 0.0)
+            if out is not None:
+                (out.loss / cfg.seqs_per_step).backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            state.step += 1
+            state.blocks += step_blocks
+            if out is not None:
+                window["loss"] += out.loss.item() / max(1, out.sequences)
+                window["hard"] += out.hard_ce
+                window["soft"] += out.soft_ce
+                window["acc"] += out.accepted
+                window["k"] += 1
+            window["blocks"] += step_blocks
+            bar.update(1)
+            if budget_s is not None and not state.budget_fitted:
+                if state.step == first_step + 5:
+                    t_probe = time.perf_counter()
+                elif state.step == first_step + 5 + BUDGET_PROBE_STEPS:
+                    per_step = (time.perf_counter() - t_probe) / BUDGET_PROBE_STEPS
+                    left = budget_s - (time.perf_counter() - t_begin)
+                    state.total_steps = max(state.step + 1, min(state.total_steps, state.step + int(left / per_step)))
+                    state.budget_fitted = True
+                    bar.total = state.total_steps
+            if state.step % cfg.log_every == 0 or state.step == state.total_steps:
+                k = max(1, window["k"])
+                dt = time.perf_counter() - window["t"]
+                rec = {"step": state.step, "loss": window["loss"] / k, "hard_ce": window["hard"] / k,
+                       "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
+                       "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
+                state.history.append(rec)
+                postfix.update(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
+                               tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")
+                bar.set_postfix(postfix)
+                window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(),
+                          "k": 0}
+            elapsed = time.perf_counter() - t_start
+            out_of_time = time_limit_s is not None and elapsed >= time_limit_s
+            stop_here = max_steps is not None and state.step >= max_steps
+            if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
+                better = False
+                if val_idx:
+                    better = validate_checkpoint()
+                    postfix["val_tau"] = f"{state.val_history[-1]['acceptance_length']:.3f}"
+                    bar.set_postfix(postfix)  # this checkpoint's figure, not the previous one's
+                state.seconds += time.perf_counter() - t_start
+                t_start = time.perf_counter()
+                state.finished = state.step == state.total_steps
+                save()
+                if better:
+                    save_best()
+            if (out_of_time or stop_here) and state.step < state.total_steps:
+                break
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()  # the message that follows starts on a line of its own
+        raise TrainingInterrupted(state.step, state.total_steps, ckpt_path, checkpoint_step) from None
     bar.close()
     drafter.eval()
     return state

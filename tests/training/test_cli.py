@@ -319,3 +319,124 @@ def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, t
     res = _run(args + ["--out", str(other), "--resume"])
     assert isinstance(res.exception, ConfigError) and f"--out {other} already exists" in str(res.exception)
     assert (other / "NOTES.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["cached", "online"])
+def test_resume_with_other_target_layer_ids_names_the_flag_and_both_values(tmp_path, target_with_tokenizer, online):
+    """--resume with another --target-layer-ids: one line naming the flag, the value the run was
+    started with, the value given and the fix (exit 1), before the data cache (whose refusal would
+    speak of the cache) and before the trainer (with online features, or the same number of
+    layers, the drafter's shape does not tell them apart)."""
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--work-dir", str(work),
+            "--out", str(out), "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--max-new-tokens", "8",
+            "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "2",
+            *(["--online-features"] if online else [])]
+    res = _run(args + ["--target-layer-ids", "0,1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    checkpoint = (work / "run" / "checkpoint.pt").read_bytes()
+    res = _run(args + ["--target-layer-ids", "0,2", "--resume"])
+    msg = str(res.exception)
+    assert res.exit_code == 1 and isinstance(res.exception, ConfigError), repr(res.exception)
+    assert msg == (f"--resume: --target-layer-ids 0,2 differs from the run being resumed in {work / 'run'} (started "
+                   "with --target-layer-ids 0,1); rerun with --target-layer-ids 0,1 to continue it, or pass another "
+                   "--work-dir (or --out, whose work dir OUT.work is the default) to start a new run")
+    assert (work / "run" / "checkpoint.pt").read_bytes() == checkpoint
+    if not online:  # without --resume the data cache refuses other layers, naming the flag and both sets
+        res = _run(args + ["--target-layer-ids", "0,2", "--force"])
+        assert isinstance(res.exception, DFlashError) and (
+            "(layer_ids (--target-layer-ids, plus the last layer; none with --online-features) [0, 1, 3] -> "
+            "[0, 2, 3]); rerun with the settings it was made with") in str(res.exception), repr(res.exception)
+    res = _run(args + ["--target-layer-ids", "0,1", "--resume"])  # the original value resumes
+    assert res.exit_code == 0, res.output + repr(res.exception)
+
+
+def test_ctrl_c_says_where_to_resume_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, target_with_tokenizer,
+                                                                                     monkeypatch):
+    """Ctrl-C (a KeyboardInterrupt from a training step) exits 130 with one line on stderr: the step,
+    the last checkpoint and the rerun; before the first checkpoint the rerun starts over without
+    --resume. Nothing is exported, no temporary file is left, and the run resumed with --resume
+    ends with bitwise the weights of an uninterrupted run."""
+    from dflash_trt.training import trainer
+
+    def run(out, work, *extra):
+        return _run(["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path)), "--out", str(out),
+                     "--work-dir", str(work), "--num-layers", "1", "--block-size", "4", "--epochs", "2",
+                     "--target-layer-ids", "0,1", "--max-new-tokens", "12", "--mask-token-id", str(MASK),
+                     "--init", "random", "--anchors", "4", "--checkpoint-every", "3", *extra])
+
+    real = trainer._batch_loss
+
+    def interrupt_at(call):
+        calls = []
+
+        def batch_loss(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == call:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        monkeypatch.setattr(trainer, "_batch_loss", batch_loss)
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        straight = run(tmp_path / "straight", tmp_path / "straight.work")
+        assert straight.exit_code == 0, straight.output + repr(straight.exception)
+        out, work = tmp_path / "d", tmp_path / "w"
+        interrupt_at(3)  # in step 3: no checkpoint yet (every 3 steps)
+        res = run(out, work)
+        assert res.exit_code == 130, res.output + repr(res.exception)
+        assert res.stderr.splitlines()[-1] == (
+            "training interrupted (Ctrl-C) at step 2/8, before its first checkpoint (one every 3 steps, "
+            f"--checkpoint-every); rerun the same command to start the training again (the data cache in "
+            f"{work / 'data'} is reused)")
+        assert not (work / "run" / "checkpoint.pt").exists() and not out.exists()
+        interrupt_at(5)  # in step 5: the checkpoint of step 3 is the last one
+        res = run(out, work)
+        assert res.exit_code == 130, res.output + repr(res.exception)
+        assert res.stderr.splitlines()[-1] == (
+            f"training interrupted (Ctrl-C) at step 4/8; the last checkpoint is step 3 "
+            f"({work / 'run' / 'checkpoint.pt'}): rerun the same command with --resume to continue from it")
+        assert "Traceback" not in res.output and not out.exists()
+        assert sorted(p.name for p in (work / "run").iterdir()) == ["checkpoint.pt"]
+        assert torch.load(work / "run" / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
+        monkeypatch.setattr(trainer, "_batch_loss", real)
+        res = run(out, work, "--resume")
+        assert res.exit_code == 0, res.output + repr(res.exception)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(tmp_path / "straight").state_dict()
+    for k, w in uninterrupted.items():
+        assert torch.equal(w, resumed[k]), k
+    info = json.loads((out / "training.json").read_text())
+    assert (info["steps"], info["finished"]) == (8, True)
+
+
+def test_ctrl_c_in_data_generation_keeps_the_finished_shards(tmp_path, target_with_tokenizer, monkeypatch):
+    """Ctrl-C while the target writes the data: exit 130, one line saying the finished shards are
+    kept; the manifest is whole JSON, not marked complete, and the rerun reuses the finished shard."""
+    from dflash_trt.runtime.engine import Engine
+
+    work = tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--work-dir", str(work),
+            "--prompts", str(_prompts(tmp_path, 8)), "--target-layer-ids", "0,1", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--gen-batch-size", "4", "--data-only"]
+    real, calls = Engine.generate, []
+
+    def generate(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+    monkeypatch.setattr(Engine, "generate", generate)
+    res = _run(args)
+    assert res.exit_code == 130, res.output + repr(res.exception)
+    assert res.stderr.splitlines()[-1] == (f"data generation interrupted (Ctrl-C); the finished shards in "
+                                           f"{work / 'data'} are kept: rerun the same command to continue")
+    manifest = json.loads((work / "data" / "manifest.json").read_text())
+    assert list(manifest["shards"]) == ["shard-00000.pt"] and "complete" not in manifest
+    assert sorted(p.name for p in (work / "data").iterdir()) == ["manifest.json", "shard-00000.pt"]
+    first = (work / "data" / "shard-00000.pt").stat().st_mtime_ns
+    monkeypatch.setattr(Engine, "generate", real)
+    res = _run(args)
+    assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
+    assert (work / "data" / "shard-00000.pt").stat().st_mtime_ns == first

@@ -1,10 +1,12 @@
 """The trainer on a tiny target: loss falls, acceptance rises, interrupt + resume == uninterrupted."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import DATA_LAYERS, EOS, MASK
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, TrainingInterrupted
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.runtime.engine import Engine
@@ -13,14 +15,15 @@ from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.training.evaluate import set_tau
 from dflash_trt.training.pipeline import make_train_data
 from dflash_trt.training.objective import block_inputs, drafter_block_hidden
-from dflash_trt.training.trainer import BEST, TrainConfig, split_validation, train, validate
+from dflash_trt.training.trainer import (BEST, CHECKPOINT, TrainConfig, checkpoint_target_layer_ids, split_validation,
+                                         train, validate)
 
 CFG = TrainConfig(block_size=4, anchors_per_seq=8, seqs_per_step=4, epochs=20, lr=1e-2, soft_weight=0.5,
                   checkpoint_every=1000, log_every=5, seed=0)
 
 
-def _drafter(target, seed=0, layers=1):
-    cfg = new_drafter_config(target.config, layers, 4, MASK, [0, 1])
+def _drafter(target, seed=0, layers=1, ids=(0, 1)):
+    cfg = new_drafter_config(target.config, layers, 4, MASK, list(ids))
     torch.manual_seed(seed)
     return DFlashDrafter(cfg)
 
@@ -100,6 +103,10 @@ def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_targe
         train(_drafter(tiny_target), data, anchors, tmp_path / "r", resume=True, progress=False)
     with pytest.raises(DFlashError, match=r"other training settings or data \(drafter layers \(--num-layers\) 1 -> 2\)"):
         train(_drafter(tiny_target, layers=2), data, cfg, tmp_path / "r", resume=True, progress=False)
+    # as many layers, so fc has the same shape: the checkpoint's record of the ids tells them apart
+    with pytest.raises(DFlashError, match=r"data \(target layer ids \(--target-layer-ids\) \[0, 1\] -> \[0, 3\]\); resume"):
+        train(_drafter(tiny_target, ids=(0, 3)), data, cfg, tmp_path / "r", resume=True, progress=False)
+    assert checkpoint_target_layer_ids(tmp_path / "r") == (0, 1) and checkpoint_target_layer_ids(tmp_path) is None
     with pytest.raises(DFlashError, match="nothing to resume in .* run without --resume to start"):
         train(_drafter(tiny_target), data, cfg, tmp_path / "fresh", resume=True, progress=False)
     assert not (tmp_path / "fresh").exists()
@@ -233,3 +240,64 @@ def test_resume_shape_differences_name_the_flags():
         "fused target features (--target-layer-ids) (64, 128) -> (64, 192)"]
     assert _shape_differences(base, {**base, "layers.1.mlp.up_proj.weight": (128, 64)}) == [
         "drafter layers (--num-layers) 1 -> 2"]
+
+
+def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_target, tiny_samples, monkeypatch):
+    """Ctrl-C while a checkpoint is written leaves the previous one whole and no temporary file, and
+    TrainingInterrupted (a KeyboardInterrupt) names both steps; Ctrl-C between a checkpoint and its
+    best.pt makes the resume rewrite best.pt from the checkpoint. The resumed run then ends with
+    bitwise the weights, held-out history and best.pt of an uninterrupted run."""
+    cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3, "val_samples": 4})
+    data = _data(tiny_target, tiny_samples)
+    real_save = torch.save
+
+    def interrupt_when(hit):
+        def save(obj, f, *args, **kwargs):
+            if hit(Path(f), obj):
+                Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")  # what a killed write leaves
+                raise KeyboardInterrupt
+            return real_save(obj, f, *args, **kwargs)
+        monkeypatch.setattr(torch, "save", save)
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        straight = _drafter(tiny_target)
+        ref = train(straight, data, cfg, tmp_path / "a", progress=False)
+        bests, top = [], None  # the steps at which the uninterrupted run found a new best
+        for v in ref.val_history:
+            if top is None or (v["acceptance_length"], -v["hard_ce"]) > top:
+                top = (v["acceptance_length"], -v["hard_ce"])
+                bests.append(v["step"])
+        later = [b for b in bests if b > 6]
+        assert later, bests  # this run's held-out tau improves after step 6
+        run = tmp_path / "b"
+        interrupt_when(lambda f, obj: f.name == "checkpoint.tmp" and obj["state"]["step"] == 6)
+        with pytest.raises(TrainingInterrupted) as exc:
+            train(_drafter(tiny_target), data, cfg, run, progress=False)
+        assert isinstance(exc.value, KeyboardInterrupt)
+        assert (exc.value.step, exc.value.total_steps, exc.value.checkpoint_step) == (6, ref.total_steps, 3)
+        assert str(exc.value).startswith(f"training interrupted at step 6/{ref.total_steps}; last checkpoint: step 3")
+        assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
+        assert torch.load(run / CHECKPOINT, weights_only=False)["state"]["step"] == 3
+        interrupt_when(lambda f, obj: f.name == "best.tmp" and obj["step"] == later[0])
+        with pytest.raises(TrainingInterrupted) as exc:
+            train(_drafter(tiny_target), data, cfg, run, resume=True, progress=False)
+        assert exc.value.step == exc.value.checkpoint_step == later[0]
+        assert torch.load(run / BEST, weights_only=True)["step"] < later[0]  # behind its checkpoint's best_step
+        monkeypatch.setattr(torch, "save", real_save)
+        train(_drafter(tiny_target), data, cfg, run, resume=True, max_steps=later[0], progress=False)  # no step
+        best, ck = torch.load(run / BEST, weights_only=True), torch.load(run / CHECKPOINT, weights_only=False)
+        assert best["step"] == ck["state"]["best_step"] == later[0]  # rewritten from the checkpoint's weights
+        assert all(torch.equal(w, ck["drafter"][k]) for k, w in best["drafter"].items())
+        resumed = _drafter(tiny_target, seed=9)
+        state = train(resumed, data, cfg, run, resume=True, progress=False)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert state.finished and state.val_history == ref.val_history and state.best_step == ref.best_step
+    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), k
+    best, ref_best = (torch.load(d / BEST, weights_only=True) for d in (run, tmp_path / "a"))
+    assert best["step"] == ref_best["step"] == ref.best_step
+    for k, w in ref_best["drafter"].items():
+        assert torch.equal(w, best["drafter"][k]), k
+    assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
