@@ -1,8 +1,12 @@
 """Load a ready-to-run engine from checkpoint paths (or the embedded defaults).
 
     from dflash_trt.api import load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+
     pipe = load_pipeline()                      # SmolLM2-135M-Instruct + default drafter, float32
-    [res] = pipe.generate_chat(["What is the capital of France?"], SamplingParams(max_tokens=32))
+    prompt = pipe.encode_chat("What is the capital of France?")   # chat template applied
+    [res] = pipe.generate([prompt], SamplingParams(max_tokens=32))  # mode="dflash" (or "ar")
+    print(res.text, res.metrics.acceptance_length)
 """
 
 from __future__ import annotations
