@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
@@ -220,19 +220,31 @@ def load_sets(path: str | Path) -> dict[str, list[str]]:
     return sets
 
 
+#: the smallest value each integer option takes (checked before anything loads: a usage error, exit 2)
+_MINIMUM = {"num_prompts": 1, "max_tokens": 1, "block_size": 2, "threads": 1}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command line (see the module docstring). Values out of range (`_MINIMUM`) and a bad
+    --sets-file are usage errors (exit 2); what the package refuses (a missing or non-drafter
+    --drafter, a --device it does not run on, a drafter that does not fit the target...) prints one
+    `error: ...` line and exits 1; Ctrl-C exits 130. Returns the report ({} with --dump-sets)."""
+    ap = argparse.ArgumentParser(prog="python -m dflash_trt.training.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", action="append", default=[], help="drafter folder (repeatable; default: the packaged one)")
     ap.add_argument("--untrained", action="store_true", help="also measure a random drafter of the same shape")
     ap.add_argument("--num-prompts", type=int, default=40,
-                    help="prompts per set of the HumanEval / MT-Bench subsets (not used with --sets-file)")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--block-size", type=int, default=None)
+                    help="prompts per set of the HumanEval / MT-Bench subsets (not used with --sets-file; default: "
+                         "%(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128,
+                    help="most new tokens per prompt, >= 1 (default: %(default)s)")
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="draft block size, >= 2: block_size - 1 drafts per verify step (default: each drafter's own)")
     ap.add_argument("--out", default=None, help="report folder (default: print only)")
     ap.add_argument("--cache", default=None, help="JSON cache of AR outputs and drafter results (default: OUT/eval_cache.json)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (float32 either way; TF32 stays off)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (float32 either way; TF32 stays off; "
+                                                    "default: %(default)s)")
     ap.add_argument("--sets-file", default=None,
                     help='JSON {"set name": [prompt texts]} instead of the HumanEval / MT-Bench subsets '
                          "(e.g. written by --dump-sets on a machine that has the dataset packages)")
@@ -240,9 +252,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--teacher-forced", action="store_true",
                     help="also report the trainer's validation figures on the AR outputs (teacher-forced tau, anchor mean)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.num_prompts < 1:
-        ap.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    for name, low in _MINIMUM.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if args.sets_file:
         try:
             sets = load_sets(args.sets_file)
@@ -250,20 +263,54 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(str(e))
     else:
         sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
-    if args.dump_sets:
-        Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
-        return {}
-    from dflash_trt.models.checkpoints import init_drafter, load_drafter, new_drafter_config
+    try:
+        if args.dump_sets:
+            Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
+            return {}
+        return _run(args, sets, sys.argv[1:] if argv is None else argv)
+    except (DFlashError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted" + (f"; decodes finished so far are cached in {args.cache or Path(args.out) / 'eval_cache.json'}"
+                               if args.cache or args.out else ""), file=sys.stderr)
+        sys.exit(130)
+
+
+def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) -> dict:
+    """`main` after parsing: the checks that need no model (--device, --drafter and --out paths), the
+    drafters, the target (each drafter must fit it), then `evaluate` and the report."""
+    from dflash_trt.cli.common import check_out_folder, model_folder
+    from dflash_trt.compat import check_compatible
+    from dflash_trt.models.checkpoints import check_device, init_drafter, load_drafter, new_drafter_config
     from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.models.loading import safetensors_files
     from dflash_trt.training.pipeline import load_target_and_tokenizer
 
-    path, target, tokenizer, stops = load_target_and_tokenizer(args.target, device=args.device)
-    paths = args.drafter or [str(default_drafter_path())]
-    drafters = {Path(p).name: load_drafter(p).to(args.device) for p in paths}
+    torch.set_num_threads(args.threads)
+    check_device(args.device)
+    model_folder("--target", args.target, "target")
+    paths = [model_folder("--drafter", p, "drafter") for p in args.drafter] or [str(default_drafter_path())]
+    if args.out:
+        check_out_folder("--out", args.out)
+    drafters = {}
+    for p in paths:  # before the target: a bad --drafter fails fast
+        try:
+            drafters[Path(p).name] = load_drafter(p).to(args.device)
+        except ConfigError as e:  # e.g. a target's folder: name the flag and the path
+            raise ConfigError(f"--drafter {p}: {e}") from None
     keys = {}
     for name, p in zip(drafters, paths):
-        weights = Path(p) / "model.safetensors"
-        keys[name] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+        digest = hashlib.sha256()
+        for weights in safetensors_files(p):
+            digest.update(weights.read_bytes())
+        keys[name] = digest.hexdigest()[:16]
+    path, target, tokenizer, stops = load_target_and_tokenizer(args.target, device=args.device)
+    for p, drafter in zip(paths, drafters.values()):
+        try:
+            check_compatible(target.config, drafter.config)
+        except DFlashError as e:
+            raise type(e)(f"--drafter {p}: {e}") from None
     if args.untrained:
         first = next(iter(drafters.values())).config
         cfg = new_drafter_config(target.config, first.num_hidden_layers, first.block_size, first.mask_token_id,
@@ -282,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["device"] = args.device
     if args.sets_file:
         report["sets_file"] = Path(args.sets_file).name
-    report["command"] = "python -m dflash_trt.training.evaluate " + shlex.join(sys.argv[1:] if argv is None else argv)
+    report["command"] = "python -m dflash_trt.training.evaluate " + shlex.join(argv)
     print(json.dumps({s: {n: {"tau": d["tau"], "parity": d["parity_count"],
                               **({"teacher_forced": d["teacher_forced"]} if "teacher_forced" in d else {})}
                           for n, d in e["drafters"].items()}

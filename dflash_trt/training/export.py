@@ -10,7 +10,7 @@ it and drafts over those lm_head rows only. TensorRT-LLM's and SGLang's DFlash l
 z-lab `dflash` loader expect the full vocabulary (the z-lab format has no `d2t`): `full_vocab_copy`
 writes that variant (same weights, the full target lm_head at inference).
 
-    python -m dflash_trt.training.export SRC DST     # full-vocabulary copy of a drafter folder
+    python -m dflash_trt.training.export SRC DST [--force]   # full-vocabulary copy of a drafter folder
 """
 
 from __future__ import annotations
@@ -163,21 +163,58 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     return out
 
 
-def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
+def _check_copy_paths(src: Path, dst: Path, force: bool) -> None:
+    """Refuse a `full_vocab_copy` destination that would lose data, before anything is read or written:
+    `dst` equal to `src`, inside it or holding it (always: publishing `dst` would replace `src` or
+    write into it), a file at `dst` (always: the copy is a folder; as train-drafter and init-drafter
+    refuse a file at --out), or an existing folder unless `force`.
+
+    Raises:
+        ConfigError: naming the path and the fix.
+    """
+    from dflash_trt.errors import ConfigError
+
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents or d in s.parents:
+        where = "is" if s == d else "is inside" if s in d.parents else "holds"
+        raise ConfigError(f"DST {dst} {where} SRC {src}; write the copy to a folder outside the source drafter "
+                          "(--force does not change this)")
+    if not (dst.exists() or dst.is_symlink()):
+        return
+    if not dst.is_dir():
+        raise ConfigError(f"DST {dst} is a file; give a folder path for the copy (the file is left as it is)")
+    if not force:
+        raise ConfigError(f"DST {dst} already exists; pick another DST, or pass --force to replace it (the old "
+                          "folder is removed only once the copy is written)")
+
+
+def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
     `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied but
     acceptance.* (measured with the reduced vocabulary: the full one drafts differently; measure it
     with `python -m dflash_trt.training.evaluate --drafter DST`).
 
-    Written beside `dst` and moved into place (an existing `dst` is replaced) with ordinary modes
-    (`publish_folder`). Returns `dst`.
+    Written beside `dst` and moved into place with ordinary modes (`publish_folder`). An existing
+    `dst` folder is replaced only with `force` (and only once the copy is written). Returns `dst`.
+
+    Raises:
+        CheckpointError / ConfigError: `src` is not a drafter folder (missing, a file, no dflash_config,
+            no weights); `dst` is, holds or lies inside `src`, is a file, or an existing folder without
+            `force` (nothing is written then).
     """
+    from dflash_trt.cli.common import model_folder
+    from dflash_trt.errors import ConfigError
+
     src, dst = Path(src), Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    cfg = DrafterConfig.from_pretrained(src)
+    try:
+        cfg = DrafterConfig.from_pretrained(model_folder("SRC", str(src), "drafter"))
+    except ConfigError as e:  # e.g. a target's folder: name the path
+        raise ConfigError(f"SRC {src}: {e}") from None
+    _check_copy_paths(src, dst, force)
     tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
     hf = json.loads((src / "config.json").read_text())
     hf.pop("draft_vocab_size", None)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         save_checkpoint(tmp, hf, tensors)
@@ -196,7 +233,33 @@ def full_vocab_copy(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`python -m dflash_trt.training.export SRC DST [--force]`: a usage error exits 2, a bad SRC or
+    DST (`full_vocab_copy`'s errors) prints one `error: ...` line and exits 1."""
+    import argparse
+
+    from dflash_trt.errors import DFlashError
+
+    ap = argparse.ArgumentParser(
+        prog="python -m dflash_trt.training.export",
+        description="Write the full-vocabulary copy of a reduced-vocabulary drafter folder (no d2t, no "
+                    "draft_vocab_size): the z-lab format TensorRT-LLM's, SGLang's and vLLM's DFlash loaders expect. "
+                    "Other files are copied, except acceptance.* (measured on the reduced vocabulary).")
+    ap.add_argument("src", metavar="SRC", help="drafter folder (e.g. written by dflash-trt train-drafter)")
+    ap.add_argument("dst", metavar="DST", help="output folder (created; must not be SRC, inside it or hold it)")
+    ap.add_argument("--force", action="store_true",
+                    help="replace an existing DST folder (once the copy is written); a file at DST is never replaced")
+    args = ap.parse_args(argv)
+    try:
+        out = full_vocab_copy(args.src, args.dst, force=args.force)
+    except (DFlashError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"interrupted; DST {args.dst} is left as it was", file=sys.stderr)
+        sys.exit(130)
+    print(f"wrote the full-vocabulary copy of {args.src} to {out}")
+
+
 if __name__ == "__main__":  # pragma: no cover - thin CLI
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m dflash_trt.training.export SRC DST  (full-vocabulary copy of a drafter)")
-    print(full_vocab_copy(sys.argv[1], sys.argv[2]))
+    main()

@@ -90,3 +90,76 @@ def test_num_prompts_must_be_positive(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--num-prompts", "0"])
     assert e.value.code == 2 and "--num-prompts must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["--max-tokens", "-4"], "--max-tokens must be >= 1, got -4"),
+    (["--block-size", "1"], "--block-size must be >= 2, got 1"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+])
+def test_out_of_range_values_are_usage_errors(capsys, args, msg):
+    """Checked before anything loads: exit 2 with argparse's usage and one error line."""
+    from dflash_trt.training.evaluate import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1] == f"python -m dflash_trt.training.evaluate: error: {msg}"
+    assert "Traceback" not in err
+
+
+def test_bad_paths_and_devices_are_one_line_errors(tmp_path, capsys, target_with_tokenizer):
+    """What the package refuses prints `error: ...` (exit 1), no traceback; the paths fail before any model loads."""
+    from dflash_trt.training.evaluate import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    cases = [
+        (["--drafter", "nope"], "error: --drafter nope: no such folder; give the drafter folder"),
+        (["--drafter", str(target_with_tokenizer)],
+         f"error: --drafter {target_with_tokenizer}: this config.json is a LlamaForCausalLM model's, not a DFlash drafter's"),
+        (["--device", "tpu"], "error: --device tpu: not a device dflash-trt runs on; use cpu, cuda or cuda:N"),
+        (["--target", str(tmp_path / "none")], f"error: --target {tmp_path / 'none'}: no such folder"),
+        (["--out", str(notes)], f"error: --out {notes}: this is a file, not a folder"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        out = capsys.readouterr()
+        assert e.value.code == 1 and out.out == "" and out.err.startswith(msg) and out.err.count("\n") == 1, out.err
+    assert notes.read_text() == "x"
+
+
+def test_a_drafter_that_does_not_fit_the_target_is_refused_before_decoding(tmp_path, capsys, target_with_tokenizer):
+    """The packaged SmolLM2 drafter against the tiny target: the compatibility problems, exit 1."""
+    from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.training.evaluate import main
+
+    sets = tmp_path / "sets.json"
+    sets.write_text('{"tiny": ["w5 w6 w7"]}')
+    with pytest.raises(SystemExit) as e:
+        main(["--target", str(target_with_tokenizer), "--sets-file", str(sets)])
+    out = capsys.readouterr()
+    assert e.value.code == 1 and out.out == "" and "Traceback" not in out.err
+    assert out.err.startswith(f"error: --drafter {default_drafter_path()}: drafter does not fit the target:")
+    assert "evaluate: " not in out.err  # nothing was decoded
+
+
+def test_help_names_the_module_and_shows_defaults(capsys, monkeypatch):
+    from dflash_trt.training.evaluate import main
+
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps to the terminal, and may break --sets-file at its hyphen
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert e.value.code == 0 and out.startswith("usage: python -m dflash_trt.training.evaluate [-h]")
+    for text in ("--num-prompts NUM_PROMPTS prompts per set of the HumanEval / MT-Bench subsets (not used with "
+                 "--sets-file; default: 40)",
+                 "--max-tokens MAX_TOKENS most new tokens per prompt, >= 1 (default: 128)",
+                 "--block-size BLOCK_SIZE draft block size, >= 2: block_size - 1 drafts per verify step (default: "
+                 "each drafter's own)",
+                 "--threads THREADS torch CPU threads (default: 1)",
+                 "--device DEVICE cpu, cuda or cuda:N (float32 either way; TF32 stays off; default: cpu)"):
+        assert text in out, text

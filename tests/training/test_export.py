@@ -83,3 +83,106 @@ def test_readme_names_the_exported_step():
     assert "The weights are those of step 20 of 30, the best held-out tau (1.250) (`--keep-best`)." in mid
     start = bundle_readme(cfg, {**info, "exported_step": 0, "validation": val})
     assert "step 0 of 30, the best held-out tau (1.250) (`--keep-best`): the weights training started from (`--init`)" in start
+
+
+# `python -m dflash_trt.training.export SRC DST [--force]`: refuses what would lose data, one-line errors
+
+
+def _reduced_drafter(folder):
+    """A random tiny reduced-vocabulary drafter exported to `folder`, with an acceptance.md beside it."""
+    from conftest import TINY
+
+    from dflash_trt.config import TargetConfig
+
+    torch.manual_seed(0)
+    cfg = new_drafter_config(TargetConfig.from_hf_config(TINY), 1, 4, MASK, [0, 1]).replace(draft_vocab_size=24)
+    out = export_drafter(DFlashDrafter(cfg), folder, {"steps": 1}, [])
+    (out / "acceptance.md").write_text("tau of the reduced-vocabulary drafts")
+    return out
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _export_cli(capsys, *args):
+    """(exit code, stdout, stderr) of the export command line run in-process."""
+    import pytest
+
+    from dflash_trt.training.export import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_export_cli_keeps_a_file_at_dst_even_with_force(tmp_path, capsys):
+    src = _reduced_drafter(tmp_path / "drafter")
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"my notes\x00\n")
+    for extra in ((), ("--force",)):
+        code, out, err = _export_cli(capsys, src, notes, *extra)
+        assert code == 1 and out == "" and err == f"error: DST {notes} is a file; give a folder path for the copy (the file is left as it is)\n"
+        assert notes.read_bytes() == b"my notes\x00\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "notes.txt"]  # no temporary folder left
+
+
+def test_export_cli_replaces_an_existing_folder_only_with_force(tmp_path, capsys):
+    src = _reduced_drafter(tmp_path / "drafter")
+    dst = tmp_path / "full"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("old")
+    code, out, err = _export_cli(capsys, src, dst)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: DST {dst} already exists;") and "--force" in err
+    assert _snapshot(dst) == {"keep.txt": b"old"}
+    code, out, err = _export_cli(capsys, src, dst, "--force")
+    assert code == 0 and err == "" and out == f"wrote the full-vocabulary copy of {src} to {dst}\n"
+    assert not (dst / "keep.txt").exists() and not (dst / "acceptance.md").exists()
+    assert "d2t" not in read_tensors(dst) and load_drafter(dst).d2t is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "full"]
+
+
+def test_export_cli_refuses_dst_overlapping_src_even_with_force(tmp_path, capsys, monkeypatch):
+    src = _reduced_drafter(tmp_path / "drafter")
+    before = _snapshot(src)
+    monkeypatch.chdir(tmp_path)
+    for dst, where in ((src, "is"), (tmp_path / "drafter" / ".." / "drafter", "is"), (src / "full", "is inside"),
+                       (tmp_path, "holds"), ("drafter", "is")):
+        code, out, err = _export_cli(capsys, src, dst, "--force")
+        assert code == 1 and out == "" and err == (f"error: DST {dst} {where} SRC {src}; write the copy to a folder "
+                                                   "outside the source drafter (--force does not change this)\n")
+        assert _snapshot(src) == before  # acceptance.md and the d2t weights untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def test_export_cli_bad_src_is_one_line(tmp_path, capsys, tiny_target_dir):
+    drafter = _reduced_drafter(tmp_path / "drafter")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [(tmp_path / "nope", "no such folder; give the drafter folder"),
+             (drafter / "config.json", "is a file; give the drafter folder"),
+             (empty, "no config.json in this folder"),
+             (tiny_target_dir, f"SRC {tiny_target_dir}: this config.json is a LlamaForCausalLM model's, not a DFlash drafter's")]
+    for src, msg in cases:
+        code, out, err = _export_cli(capsys, src, tmp_path / "out")
+        assert code == 1 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+        assert msg in err and str(src) in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_cli_help_and_usage_errors():
+    import subprocess
+    import sys
+
+    import os
+
+    run = [sys.executable, "-m", "dflash_trt.training.export"]
+    r = subprocess.run([*run, "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m dflash_trt.training.export [-h] [--force] SRC DST")
+    assert "--force" in r.stdout and "full-vocabulary" in r.stdout
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == "" and "the following arguments are required: SRC, DST" in r.stderr
+    assert "Traceback" not in r.stderr
