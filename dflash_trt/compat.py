@@ -96,50 +96,109 @@ def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
     return hashlib.sha256(blob).hexdigest(), special
 
 
-def _weight_shape_problems(drafter_path: Path, drafter: DrafterConfig) -> list[str]:
-    """What the strict load (`loading.load_strict`) would refuse in the drafter's weights, read from the
-    safetensors headers only: missing keys, keys of another shape, unexpected keys (quantization scales,
-    which loading consumes, are not unexpected).
+def _header_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
+    """{key: (shape, safetensors dtype)} of every tensor of a checkpoint folder (single file or sharded
+    index), read from the safetensors headers only: no tensor data is loaded.
 
     Raises:
-        CheckpointError: no safetensors weights, or a file that is not readable (truncated, corrupt).
+        CheckpointError: no safetensors weights, a shard the index names is missing, a file that is not
+            readable (truncated, corrupt), or an index that is not JSON.
     """
-    import torch
-
-    from dflash_trt.models.dequant import SCALE_SUFFIXES
-    from dflash_trt.models.drafter import DFlashDrafter
+    from dflash_trt.errors import CheckpointError
     from dflash_trt.models.loading import open_safetensors, safetensors_files
 
-    with torch.device("meta"):
-        expected = {k: list(v.shape) for k, v in DFlashDrafter(drafter).state_dict().items()}
-    found: dict[str, list[int]] = {}
-    for file in safetensors_files(drafter_path):
+    try:
+        files = safetensors_files(folder)
+    except ValueError as exc:  # json.JSONDecodeError of a damaged model.safetensors.index.json
+        raise CheckpointError(f"{folder / 'model.safetensors.index.json'}: not a readable index ({exc}); "
+                              "re-save or re-download it") from exc
+    except CheckpointError as exc:
+        if (folder / "model.safetensors.index.json").is_file():  # the shards the index names are not all there
+            raise CheckpointError(f"{exc}; download every shard model.safetensors.index.json names "
+                                  "(or re-save the checkpoint)") from exc
+        raise
+    found: dict[str, tuple[list[int], str]] = {}
+    for file in files:
         with open_safetensors(file) as f:
             for key in f.keys():
-                found[key] = list(f.get_slice(key).get_shape())
+                s = f.get_slice(key)
+                found[key] = (list(s.get_shape()), s.get_dtype())
+    return found
+
+
+#: per checkpoint kind: (how to fix missing keys, how to fix a tensor of the wrong shape)
+_WEIGHT_FIXES = {
+    "drafter": ("the weights do not match config.json (re-export the drafter)",
+                "fix config.json (hidden_size, target_layer_ids, heads) or use the matching checkpoint"),
+    "target": ("the weights do not match config.json (re-download or re-convert the target)",
+               "config.json (vocab_size, hidden_size, intermediate_size, heads) does not describe these "
+               "weights: use the config.json that came with them, or the matching checkpoint"),
+}
+
+
+def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: str,
+                           ignore: tuple[str, ...] = ()) -> list[str]:
+    """What the strict load (`loading.load_strict`) would refuse in a checkpoint's weights, read from the
+    safetensors headers only (`_header_shapes`): keys missing (one item naming the first five), keys of
+    another shape (one item naming the first and counting the rest), unexpected keys. Quantization scales,
+    which loading consumes, are not unexpected; a ModelOpt NVFP4 weight (uint8, two codes per byte) is
+    expected with half the columns; keys in `ignore` (a tied lm_head) may be there or not.
+
+    Args:
+        expected: {key: shape} of the module built from config.json (on the meta device).
+        what: "target" or "drafter" (the messages and their fixes).
+    Raises:
+        CheckpointError: as `_header_shapes`.
+    """
+    from dflash_trt.models.dequant import SCALE_SUFFIXES
+
+    missing_fix, shape_fix = _WEIGHT_FIXES[what]
+    found = _header_shapes(folder)
     problems = []
-    unexpected = [k for k in found if k not in expected and not k.endswith(SCALE_SUFFIXES)]
+    unexpected = [k for k in found if k not in expected and k not in ignore and not k.endswith(SCALE_SUFFIXES)]
     if unexpected:
-        problems.append(f"drafter weights: unexpected key(s) {', '.join(unexpected[:5])}"
-                        f"{f' (and {len(unexpected) - 5} more)' if len(unexpected) > 5 else ''} in {drafter_path}; "
+        problems.append(f"{what} weights: unexpected key(s) {', '.join(unexpected[:5])}"
+                        f"{f' (and {len(unexpected) - 5} more)' if len(unexpected) > 5 else ''} in {folder}; "
                         "the checkpoint has weights this architecture does not use (wrong model type or config?)")
+    missing = [k for k in expected if k not in found]
+    if missing:
+        shown = ", ".join(f"{k} {expected[k]}" for k in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        problems.append(f"{what} weights: {shown}{more} {'is' if len(missing) == 1 else 'are'} missing from "
+                        f"{folder}; {missing_fix}")
+    wrong = []
     for key, shape in expected.items():
         if key not in found:
-            problems.append(f"drafter weights: {key} {shape} is missing from {drafter_path}; the weights do not match "
-                            "config.json (re-export the drafter)")
-        elif found[key] != shape:
-            problems.append(f"drafter weights: {key} has shape {found[key]}, config.json implies {shape}; fix "
-                            "config.json (hidden_size, target_layer_ids, heads) or use the matching checkpoint")
+            continue
+        got, dtype = found[key]
+        if dtype == "U8" and key.endswith(".weight") and f"{key[:-len('weight')]}weight_scale" in found and shape:
+            shape = [*shape[:-1], shape[-1] // 2]  # NVFP4: two E2M1 codes per byte
+        if got != shape:
+            wrong.append((key, got, shape))
+    if wrong:
+        key, got, shape = wrong[0]
+        more = f" (and {len(wrong) - 1} more tensor(s) of another shape)" if len(wrong) > 1 else ""
+        problems.append(f"{what} weights: {key} has shape {got}, config.json implies {shape}{more}; {shape_fix}")
     return problems
+
+
+def _expected_shapes(module_cls, cfg) -> dict[str, list[int]]:
+    """{key: shape} of `module_cls(cfg)`'s state dict, built on the meta device (no memory, no init)."""
+    import torch
+
+    with torch.device("meta"):
+        return {k: list(v.shape) for k, v in module_cls(cfg).state_dict().items()}
 
 
 def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list[Finding]:
     """Every check `dflash-trt check` runs on a target folder and a drafter folder.
 
-    Errors: unreadable configs, every `compatibility_problems` item, drafter weights that do not match
-    its config, different tokenizers. Warnings: an untrained drafter, a drafter context (max_position_embeddings) shorter than
-    the target's (the runtime then stops drafting near the drafter's limit and decodes one token per
-    step), different RoPE settings, a mask token that is not a special token of the tokenizer.
+    Errors: unreadable configs, target or drafter weights that are missing, unreadable (truncated, a
+    shard the index names absent) or do not match their config.json (read from the safetensors headers,
+    no tensor data loaded), every `compatibility_problems` item, different tokenizers. Warnings: an
+    untrained drafter, a drafter context (max_position_embeddings) shorter than the target's (the
+    runtime then stops drafting near the drafter's limit and decodes one token per step), different
+    RoPE settings, a mask token that is not a special token of the tokenizer.
     """
     from dflash_trt.errors import DFlashError
 
@@ -152,9 +211,20 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
         drafter = DrafterConfig.from_pretrained(drafter_path)
     except DFlashError as exc:
         return [Finding(ERROR, f"drafter: {exc}")]
-    out = [Finding(ERROR, p) for p in compatibility_problems(target, drafter)]
+    from dflash_trt.models.drafter import DFlashDrafter
+    from dflash_trt.models.target import TargetModel
+
+    out = []
     try:
-        out += [Finding(ERROR, p) for p in _weight_shape_problems(drafter_path, drafter)]
+        ignore = ("lm_head.weight",) if target.tie_word_embeddings else ()  # as load_target allows
+        out += [Finding(ERROR, p) for p in _weight_shape_problems(
+            target_path, _expected_shapes(TargetModel, target), "target", ignore)]
+    except DFlashError as exc:
+        out.append(Finding(ERROR, f"target: {exc}"))
+    out += [Finding(ERROR, p) for p in compatibility_problems(target, drafter)]
+    try:
+        out += [Finding(ERROR, p) for p in _weight_shape_problems(
+            drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter")]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
     if not drafter.trained:

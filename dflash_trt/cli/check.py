@@ -13,16 +13,18 @@ import click
 @click.option("--drafter", type=click.Path(), default=None,
               help="DFlash drafter folder, z-lab / ModelOpt format (default: the project's drafter).")
 def check(target, drafter):
-    """Run every compatibility check; print each problem with its fix. Warnings do not fail the check."""
+    """Run every compatibility check (configs, both models' weights read from their safetensors headers, tokenizers);
+    print each problem with its fix. Warnings do not fail the check."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
+    target = model_folder("--target", target)  # a target that is not there first: no drafter would help
     why = drafter_required(target, drafter, alternative=None)
     if why is not None:
         raise ConfigError(why)
-    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
+    drafter = model_folder("--drafter", drafter, "drafter")
     findings = check_checkpoints(target or default_target_path(), drafter or default_drafter_path())
     for f in findings:
         click.echo(f"{f.level}: {f.message}", err=f.level == ERROR)

@@ -15,7 +15,9 @@ RNG, so its output does not depend on what else is in the batch.
 
 from __future__ import annotations
 
+import numbers
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,6 +42,33 @@ MODES = ("dflash", "ar")
 #: ~14 ms, the other 13 ~23 ms, all 16 at once ~24 ms, so the split only pays while the rest is
 #: needed in under ~40% of the steps (a weak drafter; a strong one goes straight to all 16).
 LAZY_MAX_ACCEPT_RATE = 0.4
+
+
+def _token_id_lists(prompts) -> list[list[int]]:
+    """`prompts` as lists of Python ints, or InvalidRequestError saying what a prompt is: text (a string, or
+    a list of strings) and a single flat list of ids are the usual mistakes. A prompt may be any sequence
+    of ints (numpy's too) or a 1-D numpy array / torch tensor of them."""
+    how = ("prompts are lists of token ids (ints), one list per prompt; tokenize text first with "
+           "Pipeline.encode(text) or Pipeline.encode_chat(message)")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise InvalidRequestError(f"{how}; got {type(prompts).__name__} {_short(prompts)}")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist"):  # numpy array, torch tensor
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+            one = " (a single prompt? wrap its ids: [ids])" if isinstance(prompt, numbers.Integral) else ""
+            raise InvalidRequestError(f"{how}; prompt {i} is {type(prompt).__name__} {_short(prompt)}{one}")
+        bad = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{how}; prompt {i} holds {type(bad).__name__} {_short(bad)}")
+        out.append([int(t) for t in prompt])
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -139,7 +168,8 @@ class Engine:
         """Generate completions for a batch of tokenized prompts.
 
         Args:
-            prompts: n lists of token ids (any lengths).
+            prompts: n lists of token ids (any lengths; ints, numpy's too), e.g. from `Pipeline.encode` /
+                `Pipeline.encode_chat`; text is refused (InvalidRequestError naming those).
             params: one SamplingParams for all, or one per prompt.
             mode: "dflash" (speculative) or "ar" (autoregressive baseline).
             on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
@@ -156,10 +186,15 @@ class Engine:
             raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "dflash" and self.proposer is None:
             raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
+        prompts = _token_id_lists(prompts)
         params = params or SamplingParams()
-        plist = params if isinstance(params, list) else [params] * len(prompts)
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        for sp in plist:
+            if not isinstance(sp, SamplingParams):
+                raise InvalidRequestError(f"params must be a SamplingParams or a list of them (one per prompt), got "
+                                          f"{type(sp).__name__}; e.g. SamplingParams(max_tokens=64)")
         reqs = [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
         for i, r in enumerate(reqs):
             r.index, r.on_tokens = i, on_tokens

@@ -7,6 +7,8 @@ branch, never a tiny temperature.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +21,9 @@ class SamplingParams:
     """Per-request decoding parameters (OpenAI / TensorRT-LLM names).
 
     max_tokens: completion tokens at most (>= 1). stop_token_ids: tokens that end the output
-    (included once); None means the target's EOS ids. seed: per-request RNG seed (sampling);
-    None draws one from torch's global RNG. ignore_eos: do not stop at EOS (benchmarks).
+    (included once; a list is stored as a tuple); None means the target's EOS ids. seed: per-request
+    RNG seed (sampling); None draws one from torch's global RNG. ignore_eos: do not stop at EOS
+    (benchmarks). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
 
     temperature: float = 0.0
@@ -32,20 +35,61 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
+        allowed; bool is not a number here) and normalizes: numbers to Python int / float (numpy scalars
+        included), stop_token_ids to a tuple (a list keeps the object hashable)."""
+        set_ = object.__setattr__  # frozen: normalize in place
+        set_(self, "temperature", _real("temperature", self.temperature, "a number >= 0 (0 = greedy)"))
         if not 0 <= self.temperature < float("inf"):  # NaN and inf included
             raise InvalidRequestError(f"temperature must be finite and >= 0, got {self.temperature}")
+        set_(self, "top_k", _integer("top_k", self.top_k, "an integer >= 0 (0 = off)"))
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        set_(self, "top_p", _real("top_p", self.top_p, "a number in (0, 1] (1 = off)"))
         if not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, "an integer >= 1"))
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {self.seed}")
+        if self.stop_token_ids is not None:
+            set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
+        if self.seed is not None:
+            set_(self, "seed", _integer("seed", self.seed, "an integer in [-2**63, 2**64) or None"))
+            if not -(2**63) <= self.seed < 2**64:
+                raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {self.seed}")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _integer(field: str, value, allowed: str) -> int:
+    """`value` as a Python int when it is an integer (numpy's too) and not a bool, else InvalidRequestError."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise InvalidRequestError(f"{field} must be {allowed}, got {value!r} ({type(value).__name__})")
+
+
+def _real(field: str, value, allowed: str) -> float:
+    """`value` as a Python float when it is a real number (int or float, numpy's too) and not a bool, else
+    InvalidRequestError (a string such as "0.7" included: convert it with float() first)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise InvalidRequestError(f"{field} must be {allowed}, got {value!r} ({type(value).__name__})")
+
+
+def _token_ids(value) -> tuple[int, ...]:
+    """stop_token_ids as a tuple of ints >= 0: a list, tuple or set of token ids, else InvalidRequestError."""
+    allowed = "a list or tuple of token ids (integers >= 0), or None for the target's EOS ids"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidRequestError(f"stop_token_ids must be {allowed}, got {value!r} ({type(value).__name__})")
+    ids = tuple(value)
+    bad = [t for t in ids if not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0]
+    if bad:
+        raise InvalidRequestError(f"stop_token_ids must be {allowed}; {bad[0]!r} in {value!r} is not one")
+    return tuple(int(t) for t in ids)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,13 @@ Definitions (TensorRT-LLM / DFlash paper names):
   verify step; fewer with a dynamic draft length, `DFlashProposer.draft_confidence`).
 - accepted_tokens: draft tokens the target kept AND that were emitted (nothing past a stop).
 - verify_steps: target forward passes after prefill that decoded this request.
-- acceptance_length (tau): tokens emitted per verify step = (accepted + bonus/recovered) / steps.
-- acceptance_rate: accepted_tokens / drafted_tokens, within [0, 1] (0 when nothing was drafted).
+- acceptance_length (tau): tokens emitted per verify step = (accepted + bonus/recovered) / steps;
+  1.0 for autoregressive decoding (one token per target forward pass), and 1.0 for a request that
+  had no verify step at all (max_tokens 1, or a stop as the first token: its one token came from the
+  prefill pass, as in autoregressive decoding), never the 0.0 of an empty division.
+- acceptance_rate: accepted_tokens / drafted_tokens, within [0, 1]. Nothing drafted (mode "ar", or no
+  verify step) leaves it undefined: the property gives 0.0 (a float for formatting), `to_dict` (the
+  --json of generate) gives None / null, as bench's results.json does for "ar".
 - accepted_per_position[j]: verify steps in which draft position j + 1 was accepted and emitted.
 - time_to_first_token_s / total_time_s: seconds from the start of the `generate` call to this
   request's first token / its last. Requests of one batch share a prefill, so they share the first,
@@ -31,12 +36,14 @@ class RequestMetrics:
 
     @property
     def acceptance_length(self) -> float:
-        """tau: tokens per verify step (1.0 for autoregressive decoding)."""
+        """tau: tokens per verify step (1.0 for autoregressive decoding, and for a request with no verify
+        step: its only token came from the prefill pass)."""
         decoded = self.completion_tokens - 1  # the first token comes from prefill
-        return decoded / self.verify_steps if self.verify_steps else 0.0
+        return decoded / self.verify_steps if self.verify_steps else 1.0
 
     @property
     def acceptance_rate(self) -> float:
+        """accepted / drafted tokens; 0.0 when nothing was drafted (`to_dict` gives None then)."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
@@ -44,8 +51,11 @@ class RequestMetrics:
         return self.completion_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
     def to_dict(self) -> dict:
+        """The fields plus acceptance_length, acceptance_rate (None when nothing was drafted, as in bench's
+        results.json) and tokens_per_s: what `generate --json` prints as "metrics"."""
         d = asdict(self)
-        d.update(acceptance_length=self.acceptance_length, acceptance_rate=self.acceptance_rate,
+        d.update(acceptance_length=self.acceptance_length,
+                 acceptance_rate=self.acceptance_rate if self.drafted_tokens else None,
                  tokens_per_s=self.tokens_per_s)
         return d
 

@@ -429,3 +429,29 @@ def test_ignored_sampling_flags_and_float16_on_a_cpu_are_named(monkeypatch, caps
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--temperature", "0.7", "--top-p", "0.5",
                             "--dtype", "bfloat16", *stop)
     assert code == 2 and "warning" not in err, err
+
+
+def test_check_reads_the_target_weights(monkeypatch, capsys, tmp_path, tiny):
+    """A target folder with config and tokenizer but no weights, or a truncated model.safetensors, fails
+    `check` (exit 1, one error line with the fix) instead of 'ok' and a failing generate; the tiny pair passes."""
+    target, drafter = tiny
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(drafter))
+    assert code == 0 and out.splitlines()[-1].startswith("ok: the drafter fits the target"), err
+    bare = tmp_path / "bare"
+    shutil.copytree(target, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(bare), "--drafter", str(drafter))
+    assert code == 1 and "ok:" not in out and "Traceback" not in err, err
+    assert err.splitlines() == [f"error: target: {bare}: no *.safetensors weights found; save the model with "
+                                "`save_pretrained(..., safe_serialization=True)`",
+                                "check failed: 1 error(s), 1 warning(s)"]  # the drafter is untrained
+    weights = bare / "model.safetensors"
+    weights.write_bytes((target / "model.safetensors").read_bytes()[:-64])
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(bare), "--drafter", str(drafter))
+    assert code == 1 and err.startswith(f"error: target: {weights}: not a readable safetensors file ("), err
+    assert err.splitlines()[0].endswith("); re-save or re-download it")
+
+
+def test_check_names_a_missing_target_before_asking_for_a_drafter(monkeypatch, capsys, tmp_path):
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(tmp_path / "nope"))
+    assert one_error_line(code, err) and out == "", err
+    assert err == f"error: --target {tmp_path / 'nope'}: no such folder; give the model folder (the one holding config.json)\n"

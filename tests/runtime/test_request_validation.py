@@ -1,0 +1,134 @@
+"""Requests are checked before anything runs: SamplingParams fields of the wrong type (a float max_tokens,
+a string temperature, a bool for a number) and prompts given as text are one InvalidRequestError naming
+the field or prompt, the value and what is allowed; tau and the acceptance rate of a request without a
+verify step (max_tokens 1) are the documented values, in the object and in `to_dict` (generate --json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.stats import RequestMetrics
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("max_tokens", 2.5, "max_tokens must be an integer >= 1, got 2.5 (float)"),
+    ("max_tokens", True, "max_tokens must be an integer >= 1, got True (bool)"),
+    ("max_tokens", "64", "max_tokens must be an integer >= 1, got '64' (str)"),
+    ("top_k", 2.5, "top_k must be an integer >= 0 (0 = off), got 2.5 (float)"),
+    ("seed", 1.5, "seed must be an integer in [-2**63, 2**64) or None, got 1.5 (float)"),
+    ("seed", False, "seed must be an integer in [-2**63, 2**64) or None, got False (bool)"),
+    ("temperature", "0.7", "temperature must be a number >= 0 (0 = greedy), got '0.7' (str)"),
+    ("temperature", None, "temperature must be a number >= 0 (0 = greedy), got None (NoneType)"),
+    ("top_p", True, "top_p must be a number in (0, 1] (1 = off), got True (bool)"),
+    ("ignore_eos", 1, "ignore_eos must be True or False, got 1"),
+    ("stop_token_ids", 2, "stop_token_ids must be a list or tuple of token ids (integers >= 0), or None for the "
+                          "target's EOS ids, got 2 (int)"),
+    ("stop_token_ids", "2", "stop_token_ids must be a list or tuple of token ids (integers >= 0), or None for the "
+                            "target's EOS ids, got '2' (str)"),
+    ("stop_token_ids", [2, 2.0], "stop_token_ids must be a list or tuple of token ids (integers >= 0), or None for "
+                                 "the target's EOS ids; 2.0 in [2, 2.0] is not one"),
+    ("stop_token_ids", [-1], "; -1 in [-1] is not one"),
+])
+def test_a_field_of_the_wrong_type_is_named(field, value, allowed):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**{"temperature": 1.0, field: value})
+    assert allowed in str(info.value)
+
+
+def test_ranges_are_still_checked():
+    for kw, msg in [(dict(max_tokens=0), "max_tokens must be >= 1, got 0"), (dict(top_k=-1), "top_k must be >= 0"),
+                    (dict(top_p=0), "top_p must be in (0, 1], got 0.0"),
+                    (dict(temperature=math.inf), "temperature must be finite and >= 0, got inf"),
+                    (dict(seed=2**64), "seed must be a 64-bit integer")]:
+        with pytest.raises(InvalidRequestError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")
+                           .replace("[", r"\[")):
+            SamplingParams(**kw)
+
+
+def test_values_are_normalized_and_the_object_stays_hashable():
+    """A list of stop ids becomes a tuple (a frozen dataclass holding a list was unhashable); numpy scalars
+    and ints where a float goes become Python numbers (what torch's generator and top-k take)."""
+    p = SamplingParams(temperature=1, top_k=np.int64(5), top_p=np.float32(0.5), max_tokens=np.int32(7),
+                       stop_token_ids=[2, np.int64(3)], seed=np.uint64(9))
+    assert p == SamplingParams(temperature=1.0, top_k=5, top_p=0.5, max_tokens=7, stop_token_ids=(2, 3), seed=9)
+    assert hash(p) == hash(SamplingParams(temperature=1.0, top_k=5, top_p=0.5, max_tokens=7, stop_token_ids=(2, 3),
+                                          seed=9))
+    assert [type(v) for v in (p.temperature, p.top_k, p.top_p, p.max_tokens, p.seed)] == [float, int, float, int, int]
+    assert type(p.stop_token_ids[1]) is int and {p: 1}[p] == 1
+    assert dataclasses.replace(p, stop_token_ids=[4]).stop_token_ids == (4,)
+    assert SamplingParams(stop_token_ids=[]).stop_token_ids == () and SamplingParams().stop_token_ids is None
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A tiny random Llama target (vocab 96) with an untrained 1-layer block-4 drafter."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
+    from dflash_trt.runtime.engine import Engine
+    from dflash_trt.runtime.proposer import DFlashProposer
+    from tests.conftest import make_hf_model
+
+    tmp = tmp_path_factory.mktemp("engine")
+    _, folder = make_hf_model(tmp)
+    target = load_target(folder)
+    drafter = load_drafter(init_drafter(new_drafter_config(TargetConfig.from_pretrained(folder), 1, 4, 95, [1, 2]),
+                                        tmp / "d"))
+    return Engine(target, DFlashProposer(drafter, target))
+
+
+HOW = ("prompts are lists of token ids (ints), one list per prompt; tokenize text first with Pipeline.encode(text) "
+       "or Pipeline.encode_chat(message)")
+
+
+@pytest.mark.parametrize("prompts, what", [
+    (["Hello"], "; prompt 0 is str 'Hello'"),
+    ("Hello", "; got str 'Hello'"),
+    ([[5, 6], ["a", "b"]], "; prompt 1 holds str 'a'"),
+    ([5, 6, 7], "; prompt 0 is int 5 (a single prompt? wrap its ids: [ids])"),
+    ([[5, 6.0]], "; prompt 0 holds float 6.0"),
+    ([[5, True]], "; prompt 0 holds bool True"),
+    ([{5, 6}], "; prompt 0 is set {5, 6}"),
+])
+def test_prompts_that_are_not_token_id_lists(engine, prompts, what):
+    with pytest.raises(InvalidRequestError) as info:
+        engine.generate(prompts, SamplingParams(max_tokens=2), "ar")
+    assert str(info.value) == HOW + what
+
+
+def test_prompts_as_tuples_numpy_and_tensors_decode_as_lists(engine):
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    want = engine.generate([[5, 6, 7]], params, "ar")[0].token_ids
+    for prompt in ((5, 6, 7), np.array([5, 6, 7]), torch.tensor([5, 6, 7]), [np.int64(5), 6, 7]):
+        assert engine.generate([prompt], params, "ar")[0].token_ids == want, type(prompt)
+    with pytest.raises(InvalidRequestError, match="params must be a SamplingParams or a list of them"):
+        engine.generate([[5, 6]], {"max_tokens": 2}, "ar")
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_a_request_without_verify_steps_reports_tau_1_and_no_acceptance_rate(engine, mode):
+    """max_tokens 1: the only token comes from prefill, no verify step: tau is 1.0 (the autoregressive
+    value, not the 0.00 it was), the acceptance rate undefined: 0.0 as a float, None in to_dict as in
+    bench's results.json."""
+    res = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=1, ignore_eos=True), mode)[0]
+    m = res.metrics
+    assert (m.completion_tokens, m.verify_steps, m.drafted_tokens) == (1, 0, 0)
+    assert m.acceptance_length == 1.0 and m.acceptance_rate == 0.0
+    d = m.to_dict()
+    assert d["acceptance_length"] == 1.0 and d["acceptance_rate"] is None
+
+
+def test_tau_and_acceptance_rate_of_decoded_requests(engine):
+    ar = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True), "ar")[0].metrics
+    assert ar.verify_steps == 5 and ar.acceptance_length == 1.0 and ar.to_dict()["acceptance_rate"] is None
+    spec = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True), "dflash")[0].metrics
+    assert spec.drafted_tokens > 0 and spec.to_dict()["acceptance_rate"] == spec.acceptance_rate
+    assert spec.to_dict()["acceptance_length"] == spec.acceptance_length == 5 / spec.verify_steps
+    m = RequestMetrics(completion_tokens=9, drafted_tokens=6, accepted_tokens=3, verify_steps=2)
+    assert (m.acceptance_length, m.acceptance_rate) == (4.0, 0.5) and m.to_dict()["acceptance_rate"] == 0.5
