@@ -19,7 +19,8 @@ def markdown_table(results: dict) -> str:
     drafting = (f"drafter `{cfg.get('drafter')}`, block size {cfg.get('block_size')}, max draft len "
                 f"{cfg.get('max_draft_len')}, draft confidence {confidence}"
                 + (f", draft tree top-{cfg['tree_topk']}" if (cfg.get("tree_topk") or 1) > 1 and not sampling else "")
-                + (f", prompt lookup {cfg['prompt_lookup']} tokens" if cfg.get("prompt_lookup") else "")
+                + (f", prompt lookup {cfg['prompt_lookup']} token{'' if cfg['prompt_lookup'] == 1 else 's'}"
+                   if cfg.get("prompt_lookup") else "")
                 + (f", max concurrency {cfg.get('max_concurrency') or 'none'}" if "max_concurrency" in cfg else "")
                 if cfg.get("block_size") is not None else "no drafter (no dflash mode)")
     threads = results.get("machine", {}).get("threads")

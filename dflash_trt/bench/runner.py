@@ -23,24 +23,36 @@ from dflash_trt.runtime.sampling import SamplingParams
 DATASETS = ("mt-bench", "humaneval")
 
 
-def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:
-    """Token ids of `num_prompts` prompts of `dataset` ("mt-bench", "humaneval" or a JSONL path).
+def encode_dataset(tokenizer, dataset: str, num_prompts: int, source: str = "the target") -> tuple[list[list[int]], list[str]]:
+    """Token ids of the first `num_prompts` prompts of `dataset` ("mt-bench", "humaneval" or a JSONL path;
+    fewer when it holds fewer), encoded with the target's `tokenizer` (no model needed), and where each
+    comes from: "FILE:LINE" for a JSONL file, "mt-bench prompt 3" for a built-in set.
 
     MT-Bench: first turns in the chat template. HumanEval: the code prompt inside the same chat
     instruction the training corpus uses (`dflash_trt.training.evalsets`). A JSONL file: lines of
-    {"prompt": ...} or {"messages": [...]}.
+    {"prompt": ...} (plain text, no chat template) or {"messages": [...]} (the chat template), as
+    `generate --prompts-file` encodes them. `source` names the target in a missing-chat-template error.
     """
-    from dflash_trt.cli.generate import encode_item
-    from dflash_trt.training.prompts import load_prompts_jsonl
+    from dflash_trt.cli.common import prompt_file_lines
+    from dflash_trt.training.prompts import encode_prompt, load_prompts_jsonl
     from dflash_trt.training.evalsets import humaneval_subset, mtbench_subset
 
-    if dataset == "mt-bench":
-        return [pipe.encode_chat(q) for q in mtbench_subset(num_prompts)]
-    if dataset == "humaneval":
-        return [pipe.encode_chat(q) for q in humaneval_subset(num_prompts)]
+    if dataset in DATASETS:
+        questions = (mtbench_subset if dataset == "mt-bench" else humaneval_subset)(num_prompts)
+        ids = [encode_prompt(tokenizer, [{"role": "user", "content": q}], source) for q in questions]
+        return ids, [f"{dataset} prompt {i}" for i in range(1, len(ids) + 1)]
     if not Path(dataset).is_file():
         raise InvalidRequestError(f"--dataset must be one of {', '.join(DATASETS)} or a JSONL file; {dataset} is neither")
-    return [encode_item(pipe, it) for it in load_prompts_jsonl(dataset)[:num_prompts]]
+    items = load_prompts_jsonl(dataset)[:num_prompts]
+    ids = [list(tokenizer(it)["input_ids"]) if isinstance(it, str) else encode_prompt(tokenizer, it, source)
+           for it in items]
+    return ids, [f"{dataset}:{n}" for n in prompt_file_lines(dataset)[: len(ids)]]
+
+
+def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:
+    """Token ids of `num_prompts` prompts of `dataset` ("mt-bench", "humaneval" or a JSONL path): see
+    `encode_dataset`."""
+    return encode_dataset(pipe.tokenizer, dataset, num_prompts, f"the target at {pipe.target_path}")[0]
 
 
 @dataclass
@@ -103,14 +115,18 @@ def machine_info(threads: int, dtype: str) -> dict:
 
 
 def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int, params: SamplingParams,
-                  dtype: torch.dtype, batch_size: int = 1, progress=None, profile: bool = False) -> dict:
+                  dtype: torch.dtype, batch_size: int = 1, progress=None, profile: bool = False,
+                  prompts: dict[str, list[list[int]]] | None = None) -> dict:
     """Every mode on the same prompts of every dataset. Returns the results.json dict:
     {"datasets": {name: {"prompts": how many ran (at most num_prompts: a JSONL may hold fewer),
     "modes": {mode: summary}, "speedup_vs_ar": {...}, "speedup_vs_hf": {...}}}, ...}.
 
     profile: our modes (dflash, ar) also time each decode-loop phase (`dflash_trt.runtime.profile`);
     each of their summaries gets "time_breakdown" (PhaseTimer.to_dict: seconds, share, ms per output
-    token, steps). The warm-up is not timed. On a CUDA device the timer synchronizes at every phase."""
+    token, steps). The warm-up is not timed. On a CUDA device the timer synchronizes at every phase.
+
+    prompts: each dataset's token ids, encoded already (`encode_dataset`); a dataset missing from it is
+    loaded here (`load_prompts`)."""
     from dflash_trt.runtime.profile import PhaseTimer
 
     runner = ModeRunner(pipe, dtype)
@@ -119,11 +135,11 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         runner.run(mode, [warm], [SamplingParams(max_tokens=4, temperature=params.temperature, seed=0)])
     out = {"datasets": {}}
     for ds in datasets:
-        prompts = load_prompts(pipe, ds, num_prompts)
+        ds_prompts = prompts[ds] if prompts is not None and ds in prompts else load_prompts(pipe, ds, num_prompts)
         summaries = {m: ModeSummary(m) for m in modes}
         timers = {m: PhaseTimer(pipe.engine.device) for m in modes if profile and m in ("dflash", "ar")}
-        for g, lo in enumerate(range(0, len(prompts), batch_size)):
-            group = prompts[lo : lo + batch_size]
+        for g, lo in enumerate(range(0, len(ds_prompts), batch_size)):
+            group = ds_prompts[lo : lo + batch_size]
             group_params = [params if params.greedy else dataclasses.replace(params, seed=((params.seed or 0) + lo + j) % 2**64)
                             for j in range(len(group))]
             order = modes[g % len(modes):] + modes[: g % len(modes)]
@@ -146,7 +162,7 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         modes_d = {m: s.to_dict() for m, s in summaries.items()}
         for m, timer in timers.items():
             modes_d[m]["time_breakdown"] = timer.to_dict(summaries[m].completion_tokens)
-        entry = {"prompts": len(prompts), "modes": modes_d}
+        entry = {"prompts": len(ds_prompts), "modes": modes_d}
         for base in ("ar", "hf"):
             if base in modes_d and modes_d[base]["tokens_per_s"]:
                 entry[f"speedup_vs_{base}"] = {m: d["tokens_per_s"] / modes_d[base]["tokens_per_s"] for m, d in modes_d.items()}

@@ -16,7 +16,8 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
 @click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's).")
 @click.option("--dataset", "datasets", multiple=True, default=("mt-bench", "humaneval"), show_default=True,
               help="mt-bench, humaneval, or a JSONL prompts file; repeat for several.")
-@click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1, 1000),
+              help="Prompts per dataset (the first N of a JSONL file; fewer when it holds fewer).")
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Requests decoded together by dflash/ar (HF modes run at batch size 1 only).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
@@ -57,21 +58,23 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     import torch
     from tqdm import tqdm
 
-    from dflash_trt.api import load_pipeline, parse_dtype
+    from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
-    from dflash_trt.bench.runner import DATASETS, machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp, write_json
     from dflash_trt.build.manifest import enclosing_bundle
-    from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, jsonl_file, model_folder,
-                                       note_max_concurrency, set_threads, warn_block_size, warn_draft_flags_unused,
+    from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
+                                       model_folder, note_max_concurrency, plural, set_threads, warn_block_size,
+                                       warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
                                        warn_tree_unused)
+    from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError, InvalidRequestError
-    from dflash_trt.models.default import drafter_required
+    from dflash_trt.models.default import default_target_path, drafter_required
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     mode_list = [m.strip().lower() for m in modes.split(",") if m.strip()]
-    datasets = tuple(ds.lower() if ds.lower() in DATASETS else ds for ds in datasets)
+    datasets = dedupe_datasets(ds.lower() if ds.lower() in DATASETS else ds for ds in datasets)
     bad = [m for m in mode_list if m not in MODES]
     if bad:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}", param_hint="'--modes'")
@@ -101,6 +104,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         click.echo(f"note: --out {out} holds an earlier run's results.json; this run overwrites it, results.md and "
                    "the plots", err=True)
     warn_tree_unused(tree_topk, temperature)
+    seed_given = click.get_current_context().get_parameter_source("seed") != click.core.ParameterSource.DEFAULT
+    warn_sampling_unused(temperature, seed=seed if seed_given else None)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup, max_concurrency)
@@ -108,6 +113,22 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     why = drafter_required(target, drafter, alternative="drop dflash from --modes") if "dflash" in mode_list else None
     if why is not None:
         raise ConfigError(why)
+    # every prompt against the target's context, from its config and tokenizer: before the weights load
+    target_path = Path(target) if target is not None else default_target_path()
+    context = TargetConfig.from_pretrained(target_path).max_position_embeddings
+    tokenizer = load_tokenizer(target_path)
+    prompts = {}
+    for ds in datasets:
+        ids, where = encode_dataset(tokenizer, ds, num_prompts, f"the target at {target_path}")
+        if ds in DATASETS:
+            check_prompt_lengths(ids, context, name=ds, fix=f"drop --dataset {ds} or use a target with a longer context")
+        else:
+            check_prompt_lengths(ids, context, where, f"shorten it to at most {context - 1} tokens or remove that line")
+        warn_context_room(ids, context, max_tokens, f"{ds}: ")
+        if len(ids) < num_prompts:
+            click.echo(f"warning: {ds} holds {plural(len(ids), 'prompt')}, fewer than --num-prompts {num_prompts}; "
+                       f"its rows are over {'that one' if len(ids) == 1 else f'those {len(ids)}'}", err=True)
+        prompts[ds] = ids
     set_threads(threads)  # the same for every mode
     pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                          max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
@@ -116,16 +137,13 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              max_concurrency=max_concurrency)
     warn_block_size(pipe)
     if "dflash" in mode_list:
-        note_max_concurrency(pipe, batch_size, num_prompts)
+        note_max_concurrency(pipe, batch_size, max(len(ids) for ids in prompts.values()))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    bar = tqdm(total=len(datasets) * num_prompts * len(mode_list), desc="bench", unit="run")
+    # the prompts that actually run (a JSONL file may hold fewer than --num-prompts), each in every mode
+    bar = tqdm(total=sum(len(ids) for ids in prompts.values()) * len(mode_list), desc="bench", unit="run")
     results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
-                            progress=bar.update, profile=profile)
+                            progress=bar.update, profile=profile, prompts=prompts)
     bar.close()
-    for ds, entry in results["datasets"].items():
-        if entry["prompts"] < num_prompts:
-            click.echo(f"warning: {ds} holds {entry['prompts']} prompts, fewer than --num-prompts {num_prompts}; "
-                       f"its rows are over those {entry['prompts']}", err=True)
     proposer = pipe.engine.proposer
     results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
                          "block_size": proposer.block_size if proposer else None,
@@ -148,3 +166,19 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     plots(results, out_dir)
     click.echo(table)
     click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
+
+
+def dedupe_datasets(datasets) -> tuple[str, ...]:
+    """The --dataset values in order, each prompt set once: JSONL paths compare resolved (good.jsonl and
+    ./good.jsonl are one file), the built-in names as given. One stderr warning line per dropped repeat."""
+    from dflash_trt.bench.runner import DATASETS
+
+    kept: dict[str, str] = {}  # resolved key -> the value first given
+    for ds in datasets:
+        key = ds if ds in DATASETS else str(Path(ds).resolve())
+        if key in kept:
+            same = "given twice" if ds == kept[key] else f"the same file as --dataset {kept[key]}"
+            click.echo(f"warning: --dataset {ds} is {same}; it runs once", err=True)
+            continue
+        kept[key] = ds
+    return tuple(kept.values())

@@ -273,12 +273,15 @@ def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
                    "sampling requests draft a chain", err=True)
 
 
-def warn_sampling_unused(temperature: float, top_p: float, top_k: int) -> None:
-    """One stderr line when --top-p / --top-k are set but decoding is greedy (--temperature 0)."""
-    given = [f for f, on in ((f"--top-p {top_p}", top_p < 1.0), (f"--top-k {top_k}", top_k > 0)) if on]
+def warn_sampling_unused(temperature: float, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> None:
+    """One stderr line when --top-p / --top-k / --seed (None: not given) are set but decoding is greedy
+    (--temperature 0): greedy decoding draws no random numbers."""
+    given = [f for f, on in ((f"--top-p {top_p}", top_p < 1.0), (f"--top-k {top_k}", top_k > 0),
+                             (f"--seed {seed}", seed is not None)) if on]
     if given and temperature == 0:
-        click.echo(f"warning: {' and '.join(given)} only apply when sampling (--temperature > 0); greedy decoding "
-                   "ignores them", err=True)
+        names = given[0] if len(given) == 1 else ", ".join(given[:-1]) + " and " + given[-1]
+        click.echo(f"warning: {names} only appl{'ies' if len(given) == 1 else 'y'} when sampling (--temperature > 0); "
+                   f"greedy decoding ignores {'it' if len(given) == 1 else 'them'}", err=True)
 
 
 def warn_float16_on_cpu(dtype: str, device: str) -> None:
@@ -352,29 +355,72 @@ def warn_block_size(pipe) -> None:
                    f"--block-size {trained} or less", err=True)
 
 
-def check_context(pipe, prompts: list[list[int]], max_tokens: int) -> None:
-    """Every prompt must leave room in the target's context; one stderr line when --max-tokens does
-    not fit after some of them (those requests stop when the context is full, finish_reason "length" with fewer tokens).
+def plural(n: int, word: str) -> str:
+    """"1 prompt", "2 prompts": `n` and `word`, with an s unless `n` is 1."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def prompt_file_lines(path: str | Path) -> list[int]:
+    """The line number (1-based) of each prompt that `load_prompts_jsonl(path)` returns, in its order:
+    it skips blank lines only and takes one prompt from every other line (or raises)."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    return [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def check_prompt_lengths(prompts: list[list[int]], ctx: int, where: list[str] | None = None,
+                         fix: str | None = None, name: str | None = None) -> None:
+    """Every prompt must leave room for a token in the target's context of `ctx` tokens.
+
+    `where` labels each prompt at the start of the message, e.g. "prompts.jsonl:3" (its file and line);
+    without it, `name` (e.g. "mt-bench") leads the message. `fix` replaces the default fix ("shorten it
+    to at most ctx - 1 tokens").
 
     Raises:
-        PromptTooLongError: a prompt fills the context by itself (checked before anything is generated).
+        PromptTooLongError: naming the first prompt that fills the context (of how many, how many fill
+            it, the next few of them), its length, the context and the fix.
     """
     from dflash_trt.errors import PromptTooLongError
 
-    ctx = pipe.engine.context_len
-    too_long = [(n, len(p)) for n, p in enumerate(prompts, 1) if len(p) >= ctx]
-    if too_long:
-        n, size = too_long[0]
-        which = "the prompt" if len(prompts) == 1 else f"prompt {n} of {len(prompts)} ({len(too_long)} too long)"
-        raise PromptTooLongError(f"{which} is {size} tokens and leaves no room in the target's context of {ctx} "
-                                 f"tokens; shorten it to at most {ctx - 1} tokens")
+    too_long = [i for i, p in enumerate(prompts) if len(p) >= ctx]
+    if not too_long:
+        return
+    i = too_long[0]
+    lead = f"{where[i]}: " if where is not None else f"{name}: " if name else ""
+    if len(prompts) == 1:
+        which = "the prompt"
+    else:
+        others = [where[j] if where is not None else str(j + 1) for j in too_long[1:]]
+        also = f"; also {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}" if others else ""
+        which = f"prompt {i + 1} of {len(prompts)} ({len(too_long)} too long{also})"
+    raise PromptTooLongError(f"{lead}{which} is {len(prompts[i])} tokens and leaves no room in the target's context "
+                             f"of {ctx} tokens; {fix or f'shorten it to at most {ctx - 1} tokens'}")
+
+
+def warn_context_room(prompts: list[list[int]], ctx: int, max_tokens: int, what: str = "") -> None:
+    """One stderr line when --max-tokens does not fit in the context of `ctx` tokens after some of
+    `prompts` (those requests stop when the context is full, finish_reason "length" with fewer tokens).
+    `what` names the prompts' source at the start of the line's detail (e.g. "mt-bench: ")."""
     room = [ctx - len(p) for p in prompts if ctx - len(p) < max_tokens]
     if not room:
         return
     if len(prompts) == 1:
-        what = f"the prompt takes {ctx - room[0]}, so at most {room[0]} tokens are generated"
+        detail = f"the prompt takes {ctx - room[0]}, so at most {plural(room[0], 'token')} {'is' if room[0] == 1 else 'are'} generated"
     else:
-        what = (f"{len(room)} of the {len(prompts)} prompts leave room for only {min(room)}"
-                + (f" to {max(room)}" if max(room) > min(room) else "") + " tokens")
-    click.echo(f"warning: --max-tokens {max_tokens} does not fit in the target's context of {ctx} tokens: {what} "
+        span = f"{min(room)}" + (f" to {max(room)}" if max(room) > min(room) else "")
+        detail = (f"{len(room)} of the {len(prompts)} prompts {'leaves' if len(room) == 1 else 'leave'} room for only "
+                  f"{span} {'token' if max(room) == 1 else 'tokens'}")
+    click.echo(f"warning: --max-tokens {max_tokens} does not fit in the target's context of {ctx} tokens: {what}{detail} "
                '(those stop there, finish_reason "length"); lower --max-tokens or shorten the prompt', err=True)
+
+
+def check_context(pipe, prompts: list[list[int]], max_tokens: int, where: list[str] | None = None,
+                  fix: str | None = None) -> None:
+    """Every prompt must leave room in the target's context (`check_prompt_lengths`, `where` and `fix` as
+    there); one stderr line when --max-tokens does not fit after some of them (`warn_context_room`).
+
+    Raises:
+        PromptTooLongError: a prompt fills the context by itself (checked before anything is generated).
+    """
+    ctx = pipe.engine.context_len
+    check_prompt_lengths(prompts, ctx, where, fix)
+    warn_context_room(prompts, ctx, max_tokens)

@@ -100,8 +100,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     statistics to stderr."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
-                                       set_threads, warn_block_size, warn_draft_flags_unused, warn_float16_on_cpu,
-                                       warn_sampling_unused, warn_tree_unused)
+                                       plural, prompt_file_lines, set_threads, warn_block_size, warn_draft_flags_unused,
+                                       warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -114,7 +114,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
-    warn_sampling_unused(temperature, top_p, top_k)
+    warn_sampling_unused(temperature, top_p, top_k, seed)
     warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
@@ -143,7 +143,12 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                           "(use --prompt for plain text) or use a target with a chat template")
     warn_block_size(pipe)
     prompts = [encode_item(pipe, it) for it in items]
-    check_context(pipe, prompts, max_tokens)
+    if prompts_file:  # a prompt too long for the context is named by its file and line
+        limit = pipe.engine.context_len - 1
+        check_context(pipe, prompts, max_tokens, [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)],
+                      f"shorten it to at most {limit} tokens or remove that line")
+    else:
+        check_context(pipe, prompts, max_tokens)
     if mode == "dflash":
         note_max_concurrency(pipe, batch_size, len(prompts))
     stream = not as_json and len(prompts) == 1
@@ -176,6 +181,6 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
                 click.echo(text[len(shown["text"]):])
             click.echo(
-                f"[{mode}] {m.completion_tokens} tokens, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
+                f"[{mode}] {plural(m.completion_tokens, 'token')}, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
                 f"acceptance rate={m.acceptance_rate:.2f}, TTFT={m.time_to_first_token_s * 1000:.0f} ms, "
                 f"{m.tokens_per_s:.1f} tok/s", err=True)

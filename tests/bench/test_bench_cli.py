@@ -189,3 +189,132 @@ def test_bench_refuses_an_out_inside_a_bundle_before_loading_models(tmp_path, mo
     with pytest.raises(AssertionError, match="models were loaded"):
         main()
     assert f"note: --out {other} holds an earlier run's results.json; this run overwrites it" in capsys.readouterr().err
+
+
+def short_context_target(folder, smollm2_path, context: int, weights: bool = False):
+    """SmolLM2's config (max_position_embeddings = `context`) and tokenizer in `folder`; its weights
+    (a link) only when `weights`."""
+    folder.mkdir()
+    cfg = json.loads((smollm2_path / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": context}))
+    names = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"]
+    for name in names + (["model.safetensors"] if weights else []):
+        if (smollm2_path / name).exists():
+            (folder / name).symlink_to(smollm2_path / name)
+    return folder
+
+
+def test_bench_checks_prompt_lengths_before_loading_weights(tmp_path, monkeypatch, capsys, smollm2_path):
+    """A prompt too long for the target's context (max_position_embeddings, with its tokenizer) fails before
+    any weights load (the target here has none), naming the file and line (blank lines counted), the
+    context and the fix; a built-in set names the set and prompt. --max-tokens past the room is a warning."""
+    import dflash_trt.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the prompts were checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_loading)
+    target = short_context_target(tmp_path / "t", smollm2_path, 32)
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "hi"}\n\n' + json.dumps({"prompt": "word " * 40}) + "\n"
+                    + json.dumps({"prompt": "word " * 50}) + "\n")
+    base = ["dflash-trt", "bench", "--target", str(target), "--modes", "ar", "--out", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", [*base, "--dataset", str(long)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err and "bench:" not in err, err  # no progress bar yet
+    assert err.strip() == (f"error: {long}:3: prompt 2 of 3 (2 too long; also {long}:4) is 41 tokens and leaves no room "
+                           "in the target's context of 32 tokens; shorten it to at most 31 tokens or remove that line")
+    monkeypatch.setattr(sys, "argv", [*base, "--dataset", "MT-Bench"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and err.startswith("error: mt-bench: prompt 1 of 20 (20 too long; also 2, 3, 4, 5, 6, "
+                                                  "...) is "), err
+    assert "context of 32 tokens" in err and err.strip().endswith(
+        "; drop --dataset mt-bench or use a target with a longer context")
+    assert not (tmp_path / "o").exists()
+
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"prompt": "hi"}\n')
+    monkeypatch.setattr(sys, "argv", [*base, "--dataset", str(short), "--max-tokens", "31", "--num-prompts", "2"])
+    with pytest.raises(AssertionError, match="models were loaded"):
+        main()
+    err = capsys.readouterr().err
+    assert "does not fit" not in err  # the 1-token prompt leaves room for 31
+    assert f"warning: {short} holds 1 prompt, fewer than --num-prompts 2; its rows are over that one" in err
+    monkeypatch.setattr(sys, "argv", [*base, "--dataset", str(short), "--max-tokens", "40"])
+    with pytest.raises(AssertionError, match="models were loaded"):
+        main()
+    assert (f"warning: --max-tokens 40 does not fit in the target's context of 32 tokens: {short}: the prompt takes "
+            "1, so at most 31 tokens are generated") in capsys.readouterr().err
+
+
+def test_bench_runs_each_dataset_once_and_counts_the_prompts_that_run(tmp_path, monkeypatch, capsys):
+    """good.jsonl, ./good.jsonl and its absolute path are one dataset: it runs once, with one warning per
+    dropped repeat; the progress bar counts the prompts that run (2 of --num-prompts 12, per mode); an
+    explicit --seed with greedy decoding is named as ignored (the default seed is not)."""
+    import types
+
+    import dflash_trt.api
+    import dflash_trt.bench.runner
+
+    seen = {}
+
+    def fake_run(pipe, datasets, modes, num_prompts, params, dtype, batch_size=1, progress=None, profile=False,
+                 prompts=None):
+        seen.update(datasets=datasets, prompts=prompts, total=progress.__self__.total)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: types.SimpleNamespace(
+        engine=types.SimpleNamespace(proposer=None)))
+    monkeypatch.setattr(dflash_trt.bench.runner, "run_benchmark", fake_run)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.jsonl").write_text('{"prompt": "def add(a, b):"}\n{"prompt": "Name a color."}\n')
+    args = ["dflash-trt", "bench", "--modes", "ar,hf", "--num-prompts", "12", "--out", "o"]
+    for ds in ("good.jsonl", "./good.jsonl", "good.jsonl", str(tmp_path / "good.jsonl")):
+        args += ["--dataset", ds]
+    monkeypatch.setattr(sys, "argv", [*args, "--seed", "3"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        main()
+    err = capsys.readouterr().err
+    assert seen["datasets"] == ["good.jsonl"] and list(seen["prompts"]) == ["good.jsonl"]
+    assert len(seen["prompts"]["good.jsonl"]) == 2 and seen["total"] == 2 * 2  # 2 prompts x 2 modes
+    assert "warning: --dataset ./good.jsonl is the same file as --dataset good.jsonl; it runs once" in err
+    assert "warning: --dataset good.jsonl is given twice; it runs once" in err
+    assert f"warning: --dataset {tmp_path / 'good.jsonl'} is the same file as --dataset good.jsonl" in err
+    assert ("warning: --seed 3 only applies when sampling (--temperature > 0); greedy decoding ignores it" in err)
+    assert "warning: good.jsonl holds 2 prompts, fewer than --num-prompts 12; its rows are over those 2" in err
+    monkeypatch.setattr(sys, "argv", args)
+    with pytest.raises(RuntimeError, match="stop here"):
+        main()
+    assert "--seed" not in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", [*args, "--seed", "3", "--temperature", "0.7"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        main()
+    assert "--seed" not in capsys.readouterr().err
+
+
+def test_results_header_says_token_or_tokens_of_prompt_lookup():
+    from dflash_trt.bench.report import markdown_table
+
+    cfg = {"block_size": 16, "max_draft_len": 15, "draft_confidence": 0.2}
+    for n, words in ((1, "prompt lookup 1 token,"), (8, "prompt lookup 8 tokens,")):
+        head = markdown_table({"config": {**cfg, "prompt_lookup": n, "max_concurrency": 1}, "datasets": {},
+                               "machine": {"threads": 1, "dtype": "float32"}}).splitlines()[0]
+        assert words in head, head
+
+
+def test_encode_dataset_matches_the_pipeline_encoding(smollm2_path):
+    """encode_dataset (the tokenizer alone, before any model loads) gives the token ids the pipeline's
+    encode / encode_chat give, and where each prompt comes from."""
+    from dflash_trt.api import load_tokenizer
+    from dflash_trt.bench.runner import encode_dataset
+    from dflash_trt.training.evalsets import humaneval_subset
+    from dflash_trt.training.prompts import encode_prompt
+
+    tok = load_tokenizer(smollm2_path)
+    ids, where = encode_dataset(tok, "humaneval", 3)
+    assert where == ["humaneval prompt 1", "humaneval prompt 2", "humaneval prompt 3"]
+    assert ids == [encode_prompt(tok, [{"role": "user", "content": q}]) for q in humaneval_subset(3)]

@@ -288,3 +288,69 @@ def test_more_threads_than_cores_warns(monkeypatch, capsys):
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_prompts_file_prompt_too_long_names_file_and_line(monkeypatch, capsys, tmp_path, smollm2_path):
+    """A --prompts-file prompt that fills the target's context: 'FILE:LINE: ...' (blank lines counted), its
+    length, the context, the fix, and the other lines too long; exit 1. A prompt that fits generates, and one
+    completion token is '1 token' in the stats line."""
+    from tests.bench.test_bench_cli import short_context_target
+
+    target = short_context_target(tmp_path / "t", smollm2_path, 32, weights=True)
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "hi"}\n\n' + json.dumps({"prompt": "word " * 40}) + "\n")
+    base = ("generate", "--target", str(target), "--mode", "ar", "--cpu-kernels", "off", "--max-tokens", "1")
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompts-file", str(long))
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err == (f"error: {long}:3: prompt 2 of 2 (1 too long) is 41 tokens and leaves no room in the target's context "
+                   "of 32 tokens; shorten it to at most 31 tokens or remove that line\n")
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "word " * 40)
+    assert code == 1 and err == ("error: the prompt is 41 tokens and leaves no room in the target's context of 32 "
+                                 "tokens; shorten it to at most 31 tokens\n")
+    code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "The capital of France is")
+    assert code == 0, err
+    assert err.startswith("[ar] 1 token, finish=length, "), err
+
+
+def test_context_and_sampling_messages_count_in_words(capsys):
+    """One prompt / token is singular; the too-long error lists the other prompts; --seed with greedy
+    decoding is named like --top-p / --top-k ("applies" for one flag, "apply" for several)."""
+    from dflash_trt.cli.common import check_prompt_lengths, plural, warn_context_room, warn_sampling_unused
+    from dflash_trt.errors import PromptTooLongError
+
+    assert (plural(1, "prompt"), plural(0, "token"), plural(2, "token")) == ("1 prompt", "0 tokens", "2 tokens")
+    warn_context_room([[0] * 31], 32, 5)
+    assert "the prompt takes 31, so at most 1 token is generated" in capsys.readouterr().err
+    warn_context_room([[0] * 31, [0] * 2, [0]], 32, 5)
+    assert "1 of the 3 prompts leaves room for only 1 token (those stop" in capsys.readouterr().err
+    warn_context_room([[0] * 31, [0] * 29, [0]], 32, 5)
+    assert "2 of the 3 prompts leave room for only 1 to 3 tokens (those stop" in capsys.readouterr().err
+    check_prompt_lengths([[0] * 31], 32)  # fits: one token of room
+    with pytest.raises(PromptTooLongError, match=r"^prompt 2 of 9 \(8 too long; also 3, 4, 5, 6, 7, \.\.\.\) is 32 "
+                       r"tokens and leaves no room in the target's context of 32 tokens; shorten it to at most 31 "
+                       r"tokens$"):
+        check_prompt_lengths([[0]] + [[0] * 32] * 8, 32)
+
+    warn_sampling_unused(0.0, seed=7)
+    assert capsys.readouterr().err == ("warning: --seed 7 only applies when sampling (--temperature > 0); greedy "
+                                       "decoding ignores it\n")
+    warn_sampling_unused(0.0, 0.5)
+    assert "warning: --top-p 0.5 only applies when sampling" in capsys.readouterr().err
+    warn_sampling_unused(0.0, 0.5, 3, 0)
+    assert "warning: --top-p 0.5, --top-k 3 and --seed 0 only apply when sampling" in capsys.readouterr().err
+    warn_sampling_unused(0.7, 0.5, 3, 0)
+    warn_sampling_unused(0.0)
+    assert capsys.readouterr().err == ""
+
+
+def test_generate_seed_with_greedy_decoding_warns_before_loading(monkeypatch, capsys):
+    import dflash_trt.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_loading)
+    with pytest.raises(AssertionError, match="loaded"):
+        run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--seed", "1")
+    assert ("warning: --seed 1 only applies when sampling (--temperature > 0); greedy decoding ignores it"
+            in capsys.readouterr().err)
