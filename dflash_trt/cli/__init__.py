@@ -35,15 +35,23 @@ def cli():
     """DFlash block-diffusion speculative decoding: generate, bench, check, build, init-drafter, train-drafter."""
 
 
+#: click >= 8.2 raises this for a group given no command (older click prints the help and exits 0 itself)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def main() -> None:
     """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), a usage error as
-    `error: ...` (exit 2), no traceback."""
+    `error: ...` (exit 2), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
+    does for a group without a command: on stderr, exit 2, no `error:`."""
     from dflash_trt.errors import DFlashError
 
     try:
         cli.main(prog_name="dflash-trt", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
+    except _NO_ARGS_IS_HELP as exc:  # no command given: the help itself is the message
+        exc.show()
+        sys.exit(exc.exit_code)
     except click.UsageError as exc:  # a bad option value, a missing or unknown option: one line, exit 2
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         click.echo(f"error: {exc.format_message()}{hint}", err=True)

@@ -170,6 +170,17 @@ def test_usage_errors_are_one_line(monkeypatch, capsys, tmp_path):
     assert code == 2 and err == "error: Missing option '--out'. (see 'dflash-trt train-drafter --help')\n", err
 
 
+def test_no_command_prints_the_help_without_error(monkeypatch, capsys):
+    """`dflash-trt` alone: click's help for a group given no command (usage, commands), not `error: Usage: ...`."""
+    import click
+
+    code, out, err = run_main(monkeypatch, capsys)
+    help_text = out + err
+    assert help_text.startswith("Usage: dflash-trt [OPTIONS] COMMAND [ARGS]...") and "error" not in help_text, help_text
+    assert "Commands:" in help_text and "train-drafter" in help_text and "(see 'dflash-trt --help')" not in help_text
+    assert code == (2 if hasattr(click.exceptions, "NoArgsIsHelpError") else 0)  # click >= 8.2: stderr, exit 2
+
+
 def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny):
     target, drafter = tiny
     args = ["build", "--target", str(target), "--drafter", str(drafter), "--out", str(tmp_path / "b"), "--quant",
