@@ -7,8 +7,9 @@ outputs (teacher-forced, `evaluate --teacher-forced`, session 14) tau was 1.67 o
 corpus's templates but 1.44 on MT-Bench first turns, whose requests are math word problems, puzzles,
 extraction from a given text, role play, writing tasks, free-form coding and explanations.
 
-`task_corpus` writes requests of those kinds from templates, names, numbers and short generated
-passages (seeded, so the same on every machine). Every template here was written for this project;
+`task_corpus` returns requests of those kinds as one-message conversations (it writes no file),
+made from templates, names, numbers and short generated passages (seeded, so the same on every
+machine). Every template here was written for this project;
 none is taken from an evaluation set, and `task_corpus` drops any prompt that shares a 13-word span
 with HumanEval or MT-Bench (`evalsets.overlaps_eval_sets`).
 """
