@@ -9,9 +9,9 @@ extraction from a given text, role play, writing tasks, free-form coding and exp
 
 `task_corpus` returns requests of those kinds as one-message conversations (it writes no file),
 made from templates, names, numbers and short generated passages (seeded, so the same on every
-machine). Every template here was written for this project;
-none is taken from an evaluation set, and `task_corpus` drops any prompt that shares a 13-word span
-with HumanEval or MT-Bench (`evalsets.overlaps_eval_sets`).
+machine). Every template here was written for this project; none is taken from an evaluation set,
+and `task_corpus` drops any prompt that shares a 13-word span with HumanEval or MT-Bench
+(`evalsets.overlaps_eval_sets`).
 """
 
 from __future__ import annotations
