@@ -149,7 +149,9 @@ def split_validation(n: int, cfg: TrainConfig) -> tuple[list[int], list[int]]:
     if cfg.val_samples <= 0:
         return [], list(range(n))
     if cfg.val_samples >= n:
-        raise DFlashError(f"--val-samples {cfg.val_samples} leaves nothing to train on ({n} samples); "
+        from dflash_trt.cli.common import plural
+
+        raise DFlashError(f"--val-samples {cfg.val_samples} leaves nothing to train on ({plural(n, 'sample')}); "
                           "hold out fewer or add prompts")
     held = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7919 + 104729))[: cfg.val_samples]
     held_set = set(held.tolist())

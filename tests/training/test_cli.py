@@ -79,6 +79,11 @@ def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
     assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
     assert "warning: --max-samples 9 is more than the 8 prompts; using all 8" in res.stderr
     assert "--draft-vocab-size" not in res.stderr  # the default 8192 > this target's 64 tokens: no word
+    (tmp_path / "one").mkdir()
+    one = ["--prompts", str(_prompts(tmp_path / "one", 1)), "--work-dir", str(tmp_path / "work1")]
+    res = _run(args + one + ["--max-samples", "3"])  # one prompt (the last --prompts counts): singular words
+    assert res.exit_code == 0 and "data: 1 sample, " in res.stdout, res.output + repr(res.exception)
+    assert "warning: --max-samples 3 is more than the 1 prompt; using it\n" in res.stderr, res.stderr
     res = _run(args + ["--draft-vocab-size", "64"])
     assert res.exit_code == 0 and ("warning: --draft-vocab-size 64 is not below the target's vocabulary (64 tokens); "
                                    "the drafter predicts over the full vocabulary") in res.stderr, res.output
@@ -136,6 +141,10 @@ def test_val_samples_are_checked_before_any_data_is_written(tmp_path, target_wit
                 str(_prompts(tmp_path, 6)), "--work-dir", str(tmp_path / "work"), "--mask-token-id", str(MASK),
                 "--val-samples", "6"])
     assert res.exit_code == 2 and "--val-samples 6 leaves nothing to train on (6 prompts)" in res.output, res.output
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 6)), "--work-dir", str(tmp_path / "work"), "--mask-token-id", str(MASK),
+                "--max-samples", "1", "--val-samples", "1"])
+    assert res.exit_code == 2 and "--val-samples 1 leaves nothing to train on (1 prompt);" in res.output, res.output
     assert not (tmp_path / "work").exists() and not (tmp_path / "d").exists()
 
 
