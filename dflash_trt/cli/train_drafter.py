@@ -417,5 +417,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                 f"{state.best_acceptance_length:.3f} at step {state.best_step}")
     loss = (f"training loss {last['loss']:.3f} (mean over the log window ending at step {last['step']})" if last
             else f"no training loss logged (the first log is at step {tc.log_every})")
-    click.echo(f"wrote trained drafter to {final} (weights of step {exported_step} of {state.step}, {loss}{held}, "
+    which = f"weights of step {exported_step} of {state.step}"
+    if max_steps is not None and state.step > max_steps:  # a --resume checkpoint already past it: nothing trained
+        which = (f"the checkpoint in {work / 'run'} is already past --max-steps (step {state.step} > {max_steps}), so "
+                 f"no step was trained; exported: the weights of step {exported_step}")
+    click.echo(f"wrote trained drafter to {final} ({which}, {loss}{held}, "
                f"{time.perf_counter() - t_begin:.0f} s in this run)")

@@ -305,7 +305,7 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
 def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, target_with_tokenizer):
     """--resume may replace the --out its own run exported (training.json names the work dir), not
     another drafter folder; a run resumed at its --max-steps trains no further step (it trained one
-    more per rerun)."""
+    more per rerun), and one resumed past it says so ("weights of step 2 of 2" read as if it had trained)."""
     import shutil
 
     out, work = tmp_path / "d", tmp_path / "w"
@@ -320,6 +320,11 @@ def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, t
     res = _run(args + ["--out", str(out), "--resume"])
     assert res.exit_code == 0 and "(weights of step 2 of 2," in res.output, res.output + repr(res.exception)
     assert json.loads((out / "training.json").read_text())["steps"] == 2
+    assert (out / "model.safetensors").read_bytes() == weights
+    res = _run(args + ["--out", str(out), "--resume", "--max-steps", "1"])  # the last --max-steps counts
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert (f"(the checkpoint in {work / 'run'} is already past --max-steps (step 2 > 1), so no step was trained; "
+            "exported: the weights of step 2, ") in res.output, res.output
     assert (out / "model.safetensors").read_bytes() == weights
     other = tmp_path / "other"
     shutil.copytree(out, other)
