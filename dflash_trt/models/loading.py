@@ -32,16 +32,22 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint folder (single file, sharded index, or any *.safetensors).
 
     Raises:
-        CheckpointError: the folder has no safetensors weights.
+        CheckpointError: the folder has no safetensors weights, its model.safetensors.index.json is not
+            readable JSON, or a shard the index names is missing (`dflash-trt check` and loading give the
+            same messages, with the fix).
     """
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+            raise CheckpointError(f"{index}: not a readable index ({exc}); re-save or re-download it") from exc
         files = sorted({folder / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise CheckpointError(f"{folder}: index names shard(s) that are missing: {', '.join(missing)}")
+            raise CheckpointError(f"{folder}: index names shard(s) that are missing: {', '.join(missing)}; download "
+                                  "every shard model.safetensors.index.json names (or re-save the checkpoint)")
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:

@@ -77,6 +77,25 @@ def test_sharded_index_loads_same_weights(tmp_path, target_folder):
         assert ka == kb and torch.equal(va, vb)
 
 
+def test_a_missing_shard_or_damaged_index_names_the_fix_as_check_does(tmp_path, target_folder):
+    """Loading a sharded target with a shard gone (or an index that is not JSON) gives `dflash-trt check`'s
+    message, fix included (`safetensors_files` is what both read)."""
+    from transformers import AutoModelForCausalLM
+
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(target_folder).save_pretrained(sharded, max_shard_size="100KB")
+    shard = sorted(sharded.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(CheckpointError) as e:
+        load_target(sharded)
+    assert str(e.value) == (f"{sharded}: index names shard(s) that are missing: {shard.name}; download every shard "
+                            "model.safetensors.index.json names (or re-save the checkpoint)")
+    (sharded / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(CheckpointError, match=r"model.safetensors.index.json: not a readable index \(.*\); re-save or "
+                                              r"re-download it$"):
+        load_target(sharded)
+
+
 def test_drafter_config_roundtrip(drafter_folder):
     raw = json.loads((drafter_folder / "config.json").read_text())
     assert raw["architectures"] == ["DFlashDraftModel"]
