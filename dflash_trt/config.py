@@ -33,6 +33,15 @@ def _require(cfg: dict, key: str, where: str) -> Any:
     return cfg[key]
 
 
+def _swap_hint(flag: str | None, want: str) -> str:
+    """The fix a config of the wrong kind names: `want` (e.g. "the target model's folder") as `flag` (the
+    caller's option, e.g. "--target", "SRC"); without `flag`, the pair of a command that takes both
+    --target and --drafter."""
+    if flag is None:
+        return "were the target and the drafter swapped? Give the drafter as --drafter and the target as --target"
+    return f"give {want} as {flag}"
+
+
 def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from either transformers<5 (`rope_theta`, `rope_scaling`) or
     transformers>=5 (`rope_parameters`) config layouts. rope_scaling is None for plain RoPE."""
@@ -89,8 +98,11 @@ class TargetConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any) -> "TargetConfig":
+    def from_hf_config(cls, hf_config: Any, flag: str | None = None) -> "TargetConfig":
         """Build from a config.json dict or a `transformers.PretrainedConfig`.
+
+        `flag`: the option that gave the folder (e.g. "--target"), named by the fix when the config is a
+        drafter's; None: a command with both --target and --drafter (the two may be swapped).
 
         Raises:
             ConfigError: a DFlash drafter's config (swapped folders), unsupported model_type / rope type,
@@ -99,8 +111,8 @@ class TargetConfig:
         cfg = _as_dict(hf_config)
         model_type = cfg.get("model_type")
         if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or ()):
-            raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: were "
-                              "the target and the drafter swapped? Give the drafter as --drafter and the target as --target")
+            raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: "
+                              + _swap_hint(flag, "the target model's folder"))
         if model_type not in SUPPORTED_TARGET_TYPES:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
@@ -136,8 +148,9 @@ class TargetConfig:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "TargetConfig":
-        return cls.from_hf_config(read_config_json(path))
+    def from_pretrained(cls, path: str | Path, flag: str | None = None) -> "TargetConfig":
+        """`from_hf_config` of `path`/config.json (`flag` as there)."""
+        return cls.from_hf_config(read_config_json(path), flag)
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -194,8 +207,11 @@ class DrafterConfig:
     draft_vocab_size: int | None = None
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any) -> "DrafterConfig":
+    def from_hf_config(cls, hf_config: Any, flag: str | None = None) -> "DrafterConfig":
         """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`).
+
+        `flag`: the option that gave the folder (e.g. "SRC", "--init"), named by the fix when the config
+        is a model's; None: a command with both --target and --drafter (the two may be swapped).
 
         Raises:
             ConfigError: a model's config without dflash_config (swapped folders), missing
@@ -208,8 +224,7 @@ class DrafterConfig:
             arch = ", ".join(cfg.get("architectures") or ())
             if not dflash and arch and "DFlashDraftModel" not in arch:
                 raise ConfigError(f"this config.json is a {arch} model's, not a DFlash drafter's (no dflash_config): "
-                                  "were the target and the drafter swapped? Give the drafter as --drafter and the "
-                                  "target as --target")
+                                  + _swap_hint(flag, "a DFlash drafter's folder"))
             raise ConfigError(
                 "drafter config.json has no dflash_config.target_layer_ids; add the target layers whose "
                 "hidden states feed the drafter"
@@ -251,8 +266,9 @@ class DrafterConfig:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "DrafterConfig":
-        return cls.from_hf_config(read_config_json(path))
+    def from_pretrained(cls, path: str | Path, flag: str | None = None) -> "DrafterConfig":
+        """`from_hf_config` of `path`/config.json (`flag` as there)."""
+        return cls.from_hf_config(read_config_json(path), flag)
 
     @property
     def fc_in_features(self) -> int:

@@ -38,7 +38,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
-    tcfg = TargetConfig.from_pretrained(model_folder("--target", target))
+    tcfg = TargetConfig.from_pretrained(model_folder("--target", target), flag="--target")
     ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     if mask_token_id is None:
         default_target = is_default_target(target)

@@ -150,7 +150,7 @@ def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
     from dflash_trt.config import DrafterConfig
     from dflash_trt.errors import ConfigError
 
-    cfg = DrafterConfig.from_pretrained(init_dir)
+    cfg = DrafterConfig.from_pretrained(init_dir, flag="--init")
     for flag, field in _FINE_TUNE_FIXED.items():
         if not _given(ctx, flag):
             continue
@@ -288,7 +288,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     t_begin = time.perf_counter()
     default_target = target is None
     target_path = Path(target) if target is not None else default_target_path()
-    tcfg = TargetConfig.from_pretrained(target_path)  # CheckpointError / ConfigError before any work
+    tcfg = TargetConfig.from_pretrained(target_path, flag="--target")  # CheckpointError / ConfigError before any work
     layer_ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
     usable = len(prompts) if max_samples is None else min(max_samples, len(prompts))

@@ -207,7 +207,7 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
 
     src, dst = Path(src), Path(dst)
     try:
-        cfg = DrafterConfig.from_pretrained(model_folder("SRC", str(src), "drafter"))
+        cfg = DrafterConfig.from_pretrained(model_folder("SRC", str(src), "drafter"), flag="SRC")
     except ConfigError as e:  # e.g. a target's folder: name the path
         raise ConfigError(f"SRC {src}: {e}") from None
     _check_copy_paths(src, dst, force)

@@ -46,3 +46,9 @@ def test_swapped_target_and_drafter_configs_are_named():
                                           r"were the target and the drafter swapped\?"):
         DrafterConfig.from_hf_config(target)
     assert TargetConfig.from_hf_config(target).num_hidden_layers == 1
+    # a caller with one folder option names it (export's SRC, init-drafter's --target: no --drafter flag there)
+    with pytest.raises(ConfigError, match=r"not a DFlash drafter's \(no dflash_config\): give a DFlash drafter's "
+                                          r"folder as SRC$"):
+        DrafterConfig.from_hf_config(target, flag="SRC")
+    with pytest.raises(ConfigError, match=r"not a target model's: give the target model's folder as --target$"):
+        TargetConfig.from_hf_config(drafter, flag="--target")

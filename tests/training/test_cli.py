@@ -279,6 +279,15 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_target_given_as_init_names_the_flag(tmp_path, target_with_tokenizer):
+    """--init with a target's folder: the fix names --init (train-drafter has no --drafter)."""
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 4)), "--work-dir", str(tmp_path / "work"), "--init", str(target_with_tokenizer)])
+    assert isinstance(res.exception, ConfigError) and str(res.exception).endswith(
+        "not a DFlash drafter's (no dflash_config): give a DFlash drafter's folder as --init"), repr(res.exception)
+    assert not (tmp_path / "d").exists()
+
+
 def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_with_tokenizer):
     """An existing --out folder needs --force (it used to be replaced without a word), a file is never
     replaced; both are refused before the target writes any data, and nothing of theirs changes."""

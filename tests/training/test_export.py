@@ -165,7 +165,8 @@ def test_export_cli_bad_src_is_one_line(tmp_path, capsys, tiny_target_dir):
     cases = [(tmp_path / "nope", "no such folder; give the drafter folder"),
              (drafter / "config.json", "is a file; give the drafter folder"),
              (empty, "no config.json in this folder"),
-             (tiny_target_dir, f"SRC {tiny_target_dir}: this config.json is a LlamaForCausalLM model's, not a DFlash drafter's")]
+             (tiny_target_dir, f"SRC {tiny_target_dir}: this config.json is a LlamaForCausalLM model's, not a DFlash "
+                               "drafter's (no dflash_config): give a DFlash drafter's folder as SRC\n")]  # no --drafter
     for src, msg in cases:
         code, out, err = _export_cli(capsys, src, tmp_path / "out")
         assert code == 1 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err

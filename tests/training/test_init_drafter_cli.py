@@ -30,3 +30,14 @@ def test_init_drafter_never_replaces_a_file(tmp_path, target_with_tokenizer):
                                    "--mask-token-id", str(MASK), "--target-layer-ids", "0,2"])
     assert isinstance(res.exception, ConfigError) and f"--out {f} is a file" in str(res.exception), repr(res.exception)
     assert f.read_text() == "keep me"
+
+
+def test_a_drafter_given_as_target_names_the_flag_init_drafter_has(tmp_path):
+    """A drafter folder as --target: the fix names --target only (init-drafter has no --drafter)."""
+    from dflash_trt.models.default import default_drafter_path
+
+    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(default_drafter_path()), "--out", str(tmp_path / "d")])
+    assert isinstance(res.exception, ConfigError) and str(res.exception) == (
+        "this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: give the target model's "
+        "folder as --target"), repr(res.exception)
+    assert not (tmp_path / "d").exists()
