@@ -118,7 +118,8 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
             "method expect z-lab-format drafters over the FULL target vocabulary; the z-lab format has no `d2t`, so "
             "do not give them this folder (not tested here: TensorRT-LLM cannot be installed on the machine that "
             "made it). For them, write the full-vocabulary variant (same weights, no `d2t`):",
-            "  `python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER`.",
+            "  `python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER` (an existing OUT_FOLDER needs `--force`; "
+            "a file there is never replaced).",
         ]
     else:
         lines += ["Full target vocabulary, z-lab / ModelOpt format (`DFlashDraftModel`): loadable by dflash-trt, "

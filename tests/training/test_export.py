@@ -85,6 +85,22 @@ def test_readme_names_the_exported_step():
     assert "step 0 of 30, the best held-out tau (1.250) (`--keep-best`): the weights training started from (`--init`)" in start
 
 
+def test_the_packaged_readme_is_bundle_readme_and_says_an_existing_out_needs_force():
+    """The packaged drafter's README.md is what `bundle_readme` writes for it (so the two never drift); its
+    export command says that an existing OUT_FOLDER needs --force and a file is never replaced."""
+    import json
+
+    from dflash_trt.config import DrafterConfig
+    from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.training.export import bundle_readme
+
+    folder = default_drafter_path()
+    text = (folder / "README.md").read_text()
+    assert text == bundle_readme(DrafterConfig.from_pretrained(folder), json.loads((folder / "training.json").read_text()))
+    assert ("`python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER` (an existing OUT_FOLDER needs `--force`; a "
+            "file there is never replaced).") in text
+
+
 # `python -m dflash_trt.training.export SRC DST [--force]`: refuses what would lose data, one-line errors
 
 
