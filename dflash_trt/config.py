@@ -159,15 +159,24 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     n == 1 -> [L // 2]; otherwise evenly spaced from layer 1 to layer L - 3 (0-indexed), i.e.
     round(1 + i * (L - 4) / (n - 1)). Qwen3-8B (L=36, n=5) -> [1, 9, 17, 25, 33].
     Id l means the OUTPUT of decoder layer l (HF hidden_states[l + 1]).
+
+    Each layer is named once: a target with fewer than n + 3 layers has only L - 3 layers in that
+    range, and gets those (4 layers, n = 5 -> [1]; z-lab's rule repeats ids there, which
+    --target-layer-ids refuses and which would only widen fc with copies).
+
+    Raises:
+        ConfigError: n < 1, or n > 1 with a target of under 4 layers (no layer in 1 .. L - 3; the
+            message says to give --target-layer-ids).
     """
     if num_features < 1:
         raise ConfigError("num_features must be >= 1")
     if num_features == 1:
         return [num_target_layers // 2]
     if num_target_layers < 4:
-        raise ConfigError(f"a target with {num_target_layers} layers is too shallow for {num_features} feature layers")
+        raise ConfigError(f"a target with {num_target_layers} layers is too shallow for the default feature layers "
+                          "(layers 1 to num_layers - 3); give the layers with --target-layer-ids")
     span = num_target_layers - 4
-    return [int(round(1 + i * span / (num_features - 1))) for i in range(num_features)]
+    return list(dict.fromkeys(int(round(1 + i * span / (num_features - 1))) for i in range(num_features)))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import click
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
 @click.option("--mask-token-id", type=int, default=None,
               help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row).")
-@click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
+@click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers; fewer on a "
+              "target of under 8 layers).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--force", is_flag=True, help="Replace an existing --out (once the new drafter is written).")
 def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed, force):

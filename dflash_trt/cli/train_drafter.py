@@ -191,7 +191,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--resume", is_flag=True,
               help="Continue the training checkpointed in --work-dir (same settings); an error if there is none. "
                    "The data cache is reused with or without it.")
-@click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers).")
+@click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers; fewer on a "
+              "target of under 8 layers).")
 @click.option("--work-dir", default=None, type=click.Path(), help="Data cache + checkpoints (default: OUT.work).")
 @click.option("--draft-vocab-size", default=8192, show_default=True, type=click.IntRange(min=0),
               help="Predict over the most frequent N tokens (exported with a d2t map); 0 = full vocabulary.")

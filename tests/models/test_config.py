@@ -10,6 +10,14 @@ def test_default_target_layer_ids_rule():
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B (DFLASH.md sec. 2)
     assert default_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2-135M
     assert default_target_layer_ids(30, 1) == [15]
+    # fewer layers than the rule's range holds: each layer once (z-lab's rule repeats them: [1, 1, 1, 1, 1])
+    assert default_target_layer_ids(4, 5) == [1] and default_target_layer_ids(6, 5) == [1, 2, 3]
+    assert default_target_layer_ids(7, 5) == [1, 2, 3, 4] and default_target_layer_ids(8, 5) == [1, 2, 3, 4, 5]
+    for layers in range(4, 40):
+        ids = default_target_layer_ids(layers, 5)
+        assert ids == sorted(set(ids)) and len(ids) == min(5, layers - 3) and 1 <= ids[0] and ids[-1] <= layers - 3
+    with pytest.raises(ConfigError, match="3 layers is too shallow .*give the layers with --target-layer-ids"):
+        default_target_layer_ids(3, 5)
 
 
 def test_rope_layouts_v4_and_v5_agree():

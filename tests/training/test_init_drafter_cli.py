@@ -41,3 +41,11 @@ def test_a_drafter_given_as_target_names_the_flag_init_drafter_has(tmp_path):
         "this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: give the target model's "
         "folder as --target"), repr(res.exception)
     assert not (tmp_path / "d").exists()
+
+
+def test_the_default_layer_ids_of_a_shallow_target_are_distinct(tmp_path, target_with_tokenizer):
+    """Without --target-layer-ids, the 4-layer tiny target gets each default layer once ([1], not
+    z-lab's [1, 1, 1, 1, 1], which --target-layer-ids would refuse)."""
+    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target_with_tokenizer), "--out",
+                                   str(tmp_path / "d"), "--mask-token-id", str(MASK)])
+    assert res.exit_code == 0 and "target layers [1], " in res.output, res.output + repr(res.exception)
