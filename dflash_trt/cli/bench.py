@@ -172,13 +172,6 @@ def dedupe_datasets(datasets) -> tuple[str, ...]:
     """The --dataset values in order, each prompt set once: JSONL paths compare resolved (good.jsonl and
     ./good.jsonl are one file), the built-in names as given. One stderr warning line per dropped repeat."""
     from dflash_trt.bench.runner import DATASETS
+    from dflash_trt.cli.common import drop_repeats
 
-    kept: dict[str, str] = {}  # resolved key -> the value first given
-    for ds in datasets:
-        key = ds if ds in DATASETS else str(Path(ds).resolve())
-        if key in kept:
-            same = "given twice" if ds == kept[key] else f"the same file as --dataset {kept[key]}"
-            click.echo(f"warning: --dataset {ds} is {same}; it runs once", err=True)
-            continue
-        kept[key] = ds
-    return tuple(kept.values())
+    return drop_repeats("--dataset", datasets, "file", "it runs once", DATASETS)

@@ -58,6 +58,22 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     return path
 
 
+def drop_repeats(option: str, values, noun: str, outcome: str, names=()) -> tuple[str, ...]:
+    """The `values` of a repeatable path option in order, each path once: paths compare resolved
+    (good.jsonl and ./good.jsonl are one file), the built-in `names` as given. One stderr warning line
+    per dropped repeat: "{option} V is given twice" or "is the same {noun} as {option} FIRST", then
+    "; {outcome}" (e.g. "it runs once")."""
+    kept: dict[str, str] = {}  # resolved key -> the value first given
+    for v in values:
+        key = v if v in names else str(Path(v).resolve())
+        if key in kept:
+            same = "given twice" if v == kept[key] else f"the same {noun} as {option} {kept[key]}"
+            click.echo(f"warning: {option} {v} is {same}; {outcome}", err=True)
+            continue
+        kept[key] = v
+    return tuple(kept.values())
+
+
 def jsonl_file(option: str, path: str | None) -> str | None:
     """`path` unchanged unless it is a folder.
 

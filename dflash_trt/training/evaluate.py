@@ -9,6 +9,8 @@ drafter's DFlash outputs. tau = decoded tokens / verify steps summed over the se
 first token comes from prefill and is not counted); parity = DFlash output == AR output, per
 prompt. `--untrained` adds a randomly initialised drafter (seed 0) of the first drafter's shape,
 the figure a trained drafter must beat. Writes acceptance.json, acceptance.md and acceptance.png.
+Drafters are named by their folder (with parent folders where two share a name: a/drafter,
+b/drafter); a folder given twice is measured once, with a warning.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -47,6 +50,20 @@ def per_position_rate(results) -> list[float]:
         for j, c in enumerate(r.metrics.accepted_per_position):
             totals[j] += c
     return [t / steps if steps else 0.0 for t in totals]
+
+
+def drafter_labels(paths: list[str]) -> list[str]:
+    """The report's name of each drafter folder: its folder name, or as many of its last path parts as
+    tell it from the others' (a/drafter and b/drafter: "a/drafter", "b/drafter"). `paths` name distinct
+    folders (`main` drops repeats first)."""
+    parts = [Path(os.path.abspath(p)).parts for p in paths]
+    labels = []
+    for mine in parts:
+        k = 1
+        while k < len(mine) and any(o != mine and o[-k:] == mine[-k:] for o in parts):
+            k += 1
+        labels.append(Path(*mine[-k:]).as_posix())
+    return labels
 
 
 def _note(on: bool, text: str) -> None:
@@ -280,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
 def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) -> dict:
     """`main` after parsing: the checks that need no model (--device, --drafter and --out paths), the
     drafters, the target (each drafter must fit it), then `evaluate` and the report."""
-    from dflash_trt.cli.common import check_out_folder, model_folder
+    from dflash_trt.cli.common import check_out_folder, drop_repeats, model_folder
     from dflash_trt.compat import check_compatible
     from dflash_trt.models.checkpoints import check_device, init_drafter, load_drafter, new_drafter_config
     from dflash_trt.models.default import default_drafter_path
@@ -291,12 +308,13 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     check_device(args.device)
     model_folder("--target", args.target, "target")
     paths = [model_folder("--drafter", p, "drafter") for p in args.drafter] or [str(default_drafter_path())]
+    paths = list(drop_repeats("--drafter", paths, "folder", "it is measured once"))
     if args.out:
         check_out_folder("--out", args.out)
     drafters = {}
-    for p in paths:  # before the target: a bad --drafter fails fast
+    for label, p in zip(drafter_labels(paths), paths):  # before the target: a bad --drafter fails fast
         try:
-            drafters[Path(p).name] = load_drafter(p).to(args.device)
+            drafters[label] = load_drafter(p).to(args.device)
         except ConfigError as e:  # e.g. a target's folder: name the flag and the path
             raise ConfigError(f"--drafter {p}: {e}") from None
     keys = {}

@@ -163,3 +163,27 @@ def test_help_names_the_module_and_shows_defaults(capsys, monkeypatch):
                  "--threads THREADS torch CPU threads (default: 1)",
                  "--device DEVICE cpu, cuda or cuda:N (float32 either way; TF32 stays off; default: cpu)"):
         assert text in out, text
+
+
+def test_drafters_with_the_same_folder_name_keep_apart_and_a_repeat_runs_once(tmp_path, capsys, monkeypatch,
+                                                                              target_with_tokenizer):
+    """a/drafter and b/drafter are two drafters ("a/drafter", "b/drafter"; keyed by folder name, the second
+    replaced the first and the paths were paired wrongly); ./a/drafter after a/drafter is measured once."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter
+    from dflash_trt.training.evaluate import drafter_labels, main
+
+    cfg = new_drafter_config(TargetConfig.from_pretrained(target_with_tokenizer), 1, 4, MASK, [0, 1])
+    for i, name in enumerate("ab"):
+        init_drafter(cfg, tmp_path / name / "drafter", seed=i)
+    (tmp_path / "sets.json").write_text('{"tiny": ["w5 w6 w7", "w8 w9"]}')
+    monkeypatch.chdir(tmp_path)
+    report = main(["--target", str(target_with_tokenizer), "--drafter", "a/drafter", "--drafter", "b/drafter",
+                   "--drafter", "./a/drafter", "--sets-file", "sets.json", "--max-tokens", "4"])
+    err = capsys.readouterr().err
+    assert "warning: --drafter ./a/drafter is the same folder as --drafter a/drafter; it is measured once" in err
+    assert report["drafters"] == {"a/drafter": "a/drafter", "b/drafter": "b/drafter"}
+    assert list(report["sets"]["tiny"]["drafters"]) == ["a/drafter", "b/drafter"]
+    assert err.count(": tiny: a/drafter: tau ") == 1 and err.count(": tiny: b/drafter: tau ") == 1
+    assert drafter_labels(["x/d", "y/d", "y/e"]) == ["x/d", "y/d", "e"] and drafter_labels(["/p/a/d", "/a/d"]) == [
+        "p/a/d", "/a/d"]
