@@ -159,7 +159,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
             manifest["shards"][shard.name] = {
                 "samples": len(samples), "prompt_tokens": sum(p for p, _ in lengths),
                 "response_tokens": sum(r for _, r in lengths), "lengths": lengths}
-            _write_json(manifest_path, manifest)
+            write_json_atomic(manifest_path, manifest)
             bar.update(1)
             bar.set_postfix(tok_s=f"{sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0):.0f}")
     finally:
@@ -171,16 +171,20 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
                           "response_tokens": stats.response_tokens,
                           "response_tokens_per_s": round(stats.response_tokens_per_s, 1)}
     manifest["complete"] = True
-    _write_json(manifest_path, manifest)
+    write_json_atomic(manifest_path, manifest)
     return stats
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    """Write `obj` as JSON through a temporary file renamed over `path`: an interrupted write (Ctrl-C)
-    leaves the previous file whole, never a truncated one."""
+def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
+    """Write `obj` as JSON through a temporary file renamed over `path`: an interrupted write (Ctrl-C,
+    a full disk) leaves the previous file whole, never a truncated one, and no temporary file behind."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=indent) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 #: train-drafter's flag behind each data-cache setting (`settings_differences` names it).

@@ -96,6 +96,23 @@ def teacher_forced(target, drafter, prompts: list[list[int]], outputs: list[list
     return {"tau": round(v["acceptance_length"], 4), "anchor_mean": round(v["anchor_mean"], 4), "blocks": v["blocks"]}
 
 
+def _read_cache(path: Path | None) -> dict:
+    """The JSON object in `path` ({} when there is none); one that is not readable is ignored with one
+    stderr warning (it is rewritten as decodes finish)."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        cache = json.loads(path.read_text())
+        problem = None if isinstance(cache, dict) else "is not a JSON object"
+    except (ValueError, OSError) as e:  # json.JSONDecodeError, UnicodeDecodeError, unreadable
+        problem = f"is not readable ({e})"
+    if problem is None:
+        return cache
+    print(f"warning: the cache {path} {problem}; starting without it (it is rewritten as decodes finish)",
+          file=sys.stderr, flush=True)
+    return {}
+
+
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
              batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False,
@@ -104,7 +121,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
 
     `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
     `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
-    with more drafters only decodes what is new. `progress` prints one stderr line per decode
+    with more drafters only decodes what is new. It is rewritten atomically after each decode (an
+    interrupted run leaves the last whole version); one that is not readable (not JSON, not an
+    object) counts as empty, with a warning. `progress` prints one stderr line per decode
     (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
 
     `with_teacher_forced` adds each drafter's `teacher_forced` figures on the AR outputs (the
@@ -116,7 +135,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     from dflash_trt.training.prompts import encode_prompt
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    cache = json.loads(ar_cache.read_text()) if ar_cache is not None and ar_cache.is_file() else {}
+    from dflash_trt.training.datagen import write_json_atomic
+
+    cache = _read_cache(ar_cache)
     report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
     for set_name, texts in sets.items():
         ids = [encode_prompt(tokenizer, t) for t in texts]
@@ -130,7 +151,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
             cache[key] = {"outputs": outs, "seconds": time.perf_counter() - t0}
             _note(progress, f"{set_name}: autoregressive reference, {len(ids)} prompts, {cache[key]['seconds']:.0f} s")
             if ar_cache is not None:
-                ar_cache.write_text(json.dumps(cache))
+                write_json_atomic(ar_cache, cache, indent=None)
         ar = cache[key]["outputs"]
         entry = {"prompts": len(ids), "ar_tokens": sum(len(o) for o in ar), "ar_seconds": cache[key]["seconds"],
                  "drafters": {}}
@@ -152,7 +173,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
                 _note(progress, f"{set_name}: {name}: tau {d['tau']:.3f}, parity {d['parity_count']}, {d['seconds']:.0f} s")
                 if (drafter_keys or {}).get(name) and ar_cache is not None:
                     cache[dkey] = dict(d)
-                    ar_cache.write_text(json.dumps(cache))
+                    write_json_atomic(ar_cache, cache, indent=None)
             if with_teacher_forced:  # not cached: it needs no decoding
                 entry["drafters"][name]["teacher_forced"] = teacher_forced(target, drafter, ids, ar, block_size)
         report["sets"][set_name] = entry

@@ -26,6 +26,43 @@ def test_evaluate_reports_parity_caches_and_prints_progress(tmp_path, tiny_targe
     assert capsys.readouterr().err == "" and again["sets"]["tiny"]["drafters"]["d"] == entry
 
 
+def test_the_cache_is_written_atomically_and_a_damaged_one_is_ignored(tmp_path, tiny_target, capsys, monkeypatch):
+    """A Ctrl-C while the cache is written leaves the previous cache whole (it was truncated, and every later
+    run failed on it until deleted by hand); a cache that is not a JSON object counts as empty, with a warning."""
+    import json
+    from pathlib import Path
+
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1])).eval()
+    sets = {"tiny": ["w5 w6 w7 w9", "w8 w9 w10"]}
+    cache = tmp_path / "cache.json"
+    args = (tiny_target, word_tokenizer(), (EOS,), {"d": drafter}, sets, 6, None, cache)
+    first = evaluate(*args, drafter_keys={"d": "k1"})
+    whole = cache.read_text()
+    assert len(json.loads(whole)) == 2  # the AR outputs and the drafter's results
+
+    real_write = Path.write_text
+
+    def interrupted(self, text, *a, **k):  # half the file, then Ctrl-C
+        real_write(self, text[: len(text) // 2], *a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(*args, drafter_keys={"d": "k2"})  # new weights key: decodes, then writes the cache
+    monkeypatch.undo()
+    assert cache.read_text() == whole and sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]
+    capsys.readouterr()
+    for damaged in ('{"tiny:2:6:', "[1, 2]"):
+        cache.write_text(damaged)
+        again = evaluate(*args, drafter_keys={"d": "k1"})
+        err = capsys.readouterr().err
+        assert err.startswith(f"warning: the cache {cache} is not ") and err.count("\n") == 1, err
+        assert "starting without it (it is rewritten as decodes finish)" in err
+        d, d0 = again["sets"]["tiny"]["drafters"]["d"], first["sets"]["tiny"]["drafters"]["d"]
+        assert (d["tau"], d["parity_count"]) == (d0["tau"], d0["parity_count"]) and len(json.loads(cache.read_text())) == 2
+
+
 def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tiny_samples):
     """--teacher-forced: the trainer's validation metric on the AR outputs equals the decoded tau
     (float32 features from the target, as decoding has them), cached drafter results included; the
