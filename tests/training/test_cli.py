@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import MASK, VOCAB
+from tests.training.conftest import MASK, VOCAB
 from dflash_trt.cli import cli
 from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.models.checkpoints import load_drafter

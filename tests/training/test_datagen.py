@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from conftest import DATA_LAYERS, EOS
+from tests.training.conftest import DATA_LAYERS, EOS
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
 

@@ -4,7 +4,7 @@ decodes, and one progress line per decode."""
 import pytest
 import torch
 
-from conftest import EOS, MASK, word_tokenizer
+from tests.training.conftest import EOS, MASK, word_tokenizer
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.evaluate import evaluate
@@ -71,7 +71,7 @@ def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tin
     from dflash_trt.training.pipeline import make_train_data
     from dflash_trt.training.trainer import TrainConfig, train
 
-    from conftest import DATA_LAYERS
+    from tests.training.conftest import DATA_LAYERS
 
     torch.manual_seed(0)
     drafter = DFlashDrafter(new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1]))

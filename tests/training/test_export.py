@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from conftest import DATA_LAYERS, EOS, MASK
+from tests.training.conftest import DATA_LAYERS, EOS, MASK
 from dflash_trt.models.checkpoints import load_drafter, new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.loading import read_tensors
@@ -106,7 +106,7 @@ def test_the_packaged_readme_is_bundle_readme_and_says_an_existing_out_needs_for
 
 def _reduced_drafter(folder):
     """A random tiny reduced-vocabulary drafter exported to `folder`, with an acceptance.md beside it."""
-    from conftest import TINY
+    from tests.training.conftest import TINY
 
     from dflash_trt.config import TargetConfig
 

@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-from conftest import MASK
+from tests.training.conftest import MASK
 from dflash_trt.cli import cli
 from dflash_trt.errors import ConfigError
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import TINY
+from tests.training.conftest import TINY
 from dflash_trt.config import TargetConfig
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DATA_LAYERS, EOS, MASK
+from tests.training.conftest import DATA_LAYERS, EOS, MASK
 from dflash_trt.errors import DFlashError, TrainingInterrupted
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
