@@ -95,6 +95,13 @@ def preflight(opts: BuildOptions) -> dict:
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.config import DrafterConfig, TargetConfig
 
+    from dflash_trt.models.loading import path_overlap
+
+    for flag, folder in (("--target", opts.target), ("--drafter", opts.drafter)):
+        where = path_overlap(opts.out, folder)
+        if where is not None:
+            raise ConfigError(f"--out {opts.out} {where} the {flag} folder {folder}; write the bundle to a folder "
+                              "outside the inputs (--force does not change this)")
     if opts.drafter_quant not in DRAFTER_QUANT_FORMATS:
         raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
     if opts.calib_size < 1:

@@ -164,6 +164,21 @@ def share_modes(root: str | Path) -> None:
             os.chmod(p, (0o777 if st.st_mode & stat.S_IXUSR else 0o666) & ~mask)
 
 
+def path_overlap(path: str | Path, other: str | Path) -> str | None:
+    """How `path` overlaps folder `other`, both resolved (symlinks followed): "is" (the same folder),
+    "is inside", "holds" (`other` is inside `path`), or None when they are apart. Writers that publish
+    a folder (`publish_folder`) refuse an output that overlaps one of their inputs: replacing it would
+    delete the input, or write into it."""
+    p, o = Path(path).resolve(), Path(other).resolve()
+    if p == o:
+        return "is"
+    if o in p.parents:
+        return "is inside"
+    if p in o.parents:
+        return "holds"
+    return None
+
+
 def publish_folder(tmp: str | Path, out: str | Path) -> Path:
     """Move the finished folder `tmp` into place as `out` (a rename: `tmp` must be beside `out`).
 

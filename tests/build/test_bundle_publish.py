@@ -160,3 +160,33 @@ def test_force_over_a_file_leaves_nothing_beside_it(tmp_path, tiny_pair, umask02
     shutil.rmtree(folder)
     code, stdout, err = run_main(monkeypatch, capsys, *base[:-3], "--out", str(folder), "--dry-run")
     assert code == 0 and f"move the bundle to {folder}" in stdout
+
+
+def test_out_overlapping_an_input_is_refused(tmp_path, tiny_pair, monkeypatch, capsys):
+    """An --out that is, is inside or holds the --target or --drafter folder (given or default) is refused
+    with one line naming both paths, even with --force, dry run or not, before anything is written."""
+    from dflash_trt.models.default import default_drafter_path, default_target_path
+
+    root = tmp_path / "pair"
+    shutil.copytree(tiny_pair[0], root / "target")
+    shutil.copytree(tiny_pair[1], root / "drafter")
+    target, drafter = root / "target", root / "drafter"
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    cases = [(drafter, "is", "--drafter", drafter), (target, "is", "--target", target),
+             (drafter / "bundle", "is inside", "--drafter", drafter), (root, "holds", "--target", target),
+             (tmp_path / "link", "is", "--drafter", drafter)]
+    (tmp_path / "link").symlink_to(drafter)
+    for out, where, flag, folder in cases:
+        for extra in (("--dry-run",), ()):
+            code, stdout, err = run_main(monkeypatch, capsys, "build", "--target", str(target), "--drafter",
+                                         str(drafter), "--out", str(out), "--force", *extra)
+            assert code == 1, (out, extra, err)
+            assert f"--out {out} {where} the {flag} folder {folder}" in " ".join(err.split()), err
+            assert "--force does not change this" in " ".join(err.split()) and "plan for" not in stdout
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert not (drafter / "bundle").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["link", "pair"]
+
+    for out, flag, folder in ((default_target_path(), "--target", default_target_path()),
+                              (default_drafter_path(), "--drafter", default_drafter_path())):
+        code, stdout, err = run_main(monkeypatch, capsys, "build", "--out", str(out), "--force", "--dry-run")
+        assert code == 1 and f"--out {out} is the {flag} folder {folder}" in " ".join(err.split()), err
