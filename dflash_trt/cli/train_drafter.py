@@ -32,6 +32,22 @@ def _check_resume(resume: bool, work: Path) -> None:
                           "run without --resume to start (a data cache already in the work dir is reused)")
 
 
+def _check_fresh_run(work: Path) -> None:
+    """Without --resume, work/run must hold no training checkpoint: refused before any work (the
+    data generation), with the trainer's own message (--force is about --out, not the run).
+
+    Raises:
+        ConfigError: a checkpoint in work/run.
+    """
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.training.trainer import CHECKPOINT
+
+    run = work / "run"
+    if (run / CHECKPOINT).is_file():
+        raise ConfigError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
+                          "or remove the folder to start over")
+
+
 def _ids(ids) -> str:
     """Layer ids as --target-layer-ids takes them: "1,5,9"."""
     return ",".join(str(i) for i in ids)
@@ -270,6 +286,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
     _check_resume(resume and not data_only, work)
     _check_out(out, force, resume, data_only, work)
+    if not resume and not data_only:
+        _check_fresh_run(work)
     import torch
 
     from dflash_trt.compat import check_compatible

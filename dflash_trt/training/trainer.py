@@ -371,8 +371,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             what is left of the budget), so warmup + cosine decay end inside the budget instead of
             being cut off. The fitted count is kept in the checkpoint (a resumed run keeps it).
         resume: continue from run_dir/checkpoint.pt (the drafter's weights are replaced by it).
-        time_limit_s: stop (after saving a checkpoint) once this much wall time has passed; the
-            returned state has finished=False and a rerun with resume=True continues.
+        time_limit_s: stop (after saving a checkpoint) once this much wall time has passed since
+            this call began (its own time, not the resumed run's total, nor the time between
+            checkpoints); the returned state has finished=False and a rerun with resume=True continues.
         max_steps: stop after this step (for interruption tests); as with time_limit_s. A run resumed
             at or past it trains no further step.
     Returns:
@@ -385,6 +386,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
             temporary file renamed over the old one; best.pt after the checkpoint that names it).
     """
+    t_call = time.perf_counter()  # what time_limit_s is measured from (never reset)
     run = Path(run_dir)
     ckpt_path = run / CHECKPOINT
     if resume and not ckpt_path.is_file():
@@ -513,8 +515,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                 bar.set_postfix(postfix)
                 window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(),
                           "k": 0}
-            elapsed = time.perf_counter() - t_start
-            out_of_time = time_limit_s is not None and elapsed >= time_limit_s
+            out_of_time = time_limit_s is not None and time.perf_counter() - t_call >= time_limit_s
             stop_here = max_steps is not None and state.step >= max_steps
             if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
                 better = False

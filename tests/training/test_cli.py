@@ -365,11 +365,15 @@ def test_resume_with_other_target_layer_ids_names_the_flag_and_both_values(tmp_p
                    "with --target-layer-ids 0,1); rerun with --target-layer-ids 0,1 to continue it, or pass another "
                    "--work-dir (or --out, whose work dir OUT.work is the default) to start a new run")
     assert (work / "run" / "checkpoint.pt").read_bytes() == checkpoint
-    if not online:  # without --resume the data cache refuses other layers, naming the flag and both sets
+    res = _run(args + ["--target-layer-ids", "0,2", "--force"])  # without --resume: the checkpoint is refused first
+    assert isinstance(res.exception, ConfigError) and "already holds a training checkpoint" in str(res.exception)
+    if not online:  # without a checkpoint the data cache refuses other layers, naming the flag and both sets
+        (work / "run" / "checkpoint.pt").unlink()
         res = _run(args + ["--target-layer-ids", "0,2", "--force"])
         assert isinstance(res.exception, DFlashError) and (
             "(layer_ids (--target-layer-ids, plus the last layer; none with --online-features) [0, 1, 3] -> "
             "[0, 2, 3]); rerun with the settings it was made with") in str(res.exception), repr(res.exception)
+        (work / "run" / "checkpoint.pt").write_bytes(checkpoint)
     res = _run(args + ["--target-layer-ids", "0,1", "--resume"])  # the original value resumes
     assert res.exit_code == 0, res.output + repr(res.exception)
 
@@ -425,6 +429,67 @@ def test_ctrl_c_says_where_to_resume_and_the_resumed_run_equals_an_uninterrupted
         monkeypatch.setattr(trainer, "_batch_loss", real)
         res = run(out, work, "--resume")
         assert res.exit_code == 0, res.output + repr(res.exception)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(tmp_path / "straight").state_dict()
+    for k, w in uninterrupted.items():
+        assert torch.equal(w, resumed[k]), k
+    info = json.loads((out / "training.json").read_text())
+    assert (info["steps"], info["finished"]) == (8, True)
+
+
+def test_time_limit_pauses_at_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(tmp_path,
+                                                                                         target_with_tokenizer,
+                                                                                         monkeypatch):
+    """--time-limit-min counts this invocation's training time (it was measured from the last
+    checkpoint, so with frequent checkpoints it never fired): with the trainer's clock moving 14 s a
+    step and a 1-minute limit, the run pauses with a checkpoint at step 5 (checkpoints every 3 steps),
+    says so and exports nothing; the same command without --resume (even with --force) is refused
+    before any data work; with --resume it ends with bitwise the weights of an uninterrupted run."""
+    from dflash_trt.training import pipeline, trainer
+
+    def run(out, work, *extra):
+        return _run(["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path)), "--out", str(out),
+                     "--work-dir", str(work), "--num-layers", "1", "--block-size", "4", "--epochs", "2",
+                     "--target-layer-ids", "0,1", "--max-new-tokens", "12", "--mask-token-id", str(MASK),
+                     "--init", "random", "--anchors", "4", "--checkpoint-every", "3", *extra])
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        straight = run(tmp_path / "straight", tmp_path / "straight.work")
+        assert straight.exit_code == 0, straight.output + repr(straight.exception)
+        clock = {"now": 0.0}
+        real = trainer._batch_loss
+
+        def batch_loss(*args, **kwargs):
+            clock["now"] += 14.0
+            return real(*args, **kwargs)
+
+        class FakeTime:
+            perf_counter = monotonic = time = staticmethod(lambda: clock["now"])
+        monkeypatch.setattr(trainer, "_batch_loss", batch_loss)
+        monkeypatch.setattr(trainer, "time", FakeTime)
+        out, work = tmp_path / "d", tmp_path / "w"
+        res = run(out, work, "--time-limit-min", "1")
+        assert res.exit_code == 0, res.output + repr(res.exception)
+        assert (f"paused at step 5/8 (checkpoint in {work / 'run'}); rerun the same command with --resume to "
+                "continue") in res.output, res.output
+        assert not out.exists() and not list(tmp_path.glob(".d.tmp-*"))
+        assert torch.load(work / "run" / "checkpoint.pt", weights_only=False)["state"]["step"] == 5
+
+        def no_data(*args, **kwargs):
+            raise AssertionError("data generation ran before the checkpoint was refused")
+        real_build = pipeline.build_data
+        monkeypatch.setattr(pipeline, "build_data", no_data)
+        data = {p.name: p.stat().st_mtime_ns for p in (work / "data").iterdir()}
+        res = run(out, work, "--time-limit-min", "1", "--force")
+        assert isinstance(res.exception, ConfigError), res.output + repr(res.exception)
+        assert str(res.exception) == (f"{work / 'run'} already holds a training checkpoint; pass --resume to "
+                                      "continue it, or remove the folder to start over")
+        assert {p.name: p.stat().st_mtime_ns for p in (work / "data").iterdir()} == data and not out.exists()
+        monkeypatch.setattr(pipeline, "build_data", real_build)
+        res = run(out, work, "--time-limit-min", "1", "--resume")  # steps 6-8: 42 s of this call's minute
+        assert res.exit_code == 0 and "paused" not in res.output, res.output + repr(res.exception)
     finally:
         torch.use_deterministic_algorithms(False)
     resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(tmp_path / "straight").state_dict()

@@ -89,6 +89,59 @@ def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
         torch.use_deterministic_algorithms(False)
 
 
+class _StepClock:
+    """A stand-in for the trainer's `time` module: its clock moves `per_step` seconds per training
+    step (each `_batch_loss` call), and not otherwise."""
+
+    def __init__(self, monkeypatch, per_step):
+        from dflash_trt.training import trainer
+
+        self.now = 0.0
+        real = trainer._batch_loss
+
+        def batch_loss(*args, **kwargs):
+            self.now += per_step
+            return real(*args, **kwargs)
+        monkeypatch.setattr(trainer, "_batch_loss", batch_loss)
+        monkeypatch.setattr(trainer, "time", self)
+
+    def perf_counter(self):
+        return self.now
+
+    monotonic = time = perf_counter
+
+
+def test_time_limit_counts_the_call_not_the_time_since_the_last_checkpoint(tmp_path, tiny_target, tiny_samples,
+                                                                            monkeypatch):
+    """time_limit_s is this call's wall time: with 10 s a step and a 45 s limit the run stops (with a
+    checkpoint of its own) at step 5, though a checkpoint every 3 steps never lets 45 s pass between
+    two (it used to run to the end); each resumed call has the limit afresh, and the run ends with
+    bitwise the weights of an uninterrupted one."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3})
+        data = _data(tiny_target, tiny_samples)
+        straight = _drafter(tiny_target)
+        train(straight, data, cfg, tmp_path / "a", progress=False)
+        clock = _StepClock(monkeypatch, per_step=10.0)
+        paused = []
+        resume = False
+        while True:
+            drafter = _drafter(tiny_target, seed=len(paused))
+            state = train(drafter, data, cfg, tmp_path / "b", resume=resume, time_limit_s=45.0, progress=False)
+            if state.finished:
+                break
+            paused.append(state.step)
+            ck = torch.load(tmp_path / "b" / CHECKPOINT, weights_only=False)
+            assert ck["state"]["step"] == state.step and not ck["state"]["finished"]
+            resume = True
+        assert paused == [5, 10] and state.step == cfg.total_steps(len(tiny_samples)) == 12 and clock.now == 120.0
+        for (k, a), (_, b) in zip(straight.state_dict().items(), drafter.state_dict().items()):
+            assert torch.equal(a, b), k
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_existing_checkpoint_needs_resume_and_same_settings(tmp_path, tiny_target, tiny_samples):
     cfg = TrainConfig(**{**CFG.__dict__, "epochs": 1})
     data = _data(tiny_target, tiny_samples)
