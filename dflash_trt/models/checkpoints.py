@@ -6,6 +6,7 @@ DFlash drafter folder (DFLASH.md sec. 3). Both are strict (see `loading.load_str
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -53,13 +54,39 @@ def check_device(device: str) -> None:
                               "pick one of them")
 
 
+#: the KV-cache scales ModelOpt writes on the attention projections (`X.k_proj.k_scale`, `X.v_proj.v_scale`)
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
+
+
+def kv_cache_fp8(path: str | Path) -> bool:
+    """Whether the checkpoint folder's quantization config says its KV cache is FP8: config.json
+    `quantization_config` with `kv_cache_quant_algo` "FP8" or an 8-bit float `kv_cache_scheme` (what
+    ModelOpt 0.47 writes), or hf_quant_config.json `quantization.kv_cache_quant_algo` "FP8"."""
+    path = Path(path)
+    q = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    scheme = q.get("kv_cache_scheme") or {}
+    if str(q.get("kv_cache_quant_algo")).upper() == "FP8" or (
+            scheme.get("type") == "float" and scheme.get("num_bits") == 8):
+        return True
+    hf = path / "hf_quant_config.json"
+    if hf.is_file():
+        algo = (json.loads(hf.read_text()).get("quantization") or {}).get("kv_cache_quant_algo")
+        return str(algo).upper() == "FP8"
+    return False
+
+
 def _read_weights(path, dtype, device):
-    """The folder's tensors in `dtype`; ModelOpt FP8 / NVFP4 checkpoints are dequantized first."""
+    """The folder's tensors in `dtype`; ModelOpt FP8 / NVFP4 checkpoints are dequantized first. The
+    KV-cache scales of an otherwise unquantized checkpoint with an FP8 KV cache are dropped (our runtime
+    keeps its KV cache in the model dtype, as the FP8 / NVFP4 paths also drop them)."""
     from dflash_trt.models.dequant import dequantize_tensors, quant_algo
 
     algo = quant_algo(path)
     if algo is None:
-        return read_tensors(path, dtype, device)
+        tensors = read_tensors(path, dtype, device)
+        if kv_cache_fp8(path):
+            tensors = {k: v for k, v in tensors.items() if not k.endswith(KV_SCALE_SUFFIXES)}
+        return tensors
     return dequantize_tensors(read_tensors(path, None, device), algo, dtype)
 
 

@@ -250,3 +250,47 @@ def test_calibration_texts_are_the_same_in_every_process():
     assert sum("def ndiff(a, b, linejunk=None, charjunk=<function IS_CHARACTER_JUNK>)" in t for t in
                json.loads(subprocess.run([sys.executable, "-c", code.replace("(64)", "(4)")], capture_output=True,
                                          text=True, check=True).stdout)) == 1  # kept, without its address
+
+
+def test_kv_fp8_only_bundle_loads_like_the_unquantized_one(tmp_path, tiny_pair):
+    """`--kv-cache-dtype fp8` without --quant: trtllm/target keeps its weights but gains ModelOpt's KV-cache
+    scales (k_proj.k_scale, v_proj.v_scale); the loader ignores them (the config says the KV cache is
+    FP8), `check` agrees, and the bundle's greedy output equals the unquantized bundle's. A scale key
+    without that config, or any other extra key, is still refused."""
+    import torch
+
+    from dflash_trt.api import load_bundle
+    from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.checkpoints import kv_cache_fp8, load_target
+    from dflash_trt.models.dequant import quant_algo
+    from dflash_trt.models.loading import read_tensors, save_checkpoint
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    plain, kv = tmp_path / "plain", tmp_path / "kv"
+    build_bundle(*tiny_pair, plain, quant="none")
+    build_bundle(*tiny_pair, kv, quant="none", kv_cache_dtype="fp8")
+    target = kv / "trtllm/target"
+    assert quant_algo(target) is None and kv_cache_fp8(target) and not kv_cache_fp8(plain / "trtllm/target")
+    scales = [k for k in read_tensors(target) if k.endswith(("k_scale", "v_scale"))]
+    assert "model.layers.0.self_attn.k_proj.k_scale" in scales and "model.layers.0.self_attn.v_proj.v_scale" in scales
+    assert not [f for f in check_checkpoints(target, kv / "trtllm/drafter") if f.level == ERROR]
+    a, b = load_target(plain / "trtllm/target"), load_target(target)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    pipes = [load_bundle(plain), load_bundle(kv)]
+    prompts = [pipes[0].encode("def fibonacci(n):"), pipes[0].encode_chat("Name three colours.")]
+    outs = [[r.token_ids for r in p.generate(prompts, params, mode)] for p in pipes for mode in ("ar", "dflash")]
+    assert outs[0] == outs[1] == outs[2] == outs[3]
+
+    tensors = read_tensors(target)
+    config = json.loads((target / "config.json").read_text())
+    extra = tmp_path / "extra"  # FP8 KV cache, plus a key no config explains
+    save_checkpoint(extra, config, {**tensors, "model.layers.0.self_attn.k_proj.bias": torch.zeros(4)})
+    with pytest.raises(CheckpointError, match="unexpected key.*k_proj.bias"):
+        load_target(extra)
+    no_kv = tmp_path / "no-kv"  # the KV scales, but no FP8 KV cache in the config
+    save_checkpoint(no_kv, {k: v for k, v in config.items() if k != "quantization_config"}, tensors)
+    with pytest.raises(CheckpointError, match="unexpected key.*k_proj.k_scale"):
+        load_target(no_kv)
