@@ -19,7 +19,8 @@ from dflash_trt.cli.common import lower_word
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"], case_sensitive=False), default="auto", show_default=True)
 @click.option("--tp-size", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--calib-prompts", type=click.Path(), default=None,
-              help='JSONL of {"prompt"|"text"|"messages"} for calibration (default: built-in corpus; never eval sets).')
+              help='JSONL of {"prompt": ...} or {"messages": [...]} lines for calibration (default: built-in corpus; '
+                   'never eval sets).')
 @click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True)
 @click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="max_batch_size in serve.yaml and the trtllm-build command.")

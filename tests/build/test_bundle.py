@@ -294,3 +294,24 @@ def test_kv_fp8_only_bundle_loads_like_the_unquantized_one(tmp_path, tiny_pair):
     save_checkpoint(no_kv, {k: v for k, v in config.items() if k != "quantization_config"}, tensors)
     with pytest.raises(CheckpointError, match="unexpected key.*k_proj.k_scale"):
         load_target(no_kv)
+
+
+def test_calib_prompts_formats_in_help_and_docs_match_the_loader(tmp_path, monkeypatch, capsys):
+    """--calib-prompts takes {"prompt"} / {"messages"} lines (the train-drafter format); a {"text"} line
+    is refused, and neither `build --help` nor docs/build.md offers it."""
+    from pathlib import Path
+
+    from dflash_trt.build.quantize import read_calibration_jsonl
+    from tests.conftest import run_main
+
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text('{"prompt": "def add(a, b):"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    assert read_calibration_jsonl(calib, 8) == ["def add(a, b):", [{"role": "user", "content": "Hi"}]]
+    calib.write_text('{"text": "def add(a, b):"}\n')
+    with pytest.raises(ConfigError):
+        read_calibration_jsonl(calib, 8)
+    code, stdout, _ = run_main(monkeypatch, capsys, "build", "--help")
+    help_text = " ".join(stdout.split())
+    assert code == 0 and '{"prompt": ...} or {"messages": [...]}' in help_text and '"text"' not in help_text
+    docs = (Path(__file__).resolve().parents[2] / "docs/build.md").read_text()
+    assert '{"text"}' not in docs and '`{"prompt": text}` or chat `{"messages": [...]}`' in docs
