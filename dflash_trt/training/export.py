@@ -175,9 +175,10 @@ def _check_copy_paths(src: Path, dst: Path, force: bool) -> None:
     """
     from dflash_trt.errors import ConfigError
 
-    s, d = src.resolve(), dst.resolve()
-    if s == d or s in d.parents or d in s.parents:
-        where = "is" if s == d else "is inside" if s in d.parents else "holds"
+    from dflash_trt.models.loading import path_overlap
+
+    where = path_overlap(dst, src)
+    if where is not None:
         raise ConfigError(f"DST {dst} {where} SRC {src}; write the copy to a folder outside the source drafter "
                           "(--force does not change this)")
     if not (dst.exists() or dst.is_symlink()):

@@ -378,6 +378,16 @@ def test_resume_with_other_target_layer_ids_names_the_flag_and_both_values(tmp_p
     assert res.exit_code == 0, res.output + repr(res.exception)
 
 
+
+def assert_resumed_equals_straight(out, straight, steps: int) -> None:
+    """The export at `out` (an interrupted run, resumed) has the weights of the uninterrupted run's at
+    `straight`, bit for bit, and its training.json says it finished all `steps`."""
+    resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(straight).state_dict()
+    for k, w in uninterrupted.items():
+        assert torch.equal(w, resumed[k]), k
+    info = json.loads((out / "training.json").read_text())
+    assert (info["steps"], info["finished"]) == (steps, True)
+
 def test_ctrl_c_says_where_to_resume_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, target_with_tokenizer,
                                                                                      monkeypatch):
     """Ctrl-C (a KeyboardInterrupt from a training step) exits 130 with one line on stderr: the step,
@@ -431,11 +441,7 @@ def test_ctrl_c_says_where_to_resume_and_the_resumed_run_equals_an_uninterrupted
         assert res.exit_code == 0, res.output + repr(res.exception)
     finally:
         torch.use_deterministic_algorithms(False)
-    resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(tmp_path / "straight").state_dict()
-    for k, w in uninterrupted.items():
-        assert torch.equal(w, resumed[k]), k
-    info = json.loads((out / "training.json").read_text())
-    assert (info["steps"], info["finished"]) == (8, True)
+    assert_resumed_equals_straight(out, tmp_path / "straight", steps=8)
 
 
 def test_time_limit_pauses_at_a_checkpoint_and_resume_finishes_like_an_uninterrupted_run(tmp_path,
@@ -492,11 +498,7 @@ def test_time_limit_pauses_at_a_checkpoint_and_resume_finishes_like_an_uninterru
         assert res.exit_code == 0 and "paused" not in res.output, res.output + repr(res.exception)
     finally:
         torch.use_deterministic_algorithms(False)
-    resumed, uninterrupted = load_drafter(out).state_dict(), load_drafter(tmp_path / "straight").state_dict()
-    for k, w in uninterrupted.items():
-        assert torch.equal(w, resumed[k]), k
-    info = json.loads((out / "training.json").read_text())
-    assert (info["steps"], info["finished"]) == (8, True)
+    assert_resumed_equals_straight(out, tmp_path / "straight", steps=8)
 
 
 def test_ctrl_c_in_data_generation_keeps_the_finished_shards(tmp_path, target_with_tokenizer, monkeypatch):
