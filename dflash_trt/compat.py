@@ -129,8 +129,9 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
                            ignore: tuple[str, ...] = ()) -> list[str]:
     """What the strict load (`loading.load_strict`) would refuse in a checkpoint's weights, read from the
     safetensors headers only (`_header_shapes`): keys missing (one item naming the first five), keys of
-    another shape (one item naming the first and counting the rest), unexpected keys. Quantization scales,
-    which loading consumes, are not unexpected; a ModelOpt NVFP4 weight (uint8, two codes per byte) is
+    another shape (one item naming the first and counting the rest), unexpected keys. Quantization scales
+    that loading consumes are not unexpected (all of them in a ModelOpt FP8 / NVFP4 checkpoint, only
+    k_scale / v_scale in an unquantized one whose config says its KV cache is FP8); a ModelOpt NVFP4 weight (uint8, two codes per byte) is
     expected with half the columns; keys in `ignore` (a tied lm_head) may be there or not.
 
     Args:
@@ -139,12 +140,16 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     Raises:
         CheckpointError: as `_header_shapes`.
     """
-    from dflash_trt.models.dequant import SCALE_SUFFIXES
+    from dflash_trt.models.checkpoints import kv_cache_fp8
+    from dflash_trt.models.dequant import SCALE_SUFFIXES, quant_algo
 
     missing_fix, shape_fix = _WEIGHT_FIXES[what]
     found = _header_shapes(folder)
     problems = []
-    unexpected = [k for k in found if k not in expected and k not in ignore and not k.endswith(SCALE_SUFFIXES)]
+    # the scales loading consumes (`checkpoints._read_weights`): every quantization scale of a
+    # ModelOpt FP8 / NVFP4 checkpoint, only the KV-cache scales of an unquantized one with an FP8 KV cache
+    scales = SCALE_SUFFIXES if quant_algo(folder) is not None else (".k_scale", ".v_scale") if kv_cache_fp8(folder) else ()
+    unexpected = [k for k in found if k not in expected and k not in ignore and not (scales and k.endswith(scales))]
     if unexpected:
         problems.append(f"{what} weights: unexpected key(s) {', '.join(unexpected[:5])}"
                         f"{f' (and {len(unexpected) - 5} more)' if len(unexpected) > 5 else ''} in {folder}; "

@@ -131,6 +131,10 @@ def test_modelopt_fp8_and_nvfp4_layouts_pass(target, pair):
     tensors[f"{nvfp4}.weight_scale"] = torch.ones(out, cols // 16).to(torch.float8_e4m3fn)
     tensors[f"{nvfp4}.weight_scale_2"] = torch.ones(())
     save_file(tensors, str(target / "model.safetensors"))
+    assert "unexpected key(s)" in errors(target, pair[1])[0]  # scales, but config.json says nothing is quantized
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}
+    (target / "config.json").write_text(json.dumps(cfg))
     assert errors(target, pair[1]) == []
     tensors[f"{nvfp4}.weight"] = torch.zeros(out, cols // 4, dtype=torch.uint8)  # another width
     save_file(tensors, str(target / "model.safetensors"))
@@ -171,3 +175,22 @@ def test_no_tensor_data_is_read(target, pair, monkeypatch):
     monkeypatch.setattr(loading, "safe_open", lambda *a, **k: Spy(safe_open(*a, **k).__enter__()))
     assert errors(target, pair[1]) == []
     assert len(opened) == 2  # the target's file and the drafter's
+
+
+def test_kv_cache_scales_pass_only_with_an_fp8_kv_cache_config(target, pair):
+    """check agrees with the loader (`checkpoints._read_weights`): k_scale / v_scale in an unquantized
+    target are unexpected unless its config says the KV cache is FP8, as ModelOpt writes it."""
+    tensors = load_file(target / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.k_scale"] = torch.tensor(1.0)
+    tensors["model.layers.0.self_attn.v_proj.v_scale"] = torch.tensor(1.0)
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    [err] = errors(target, pair[1])
+    assert "unexpected key(s) model.layers.0.self_attn.k_proj.k_scale, model.layers.0.self_attn.v_proj.v_scale" in err
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "kv_cache_scheme": {"type": "float", "num_bits": 8}}
+    (target / "config.json").write_text(json.dumps(cfg))
+    assert errors(target, pair[1]) == []
+    tensors["model.layers.0.self_attn.k_proj.weight_scale"] = torch.tensor(1.0)  # not a KV-cache scale
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    [err] = errors(target, pair[1])
+    assert "unexpected key(s) model.layers.0.self_attn.k_proj.weight_scale" in err
