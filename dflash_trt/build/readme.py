@@ -166,7 +166,14 @@ def target_readme(manifest: dict) -> str:
 
 def drafter_section(manifest: dict) -> str:
     """The section appended to a bundle drafter folder's README.md."""
-    return "\n".join(["", QUANT_HEADING, "", *drafter_lines(manifest), "",
+    drafter = manifest["models"]["drafter"]
+    copy = drafter.get("trtllm_path")
+    if copy and copy != drafter.get("path"):  # a reduced-vocabulary drafter: build wrote its full-vocabulary copy
+        where = [f"In this bundle the full-vocabulary copy that TensorRT-LLM, vLLM and SGLang load is already at "
+                 f"`{copy}` (what `serve.yaml` names): no export step is needed.", ""]
+    else:
+        where = []
+    return "\n".join(["", QUANT_HEADING, "", *drafter_lines(manifest), "", *where,
                       "(Added by `dflash-trt build`; the bundle's README.md, two folders up, describes every part.)"]) + "\n"
 
 

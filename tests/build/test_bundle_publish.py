@@ -70,6 +70,9 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
     # as given (trtllm/drafter writes its own README), then the build's quantization section
     assert (runtime / "README.md").read_text().startswith((given / "README.md").read_text())
     assert "## Quantization in this bundle" in (runtime / "README.md").read_text()
+    # the given README's "run the export" advice is answered: the copy is in the bundle already
+    assert "full-vocabulary copy that TensorRT-LLM, vLLM and SGLang load is already at `trtllm/drafter`" in \
+        (runtime / "README.md").read_text()
     assert "UNTRAINED" in (trt / "README.md").read_text()
 
     m = load_manifest(out)
