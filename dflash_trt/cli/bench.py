@@ -66,7 +66,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
                                        model_folder, note_max_concurrency, plural, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
-                                       warn_tree_unused)
+                                       warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError, InvalidRequestError
     from dflash_trt.models.default import default_target_path, drafter_required
@@ -136,6 +136,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              tree_topk=tree_topk, prompt_lookup=prompt_lookup,
                              max_concurrency=max_concurrency)
     warn_block_size(pipe)
+    warn_untrained_drafter(pipe)
     if "dflash" in mode_list:
         note_max_concurrency(pipe, batch_size, max(len(ids) for ids in prompts.values()))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)

@@ -355,6 +355,17 @@ def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_le
                    "ignored here (no dflash mode runs)", err=True)
 
 
+def warn_untrained_drafter(pipe) -> None:
+    """One stderr line when the drafter's config.json marks it untrained (`dflash-trt init-drafter`
+    writes `dflash_trt.untrained`), as `dflash-trt check` and `build` warn: output stays exact, but the
+    target accepts almost none of its drafts, so DFlash runs slower than --mode ar."""
+    proposer = pipe.engine.proposer
+    if proposer is not None and not proposer.drafter.config.trained:
+        click.echo(f"warning: the drafter at {pipe.drafter_path} is untrained (its config.json says so, as "
+                   "init-drafter writes it): almost no draft will be accepted (tau ~1.0, slower than --mode ar); "
+                   "train it with dflash-trt train-drafter --init DIR, or use a trained drafter", err=True)
+
+
 def warn_block_size(pipe) -> None:
     """One stderr line when the draft block is larger than the block the drafter was trained with.
 

@@ -101,7 +101,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
                                        plural, prompt_file_lines, set_threads, warn_block_size, warn_draft_flags_unused,
-                                       warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused)
+                                       warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused,
+                                       warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams
 
@@ -142,6 +143,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")
     warn_block_size(pipe)
+    warn_untrained_drafter(pipe)
     prompts = [encode_item(pipe, it) for it in items]
     if prompts_file:  # a prompt too long for the context is named by its file and line
         limit = pipe.engine.context_len - 1

@@ -289,13 +289,14 @@ def test_block_size_larger_than_trained_warns(monkeypatch, capsys, tiny):
             "--json"]
     code, out, err = run_main(monkeypatch, capsys, *base, "--block-size", "8")
     assert code == 0, err
-    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    # the tiny drafter is untrained (init_drafter): that warning comes too, after the block-size one
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ") and "is untrained" not in line]
     expected = ("warning: --block-size 8 is larger than the drafter's trained block size 4; the extra draft "
                 "positions are rarely accepted (output stays exact); use --block-size 4 or less")
     assert warnings == [expected]
     assert json.loads(out)["metrics"]["completion_tokens"] == 3
     code, _, err = run_main(monkeypatch, capsys, *base, "--block-size", "4")
-    assert code == 0 and "warning" not in err, err
+    assert code == 0 and "block size" not in err, err
 
 
 def test_unwritable_cache_names_the_folder_and_the_variable(monkeypatch, capsys, tmp_path):

@@ -68,7 +68,7 @@ def test_check_refuses_truncated_drafter_weights(monkeypatch, capsys, tmp_path, 
 
 def test_check_reports_unexpected_drafter_keys(monkeypatch, capsys, tmp_path, smollm2_path, untrained_drafter):
     """An extra `bogus.weight` in the drafter: `check` fails naming it, as loading it in generate does;
-    a quantization scale (which loading drops) is not unexpected."""
+    a KV-cache scale is unexpected too unless config.json says the KV cache is FP8 (then loading drops it)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -83,10 +83,22 @@ def test_check_reports_unexpected_drafter_keys(monkeypatch, capsys, tmp_path, sm
                             "--prompt", "hi", "--max-tokens", "1")
     assert code == 1 and "unexpected key(s) bogus.weight" in err, err
 
+    # a KV-cache scale: unexpected for check and for loading alike, unless config.json says the KV cache is FP8
     save_file({**tensors, "layers.0.self_attn.k_scale": torch.ones(())}, str(drafter / "model.safetensors"))
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(smollm2_path), "--drafter", str(drafter))
+    assert code == 1 and "unexpected key(s) layers.0.self_attn.k_scale" in err, err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter", str(drafter),
+                            "--prompt", "hi", "--max-tokens", "1")
+    assert code == 1 and "unexpected key(s) layers.0.self_attn.k_scale" in err, err
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "kv_cache_scheme": {"type": "float", "num_bits": 8}}
+    (drafter / "config.json").write_text(json.dumps(cfg))
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(smollm2_path), "--drafter", str(drafter))
     assert code == 0 and out.splitlines()[-1].startswith("ok: the drafter fits the target"), err
     assert out.startswith("warning: untrained: ")  # an init-drafter drafter
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter", str(drafter),
+                            "--prompt", "hi", "--max-tokens", "1")
+    assert code == 0, err
 
 
 def test_device_cpu_0_is_refused_up_front(monkeypatch, capsys):

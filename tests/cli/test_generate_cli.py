@@ -216,7 +216,8 @@ def test_prompt_lookup_flag_copies_from_the_prompt_and_keeps_the_text(monkeypatc
     code, out, err = run_main(monkeypatch, capsys, "generate", *args, "--prompt-lookup", "8", "--temperature", "0.8",
                               "--seed", "1", "--max-tokens", "4")
     assert code == 0 and len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 4
-    assert "warning" not in err  # sampling requests draft the copied tokens too
+    # sampling requests draft the copied tokens too (the only warning: this drafter is untrained)
+    assert [w for w in err.splitlines() if w.startswith("warning") and "is untrained" not in w] == []
 
 
 def test_max_concurrency_flag_keeps_the_text(monkeypatch, capsys, tmp_path):
@@ -354,3 +355,13 @@ def test_generate_seed_with_greedy_decoding_warns_before_loading(monkeypatch, ca
         run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--seed", "1")
     assert ("warning: --seed 1 only applies when sampling (--temperature > 0); greedy decoding ignores it"
             in capsys.readouterr().err)
+
+
+def test_an_untrained_drafter_warns_as_check_does(monkeypatch, capsys, smollm2_path, untrained_drafter):
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter",
+                              str(untrained_drafter), "--prompt", "Hello", "--max-tokens", "2")
+    assert code == 0, err
+    assert f"warning: the drafter at {untrained_drafter} is untrained" in err
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hello", "--max-tokens", "2")
+    assert code == 0, err
+    assert "untrained" not in err  # the shipped drafter is trained
