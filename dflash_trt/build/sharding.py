@@ -84,28 +84,36 @@ def rule_for(name: str, tensor: torch.Tensor) -> str:
 
 def check_divisible(spec: ShardSpec, vocab_size: int, intermediate_size: int, hidden_size: int,
                     nvfp4: bool = False) -> None:
-    """Raise ConfigError naming the dimension that `spec.tp_size` does not divide evenly."""
+    """Raise ConfigError naming the dimension that `spec.tp_size` does not divide evenly, and the
+    --tp-size values that do fit this model (up to its attention head count)."""
+    del hidden_size  # row-parallel splits cut the input dims below, never the hidden size
     tp = spec.tp_size
-    problems = []
     if tp < 1:
-        problems.append(f"--tp-size must be >= 1, got {tp}")
-    else:
-        if spec.num_attention_heads % tp:
-            problems.append(f"{spec.num_attention_heads} attention heads are not divisible by tp {tp}")
-        kv = spec.num_key_value_heads
-        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-            problems.append(f"{kv} KV heads cannot be split or replicated evenly over tp {tp}")
-        if intermediate_size % tp:
-            problems.append(f"intermediate size {intermediate_size} is not divisible by tp {tp}")
-        if vocab_size % tp:
-            problems.append(f"vocab size {vocab_size} is not divisible by tp {tp}")
-        if nvfp4 and ((intermediate_size // tp) % 16 or (spec.num_attention_heads * spec.head_dim // tp) % 16):
-            problems.append(f"NVFP4 row-parallel shards must hold whole 16-element blocks: intermediate {intermediate_size}"
-                            f" / {tp} or attention width {spec.num_attention_heads * spec.head_dim} / {tp} is not a multiple of 16")
-        del hidden_size  # row-parallel splits cut the input dims above, never the hidden size
+        raise ConfigError(f"cannot shard for tensor parallelism: --tp-size must be >= 1, got {tp}")
+    problems = _shard_problems(spec, tp, vocab_size, intermediate_size, nvfp4)
     if problems:
+        fits = [t for t in range(1, spec.num_attention_heads + 1)
+                if not _shard_problems(spec, t, vocab_size, intermediate_size, nvfp4)]
         raise ConfigError("cannot shard for tensor parallelism: " + "; ".join(problems)
-                          + ". Pick a --tp-size that divides the head counts (e.g. 1 or a divisor of the KV heads)")
+                          + f". Pick a --tp-size that divides all of these; for this model: {', '.join(map(str, fits))}")
+
+
+def _shard_problems(spec: ShardSpec, tp: int, vocab_size: int, intermediate_size: int, nvfp4: bool) -> list[str]:
+    """What tensor parallelism over `tp` >= 1 ranks cannot split evenly ([] when it fits)."""
+    problems = []
+    if spec.num_attention_heads % tp:
+        problems.append(f"{spec.num_attention_heads} attention heads are not divisible by tp {tp}")
+    kv = spec.num_key_value_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(f"{kv} KV heads cannot be split or replicated evenly over tp {tp}")
+    if intermediate_size % tp:
+        problems.append(f"intermediate size {intermediate_size} is not divisible by tp {tp}")
+    if vocab_size % tp:
+        problems.append(f"vocab size {vocab_size} is not divisible by tp {tp}")
+    if nvfp4 and ((intermediate_size // tp) % 16 or (spec.num_attention_heads * spec.head_dim // tp) % 16):
+        problems.append(f"NVFP4 row-parallel shards must hold whole 16-element blocks: intermediate {intermediate_size}"
+                        f" / {tp} or attention width {spec.num_attention_heads * spec.head_dim} / {tp} is not a multiple of 16")
+    return problems
 
 
 def _qkv_parts(t: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -100,3 +100,12 @@ def test_indivisible_tp_is_refused_with_the_dimension_named():
         check_divisible(ShardSpec(4, 6, 3, 16), 49152, 192, 96)
     with pytest.raises(ConfigError, match="NVFP4 row-parallel shards must hold whole 16-element blocks"):
         check_divisible(ShardSpec(3, 9, 3, 16), 49152, 120, 144, nvfp4=True)
+    # SmolLM2's shape (9 heads, 3 KV heads, intermediate 1536, vocab 49152): 9 divides the heads but not
+    # the MLP or the vocabulary, and the message lists the sizes that fit
+    with pytest.raises(ConfigError, match=r"intermediate size 1536 is not divisible by tp 9; vocab size 49152 is not "
+                                          r"divisible by tp 9\. Pick a --tp-size that divides all of these; for this "
+                                          r"model: 1, 3$"):
+        check_divisible(ShardSpec(9, 9, 3, 64), 49152, 1536, 576)
+    check_divisible(ShardSpec(3, 9, 3, 64), 49152, 1536, 576)  # fits: no error
+    with pytest.raises(ConfigError, match="--tp-size must be >= 1, got 0"):
+        check_divisible(ShardSpec(0, 9, 3, 64), 49152, 1536, 576)
