@@ -140,7 +140,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     Raises:
         CheckpointError: as `_header_shapes`.
     """
-    from dflash_trt.models.checkpoints import kv_cache_fp8
+    from dflash_trt.models.checkpoints import KV_SCALE_SUFFIXES, kv_cache_fp8
     from dflash_trt.models.dequant import SCALE_SUFFIXES, quant_algo
 
     missing_fix, shape_fix = _WEIGHT_FIXES[what]
@@ -148,7 +148,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     problems = []
     # the scales loading consumes (`checkpoints._read_weights`): every quantization scale of a
     # ModelOpt FP8 / NVFP4 checkpoint, only the KV-cache scales of an unquantized one with an FP8 KV cache
-    scales = SCALE_SUFFIXES if quant_algo(folder) is not None else (".k_scale", ".v_scale") if kv_cache_fp8(folder) else ()
+    scales = SCALE_SUFFIXES if quant_algo(folder) is not None else KV_SCALE_SUFFIXES if kv_cache_fp8(folder) else ()
     unexpected = [k for k in found if k not in expected and k not in ignore and not (scales and k.endswith(scales))]
     if unexpected:
         problems.append(f"{what} weights: unexpected key(s) {', '.join(unexpected[:5])}"
