@@ -1,10 +1,11 @@
 """dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`).
 
 Built from `dflash_trt/ops/csrc/*.cpp` on first use with `torch.utils.cpp_extension` (needs a C++
-compiler and the `ninja` package; ~15 s once), into a temporary folder renamed at the end to
-`<cache>/ops/<key>/` (`dflash_trt.models.default.cache_dir`; key: a hash of the sources, flags,
-torch and Python versions), so an interrupted build leaves nothing that a later process would load
-or wait on. Later processes load the built library directly. See `dflash_trt.ops.packed_linear`.
+compiler and the `ninja` package; ~15 s once), for the CPU's instruction set (`cpu_isa`: AVX-512, or
+AVX2 with FMA and F16C; the kernels of both give the same bits), into a temporary folder renamed at
+the end to `<cache>/ops/<key>/` (`dflash_trt.models.default.cache_dir`; key: a hash of the sources,
+flags, torch and Python versions), so an interrupted build leaves nothing that a later process would
+load or wait on. Later processes load the built library directly. See `dflash_trt.ops.packed_linear`.
 """
 
 from __future__ import annotations
@@ -19,18 +20,46 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("packed_linear.cpp", "pack_gguf.cpp")
-CFLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp")
+#: compiler flags of each instruction set the kernels are written for (csrc/packed_linear.cpp's sections)
+ISA_CFLAGS = {
+    "avx512": ("-O3", "-mavx512f", "-mfma", "-fopenmp"),
+    "avx2": ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"),
+}
 NAME = "dflash_trt_cpu_ops"
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def cpu_isa() -> str | None:
+    """The instruction set the CPU kernels are built for here: "avx512" (torch's capability AVX512),
+    "avx2" (torch's AVX2, which implies FMA, and the F16C half-float conversions), or None."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap == "AVX512":
+        return "avx512"
+    if cap == "AVX2" and "f16c" in _cpu_flags():
+        return "avx2"
+    return None
 
 
 def cpu_kernels_unavailable() -> str | None:
     """None when the CPU op library can run here, else why not (a sentence naming what is missing).
 
-    Checks the ISA first (the kernels use AVX-512F), then builds or loads the library once per process.
+    Checks the ISA first (`cpu_isa`), then builds or loads the library once per process.
     """
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap != "AVX512":
-        return f"the CPU kernels need AVX-512 (torch reports {cap} on this CPU)"
+    if cpu_isa() is None:
+        cap = torch.backends.cpu.get_cpu_capability()
+        return f"the CPU kernels need AVX-512, or AVX2 with FMA and F16C (torch reports {cap} on this CPU)"
     return _load_cpu_library()
 
 
@@ -47,7 +76,7 @@ def _build_key() -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((CSRC / name).read_bytes())
-    h.update(" ".join(CFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    h.update(" ".join(ISA_CFLAGS[cpu_isa()]).encode() + torch.__version__.encode() + sys.version.encode())
     return h.hexdigest()[:16]
 
 
@@ -73,7 +102,7 @@ def _load_cpu_library() -> str | None:
         return f"the CPU kernels cannot be built: {exc}"
     try:
         print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
-        load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+        load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(ISA_CFLAGS[cpu_isa()]),
              build_directory=str(tmp), is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001  (a compiler error, no compiler, a full disk: reported, not raised)
         shutil.rmtree(tmp, ignore_errors=True)

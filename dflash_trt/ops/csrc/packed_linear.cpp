@@ -26,6 +26,11 @@
 // accumulates x[k] * W[n][k] with fused multiply-adds in increasing k from 0.0f; the output is
 // ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), then + bias. How many segments are read at once
 // (memory streams) and how many rows share a pass (up to 12) change only the speed (panel_any_rows).
+//
+// Instruction sets: one build per CPU (dflash_trt/ops/__init__.py picks the flags): AVX-512F (a panel is
+// two 16-float vectors) or AVX2 + FMA + F16C (four 8-float vectors, e.g. AMD Zen 2/3). Every output lane
+// runs the same operations in the same order in both (loads, the exact dequantization, the FMA chains,
+// the combine, the bias add), so both builds give the same bits; only rows per pass and streams differ.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -37,12 +42,20 @@
 
 namespace {
 
-constexpr int kPanel = 32;   // outputs per panel: two 16-float AVX-512 vectors
+constexpr int kPanel = 32;   // outputs per panel: two 16-float AVX-512 vectors, or four 8-float AVX2 ones
 constexpr int kSegments = 8;
-constexpr int kMaxRows = 12;  // rows per pass: 24 accumulators of the 32 zmm registers (8: prefill 7% slower)
-constexpr int kPrefetch = 1024;  // floats ahead (4 KiB) in each stream
 
 inline int seg_begin(int K, int s) { return static_cast<int>(static_cast<int64_t>(K) * s / kSegments); }
+
+enum class Format { kF32, kBF16, kQ8_0, kQ4_1 };
+
+// Each ISA section below defines the same kernels (store/expand a panel, the fused few-row pass, the
+// any-row float32 pass) and the row thresholds the op uses; the arithmetic of every output lane is the
+// same in both, so both give the same bits.
+#if defined(__AVX512F__)
+
+constexpr int kMaxRows = 12;  // rows per pass: 24 accumulators of the 32 zmm registers (8: prefill 7% slower)
+constexpr int kPrefetch = 1024;  // floats ahead (4 KiB) in each stream
 
 inline void store_panel(float* y, __m512 v0, __m512 v1, const float* bias, int n0, int valid) {
   if (bias != nullptr) {
@@ -121,8 +134,6 @@ void panel_rows(const float* x, int64_t ldx, const float* panel, int K, float* y
     store_panel(y + m * ldy, combine(&part[0][m][0], kMaxRows * 2), combine(&part[0][m][1], kMaxRows * 2), bias, n0,
                 valid);
 }
-
-enum class Format { kF32, kBF16, kQ8_0, kQ4_1 };
 
 // One panel's K x 32 weights as float32 into out[K][32], exactly (see the formats above).
 void expand_panel(Format fmt, const void* data, const at::Half* scales, int K, float* out) {
@@ -230,24 +241,6 @@ void fused_panel_rows(const float* x, int64_t ldx, const char* data, const uint1
     store_panel(y + m * ldy, combine(&part[0][m][0], MR * 2), combine(&part[0][m][1], MR * 2), bias, n0, valid);
 }
 
-template <Format F>
-void fused_any_rows(int64_t M, const float* x, int K, const char* data, const uint16_t* sc, float* y, int64_t ldy,
-                    const float* bias, int n0, int valid) {
-  switch (M) {
-    case 1: fused_panel_rows<1, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 2: fused_panel_rows<2, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 3: fused_panel_rows<3, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 4: fused_panel_rows<4, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 5: fused_panel_rows<5, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 6: fused_panel_rows<6, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    case 7: fused_panel_rows<7, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-    default: fused_panel_rows<8, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
-  }
-}
-
-constexpr int kFusedMaxRows = 8;       // rows per fused pass (16 accumulators + the block's scales in registers)
-constexpr int kFusedMaxCallRows = 16;  // more rows (a prefill): expand each panel once and share it
-
 // Streams per pass (measured on the dev machine, 210 SmolLM2 matrices, 1 thread): 1 row reads 8
 // segments at once (one stream alone reads ~10 GB/s, MKL's GEMV ~12), 2-4 rows 4 at once (34-35 ms vs
 // 37-38 with one stream and prefetching), 5-12 rows one segment at a time with software prefetch.
@@ -273,6 +266,237 @@ void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float*
     }
   }
 }
+
+#else  // AVX2 + FMA + F16C: the same kernels on 8-float vectors, a panel being four of them
+
+constexpr int kLanes = 8;
+constexpr int kVecs = kPanel / kLanes;
+constexpr int kMaxRows = 3;  // rows per float32 pass (prefill: 4 or 8 spill registers and run 1.6-2.7x slower)
+constexpr int kPrefetch = 1024;  // floats ahead (4 KiB) in each stream
+
+inline void store_panel(float* y, const __m256* v, const float* bias, int n0, int valid) {
+  if (valid >= kPanel) {
+    for (int i = 0; i < kVecs; ++i)
+      _mm256_storeu_ps(y + i * kLanes, bias == nullptr ? v[i] : _mm256_add_ps(v[i], _mm256_loadu_ps(bias + n0 + i * kLanes)));
+    return;
+  }
+  alignas(32) float tmp[kPanel];  // a ragged last panel: the same single float add, lane by lane
+  for (int i = 0; i < kVecs; ++i) _mm256_store_ps(tmp + i * kLanes, v[i]);
+  for (int j = 0; j < valid; ++j) y[j] = bias == nullptr ? tmp[j] : tmp[j] + bias[n0 + j];
+}
+
+// part[s * stride] is segment s's vector: ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
+inline __m256 combine(const __m256* v, int stride) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[stride]), _mm256_add_ps(v[2 * stride], v[3 * stride])),
+                       _mm256_add_ps(_mm256_add_ps(v[4 * stride], v[5 * stride]), _mm256_add_ps(v[6 * stride], v[7 * stride])));
+}
+
+inline __m256 load_half8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Vector V (outputs 8 V .. 8 V + 7) of the panel's weights at input k as float32, from a quantized or
+// bf16 panel: the values of the AVX-512 section, lane for lane. d, m: vector V's scales of k's block.
+template <Format F, int V>
+inline __m256 weight_vec(const char* data, int k, __m256 d, __m256 m) {
+  if constexpr (F == Format::kQ4_1) {
+    // byte j holds output j (low nibble) and output 16 + j (high): V = 0, 1 low nibbles of bytes 0-7, 8-15;
+    // V = 2, 3 their high nibbles
+    __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + k * 16 + (V & 1) * kLanes));
+    if constexpr (V >= 2) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(0xF));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d, m);
+  } else if constexpr (F == Format::kQ8_0) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + k * kPanel + V * kLanes));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  } else {  // kBF16
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(data) + k * kPanel + V * kLanes;
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))), 16));
+  }
+}
+
+// Vector V's scales of k's block: d (and m for q4_1).
+template <Format F, int V>
+inline void block_scales(const uint16_t* sc, int k, __m256* d, __m256* m) {
+  const uint16_t* blk = sc + (k / kPanel) * (F == Format::kQ4_1 ? 2 : 1) * kPanel;
+  *d = load_half8(blk + V * kLanes);
+  if constexpr (F == Format::kQ4_1) *m = load_half8(blk + kPanel + V * kLanes);
+}
+
+template <Format F>
+void expand_panel_as(const char* data, const uint16_t* sc, int K, float* out) {
+  __m256 d[kVecs] = {}, m[kVecs] = {};
+  for (int k = 0; k < K; ++k) {
+    float* o = out + static_cast<int64_t>(k) * kPanel;
+    if (F != Format::kBF16 && k % kPanel == 0) {
+      block_scales<F, 0>(sc, k, &d[0], &m[0]);
+      block_scales<F, 1>(sc, k, &d[1], &m[1]);
+      block_scales<F, 2>(sc, k, &d[2], &m[2]);
+      block_scales<F, 3>(sc, k, &d[3], &m[3]);
+    }
+    _mm256_storeu_ps(o, weight_vec<F, 0>(data, k, d[0], m[0]));
+    _mm256_storeu_ps(o + kLanes, weight_vec<F, 1>(data, k, d[1], m[1]));
+    _mm256_storeu_ps(o + 2 * kLanes, weight_vec<F, 2>(data, k, d[2], m[2]));
+    _mm256_storeu_ps(o + 3 * kLanes, weight_vec<F, 3>(data, k, d[3], m[3]));
+  }
+}
+
+// One panel's K x 32 weights as float32 into out[K][32], exactly.
+void expand_panel(Format fmt, const void* data, const at::Half* scales, int K, float* out) {
+  const char* p = static_cast<const char*>(data);
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(scales);
+  if (fmt == Format::kBF16) expand_panel_as<Format::kBF16>(p, sc, K, out);
+  else if (fmt == Format::kQ8_0) expand_panel_as<Format::kQ8_0>(p, sc, K, out);
+  else expand_panel_as<Format::kQ4_1>(p, sc, K, out);
+}
+
+// S consecutive segments of MR float32 rows streamed together; part[s][m][v] gets segment s's sums
+// (an FMA chain in increasing k from 0, whatever S and MR).
+template <int MR, int S>
+inline void segments(const float* x, int64_t ldx, const float* panel, const int* b, __m256 (*part)[kMaxRows][kVecs]) {
+  __m256 a[S][MR][kVecs];
+  for (int i = 0; i < S; ++i)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < kVecs; ++v) a[i][r][v] = _mm256_setzero_ps();
+  // the streams advance together over their common length, then each finishes its own (K % 8 != 0)
+  int common = b[1] - b[0];
+  for (int i = 1; i < S; ++i) common = std::min(common, b[i + 1] - b[i]);
+  auto step = [&](int i, int k) {
+    const float* pk = panel + static_cast<int64_t>(k) * kPanel;
+    _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pk + kPrefetch + 16), _MM_HINT_T0);
+    __m256 xb[MR];
+    for (int r = 0; r < MR; ++r) xb[r] = _mm256_set1_ps(x[r * ldx + k]);
+    for (int v = 0; v < kVecs; ++v) {
+      const __m256 w = _mm256_loadu_ps(pk + v * kLanes);
+      for (int r = 0; r < MR; ++r) a[i][r][v] = _mm256_fmadd_ps(xb[r], w, a[i][r][v]);
+    }
+  };
+  for (int kk = 0; kk < common; ++kk)
+    for (int i = 0; i < S; ++i) step(i, b[i] + kk);
+  for (int i = 0; i < S; ++i)
+    for (int k = b[i] + common; k < b[i + 1]; ++k) step(i, k);
+  for (int i = 0; i < S; ++i)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < kVecs; ++v) part[i][r][v] = a[i][r][v];
+}
+
+template <int MR, int S>
+void panel_rows(const float* x, int64_t ldx, const float* panel, int K, float* y, int64_t ldy, const float* bias,
+                int n0, int valid) {
+  int b[kSegments + 1];
+  for (int s = 0; s <= kSegments; ++s) b[s] = seg_begin(K, s);
+  __m256 part[kSegments][kMaxRows][kVecs];
+  for (int s0 = 0; s0 < kSegments; s0 += S) segments<MR, S>(x, ldx, panel, b + s0, part + s0);
+  for (int r = 0; r < MR; ++r) {
+    __m256 out[kVecs];
+    for (int v = 0; v < kVecs; ++v) out[v] = combine(&part[0][r][v], kMaxRows * kVecs);
+    store_panel(y + r * ldy, out, bias, n0, valid);
+  }
+}
+
+void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float* y, int64_t ldy, const float* bias,
+                    int n0, int valid) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, M - m0));
+    const float* xm = x + m0 * K;
+    float* ym = y + m0 * ldy;
+    switch (mr) {
+      case 1: panel_rows<1, 2>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      case 2: panel_rows<2, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+      default: panel_rows<3, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    }
+  }
+}
+
+// Segment [k0, k1) of MR rows x vectors V0 .. V0 + VB - 1 of a quantized / bf16 panel: each weight is
+// dequantized in registers and used at once by every row; part[r][v] receives the FMA chains (from 0,
+// in increasing k). MR x VB accumulators stay in registers (at most 8 of the 16), so the passes a call
+// needs are chosen by fused_panel_rows.
+template <int MR, Format F, int V0, int VB>
+inline void fused_vectors(const float* x, int64_t ldx, const char* data, const uint16_t* sc, int k0, int k1,
+                          __m256 (*part)[kVecs]) {
+  constexpr int bytes_per_k = F == Format::kQ4_1 ? 16 : F == Format::kQ8_0 ? kPanel : 2 * kPanel;
+  __m256 a[MR][VB], d[VB], m[VB];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < VB; ++j) a[r][j] = _mm256_setzero_ps();
+  for (int j = 0; j < VB; ++j) d[j] = m[j] = _mm256_setzero_ps();
+  for (int k = k0; k < k1;) {
+    const int block_end = F == Format::kBF16 ? k1 : std::min(k1, (k / kPanel + 1) * kPanel);
+    if constexpr (F != Format::kBF16) {
+      block_scales<F, V0>(sc, k, &d[0], &m[0]);
+      if constexpr (VB >= 2) block_scales<F, V0 + 1>(sc, k, &d[1], &m[1]);
+      if constexpr (VB == 4) {
+        block_scales<F, V0 + 2>(sc, k, &d[2], &m[2]);
+        block_scales<F, V0 + 3>(sc, k, &d[3], &m[3]);
+      }
+    }
+    for (; k < block_end; ++k) {
+      if constexpr (V0 == 0) _mm_prefetch(data + static_cast<int64_t>(k) * bytes_per_k + 4096, _MM_HINT_T0);
+      __m256 w[VB];
+      w[0] = weight_vec<F, V0>(data, k, d[0], m[0]);
+      if constexpr (VB >= 2) w[1] = weight_vec<F, V0 + 1>(data, k, d[1], m[1]);
+      if constexpr (VB == 4) {
+        w[2] = weight_vec<F, V0 + 2>(data, k, d[2], m[2]);
+        w[3] = weight_vec<F, V0 + 3>(data, k, d[3], m[3]);
+      }
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xb = _mm256_set1_ps(x[r * ldx + k]);
+        for (int j = 0; j < VB; ++j) a[r][j] = _mm256_fmadd_ps(xb, w[j], a[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < VB; ++j) part[r][V0 + j] = a[r][j];
+}
+
+// MR rows x one quantized / bf16 panel without expanding it (a decode step, a verify, a draft block):
+// per segment, the panel's four vectors in passes of VB = 8 / MR (1-2 rows: all four at once, 3-4 rows:
+// two, 5-8 rows: one), so the accumulators never spill; the same chains and combine as panel_rows.
+template <int MR, Format F>
+void fused_panel_rows(const float* x, int64_t ldx, const char* data, const uint16_t* sc, int K, float* y, int64_t ldy,
+                      const float* bias, int n0, int valid) {
+  __m256 part[kSegments][MR][kVecs];
+  for (int s = 0; s < kSegments; ++s) {
+    const int k0 = seg_begin(K, s), k1 = seg_begin(K, s + 1);
+    if constexpr (MR <= 2) {
+      fused_vectors<MR, F, 0, 4>(x, ldx, data, sc, k0, k1, part[s]);
+    } else if constexpr (MR <= 4) {
+      fused_vectors<MR, F, 0, 2>(x, ldx, data, sc, k0, k1, part[s]);
+      fused_vectors<MR, F, 2, 2>(x, ldx, data, sc, k0, k1, part[s]);
+    } else {
+      fused_vectors<MR, F, 0, 1>(x, ldx, data, sc, k0, k1, part[s]);
+      fused_vectors<MR, F, 1, 1>(x, ldx, data, sc, k0, k1, part[s]);
+      fused_vectors<MR, F, 2, 1>(x, ldx, data, sc, k0, k1, part[s]);
+      fused_vectors<MR, F, 3, 1>(x, ldx, data, sc, k0, k1, part[s]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    __m256 out[kVecs];
+    for (int v = 0; v < kVecs; ++v) out[v] = combine(&part[0][r][v], MR * kVecs);
+    store_panel(y + r * ldy, out, bias, n0, valid);
+  }
+}
+
+#endif  // ISA sections
+
+template <Format F>
+void fused_any_rows(int64_t M, const float* x, int K, const char* data, const uint16_t* sc, float* y, int64_t ldy,
+                    const float* bias, int n0, int valid) {
+  switch (M) {
+    case 1: fused_panel_rows<1, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 2: fused_panel_rows<2, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 3: fused_panel_rows<3, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 4: fused_panel_rows<4, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 5: fused_panel_rows<5, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 6: fused_panel_rows<6, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    case 7: fused_panel_rows<7, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+    default: fused_panel_rows<8, F>(x, K, data, sc, K, y, ldy, bias, n0, valid); break;
+  }
+}
+
+constexpr int kFusedMaxRows = 8;       // rows per fused pass (AVX-512: 16 accumulators + the block's scales in registers;
+                                       // AVX2 spills, yet 1-8 rows cost the same: the dequantization bounds a pass)
+constexpr int kFusedMaxCallRows = 16;  // more rows (a prefill): expand each panel once and share it
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& scales,
                          const std::optional<at::Tensor>& bias, int64_t out_features) {
