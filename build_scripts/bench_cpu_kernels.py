@@ -25,7 +25,7 @@ import torch
 
 from dflash_trt.models.checkpoints import load_target
 from dflash_trt.models.default import default_target_path
-from dflash_trt.ops import cpu_kernels_unavailable
+from dflash_trt.ops import cpu_isa, cpu_kernels_unavailable
 
 CONTEXT = 300
 
@@ -86,7 +86,7 @@ def main() -> None:
     result = {"what": "target forward + lm_head over t new tokens after a 300-token context, best of reps (ms)",
               "packed_formats": formats,
               "target": str(path), "threads": args.threads, "reps": args.reps, "dtype": "float32",
-              "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "rows": rows}
+              "cpu": platform.processor() or platform.machine(), "kernel_isa": cpu_isa(), "torch": torch.__version__, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

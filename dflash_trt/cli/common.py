@@ -329,7 +329,7 @@ cpu_kernels_option = click.option(
     help="Run the linears through dflash-trt's packed CPU float32 kernel (built once on first use, ~15 s): each "
          "weight held in the smallest exact format (GGUF Q4_1 / Q8_0 blocks, bf16, else float32), read once for "
          "the 1-16 tokens of a decode or verify step; the same results bit for bit whatever the format or number of "
-         "tokens. auto = on for --device cpu with float32 on an AVX-512 CPU where it builds.")
+         "tokens. auto = on for --device cpu with float32 on an AVX-512 or AVX2 (FMA, F16C) CPU where it builds.")
 
 #: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(

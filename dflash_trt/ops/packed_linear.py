@@ -4,7 +4,7 @@ A DFlash step multiplies every target weight by 2-16 rows (the verify pass) and 
 by a 16-position block; an autoregressive step by 1 row. All of these are limited by reading the
 weights from memory, but torch's CPU BLAS (MKL, float32) is 1.3-2x slower for 2-16 rows than for 1
 (measured on the 2-core dev machines; docs/kernels.md). `torch.ops.dflash_trt.packed_linear`
-(`csrc/packed_linear.cpp`, AVX-512) reads a weight packed as panels of 32 outputs once per call at
+(`csrc/packed_linear.cpp`, AVX-512 or AVX2) reads a weight packed as panels of 32 outputs once per call at
 any row count, and computes each output with one fixed summation order, so its results are
 bit-identical whatever the number of rows or threads: a verify pass gives exactly the logits a
 one-token decode would (batch invariance).
