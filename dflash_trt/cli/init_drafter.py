@@ -7,6 +7,35 @@ from pathlib import Path
 import click
 
 
+def mask_token_warning(tokenizer, mask_id: int, default_id: int) -> str | None:
+    """The warning for a mask id that is an ordinary token of the target's `tokenizer` (one that can
+    appear in text, so a drafted block would hold it as both mask and word), else None.
+
+    Special tokens (`all_special_ids`, added special tokens) and ids past the tokenizer (unused
+    embedding rows) never come from text and pass. The suggestion is `default_id` (init-drafter's
+    default) when it passes, else the highest special id other than BOS / EOS / PAD / UNK, else none.
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
+
+    def safe(i: int) -> bool:
+        return i in special or i >= len(tokenizer)
+
+    if safe(mask_id):
+        return None
+
+    def name(i: int) -> str:
+        return repr(tokenizer.convert_ids_to_tokens(i)) if i < len(tokenizer) else "an unused embedding row"
+
+    used = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+    spare = sorted(i for i in special if i not in used)
+    pick = default_id if safe(default_id) else spare[-1] if spare else None
+    fix = (f"pass --mask-token-id {pick} ({name(pick)}) or another special token" if pick is not None else
+           "add a special token to the target's tokenizer and pass its id as --mask-token-id")
+    return (f"warning: mask token id {mask_id} ({name(mask_id)}) is an ordinary token of the target's tokenizer; the "
+            f"mask should be a token that never appears in text: {fix}")
+
+
 @click.command("init-drafter")
 @click.option("--target", "target", required=True, type=click.Path(), help="HF target checkpoint folder.")
 @click.option("--out", required=True, type=click.Path(), help="Output folder (z-lab / ModelOpt drafter format).")
@@ -23,14 +52,17 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
 
     The folder is written beside --out under a temporary name and moved into place with ordinary
     modes (0755 folder, 0644 files under umask 022), so a server running as another user can read it.
+    A mask id that is an ordinary token of the target's tokenizer (one that can appear in text) gets a
+    warning naming a special token to use instead.
     """
     import shutil
     import tempfile
 
+    from dflash_trt.api import load_tokenizer
     from dflash_trt.cli.common import model_folder, parse_layer_ids
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
-    from dflash_trt.errors import ConfigError
+    from dflash_trt.errors import CheckpointError, ConfigError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, is_default_target
     from dflash_trt.models.loading import publish_folder
@@ -49,6 +81,15 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
                    "reserved token of the target's tokenizer)", err=True)
     cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
     check_compatible(tcfg, cfg)
+    try:
+        tokenizer = load_tokenizer(Path(target))
+    except CheckpointError:  # no tokenizer files: the drafter does not need them, so nothing to check
+        tokenizer = None
+    if tokenizer is not None:
+        default_id = DEFAULT_MASK_TOKEN_ID if is_default_target(target) else tcfg.vocab_size - 1
+        warning = mask_token_warning(tokenizer, cfg.mask_token_id, default_id)
+        if warning:
+            click.echo(warning, err=True)
     dst = Path(out)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.init-", dir=dst.parent))

@@ -7,6 +7,7 @@ checkpoints, see `trainer`). The final drafter goes to `--out` through a tempora
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -43,22 +44,33 @@ def training_prompts(prompts_file: str | Path | None, num_chat: int | None = Non
     return default_corpus(num_chat, num_code)
 
 
-def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_len: int) -> list[list[int]]:
+def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_len: int,
+               warn: bool = False) -> list[list[int]]:
     """Tokenize every prompt; prompts longer than `max_prompt_len` tokens are cut to their last
-    `max_prompt_len` tokens (the end holds the generation prompt).
+    `max_prompt_len` tokens (the end holds the generation prompt). `warn` prints one stderr line
+    counting the cut prompts (`build_data` sets it; a check on a few prompts need not).
 
     Raises:
-        ConfigError: messages with a target that has no chat template.
+        ConfigError: `max_prompt_len` < 1; messages with a target that has no chat template.
     """
     if max_prompt_len < 1:
         raise ConfigError(f"max prompt length must be >= 1, got {max_prompt_len}")
-    return [encode_prompt(tokenizer, p, f"the target at {target_path}")[-max_prompt_len:] for p in prompts]
+    ids = [encode_prompt(tokenizer, p, f"the target at {target_path}") for p in prompts]
+    cut = [i for i, x in enumerate(ids) if len(x) > max_prompt_len]
+    if warn and cut:
+        first, are = cut[0], "is" if len(cut) == 1 else "are"
+        print(f"warning: {len(cut)} of {len(ids)} prompt{'' if len(ids) == 1 else 's'} {are} longer than "
+              f"{max_prompt_len} tokens (the first is prompt {first + 1}, {len(ids[first])} tokens); each keeps its "
+              f"last {max_prompt_len} tokens (the end holds the generation prompt); shorten them to keep their "
+              "beginning", file=sys.stderr, flush=True)
+    return [x[-max_prompt_len:] for x in ids]
 
 
 def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt], work_dir: str | Path,
                layer_ids: tuple[int, ...], max_new_tokens: int = 128, batch_size: int = 64,
                max_prompt_len: int = 384, progress: bool = True, max_samples: int | None = None) -> DataStats:
-    """Regenerate the training responses with the target (float32, greedy) into work_dir/data.
+    """Regenerate the training responses with the target (float32, greedy) into work_dir/data, each
+    prompt cut to its last `max_prompt_len` tokens (one stderr warning counts the cut ones, `encode_all`).
 
     Raises:
         ConfigError: messages with a target that has no chat template.
@@ -68,7 +80,7 @@ def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt]
     """
     from dflash_trt.runtime.engine import Engine
 
-    ids = encode_all(tokenizer, prompts, target_path, max_prompt_len)
+    ids = encode_all(tokenizer, prompts, target_path, max_prompt_len, warn=True)
     engine = Engine(model, None, stops)
     # the target's name, not its path: a cache made on one machine is valid on another
     settings = {"target": Path(target_path).resolve().name, "prompts_sha256": prompts_fingerprint(prompts),

@@ -212,18 +212,53 @@ def large_corpus(packages: tuple[str, ...] = CODE_PACKAGES, seed: int = 0) -> li
 #: Per-request keys of OpenAI-style request files that a prompts file does not carry: `generate` and
 #: `bench` take these settings from their flags, for every line (`load_prompts_jsonl(warn_keys=...)`).
 REQUEST_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "seed", "stop", "n")
+#: The message roles a {"messages": [...]} line may use (those chat templates know).
+ROLES = ("system", "user", "assistant", "tool")
+#: Keys already named in a warning, per (file, text) loaded in this process: a command that reads one
+#: file twice (`bench` checks it, then encodes it) warns once.
+_NAMED_KEYS: dict[tuple[str, int], set[str]] = {}
+
+
+def _messages(obj: dict, where: str) -> list[dict] | None:
+    """The {"role", "content"} messages of a {"messages": [...]} line (other message keys dropped),
+    or None when "messages" is not a non-empty list (the caller's "expected ..." error).
+
+    Raises:
+        ConfigError: a message is not an object, its role is not one of ROLES, or its content is not a
+            string; `where` ("FILE:LINE") leads the message.
+    """
+    msgs = obj.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return None
+    for i, m in enumerate(msgs, 1):
+        if not isinstance(m, dict):
+            raise ConfigError(f'{where}: message {i} is {json.dumps(m)[:40]}, not an object; give each message as '
+                              '{"role": ..., "content": "<text>"}')
+        role = m.get("role")
+        if role not in ROLES:
+            got = f"role {role!r}" if isinstance(role, str) else 'no string "role"'
+            hint = ' (OpenAI\'s "developer" is "system" here)' if role == "developer" else ""
+            raise ConfigError(f"{where}: message {i} has {got}; the roles are {', '.join(ROLES)}; give each "
+                              f"message one of them{hint}")
+        if not isinstance(m.get("content"), str):
+            got = "no" if "content" not in m else f"{json.dumps(m['content'])[:40]} as its"
+            raise ConfigError(f'{where}: message {i} ({role}) has {got} "content"; give its text as a string')
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
 def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> list[Prompt]:
     """Prompts from a JSONL file: one `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`
-    object per line (blank lines ignored). Other keys are ignored; if lines hold any of `warn_keys`
-    (e.g. REQUEST_KEYS), one warning line on stderr names them and the first line with one.
+    object per line (blank lines ignored); roles are ROLES. Other keys are ignored, with warnings on
+    stderr: if lines hold any of `warn_keys` (e.g. REQUEST_KEYS), one line names them and the first line
+    with one; one more line names every other unknown key (e.g. OpenAI's "id") and the first line holding
+    each. A key is named once per process for a file's text (reading it again warns no more).
 
     Raises:
         DFlashError: the file is missing or empty.
         ConfigError: `path` is a directory; a line is not JSON, has both "prompt" and "messages", or has
-            neither a non-empty "prompt" string nor a list of messages with string "role" and "content";
-            the message names the line. A UTF-8 byte-order mark is allowed.
+            neither a non-empty "prompt" string nor a non-empty list of messages; a message has a role
+            outside ROLES or no string "content". The message names FILE:LINE. A UTF-8 byte-order mark
+            is allowed.
     """
     p = Path(path)
     if p.is_dir():
@@ -231,7 +266,8 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     if not p.is_file():
         raise DFlashError(f"{p}: no such prompts file; give an existing JSONL file")
     out: list[Prompt] = []
-    ignored: dict[str, int] = {}  # key -> first line holding it
+    ignored: dict[str, int] = {}  # key of warn_keys -> first line holding it
+    unknown: dict[str, int] = {}  # any other key -> first line holding it
     try:
         text = p.read_text(encoding="utf-8-sig")  # a leading byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
@@ -243,20 +279,19 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+        messages = None
         if isinstance(obj, dict):
-            for key in warn_keys:
-                if key in obj:
-                    ignored.setdefault(key, n)
+            for key in obj:
+                if key not in ("prompt", "messages"):
+                    (ignored if key in warn_keys else unknown).setdefault(key, n)
             if "prompt" in obj and "messages" in obj:
                 raise ConfigError(f'{p}:{n}: holds both "prompt" and "messages"; keep one of them (a plain prompt, '
                                   "or a conversation that goes through the chat template)")
+            messages = _messages(obj, f"{p}:{n}")
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append(obj["prompt"])
-        elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"] and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in obj["messages"]
-        ):
-            out.append([{"role": m["role"], "content": m["content"]} for m in obj["messages"]])
+        elif messages is not None:
+            out.append(messages)
         else:
             raise ConfigError(
                 f'{p}:{n}: expected {{"prompt": "<text>"}} or {{"messages": [{{"role": ..., "content": ...}}]}}, '
@@ -264,10 +299,18 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             )
     if not out:
         raise DFlashError(f"{p}: the prompts file is empty; give one JSON object per line")
+    named = _NAMED_KEYS.setdefault((str(p.resolve()), hash(text)), set())
     if ignored:
         keys = ", ".join(ignored)
         print(f"warning: {p}: per-line {keys} ignored (first on line {min(ignored.values())}); the command's "
               "flags (--temperature, --max-tokens, --seed, ...) apply to every prompt", file=sys.stderr)
+        named.update(ignored)
+    unknown = {k: n for k, n in unknown.items() if k not in named}
+    if unknown:
+        keys = ", ".join(f"{json.dumps(k)} (first on line {n})" for k, n in unknown.items())
+        print(f'warning: {p}: ignoring unknown keys {keys}; only "prompt" or "messages" is read from a line (extra '
+              "fields such as OpenAI's \"id\" may stay; remove them to silence this)", file=sys.stderr)
+        named.update(unknown)
     return out
 
 

@@ -46,7 +46,7 @@ def test_jsonl_prompts_and_messages(tmp_path):
     ("\n\n", DFlashError, "empty"),
     ('{"prompt": "ok"}\nnot json\n', ConfigError, ":2: not valid JSON"),
     ('{"text": "x"}\n', ConfigError, ":1: expected"),
-    ('{"messages": [{"role": "user"}]}\n', ConfigError, ":1: expected"),
+    ('{"messages": [{"role": "user"}]}\n', ConfigError, ':1: message 1 (user) has no "content"; give its text'),
     ('{"prompt": ""}\n', ConfigError, ":1: expected"),
     ('{"prompt": "a"}\n{"prompt": "b", "messages": [{"role": "user", "content": "c"}]}\n', ConfigError,
      ':2: holds both "prompt" and "messages"; keep one of them'),
@@ -67,14 +67,17 @@ def test_missing_prompts_file(tmp_path):
 
 def test_request_keys_in_a_prompts_file_are_named_once(tmp_path, capsys):
     """Per-line sampling keys are not per-request settings here: with warn_keys, one warning names them
-    and the first line holding one; the prompts load as usual; without warn_keys (training), silence."""
+    and the first line holding one; the prompts load as usual; without warn_keys (training), they are
+    unknown keys like "id" (one warning, each key's first line), which a second read does not repeat."""
     from dflash_trt.training.prompts import REQUEST_KEYS
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "temperature": 1.0}\n'
                  '{"messages": [{"role": "user", "content": "c"}], "seed": 3, "temperature": 0}\n')
     assert load_prompts_jsonl(f) == ["a", "b", [{"role": "user", "content": "c"}]]
-    assert capsys.readouterr().err == ""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'unknown keys "id" (first on line 1), "temperature" (first on line 2), "seed" ' \
+        "(first on line 3);" in err
     assert len(load_prompts_jsonl(f, REQUEST_KEYS)) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "per-line temperature, seed ignored (first on line 2)" in err and "id" not in err
