@@ -36,6 +36,7 @@ def markdown_table(results: dict) -> str:
         f"batch size {cfg.get('batch_size', 1)}, "
         f"{results.get('machine', {}).get('dtype')}, {threads} thread{'' if threads == 1 else 's'}. "
         f"Peak RSS {results.get('peak_rss_mb', 0):.0f} MB."
+        + _cpu_line(results)
         + (" Sampling: 'identical to ar' counts equal samples, not a parity check." if sampling else ""),
         "",
         "| dataset | mode | tau | acceptance rate | drafts / step | tok/s | speedup vs ar | speedup vs hf | mean TTFT (ms) "
@@ -81,6 +82,18 @@ def _breakdown_table(results: dict) -> list[str]:
         cells = [f"{ms[p]:.1f} ({100 * b['share'][p]:.0f}%)" for p in PHASES]
         lines.append(f"| {ds} | {mode} | {b['steps']} | " + " | ".join(cells) + f" | {sum(ms.values()):.1f} |")
     return lines
+
+
+def _cpu_line(results: dict) -> str:
+    """" CPU: <model> (<isa> kernels)." from the machine record, or "" for a record without a model
+    name (results.json files written before session 18)."""
+    machine = results.get("machine", {})
+    if not machine.get("cpu_model"):
+        return ""
+    used = results.get("config", {}).get("cpu_kernels_used")
+    kernels = f", {machine['kernel_isa'].upper()} kernels" if used and machine.get("kernel_isa") else (
+        ", torch's linears" if used is False else "")
+    return f" CPU: {machine['cpu_model']}{kernels}."
 
 
 def _save(fig, path: Path) -> Path:

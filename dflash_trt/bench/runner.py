@@ -109,7 +109,13 @@ class ModeSummary:
 
 
 def machine_info(threads: int, dtype: str) -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+    """The results.json "machine" record: CPU architecture and model name, the instruction set the CPU
+    kernels are built for here (`dflash_trt.ops.cpu_isa`, null where they cannot run), versions,
+    threads, dtype, and the GPU's name (null without CUDA)."""
+    from dflash_trt.ops import cpu_isa, cpu_model_name
+
+    return {"cpu": platform.processor() or platform.machine(), "cpu_model": cpu_model_name(),
+            "kernel_isa": cpu_isa(), "python": platform.python_version(),
             "torch": torch.__version__, "threads": threads, "dtype": dtype,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

@@ -28,16 +28,27 @@ ISA_CFLAGS = {
 NAME = "dflash_trt_cpu_ops"
 
 
-def _cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where that cannot be read."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (Linux), stripped; None where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == field:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo; empty where that cannot be read."""
+    return set((_cpuinfo("flags") or "").split())
+
+
+def cpu_model_name() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"), for benchmark records; None off Linux."""
+    return _cpuinfo("model name")
 
 
 @functools.cache

@@ -40,6 +40,9 @@ def test_bench_writes_results_and_checks_identity(tmp_path, monkeypatch, capsys)
 
     # float32 on the CPU: auto runs the packed kernels wherever they can run
     assert res["config"]["cpu_kernels"] == "auto" and res["config"]["cpu_kernels_used"] is (cpu_kernels_unavailable() is None)
+    from dflash_trt.ops import cpu_isa, cpu_model_name
+
+    assert res["machine"]["kernel_isa"] == cpu_isa() and res["machine"]["cpu_model"] == cpu_model_name()
     assert modes["hf"]["acceptance_length"] is None
     # --profile: our modes' time by phase adds up to their measured time (HF's loop is not ours to time)
     assert "time_breakdown" not in modes["hf"] and res["config"]["profile"] is True
@@ -139,6 +142,18 @@ def test_results_header_says_thread_or_threads():
 
     for n, word in ((1, "1 thread."), (2, "2 threads.")):
         assert word in markdown_table({"config": {}, "machine": {"threads": n, "dtype": "float32"}, "datasets": {}})
+
+
+def test_results_header_names_the_cpu_and_its_kernels():
+    from dflash_trt.bench.report import markdown_table
+
+    def header(machine: dict, used) -> str:
+        return markdown_table({"config": {"cpu_kernels_used": used},
+                               "machine": {"threads": 1, "dtype": "float32", **machine}, "datasets": {}})
+
+    assert "MB. CPU: AMD EPYC, AVX2 kernels." in header({"cpu_model": "AMD EPYC", "kernel_isa": "avx2"}, True)
+    assert "MB. CPU: Intel Xeon, torch's linears." in header({"cpu_model": "Intel Xeon", "kernel_isa": "avx512"}, False)
+    assert "CPU:" not in header({}, True)  # a results.json written before the record had a model name
 
 
 def test_results_header_counts_the_prompts_each_dataset_ran():
