@@ -7,7 +7,6 @@ of the machine (thermal, other load) hit every mode alike. Same dtype and thread
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
 import resource
 import time
@@ -175,10 +174,6 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         out["datasets"][ds] = entry
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
-
-
-def write_json(results: dict, path: Path) -> None:
-    path.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def timestamp() -> str:

@@ -61,7 +61,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import markdown_table, plots
-    from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp, write_json
+    from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
+    from dflash_trt.files import write_json_atomic
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
                                        model_folder, note_max_concurrency, plural, set_threads, warn_block_size,
@@ -161,7 +162,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     results["machine"] = machine_info(torch.get_num_threads(), dtype)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(results, out_dir / "results.json")
+    write_json_atomic(out_dir / "results.json", results)
     table = markdown_table(results)
     (out_dir / "results.md").write_text(table)
     plots(results, out_dir)

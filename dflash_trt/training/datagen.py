@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.files import write_json_atomic
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
 
@@ -173,18 +174,6 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     manifest["complete"] = True
     write_json_atomic(manifest_path, manifest)
     return stats
-
-
-def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
-    """Write `obj` as JSON through a temporary file renamed over `path`: an interrupted write (Ctrl-C,
-    a full disk) leaves the previous file whole, never a truncated one, and no temporary file behind."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=indent) + "\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 #: train-drafter's flag behind each data-cache setting (`settings_differences` names it).

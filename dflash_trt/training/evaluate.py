@@ -135,7 +135,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     from dflash_trt.training.prompts import encode_prompt
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    from dflash_trt.training.datagen import write_json_atomic
+    from dflash_trt.files import write_json_atomic
 
     cache = _read_cache(ar_cache)
     report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
