@@ -1,8 +1,10 @@
-"""`dflash-trt build`: check -> calibrate + quantize -> export -> write serving files -> manifest.
+"""`dflash-trt build`: check -> calibrate + quantize -> export -> write serving files -> README -> manifest.
 
-The bundle is written into a temporary sibling folder (`.NAME.building-*`) and renamed to `--out`
-only when every step succeeded, so a failed or interrupted build leaves no half-written bundle (and
-an existing bundle replaced with `--force` stays intact until the new one is complete).
+The steps are `step_titles` (8 for every combination of options; the progress lines and the
+`--dry-run` plan number them `[i/8]`). The bundle is written into a temporary sibling folder
+(`.NAME.building-*`) and renamed to `--out` only when every step succeeded, so a failed or
+interrupted (Ctrl-C: `BuildInterrupted`) build leaves no half-written bundle (and an existing bundle
+replaced with `--force` stays intact until the new one is complete).
 
 Bundle layout (docs/build.md):
     NAME/manifest.json           schema version, models, quantization, tp, block size, ... sha256 of every file
@@ -63,7 +65,8 @@ class StepResult:
 
 @dataclass
 class BuildReport:
-    """What a build did: per-step times, folder sizes in bytes, the manifest written."""
+    """What a build did: per-step times (`step_titles` order, the checks first), folder sizes in bytes,
+    the manifest written."""
 
     out: Path
     steps: list[StepResult] = field(default_factory=list)
@@ -73,7 +76,7 @@ class BuildReport:
 
     @property
     def total_seconds(self) -> float:
-        """Wall time of all steps (seconds; the weight-free preflight checks are not included)."""
+        """Wall time of all steps (seconds; the weight-free checks of step 1 included)."""
         return sum(s.seconds for s in self.steps)
 
 
@@ -83,7 +86,8 @@ def folder_bytes(path: Path) -> int:
 
 
 def preflight(opts: BuildOptions) -> dict:
-    """Every check that needs no weights: options, `dflash-trt check`, tensor-parallel divisibility, --out.
+    """Every check that needs no weights: options, `dflash-trt check`, tensor-parallel divisibility, --out
+    (`check_out`).
 
     Returns:
         {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
@@ -119,9 +123,56 @@ def preflight(opts: BuildOptions) -> dict:
     drafter = DrafterConfig.from_pretrained(opts.drafter)
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
-    if opts.out.exists() and not opts.force:
-        raise ConfigError(f"{opts.out} already exists; remove it, pick another --out, or pass --force to replace it")
+    check_out(opts)
     return {"target": target, "drafter": drafter, "warnings": [f.message for f in findings if f.level != ERROR]}
+
+
+def check_out(opts: BuildOptions) -> Path | None:
+    """The checks on `--out` that need no writing (preflight, so `--dry-run` fails exactly as the build does).
+
+    The build creates missing parent folders of `--out`, then its temporary folder beside `--out`, and
+    (with `--force`) moves what is at `--out` aside there: so the nearest existing ancestor of `--out`'s
+    parent must be a folder this user may write to. Returns the parent folder the build would create
+    (None when it exists).
+    Raises:
+        ConfigError: `--out` exists without `--force`, a parent of it is a file, or it is not writable.
+    """
+    out = opts.out
+    if (out.exists() or out.is_symlink()) and not opts.force:
+        raise ConfigError(f"{out} already exists; remove it, pick another --out, or pass --force to replace it")
+    parent = out.resolve().parent
+    nearest = parent
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise ConfigError(f"--out {out}: {nearest} is a file, not a folder; give an --out whose parent folders are "
+                          "folders (or can be created)")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: cannot write in {nearest} (permission denied); pick an --out in a folder "
+                          "you can write to")
+    return None if nearest == parent else parent
+
+
+def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
+    """The `--calib-prompts` items the build calibrates on, and a warning when the file holds fewer than
+    `--calib-size` (it then calibrates on all of them).
+
+    Returns:
+        (None, None) when the build does not calibrate or uses the built-in corpus; else (the first
+        `--calib-size` prompts of the file, `quantize.read_calibration_jsonl`, the warning or None).
+    Raises:
+        ConfigError: the file is an evaluation set, unreadable, malformed or empty.
+    """
+    from dflash_trt.build.quantize import read_calibration_jsonl
+
+    if opts.calib_prompts is None or not opts.calibrates:
+        return None, None
+    items = read_calibration_jsonl(opts.calib_prompts, opts.calib_size)
+    warning = None
+    if len(items) < opts.calib_size:
+        warning = (f"--calib-size {opts.calib_size} but {opts.calib_prompts} has {len(items)} prompts: calibrating "
+                   f"on all {len(items)}")
+    return items, warning
 
 
 #: where a reduced-vocabulary drafter goes as given, for our runtime (trtllm/drafter gets the full-vocabulary one)
@@ -146,14 +197,33 @@ def existing_out(out: Path) -> str | None:
     return "a dflash-trt bundle"
 
 
-def plan(opts: BuildOptions, pre: dict) -> list[str]:
-    """Human-readable steps of the build (what `--dry-run` prints)."""
+def step_titles(opts: BuildOptions) -> list[str]:
+    """The build's steps, in order: the progress lines of a build print them as `[i/N] title`, the
+    `--dry-run` plan numbers its lines the same way, for every combination of options."""
+    load = (f"calibrate + quantize target ({opts.quant}, kv cache {opts.kv_cache_dtype})" if opts.calibrates
+            else "load target (nothing to quantize)")
+    return ["check", load, f"export TensorRT-LLM per-rank checkpoint (tp {opts.tp_size})",
+            "export unified HF target checkpoint", f"drafter ({opts.drafter_quant})",
+            "write serve.yaml, launch.sh, LLM API example", "write README.md files",
+            "write manifest.json and move the bundle to --out"]
+
+
+def numbered(lines: list[str]) -> list[str]:
+    """`[i/N] line` for each of the N lines (the numbering of the progress lines and of the plan)."""
+    return [f"[{i}/{len(lines)}] {line}" for i, line in enumerate(lines, 1)]
+
+
+def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[str]:
+    """What `--dry-run` prints: one line per step of `step_titles(opts)`, in its order (number them with
+    `numbered`). `calib_count`: how many --calib-prompts prompts calibration would use (None: --calib-size)."""
     t, d = pre["target"], pre["drafter"]
     calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
     steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
     if opts.calibrates:
         steps.append(f"calibrate + quantize target with ModelOpt on {opts.device}: {opts.quant} (kv cache "
-                     f"{opts.kv_cache_dtype}), {opts.calib_size} prompts from {calib}")
+                     f"{opts.kv_cache_dtype}), {calib_count or opts.calib_size} prompts from {calib}")
+    else:
+        steps.append(f"load target on {opts.device} (float32); nothing to quantize (--quant none, kv cache auto)")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
     if d.draft_vocab_size is not None:
@@ -165,6 +235,9 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
         publish = f"replace the existing bundle at {opts.out} (--force) with the new one"
     elif existing:
         publish = f"REPLACE {opts.out} (--force), which is {existing}, with the new bundle"
+    created = check_out(opts)
+    if created is not None:
+        publish += f" (creating the folder {created})"
     steps += [
         (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
          f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
@@ -178,44 +251,116 @@ def plan(opts: BuildOptions, pre: dict) -> list[str]:
          "README(s)' quantization section"),
         f"write manifest.json (sha256 of every file) and {publish}",
     ]
+    assert len(steps) == len(step_titles(opts))  # one line per step: the same numbering as the build's progress
     return steps
 
 
+def dry_run(opts: BuildOptions, warn: Callable[[str], None] = print) -> list[str]:
+    """`--dry-run`: every check of the build (`preflight`, --out included, and reading --calib-prompts),
+    nothing written. `warn` gets each warning as it is found (so those of `check` come out before an
+    error of --calib-prompts). Returns the plan, numbered as the build's progress lines.
+    Raises:
+        what `preflight` and `calibration_prompts` raise, as the build does.
+    """
+    pre = preflight(opts)
+    for w in pre["warnings"]:
+        warn(w)
+    items, warning = calibration_prompts(opts)  # the loader the real build uses
+    if warning:
+        warn(warning)
+    if opts.calib_prompts is not None and not opts.calibrates:
+        warn(f"--calib-prompts {opts.calib_prompts} is not used: nothing is quantized (give --quant, "
+             "--kv-cache-dtype fp8 or --drafter-quant fp8 to calibrate)")
+    return numbered(plan(opts, pre, None if items is None else len(items)))
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_build`; the message (one line) says where, and what is at `--out`."""
+
+
+class _Progress:
+    """Runs the build's steps in the order of `step_titles`, logs `[i/N] title ...` and `... done`,
+    and records each one's time in the report."""
+
+    def __init__(self, titles: list[str], report: BuildReport, log: Callable[[str], None]):
+        self.titles, self.report, self.log = titles, report, log
+
+    def __call__(self, fn: Callable[[], str | None]) -> None:
+        i = len(self.report.steps) + 1
+        tag, name = f"[{i}/{len(self.titles)}]", self.titles[i - 1]
+        self.log(f"{tag} {name} ...")
+        self.report.running = name
+        t0 = time.perf_counter()
+        detail = fn() or ""
+        self.report.steps.append(StepResult(name, time.perf_counter() - t0, detail))
+        self.report.running = None
+        self.log(f"{tag} {name}: done in {self.report.steps[-1].seconds:.1f} s {detail}")
+
+
 def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildReport:
-    """Build a bundle at `opts.out` (see the module docstring). `log` receives one line per step.
+    """Build a bundle at `opts.out` (see the module docstring). `log` receives the progress lines
+    (`[i/N] step ...`, `[i/N] step: done ...`, numbered as `step_titles`) and the warnings.
 
     Raises:
         ConfigError / IncompatibleModelsError: found before anything is written.
         BuildError: a step failed (the message names it); nothing was written to `opts.out`.
+        BuildInterrupted (a KeyboardInterrupt): Ctrl-C; its one-line message says where, and that nothing
+            was written to `opts.out` (what was there is unchanged), or, interrupted while the old --out
+            was being removed, that the complete bundle is already there.
     """
-    from dflash_trt.models.loading import publish_folder
-
-    pre = preflight(opts)
-    for w in pre["warnings"]:
-        log(f"warning: {w}")
-    existing = existing_out(opts.out)
-    if existing and existing != "a dflash-trt bundle":
-        log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
     out = opts.out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     report = BuildReport(out)
+    step = _Progress(step_titles(opts), report, log)
+    pre: dict = {}
+    tmp = None
+
+    def check():
+        pre.update(preflight(opts))
+        for w in pre["warnings"]:
+            log(f"warning: {w}")
+        existing = existing_out(opts.out)
+        if existing and existing != "a dflash-trt bundle":
+            log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
+        return f"({len(pre['warnings'])} warning(s))"
+
     try:
-        _build_into(tmp, opts, pre, report, log)
-        publish_folder(tmp, out)  # readable modes; --force: the old --out (bundle or file) goes only now
+        step(check)  # ConfigError / IncompatibleModelsError as they are: nothing is written yet
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+        _build_into(tmp, out, opts, pre, report, step, log)  # its last step moves tmp to out
+    except KeyboardInterrupt as exc:
+        published = tmp is not None and not tmp.exists()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise BuildInterrupted(_interrupted(opts, report, published)) from exc
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, (DFlashError, KeyboardInterrupt)):
-            if isinstance(exc, DFlashError) and not isinstance(exc, BuildError):
-                raise BuildError(f"{exc}\n(build failed; nothing was written to {out})") from exc
+        if tmp is None:  # the checks failed, or --out's parent could not be made: nothing was written
             raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, BuildError) or not isinstance(exc, Exception):
+            raise
+        if isinstance(exc, DFlashError):
+            raise BuildError(f"{exc}\n(build failed; nothing was written to {out})") from exc
         where = f"in step '{report.running}'" if report.running else "before its first step"
         raise BuildError(f"build failed {where}: {type(exc).__name__}: {exc}; nothing was written to "
                          f"{out}") from exc
     return report
 
 
-def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, log: Callable[[str], None]) -> None:
+def _interrupted(opts: BuildOptions, report: BuildReport, published: bool) -> str:
+    """The one-line message of a `BuildInterrupted`."""
+    total = len(step_titles(opts))
+    where = (f"in step {len(report.steps) + 1}/{total} '{report.running}'" if report.running
+             else f"after step {len(report.steps)}/{total}")
+    if published:
+        return f"build interrupted (Ctrl-C) {where}, after the complete bundle was moved to {report.out}"
+    existing = existing_out(report.out)
+    kept = f" (what was there, {existing}, is unchanged)" if existing else ""
+    return f"build interrupted (Ctrl-C) {where}; nothing was written to {report.out}{kept}"
+def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: BuildReport, step: _Progress,
+                log: Callable[[str], None]) -> None:
+    """Steps 2 to the last of `step_titles(opts)` (`step` runs them): the bundle in `root`, then `root`
+    moved to `out`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -223,21 +368,12 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
     from dflash_trt.build import trtllm
     from dflash_trt.build.manifest import sha256_file, tool_versions, write_manifest
     from dflash_trt.build.quantize import calibration_token_ids, hf_forward_loop, quantize_model
+    from dflash_trt.build.quantize import tokenized_prompts
     from dflash_trt.build.readme import write_readmes
     from dflash_trt.build.schema import validate_with_tensorrt_llm
+    from dflash_trt.models.loading import publish_folder
 
     tcfg, dcfg = pre["target"], pre["drafter"]
-    total = 6
-
-    def step(i: int, name: str, fn):
-        log(f"[{i}/{total}] {name} ...")
-        report.running = name
-        t0 = time.perf_counter()
-        detail = fn() or ""
-        report.steps.append(StepResult(name, time.perf_counter() - t0, detail))
-        report.running = None
-        log(f"[{i}/{total}] {name}: done in {report.steps[-1].seconds:.1f} s {detail}")
-
     state: dict = {}
 
     def load_and_quantize():
@@ -245,7 +381,11 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
         state["calib"] = []
         if opts.calibrates:
             tok = AutoTokenizer.from_pretrained(str(opts.target))
-            state["calib"] = calibration_token_ids(tok, opts.calib_size, opts.calib_prompts)
+            items, warning = calibration_prompts(opts)
+            if warning:
+                log(f"warning: {warning}")
+            state["calib"] = (calibration_token_ids(tok, opts.calib_size) if items is None
+                              else tokenized_prompts(tok, items))
         state["model"] = quantize_model(model, opts.quant, opts.kv_cache_dtype, hf_forward_loop(state["calib"]))
         return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
 
@@ -291,7 +431,7 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
         state["serve_check"] = validate_with_tensorrt_llm(cfg)
         return f"(schema ok; tensorrt_llm check: {state['serve_check']})"
 
-    def manifest():
+    def readmes():
         tok_file = root / "trtllm" / "target" / "tokenizer.json"
         fields = {
             "name": opts.out.name,
@@ -310,8 +450,11 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
             },
             "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,
                              "trtllm_checkpoint": state.get("trt_quant"),
+                             # num_prompts: the prompts calibrated on (fewer than --calib-size when the file
+                             # holds fewer); requested: --calib-size (None: nothing was calibrated)
                              "calibration": {"source": str(opts.calib_prompts or "built-in corpus"),
-                                             "num_prompts": len(state.get("calib", []))}},
+                                             "num_prompts": len(state.get("calib", [])),
+                                             "requested": opts.calib_size if opts.calibrates else None}},
             "tp_size": opts.tp_size,
             "block_size": dcfg.block_size,
             "max_draft_len": dcfg.block_size - 1,
@@ -325,20 +468,20 @@ def _build_into(root: Path, opts: BuildOptions, pre: dict, report: BuildReport, 
             "tools": tool_versions(),
         }
         # the READMEs say what the manifest records (quantization included) and are hashed with the rest
+        state["fields"] = fields
         write_readmes(root, fields, [TRTLLM_DRAFTER, RUNTIME_DRAFTER] if reduced else [TRTLLM_DRAFTER])
-        report.manifest = write_manifest(root, fields)
+
+    def manifest_and_move():
+        report.manifest = write_manifest(root, state["fields"])
+        for part in ("trtllm/target", TRTLLM_DRAFTER, RUNTIME_DRAFTER, "trtllm_checkpoint"):
+            if part != RUNTIME_DRAFTER or reduced:
+                report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
+        report.sizes["total"] = folder_bytes(root)
+        publish_folder(root, out)  # readable modes; --force: the old --out (bundle or file) goes only now
         return f"({len(report.manifest['files'])} files hashed)"
 
-    step(1, f"calibrate + quantize target ({opts.quant})", load_and_quantize)
-    step(2, f"export TensorRT-LLM per-rank checkpoint (tp {opts.tp_size})", export_checkpoint)
-    step(3, "export unified HF target checkpoint", export_target)
-    step(4, f"drafter ({opts.drafter_quant})", drafter)
-    step(5, "write serve.yaml, launch.sh, LLM API example", serving)
-    step(6, "write README.md files and manifest.json", manifest)
-    for part in ("trtllm/target", TRTLLM_DRAFTER, RUNTIME_DRAFTER, "trtllm_checkpoint"):
-        if part != RUNTIME_DRAFTER or reduced:
-            report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
-    report.sizes["total"] = folder_bytes(root)
+    for fn in (load_and_quantize, export_checkpoint, export_target, drafter, serving, readmes, manifest_and_move):
+        step(fn)
 
 
 def summary_table(report: BuildReport):

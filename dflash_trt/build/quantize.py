@@ -235,18 +235,22 @@ def evaluation_texts() -> set[str]:
 
 
 def calibration_token_ids(tokenizer, n: int, path: str | Path | None = None, max_len: int = 256) -> list[list[int]]:
-    """Tokenized calibration prompts (each at most `max_len` tokens): from `path` when given, else the
-    built-in corpus. Chat items ({"messages": ...}) use the tokenizer's chat template."""
-    if path is not None:
-        ids = []
-        for item in read_calibration_jsonl(path, n):
-            if isinstance(item, list):  # chat messages
-                out = tokenizer.apply_chat_template(item, add_generation_prompt=True, tokenize=True)
-                ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
-            else:
-                ids.append(list(tokenizer(item)["input_ids"]))
-    else:
-        ids = [list(tokenizer(t)["input_ids"]) for t in calibration_texts(n)]
+    """Tokenized calibration prompts (each at most `max_len` tokens): the first `n` of `path` when given
+    (all of them when it holds fewer), else `n` texts of the built-in corpus."""
+    items = read_calibration_jsonl(path, n) if path is not None else calibration_texts(n)
+    return tokenized_prompts(tokenizer, items, max_len)
+
+
+def tokenized_prompts(tokenizer, items: list, max_len: int = 256) -> list[list[int]]:
+    """Token ids of calibration `items` (plain strings, or chat message lists put through the tokenizer's
+    chat template), each cut to `max_len` tokens; items that tokenize to nothing are dropped."""
+    ids = []
+    for item in items:
+        if isinstance(item, list):  # chat messages
+            out = tokenizer.apply_chat_template(item, add_generation_prompt=True, tokenize=True)
+            ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
+        else:
+            ids.append(list(tokenizer(item)["input_ids"]))
     return [x[:max_len] for x in ids if x]
 
 

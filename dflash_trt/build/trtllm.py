@@ -7,7 +7,8 @@
   drafter's `full_vocab_copy`; FP8 when `--drafter-quant fp8`);
 - `serve.yaml`: the `trtllm-serve --config` file (TorchLlmArgs: tensor_parallel_size, kv_cache_config,
   speculative_config with decoding_type DFlash), checked by `dflash_trt.build.schema`;
-- `launch.sh`: the trtllm-serve command; `llm_api_example.py`: the same through `tensorrt_llm.LLM`.
+- `launch.sh`: the trtllm-serve command; `llm_api_example.py`: the same settings through `tensorrt_llm.LLM`
+  (`llm_api_example` writes every field of the serve config, so the two cannot differ).
 
 `trtllm_checkpoint/` (the legacy TensorRT engine flow of TensorRT-LLM 1.2.x - 1.3.0rc20): the target as
 TensorRT-LLM's per-rank checkpoint (config.json with `mapping` and `quantization`, rank{N}.safetensors),
@@ -141,7 +142,9 @@ exec trtllm-serve ./target --config {config} --host "${{HOST:-0.0.0.0}}" --port 
 
 LLM_EXAMPLE = '''"""Run this bundle with the tensorrt_llm.LLM API (PyTorch backend, DFlash needs TensorRT-LLM >= 1.3.0rc).
 
-    python llm_api_example.py          # from this folder, on a machine with {tp} GPU(s)
+    python llm_api_example.py          # on a machine with {tp} GPU(s)
+
+The settings are serve.yaml's (dflash-trt build writes both from the same config).
 """
 from pathlib import Path
 
@@ -149,18 +152,45 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.llmapi import DFlashDecodingConfig, KvCacheConfig
 
 here = Path(__file__).resolve().parent
-spec = DFlashDecodingConfig(max_draft_len={max_draft_len}, speculative_model=str(here / "drafter"),
-                            mask_token_id={mask_token_id}, target_layer_ids={layer_ids})
-llm = LLM(str(here / "target"), tensor_parallel_size={tp}, speculative_config=spec,
-          kv_cache_config=KvCacheConfig(dtype="{kv_dtype}", enable_block_reuse=False), disable_overlap_scheduler=True)
+spec = DFlashDecodingConfig(
+{spec_kwargs}
+)
+kv_cache = KvCacheConfig(
+{kv_kwargs}
+)
+llm = LLM(
+    str(here / "target"),
+{llm_kwargs}
+    kv_cache_config=kv_cache,
+    speculative_config=spec,
+)
 for out in llm.generate(["The capital of France is"], SamplingParams(max_tokens=64, temperature=0.0)):
     print(out.outputs[0].text)
 '''
 
+#: LLM-API class of each serve.yaml section (the example passes the section's fields to it)
+LLM_API_SECTIONS = {"kv_cache_config": "KvCacheConfig", "speculative_config": "DFlashDecodingConfig"}
+
+
+def llm_api_example(cfg: dict) -> str:
+    """llm_api_example.py for the serve config `cfg` (`serve_config`): every field of serve.yaml, passed to
+    `tensorrt_llm.LLM` (top-level fields), `KvCacheConfig` (kv_cache_config) and `DFlashDecodingConfig`
+    (speculative_config, less `decoding_type`, which the class stands for); `speculative_model`, relative
+    to the folder of serve.yaml, becomes a path beside the script."""
+    def kwargs(fields: dict, indent: str = "    ", path_keys: tuple[str, ...] = ()) -> str:  # one per line
+        return "\n".join(f"{indent}{k}=str(here / {v!r})," if k in path_keys else f"{indent}{k}={v!r},"
+                         for k, v in fields.items())
+
+    top = {k: v for k, v in cfg.items() if k not in LLM_API_SECTIONS}
+    spec = {k: v for k, v in cfg["speculative_config"].items() if k != "decoding_type"}
+    return LLM_EXAMPLE.format(tp=cfg["tensor_parallel_size"], llm_kwargs=kwargs(top),
+                              kv_kwargs=kwargs(cfg["kv_cache_config"]),
+                              spec_kwargs=kwargs(spec, path_keys=("speculative_model",)))
+
 
 def write_serving_files(root: Path, cfg: dict) -> None:
-    """Write serve.yaml, launch.sh and llm_api_example.py into `root` (the bundle's trtllm/ folder)."""
-    spec = cfg["speculative_config"]
+    """Write serve.yaml, launch.sh and llm_api_example.py into `root` (the bundle's trtllm/ folder), all
+    from the one serve config `cfg` (`serve_config`)."""
     (root / SERVE_CONFIG).write_text(
         "# trtllm-serve --config file (TorchLlmArgs); written and schema-checked by dflash-trt build\n"
         + yaml.safe_dump(cfg, sort_keys=False))
@@ -168,9 +198,7 @@ def write_serving_files(root: Path, cfg: dict) -> None:
     launch = root / "launch.sh"
     launch.write_text(LAUNCH_SH.format(config=SERVE_CONFIG, gpus=f"needs {tp} GPU(s) (tensor_parallel_size {tp})"))
     launch.chmod(0o755)
-    (root / "llm_api_example.py").write_text(LLM_EXAMPLE.format(
-        tp=tp, max_draft_len=spec["max_draft_len"], mask_token_id=spec["mask_token_id"],
-        layer_ids=spec["target_layer_ids"], kv_dtype=cfg["kv_cache_config"]["dtype"]))
+    (root / "llm_api_example.py").write_text(llm_api_example(cfg))
 
 
 BUILD_ENGINE_SH = """#!/usr/bin/env bash

@@ -1,7 +1,13 @@
-"""`dflash-trt build`: quantize, shard and package a target + drafter into a deployable bundle."""
+"""`dflash-trt build`: quantize, shard and package a target + drafter into a deployable bundle.
+
+Progress is one `[i/N] step` line per step (`dflash_trt.build.pipeline.step_titles`; `--dry-run` numbers
+its plan the same way). Ctrl-C exits 130 with one line saying where the build stopped and that nothing
+was written to --out (the bundle is built in a temporary folder beside it, renamed at the end).
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -33,8 +39,8 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     """Build a bundle for TensorRT-LLM (trtllm-serve, LLM API, trtllm-build) and the dflash-trt runtime."""
     from rich.console import Console
 
-    from dflash_trt.build.pipeline import BuildOptions, plan, preflight, run_build, summary_table
-    from dflash_trt.build.quantize import read_calibration_jsonl
+    from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, run_build, summary_table
+    from dflash_trt.build.pipeline import dry_run as check_and_plan
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
@@ -50,20 +56,19 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         out=Path(out), quant=quant, drafter_quant=drafter_quant, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size,
         calib_prompts=Path(calib_prompts) if calib_prompts else None, calib_size=calib_size,
         max_batch_size=max_batch_size, force=force, device=device)
-    if dry_run:
-        pre = preflight(opts)
-        for w in pre["warnings"]:
-            console.print(f"[yellow]warning:[/] {w}", highlight=False)
-        if opts.calib_prompts is not None and opts.calibrates:
-            read_calibration_jsonl(opts.calib_prompts, opts.calib_size)  # the loader the real build uses
-        elif opts.calib_prompts is not None:
-            click.echo(f"warning: --calib-prompts {opts.calib_prompts} is not used: nothing is quantized (give "
-                       "--quant, --kv-cache-dtype fp8 or --drafter-quant fp8 to calibrate)", err=True)
+    if dry_run:  # every check of the build (--out and --calib-prompts included), nothing written
+        lines = check_and_plan(opts, warn=lambda w: console.print(f"[yellow]warning:[/] {w}", highlight=False,
+                                                                   soft_wrap=True))
         click.echo(f"plan for {opts.out} (dry run, nothing written):")
-        for i, line in enumerate(plan(opts, pre), 1):
-            click.echo(f"  {i}. {line}")
+        for line in lines:
+            click.echo(f"  {line}")
         return
-    report = run_build(opts, log=lambda line: console.print(line, highlight=False))
+    try:
+        report = run_build(opts, log=lambda line: console.print(line, highlight=False))
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, exit 130 (128 + SIGINT, as a shell reports it)
+        click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
+                   f"build interrupted (Ctrl-C); nothing was written to {opts.out}", err=True)
+        sys.exit(130)
     console.print(summary_table(report))
     click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {report.out} --chat '...'; "
                f"serve it with: {report.out}/trtllm/launch.sh")

@@ -55,7 +55,8 @@ def test_emitted_scripts_parse_and_use_known_fields(tiny_bundle_fp8_tp3):
     tree = ast.parse((b / "trtllm/llm_api_example.py").read_text())
     calls = {n.func.id: {k.arg for k in n.keywords} for n in ast.walk(tree)
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    assert calls["DFlashDecodingConfig"] == {"max_draft_len", "speculative_model", "mask_token_id", "target_layer_ids"}
+    assert calls["DFlashDecodingConfig"] == {"max_draft_len", "speculative_model", "mask_token_id", "target_layer_ids",
+                                           "attention_backend"}  # every speculative_config field of serve.yaml
     assert calls["DFlashDecodingConfig"] <= set(DFLASH_FIELDS) and calls["KvCacheConfig"] <= set(KV_CACHE_FIELDS)
     assert calls["LLM"] <= set(LLM_ARGS_FIELDS)
 
@@ -198,7 +199,7 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
     report = build_bundle(*tiny_pair, out, quant=quant, tp_size=tp, drafter_quant=drafter_quant, kv_cache_dtype=kv)
     assert quant_algo(out / "trtllm/target") == {"none": None, "fp8": "FP8", "nvfp4": "NVFP4"}[quant]
     assert quant_algo(out / "trtllm/drafter") == ("FP8" if drafter_quant == "fp8" else None)
-    assert report.sizes["total"] > 0 and len(report.steps) == 6
+    assert report.sizes["total"] > 0 and len(report.steps) == 8  # step_titles: the same 8 for every option
     if kv == "fp8":
         assert json.loads((out / "trtllm/target/hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
         assert json.loads((out / "trtllm_checkpoint/config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"
@@ -220,7 +221,7 @@ def test_qwen3_bundle_has_the_per_rank_checkpoint(tmp_path, tiny_qwen3_pair):
     assert m["trtllm_checkpoint"] == "trtllm_checkpoint" and {"trtllm_checkpoint/rank0.safetensors",
                                                               "trtllm_checkpoint/rank1.safetensors"} <= set(m["files"])
     assert m["models"]["target"]["trtllm_checkpoint_architecture"] == "Qwen3ForCausalLM"
-    assert m["quantization"]["trtllm_checkpoint"]["quant_algo"] == "FP8" and "Qwen3ForCausalLM" in report.steps[1].detail
+    assert m["quantization"]["trtllm_checkpoint"]["quant_algo"] == "FP8" and "Qwen3ForCausalLM" in report.steps[2].detail
     config, ranks = read_trtllm_ranks(out / "trtllm_checkpoint")
     assert config["qwen_type"] == "qwen3" and config["mapping"]["tp_size"] == 2 and config["rotary_base"] == 1e6
     merged = merge_state_dicts(ranks, ShardSpec.from_trtllm_config(config, 2))

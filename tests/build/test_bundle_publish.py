@@ -82,7 +82,7 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
     assert {"trtllm/drafter/model.safetensors", "runtime/drafter/model.safetensors"} <= set(m["files"])
     assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["speculative_config"]["speculative_model"] == "./drafter"
     assert report.sizes["trtllm/drafter"] > 0 and report.sizes["runtime/drafter"] > 0
-    assert "full vocabulary, no d2t" in report.steps[3].detail
+    assert "full vocabulary, no d2t" in report.steps[4].detail  # steps[0] is the check
 
     assert [f.message for f in check_checkpoints(out / "trtllm/target", trt) if f.level == ERROR] == []
     code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(out / "trtllm/target"), "--drafter", str(trt))

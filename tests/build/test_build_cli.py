@@ -1,0 +1,279 @@
+"""`dflash-trt build` as a command: calibration count, --out checks in the dry run, Ctrl-C, the step
+numbering of the progress lines and of the plan, and llm_api_example.py against serve.yaml.
+
+One tiny build (module fixture `calib_bundle`) serves the calibration, numbering and example tests;
+the Ctrl-C tests stop tiny builds part way."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+
+import pytest
+import yaml
+from build_helpers import build_bundle
+
+from dflash_trt.build.pipeline import BuildOptions, numbered, step_titles
+from tests.conftest import run_main
+
+N_STEPS = 8
+
+
+def write_prompts(path, n):
+    path.write_text("".join(json.dumps({"prompt": f"def add_{i}(a, b):\n    return a + b + {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def build_args(pair, out, *extra):
+    return ("build", "--target", str(pair[0]), "--drafter", str(pair[1]), "--out", str(out), *extra)
+
+
+def error_line(err):
+    """The `error: ...` part of stderr, whitespace-normalized (progress lines and warnings come before it)."""
+    return " ".join(err[err.index("error: "):].split())
+
+
+def leftovers(parent, name):
+    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+
+
+@pytest.fixture(scope="module")
+def calib_bundle(tmp_path_factory, tiny_pair):
+    """fp8 + FP8 KV cache, tp 3, batch 5, --calib-size 512 on a file of 3 prompts; (bundle, options, log lines)."""
+    root = tmp_path_factory.mktemp("calib")
+    prompts = write_prompts(root / "prompts.jsonl", 3)
+    opts = dict(quant="fp8", kv_cache_dtype="fp8", tp_size=3, max_batch_size=5, calib_prompts=prompts, calib_size=512)
+    lines = []
+    from dflash_trt.build.pipeline import run_build
+
+    run_build(BuildOptions(target=tiny_pair[0], drafter=tiny_pair[1], out=root / "b", **opts), log=lines.append)
+    return root / "b", BuildOptions(target=tiny_pair[0], drafter=tiny_pair[1], out=root / "b", **opts), lines
+
+
+# --- 1. --calib-size larger than the file -------------------------------------------------------------
+
+def test_calib_size_above_the_file_warns_once_and_the_manifest_records_the_real_count(calib_bundle):
+    out, opts, lines = calib_bundle
+    want = f"warning: --calib-size 512 but {opts.calib_prompts} has 3 prompts: calibrating on all 3"
+    assert [line for line in lines if line.startswith("warning: --calib-size")] == [want]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"]["calibration"] == {"source": str(opts.calib_prompts), "num_prompts": 3,
+                                                       "requested": 512}
+    assert f"ModelOpt max calibration on 3 prompts ({opts.calib_prompts})" in (out / "README.md").read_text()
+
+
+def test_calib_size_above_the_file_dry_run(tmp_path, tiny_pair, monkeypatch, capsys):
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 40)
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8",
+                                                                  "--calib-prompts", str(prompts), "--calib-size",
+                                                                  "512", "--dry-run"))
+    assert code == 0, err
+    want = f"warning: --calib-size 512 but {prompts} has 40 prompts: calibrating on all 40"
+    assert [line for line in err.splitlines() if "--calib-size" in line] == [want]
+    assert f"40 prompts from {prompts}" in stdout
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8",
+                                                                  "--calib-prompts", str(prompts), "--calib-size",
+                                                                  "40", "--dry-run"))
+    assert code == 0 and "--calib-size" not in err and f"40 prompts from {prompts}" in stdout, err
+    assert not (tmp_path / "b").exists()
+
+
+# --- 2. the dry run checks --out as the build does -------------------------------------------------------
+
+def test_dry_run_checks_out_as_the_build_does(tmp_path, tiny_pair, monkeypatch, capsys):
+    """An --out under a file, an --out that exists (no --force), an --out in a folder this user may not
+    write to: the dry run fails with the build's error line, exit 1, and neither writes anything."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(locked) else real_access(p, mode, **kw))
+    cases = [(afile / "b", f"error: --out {afile / 'b'}: {afile} is a file, not a folder"),
+             (afile / "x" / "b", f"error: --out {afile / 'x' / 'b'}: {afile} is a file, not a folder"),
+             (afile, f"error: {afile} already exists; remove it, pick another --out, or pass --force"),
+             (locked / "b", f"error: --out {locked / 'b'}: cannot write in {locked} (permission denied)"),
+             (locked / "new" / "b", f"error: --out {locked / 'new' / 'b'}: cannot write in {locked} (permission denied)")]
+    for out, want in cases:
+        got = []
+        for extra in (("--dry-run",), ()):
+            code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, *extra))
+            assert code == 1 and "plan for" not in stdout, (out, extra, err)
+            got.append(error_line(err))
+        assert got[0] == got[1] and got[0].startswith(want), (out, got)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"] and not any(locked.iterdir())
+    assert afile.read_text() == "x"
+
+
+def test_dry_run_says_it_creates_a_missing_parent(tmp_path, tiny_pair, monkeypatch, capsys):
+    """The build creates missing parent folders of --out; the dry run accepts them too, says so, creates nothing."""
+    out = tmp_path / "engines" / "nested" / "b"
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--dry-run"))
+    assert code == 0, err
+    assert f"move the bundle to {out} (creating the folder {out.parent})" in stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 3. Ctrl-C ----------------------------------------------------------------------------------------
+
+def interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_exits_130_with_one_line_and_writes_nothing(tmp_path, tiny_pair, monkeypatch, capsys):
+    from dflash_trt.build import trtllm
+
+    monkeypatch.setattr(trtllm, "export_target_hf", interrupt)  # step 4
+    out = tmp_path / "engines" / "x"
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 130, err
+    assert err.splitlines()[-1] == (f"build interrupted (Ctrl-C) in step 4/8 'export unified HF target checkpoint'; "
+                                    f"nothing was written to {out}")
+    assert "Traceback" not in err and "bundle written" not in stdout
+    assert not out.exists() and leftovers(out.parent, "x") == []
+
+    victim = tmp_path / "notes.txt"  # --force over a file: it stays as it was
+    victim.write_text("keep me")
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, victim, "--force"))
+    assert code == 130 and err.splitlines()[-1] == (
+        f"build interrupted (Ctrl-C) in step 4/8 'export unified HF target checkpoint'; nothing was written to "
+        f"{victim} (what was there, a file, not a dflash-trt bundle, is unchanged)"), err
+    assert victim.read_text() == "keep me" and leftovers(tmp_path, "notes.txt") == []
+
+
+def test_ctrl_c_in_the_checks_and_after_the_move(tmp_path, tiny_pair, monkeypatch, capsys):
+    import dflash_trt.build.pipeline as pipeline
+    import dflash_trt.models.loading as loading
+
+    out = tmp_path / "y"
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "check_out", interrupt)
+        code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 130 and err.splitlines()[-1] == (f"build interrupted (Ctrl-C) in step 1/8 'check'; nothing was "
+                                                    f"written to {out}"), err
+    assert list(tmp_path.iterdir()) == []
+
+    publish = loading.publish_folder
+
+    def publish_then_interrupt(tmp, dst):
+        publish(tmp, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "publish_folder", publish_then_interrupt)
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 130 and err.splitlines()[-1] == (
+        f"build interrupted (Ctrl-C) in step 8/8 'write manifest.json and move the bundle to --out', after the "
+        f"complete bundle was moved to {out}"), err
+    assert (out / "manifest.json").is_file() and leftovers(tmp_path, "y") == []
+
+
+def test_ctrl_c_through_run_build_is_a_keyboard_interrupt(tmp_path, tiny_pair, monkeypatch):
+    """Library callers get a KeyboardInterrupt (BuildInterrupted) with the same message, not a BuildError."""
+    from dflash_trt.build import trtllm
+    from dflash_trt.build.pipeline import BuildInterrupted
+
+    monkeypatch.setattr(trtllm, "copy_drafter", interrupt)  # step 5
+    with pytest.raises(KeyboardInterrupt) as exc:
+        build_bundle(*tiny_pair, tmp_path / "z")
+    assert isinstance(exc.value, BuildInterrupted) and str(exc.value).startswith(
+        "build interrupted (Ctrl-C) in step 5/8 'drafter (none)'; nothing was written to")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 4. step numbering --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quant,tp,kv,drafter_quant", [
+    ("none", 1, "auto", "none"), ("none", 3, "fp8", "none"), ("none", 1, "auto", "fp8"), ("fp8", 1, "auto", "none"),
+    ("fp8", 3, "fp8", "fp8"), ("nvfp4", 1, "auto", "none"), ("nvfp4", 3, "fp8", "none")])
+def test_dry_run_numbers_every_step_as_the_build_does(tmp_path, tiny_pair, monkeypatch, capsys, quant, tp, kv,
+                                                      drafter_quant):
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(
+        tiny_pair, tmp_path / "b", "--quant", quant, "--tp-size", str(tp), "--kv-cache-dtype", kv, "--drafter-quant",
+        drafter_quant, "--dry-run"))
+    assert code == 0, err
+    plan = [line.strip() for line in stdout.splitlines()[1:]]
+    assert [line.split(" ", 1)[0] for line in plan] == [f"[{i}/{N_STEPS}]" for i in range(1, N_STEPS + 1)]
+    opts = BuildOptions(target=tiny_pair[0], drafter=tiny_pair[1], out=tmp_path / "b", quant=quant, tp_size=tp,
+                        kv_cache_dtype=kv, drafter_quant=drafter_quant)
+    assert len(step_titles(opts)) == N_STEPS
+    assert plan[1].startswith(f"[2/{N_STEPS}] calibrate + quantize target" if opts.calibrates
+                              else f"[2/{N_STEPS}] load target on cpu")
+    assert plan[-1].startswith(f"[{N_STEPS}/{N_STEPS}] write manifest.json")
+
+
+def test_build_progress_lines_are_numbered_as_the_plan(calib_bundle):
+    _, opts, lines = calib_bundle
+    starts = [line.removesuffix(" ...") for line in lines if line.endswith(" ...")]
+    assert starts == numbered(step_titles(opts))
+    assert [line.split(":", 1)[0] for line in lines if ": done in " in line] == numbered(step_titles(opts))
+
+
+# --- 5. llm_api_example.py passes serve.yaml's settings ------------------------------------------------
+
+def example_settings(source: str) -> dict:
+    """serve.yaml's dict as llm_api_example.py passes it: LLM(...)'s keywords, with kv_cache_config and
+    speculative_config the keywords of KvCacheConfig(...) and DFlashDecodingConfig(...) (decoding_type DFlash);
+    `str(here / P)` is the path P relative to the script's folder, as serve.yaml writes it."""
+    calls = {n.func.id: n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("LLM", "KvCacheConfig", "DFlashDecodingConfig")}
+    assigned = {n.targets[0].id: n.value.func.id for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)}
+
+    def value(node):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "str":  # str(here / 'P')
+            assert isinstance(node.args[0], ast.BinOp) and ast.unparse(node.args[0].left) == "here"
+            return ast.literal_eval(node.args[0].right)
+        if isinstance(node, ast.Name):  # kv_cache / spec: the call assigned to that name
+            return kwargs(calls[assigned[node.id]])
+        return ast.literal_eval(node)
+
+    def kwargs(call):
+        return {k.arg: value(k.value) for k in call.keywords}
+
+    settings = kwargs(calls["LLM"])
+    settings["speculative_config"] = {"decoding_type": "DFlash", **settings["speculative_config"]}
+    assert ast.unparse(calls["LLM"].args[0]) == "str(here / 'target')"
+    return settings
+
+
+def test_llm_api_example_passes_every_serve_yaml_setting(calib_bundle):
+    from dflash_trt.build.schema import DFLASH_FIELDS, KV_CACHE_FIELDS, LLM_ARGS_FIELDS
+
+    out, _, _ = calib_bundle
+    serve = yaml.safe_load((out / "trtllm/serve.yaml").read_text())
+    example = example_settings((out / "trtllm/llm_api_example.py").read_text())
+    assert example == serve
+    assert serve["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.85, "enable_block_reuse": False}
+    assert serve["speculative_config"]["attention_backend"] == "VANILLA" and serve["max_batch_size"] == 5
+    assert set(example) <= set(LLM_ARGS_FIELDS) and set(example["kv_cache_config"]) <= set(KV_CACHE_FIELDS)
+    assert set(example["speculative_config"]) <= set(DFLASH_FIELDS)
+
+
+@pytest.mark.parametrize("tp,kv,seq", [(1, "auto", None), (8, "fp8", 131072)])
+def test_llm_api_example_follows_the_serve_config(tp, kv, seq):
+    """The example is made from the serve config itself: a field added to it shows up in both."""
+    from dflash_trt.build.trtllm import llm_api_example, serve_config
+
+    cfg = serve_config(tp, 16, 151669, [1, 9, 17], kv, max_batch_size=64, max_seq_len=seq)
+    assert example_settings(llm_api_example(cfg)) == cfg
+    cfg["kv_cache_config"]["tokens_per_block"] = 32
+    cfg["enable_chunked_prefill"] = True
+    got = example_settings(llm_api_example(cfg))
+    assert got["kv_cache_config"]["tokens_per_block"] == 32 and got["enable_chunked_prefill"] is True
+
+
+def test_interrupted_build_leaves_an_existing_bundle(tmp_path, tiny_pair, calib_bundle, monkeypatch, capsys):
+    """--force over a bundle, Ctrl-C in the middle: the old bundle is still there, complete."""
+    from dflash_trt.build import trtllm
+    from dflash_trt.build.manifest import load_manifest
+
+    out = tmp_path / "old"
+    shutil.copytree(calib_bundle[0], out)
+    monkeypatch.setattr(trtllm, "write_serving_files", interrupt)  # step 6
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--force"))
+    assert code == 130 and err.splitlines()[-1].endswith(
+        f"nothing was written to {out} (what was there, a dflash-trt bundle, is unchanged)"), err
+    assert load_manifest(out)["quantization"]["target"] == "fp8" and leftovers(tmp_path, "old") == []
