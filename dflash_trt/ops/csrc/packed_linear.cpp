@@ -244,26 +244,22 @@ void fused_panel_rows(const float* x, int64_t ldx, const char* data, const uint1
 // Streams per pass (measured on the dev machine, 210 SmolLM2 matrices, 1 thread): 1 row reads 8
 // segments at once (one stream alone reads ~10 GB/s, MKL's GEMV ~12), 2-4 rows 4 at once (34-35 ms vs
 // 37-38 with one stream and prefetching), 5-12 rows one segment at a time with software prefetch.
-void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float* y, int64_t ldy, const float* bias,
-                    int n0, int valid) {
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-    const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, M - m0));
-    const float* xm = x + m0 * K;
-    float* ym = y + m0 * ldy;
-    switch (mr) {
-      case 1: panel_rows<1, 8, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 2: panel_rows<2, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 3: panel_rows<3, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 4: panel_rows<4, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 5: panel_rows<5, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 6: panel_rows<6, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 7: panel_rows<7, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 8: panel_rows<8, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 9: panel_rows<9, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 10: panel_rows<10, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 11: panel_rows<11, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      default: panel_rows<12, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-    }
+// A chunk of mr <= kMaxRows rows of x (K apart) x one float32 panel into y (ldy apart).
+void panel_chunk(int mr, const float* xm, int K, const float* panel, float* ym, int64_t ldy, const float* bias,
+                 int n0, int valid) {
+  switch (mr) {
+    case 1: panel_rows<1, 8, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 2: panel_rows<2, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 3: panel_rows<3, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 4: panel_rows<4, 4, false>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 5: panel_rows<5, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 6: panel_rows<6, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 7: panel_rows<7, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 8: panel_rows<8, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 9: panel_rows<9, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 10: panel_rows<10, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 11: panel_rows<11, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    default: panel_rows<12, 1, true>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
   }
 }
 
@@ -394,17 +390,13 @@ void panel_rows(const float* x, int64_t ldx, const float* panel, int K, float* y
   }
 }
 
-void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float* y, int64_t ldy, const float* bias,
-                    int n0, int valid) {
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-    const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, M - m0));
-    const float* xm = x + m0 * K;
-    float* ym = y + m0 * ldy;
-    switch (mr) {
-      case 1: panel_rows<1, 2>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      case 2: panel_rows<2, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-      default: panel_rows<3, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
-    }
+// A chunk of mr <= kMaxRows rows of x (K apart) x one float32 panel into y (ldy apart).
+void panel_chunk(int mr, const float* xm, int K, const float* panel, float* ym, int64_t ldy, const float* bias,
+                 int n0, int valid) {
+  switch (mr) {
+    case 1: panel_rows<1, 2>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    case 2: panel_rows<2, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
+    default: panel_rows<3, 1>(xm, K, panel, K, ym, ldy, bias, n0, valid); break;
   }
 }
 
@@ -478,6 +470,14 @@ void fused_panel_rows(const float* x, int64_t ldx, const char* data, const uint1
 }
 
 #endif  // ISA sections
+
+// M rows x one float32 panel: chunks of kMaxRows rows (the ISA section's panel_chunk).
+void panel_any_rows(const float* x, int64_t M, int K, const float* panel, float* y, int64_t ldy, const float* bias,
+                    int n0, int valid) {
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
+    panel_chunk(static_cast<int>(std::min<int64_t>(kMaxRows, M - m0)), x + m0 * K, K, panel, y + m0 * ldy, ldy, bias,
+                n0, valid);
+}
 
 template <Format F>
 void fused_any_rows(int64_t M, const float* x, int K, const char* data, const uint16_t* sc, float* y, int64_t ldy,
