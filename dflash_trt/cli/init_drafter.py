@@ -37,7 +37,8 @@ def mask_token_warning(tokenizer, mask_id: int, default_id: int) -> str | None:
 
 
 @click.command("init-drafter")
-@click.option("--target", "target", required=True, type=click.Path(), help="HF target checkpoint folder.")
+@click.option("--target", "target", default=None, type=click.Path(),
+              help="HF target checkpoint folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--out", required=True, type=click.Path(), help="Output folder (z-lab / ModelOpt drafter format).")
 @click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64))
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
@@ -48,7 +49,8 @@ def mask_token_warning(tokenizer, mask_id: int, default_id: int) -> str | None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--force", is_flag=True, help="Replace an existing --out (once the new drafter is written).")
 def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed, force):
-    """Write an UNTRAINED DFlash drafter for TARGET (its config says so).
+    """Write an UNTRAINED DFlash drafter for --target (its config says so; default target: the embedded
+    SmolLM2-135M-Instruct, converted on first use).
 
     The folder is written beside --out under a temporary name and moved into place with ordinary
     modes (0755 folder, 0644 files under umask 022), so a server running as another user can read it.
@@ -64,14 +66,15 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import CheckpointError, ConfigError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
-    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, is_default_target
+    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
     from dflash_trt.models.loading import publish_folder
 
     if Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
-    tcfg = TargetConfig.from_pretrained(model_folder("--target", target), flag="--target")
+    target = model_folder("--target", target) or str(default_target_path())  # as every other command
+    tcfg = TargetConfig.from_pretrained(target, flag="--target")
     ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
     if mask_token_id is None:
         default_target = is_default_target(target)

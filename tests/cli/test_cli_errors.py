@@ -246,6 +246,11 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
     cfg = json.loads((tmp_path / "smol" / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == DEFAULT_MASK_TOKEN_ID
+    # without --target: the embedded default, as in every other command (the same drafter config)
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--out", str(tmp_path / "smol2"))
+    assert code == 0, err
+    assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
+    assert json.loads((tmp_path / "smol2" / "config.json").read_text()) == cfg
 
 
 @pytest.fixture(scope="module")
