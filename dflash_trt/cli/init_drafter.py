@@ -7,35 +7,6 @@ from pathlib import Path
 import click
 
 
-def mask_token_warning(tokenizer, mask_id: int, default_id: int) -> str | None:
-    """The warning for a mask id that is an ordinary token of the target's `tokenizer` (one that can
-    appear in text, so a drafted block would hold it as both mask and word), else None.
-
-    Special tokens (`all_special_ids`, added special tokens) and ids past the tokenizer (unused
-    embedding rows) never come from text and pass. The suggestion is `default_id` (init-drafter's
-    default) when it passes, else the highest special id other than BOS / EOS / PAD / UNK, else none.
-    """
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
-
-    def safe(i: int) -> bool:
-        return i in special or i >= len(tokenizer)
-
-    if safe(mask_id):
-        return None
-
-    def name(i: int) -> str:
-        return repr(tokenizer.convert_ids_to_tokens(i)) if i < len(tokenizer) else "an unused embedding row"
-
-    used = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
-    spare = sorted(i for i in special if i not in used)
-    pick = default_id if safe(default_id) else spare[-1] if spare else None
-    fix = (f"pass --mask-token-id {pick} ({name(pick)}) or another special token" if pick is not None else
-           "add a special token to the target's tokenizer and pass its id as --mask-token-id")
-    return (f"warning: mask token id {mask_id} ({name(mask_id)}) is an ordinary token of the target's tokenizer; the "
-            f"mask should be a token that never appears in text: {fix}")
-
-
 @click.command("init-drafter")
 @click.option("--target", "target", default=None, type=click.Path(),
               help="HF target checkpoint folder (default: the embedded SmolLM2-135M-Instruct).")
@@ -43,7 +14,7 @@ def mask_token_warning(tokenizer, mask_id: int, default_id: int) -> str | None:
 @click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64))
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
 @click.option("--mask-token-id", type=int, default=None,
-              help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row).")
+              help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row, or the tokenizer's highest spare special token when that row is text).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers; fewer on a "
               "target of under 8 layers).")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -54,8 +25,9 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
 
     The folder is written beside --out under a temporary name and moved into place with ordinary
     modes (0755 folder, 0644 files under umask 022), so a server running as another user can read it.
-    A mask id that is an ordinary token of the target's tokenizer (one that can appear in text) gets a
-    warning naming a special token to use instead.
+    The default mask id is the last vocab row, or the tokenizer's spare special token when that row is
+    text (`dflash_trt.models.mask_token`); a mask id that occurs in text (an ordinary token, BOS / EOS /
+    PAD / UNK, a chat-template marker) gets a warning naming a token to use instead.
     """
     import shutil
     import tempfile
@@ -68,6 +40,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
     from dflash_trt.models.loading import publish_folder
+    from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
 
     if Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
@@ -76,20 +49,21 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     target = model_folder("--target", target) or str(default_target_path())  # as every other command
     tcfg = TargetConfig.from_pretrained(target, flag="--target")
     ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
-    if mask_token_id is None:
-        default_target = is_default_target(target)
-        mask_token_id = DEFAULT_MASK_TOKEN_ID if default_target else tcfg.vocab_size - 1
-        why = "the embedded default target's <empty_output> token" if default_target else "the last vocab row"
-        click.echo(f"mask token id {mask_token_id}: {why} (the default; pass --mask-token-id to choose another "
-                   "reserved token of the target's tokenizer)", err=True)
-    cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
-    check_compatible(tcfg, cfg)
     try:
         tokenizer = load_tokenizer(Path(target))
     except CheckpointError:  # no tokenizer files: the drafter does not need them, so nothing to check
         tokenizer = None
+    if is_default_target(target):
+        default_id, why = DEFAULT_MASK_TOKEN_ID, "the embedded default target's <empty_output> token"
+    else:
+        default_id, why = default_mask_token(tokenizer, tcfg.vocab_size)
+    if mask_token_id is None:
+        mask_token_id = default_id
+        click.echo(f"mask token id {mask_token_id}: {why} (the default; pass --mask-token-id to choose another "
+                   "reserved token of the target's tokenizer)", err=True)
+    cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
+    check_compatible(tcfg, cfg)
     if tokenizer is not None:
-        default_id = DEFAULT_MASK_TOKEN_ID if is_default_target(target) else tcfg.vocab_size - 1
         warning = mask_token_warning(tokenizer, cfg.mask_token_id, default_id)
         if warning:
             click.echo(warning, err=True)

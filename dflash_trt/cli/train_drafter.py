@@ -238,7 +238,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--time-limit-min", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
               help="Stop (checkpointed) after this many minutes; rerun with --resume.")
-@click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last row).")
+@click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last vocab row, or the "
+              "tokenizer's highest spare special token when that row is text).")
 @click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"], case_sensitive=False))
 @click.option("--max-steps", default=None, type=click.IntRange(1),
               help="Stop after this optimizer step (the LR schedule stays that of --epochs) and export.")
@@ -319,6 +320,17 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         click.echo(f"warning: --max-samples {max_samples} is more than the {plural(n, 'prompt')}; using "
                    + ("it" if n == 1 else f"all {n}"), err=True)
     mask = mask_token_id if mask_token_id is not None else (DEFAULT_MASK_TOKEN_ID if default_target else None)
+    if mask is None and init_dir is None:  # as init-drafter: the last row, or a spare special token when it is text
+        from dflash_trt.api import load_tokenizer
+        from dflash_trt.errors import CheckpointError
+        from dflash_trt.models.mask_token import default_mask_token
+
+        try:
+            mask_tokenizer = load_tokenizer(target_path)
+        except CheckpointError:  # no tokenizer files: generation fails later with its own message
+            mask_tokenizer = None
+        mask, why = default_mask_token(mask_tokenizer, tcfg.vocab_size)
+        click.echo(f"mask token id {mask}: {why} (the default; pass --mask-token-id to choose another)", err=True)
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:
         dcfg = dcfg.replace(draft_vocab_size=draft_vocab_size)

@@ -227,7 +227,8 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
                             "--target-layer-ids", "1,2")
     assert code == 0, err
-    assert "mask token id 49151: the last vocab row (the default; pass --mask-token-id" in err
+    # the tiny target carries SmolLM2's tokenizer: its last row 49151 is text, so the spare special token
+    assert "mask token id 16: the tokenizer's spare special token '<empty_output>' (the last vocab row is text)" in err
     code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
                             "--target-layer-ids", "1,2", "--block-size", "8")
     assert one_error_line(code, err), err
@@ -251,6 +252,21 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     assert code == 0, err
     assert f"mask token id {DEFAULT_MASK_TOKEN_ID}: the embedded default target's <empty_output> token" in err
     assert json.loads((tmp_path / "smol2" / "config.json").read_text()) == cfg
+    # a copy elsewhere (config and tokenizer suffice): its last row 49151 is text, so the default is the
+    # tokenizer's spare special token, <empty_output> too, with no warning
+    copy = tmp_path / "smol-copy"
+    copy.mkdir()
+    for f in smollm2_path.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, copy / f.name)
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(copy), "--out", str(tmp_path / "smol3"))
+    assert code == 0, err
+    assert err == (f"mask token id {DEFAULT_MASK_TOKEN_ID}: the tokenizer's spare special token '<empty_output>' (the last "
+                   "vocab row is text) (the default; pass --mask-token-id to choose another reserved token of the "
+                   "target's tokenizer)\n")
+    code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(copy), "--out", str(tmp_path / "smol4"),
+                            "--mask-token-id", "2")
+    assert code == 0 and "warning: mask token id 2 ('<|im_end|>') is a special token that occurs in the target's text" in err
 
 
 @pytest.fixture(scope="module")

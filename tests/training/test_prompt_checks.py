@@ -129,28 +129,38 @@ def test_build_data_warns_about_cut_prompts_and_keeps_its_cache_settings(tmp_pat
 
 
 def test_mask_token_warning_rules():
-    """Special tokens and ids past the tokenizer pass; an ordinary token gets a warning naming its id
-    and string and a special token to use (the default's when it passes, else a spare special id)."""
+    """Ids past the tokenizer and special tokens that text never holds pass; an ordinary token, BOS / EOS /
+    PAD / UNK and chat-template markers get a warning naming the id, its string and a token to use (the
+    default's when it passes, else a spare special id). The default is the last row unless that is text."""
     from tokenizers import AddedToken
 
-    from dflash_trt.cli.init_drafter import mask_token_warning
+    from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
 
-    tok = word_tokenizer()  # special: w0 (unk), w2 (eos); 64 tokens
-    assert mask_token_warning(tok, 2, 63) is None and mask_token_warning(tok, 0, 63) is None
+    tok = word_tokenizer()  # special: w0 (unk), w2 (eos); 64 tokens; no spare special token
     assert mask_token_warning(tok, 64, 63) is None  # an unused embedding row never comes from text
+    for streamed in (0, 2):  # UNK, EOS
+        assert f"('w{streamed}') is a special token that occurs in the target's text" in mask_token_warning(tok, streamed, 63)
     assert mask_token_warning(tok, MASK, 63) == (
         "warning: mask token id 3 ('w3') is an ordinary token of the target's tokenizer; the mask should be a token "
         "that never appears in text: add a special token to the target's tokenizer and pass its id as --mask-token-id")
     assert mask_token_warning(tok, MASK, 70).endswith(": pass --mask-token-id 70 (an unused embedding row) or another "
-                                                      "special token")
-    tok.add_special_tokens({"additional_special_tokens": [AddedToken("<mask>", special=True)]})  # id 64
+                                                      "special token that text never holds")
+    assert default_mask_token(tok, 64) == (63, "the last vocab row")  # nothing better: the warning then says so
+    assert default_mask_token(tok, 80) == (79, "the last vocab row")  # a padded vocabulary: an unused row
+    assert default_mask_token(None, 64) == (63, "the last vocab row")
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken("<mask>", special=True),
+                                                          AddedToken("<turn>", special=True)]})  # ids 64, 65
+    tok.chat_template = "{% for m in messages %}<turn>{{ m['content'] }}{% endfor %}"
     assert mask_token_warning(tok, 64, 63) is None
-    assert mask_token_warning(tok, MASK, 63).endswith(": pass --mask-token-id 64 ('<mask>') or another special token")
+    assert "('<turn>') is a special token that occurs" in mask_token_warning(tok, 65, 63)  # a chat-template marker
+    assert mask_token_warning(tok, MASK, 63).endswith(": pass --mask-token-id 64 ('<mask>') or another special token "
+                                                      "that text never holds")
+    assert default_mask_token(tok, 66) == (64, "the tokenizer's spare special token '<mask>' (the last vocab row is text)")
 
 
 def test_init_drafter_warns_about_an_ordinary_mask_token(tmp_path, target_with_tokenizer, tiny_target_dir):
-    """The CLI loads the target's tokenizer and warns (stderr) for --mask-token-id 3 ('w3'), not for the
-    special 'w0'; the drafter is written either way. A target without tokenizer files is not checked."""
+    """The CLI loads the target's tokenizer and warns (stderr) for --mask-token-id 3 ('w3') and for UNK
+    'w0'; the drafter is written either way. A target without tokenizer files is not checked."""
     from dflash_trt.cli import cli
 
     def init(folder, mask, out):
@@ -160,7 +170,8 @@ def test_init_drafter_warns_about_an_ordinary_mask_token(tmp_path, target_with_t
     res = init(target_with_tokenizer, MASK, "a")
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert re.search(r"warning: mask token id 3 \('w3'\) is an ordinary token", res.stderr), res.stderr
-    res = init(target_with_tokenizer, 0, "b")
-    assert res.exit_code == 0 and "mask token id" not in res.stderr, res.output + repr(res.exception)
+    res = init(target_with_tokenizer, 0, "b")  # UNK: special, but text holds it
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert "warning: mask token id 0 ('w0') is a special token that occurs in the target's text" in res.stderr
     res = init(tiny_target_dir, MASK, "c")
     assert res.exit_code == 0 and "mask token id" not in res.stderr, res.output + repr(res.exception)
