@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -60,9 +61,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
 
     from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype
     from dflash_trt.bench.modes import MODES
-    from dflash_trt.bench.report import markdown_table, plots
+    from dflash_trt.bench.report import write_outputs
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
-    from dflash_trt.files import write_json_atomic
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
                                        model_folder, note_max_concurrency, plural, set_threads, warn_block_size,
@@ -130,44 +130,48 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
             click.echo(f"warning: {ds} holds {plural(len(ids), 'prompt')}, fewer than --num-prompts {num_prompts}; "
                        f"its rows are over {'that one' if len(ids) == 1 else f'those {len(ids)}'}", err=True)
         prompts[ds] = ids
-    set_threads(threads)  # the same for every mode
-    pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
-                         max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
-                         draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
+    bar = None
+    try:
+        set_threads(threads)  # the same for every mode
+        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
+                             max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
+                             draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
                              tree_topk=tree_topk, prompt_lookup=prompt_lookup,
                              max_concurrency=max_concurrency)
-    warn_block_size(pipe)
-    warn_untrained_drafter(pipe)
-    if "dflash" in mode_list:
-        note_max_concurrency(pipe, batch_size, max(len(ids) for ids in prompts.values()))
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    # the prompts that actually run (a JSONL file may hold fewer than --num-prompts), each in every mode
-    bar = tqdm(total=sum(len(ids) for ids in prompts.values()) * len(mode_list), desc="bench", unit="run")
-    results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
-                            progress=bar.update, profile=profile, prompts=prompts)
-    bar.close()
-    proposer = pipe.engine.proposer
-    results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
-                         "block_size": proposer.block_size if proposer else None,
-                         "max_draft_len": proposer.max_draft_len if proposer else None,
-                         "draft_confidence": proposer.draft_confidence if proposer else None,
-                         "sampled_draft_confidence": proposer.sampled_draft_confidence if proposer else None,
-                         "tree_topk": proposer.tree_topk if proposer else None,
-                         "prompt_lookup": proposer.prompt_lookup if proposer else None,
-                         "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
-                         "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
-                         "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
-                         "batch_size": batch_size, "modes": mode_list, "profile": profile,
-                         "datasets": list(datasets), "seed": seed, "created": timestamp()}
-    results["machine"] = machine_info(torch.get_num_threads(), dtype)
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "results.json", results)
-    table = markdown_table(results)
-    (out_dir / "results.md").write_text(table)
-    plots(results, out_dir)
-    click.echo(table)
-    click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
+        warn_block_size(pipe)
+        warn_untrained_drafter(pipe)
+        if "dflash" in mode_list:
+            note_max_concurrency(pipe, batch_size, max(len(ids) for ids in prompts.values()))
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+        # the prompts that actually run (a JSONL file may hold fewer than --num-prompts), each in every mode
+        bar = tqdm(total=sum(len(ids) for ids in prompts.values()) * len(mode_list), desc="bench", unit="run")
+        results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
+                                progress=bar.update, profile=profile, prompts=prompts)
+        bar.close()
+        proposer = pipe.engine.proposer
+        results["config"] = {"target": str(pipe.target_path), "drafter": str(pipe.drafter_path),
+                             "block_size": proposer.block_size if proposer else None,
+                             "max_draft_len": proposer.max_draft_len if proposer else None,
+                             "draft_confidence": proposer.draft_confidence if proposer else None,
+                             "sampled_draft_confidence": proposer.sampled_draft_confidence if proposer else None,
+                             "tree_topk": proposer.tree_topk if proposer else None,
+                             "prompt_lookup": proposer.prompt_lookup if proposer else None,
+                             "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
+                             "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
+                             "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
+                             "batch_size": batch_size, "modes": mode_list, "profile": profile,
+                             "datasets": list(datasets), "seed": seed, "created": timestamp()}
+        results["machine"] = machine_info(torch.get_num_threads(), dtype)
+        out_dir = Path(out)
+        table = write_outputs(results, out_dir)
+        click.echo(table)
+        click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
+    except KeyboardInterrupt:  # Ctrl-C: one line, exit 130 (128 + SIGINT); results are written all at once at the end
+        if bar is not None:
+            bar.close()  # ends the progress line, so the message starts a line of its own
+        click.echo(f"bench interrupted (Ctrl-C); no results were written to {out} (an earlier run's files there are "
+                   "unchanged)", err=True)
+        sys.exit(130)
 
 
 def dedupe_datasets(datasets) -> tuple[str, ...]:

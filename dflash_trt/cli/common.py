@@ -93,8 +93,11 @@ def check_out_folder(option: str, path: str) -> None:
     permission bits say nothing.
 
     Raises:
-        InvalidRequestError: `path` is a file, or it cannot be created or written.
+        InvalidRequestError: `path` is empty or a file, or it cannot be created or written.
     """
+    if not str(path).strip():
+        raise InvalidRequestError(f"{option} is empty; give a folder path (it is created if missing; '.' for the "
+                                  "current folder)")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise InvalidRequestError(f"{option} {path}: this is a file, not a folder; give a folder path (it is created "

@@ -122,7 +122,8 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
     cases = [([str(good), "--out", str(afile)], f"--out {afile}: this is a file, not a folder"),
              ([str(good), "--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot write there (Not a directory)"),
              ([str(bad), "--out", str(tmp_path / "o")], f"{bad}:2: not valid JSON"),
-             ([str(empty), "--out", str(tmp_path / "o")], str(empty))]
+             ([str(empty), "--out", str(tmp_path / "o")], str(empty)),
+             ([str(good), "--out", ""], "--out is empty; give a folder path")]  # not the current folder, silently
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", *args])
         with pytest.raises(SystemExit) as exc:
@@ -135,6 +136,56 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
     with pytest.raises(AssertionError, match="models were loaded"):
         main()
     assert not (tmp_path / "n").exists()
+
+
+def test_ctrl_c_during_a_bench_writes_nothing_and_exits_130(tmp_path, monkeypatch, capsys):
+    """Interrupted while running: one line, exit 130, an earlier run's files in --out untouched."""
+    import dflash_trt.bench.runner
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": true}\n')
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dflash_trt.bench.runner, "run_benchmark", interrupted)
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", "humaneval", "--num-prompts", "1",
+                                      "--max-tokens", "2", "--modes", "ar", "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 130 and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"bench interrupted (Ctrl-C); no results were written to {out} (an earlier run's "
+                                    "files there are unchanged)")
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"] and json.loads((out / "results.json").read_text()) == {
+        "earlier": True}
+
+
+def test_outputs_are_written_as_one_set(tmp_path, monkeypatch):
+    """write_outputs: an interruption while the plots are drawn leaves an earlier run's files whole (no
+    mix of two runs, no temporary folder); a finished write replaces all five."""
+    from dflash_trt.bench import report
+
+    results = {"config": {}, "machine": {"threads": 1, "dtype": "float32"}, "datasets": {}}
+    out = tmp_path / "out"
+    report.write_outputs({**results, "run": 1}, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_NAMES)
+    before = {name: (out / name).read_bytes() for name in report.OUTPUT_NAMES}
+    real_plots = report.plots
+
+    def interrupted_plots(res, folder):
+        real_plots(res, folder)  # the new PNGs exist (in the temporary folder) when Ctrl-C lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "plots", interrupted_plots)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_outputs({**results, "run": 2}, out)
+    assert {name: (out / name).read_bytes() for name in report.OUTPUT_NAMES} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_NAMES)
+    monkeypatch.setattr(report, "plots", real_plots)
+    report.write_outputs({**results, "run": 3}, out)
+    assert json.loads((out / "results.json").read_text())["run"] == 3
 
 
 def test_results_header_says_thread_or_threads():
