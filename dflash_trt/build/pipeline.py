@@ -135,11 +135,19 @@ def check_out(opts: BuildOptions) -> Path | None:
     parent must be a folder this user may write to. Returns the parent folder the build would create
     (None when it exists).
     Raises:
-        ConfigError: `--out` exists without `--force`, a parent of it is a file, or it is not writable.
+        ConfigError: `--out` exists without `--force`; with `--force`, it is a file or a non-empty folder that
+            is not a dflash-trt bundle (nothing but a bundle or an empty folder is ever replaced); a parent of
+            it is a file, or it is not writable.
     """
     out = opts.out
     if (out.exists() or out.is_symlink()) and not opts.force:
-        raise ConfigError(f"{out} already exists; remove it, pick another --out, or pass --force to replace it")
+        raise ConfigError(f"{out} already exists; remove it, pick another --out, or pass --force to replace it (--force "
+                          "replaces a dflash-trt bundle or an empty folder only)")
+    existing = existing_out(out)
+    empty_folder = out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    if existing and existing != "a dflash-trt bundle" and not empty_folder:
+        raise ConfigError(f"--out {out} is {existing}; --force replaces only a dflash-trt bundle or an empty folder, "
+                          "so nothing else is lost: pick another --out, or move it away yourself")
     parent = out.resolve().parent
     nearest = parent
     while not nearest.exists():

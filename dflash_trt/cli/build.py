@@ -32,7 +32,8 @@ from dflash_trt.cli.common import lower_word
               help="max_batch_size in serve.yaml and the trtllm-build command.")
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where calibration and quantization run: cpu, cuda or cuda:N (the target loads there in float32).")
-@click.option("--force", is_flag=True, help="Replace an existing bundle at --out (only once the new one is complete).")
+@click.option("--force", is_flag=True, help="Replace an existing bundle (or an empty folder) at --out, only once the new one is "
+              "complete; anything else there is refused.")
 @click.option("--dry-run", is_flag=True, help="Run the checks (--calib-prompts included) and print the plan; write nothing.")
 def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, calib_prompts, calib_size,
           max_batch_size, device, force, dry_run):

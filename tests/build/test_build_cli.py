@@ -135,13 +135,13 @@ def test_ctrl_c_exits_130_with_one_line_and_writes_nothing(tmp_path, tiny_pair, 
     assert "Traceback" not in err and "bundle written" not in stdout
     assert not out.exists() and leftovers(out.parent, "x") == []
 
-    victim = tmp_path / "notes.txt"  # --force over a file: it stays as it was
-    victim.write_text("keep me")
-    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, victim, "--force"))
+    empty = tmp_path / "empty"  # --force over an empty folder: it stays as it was
+    empty.mkdir()
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, empty, "--force"))
     assert code == 130 and err.splitlines()[-1] == (
         f"build interrupted (Ctrl-C) in step 4/8 'export unified HF target checkpoint'; nothing was written to "
-        f"{victim} (what was there, a file, not a dflash-trt bundle, is unchanged)"), err
-    assert victim.read_text() == "keep me" and leftovers(tmp_path, "notes.txt") == []
+        f"{empty} (what was there, a folder that is not a dflash-trt bundle (no bundle manifest.json), is unchanged)"), err
+    assert empty.is_dir() and not any(empty.iterdir()) and leftovers(tmp_path, "empty") == []
 
 
 def test_ctrl_c_in_the_checks_and_after_the_move(tmp_path, tiny_pair, monkeypatch, capsys):

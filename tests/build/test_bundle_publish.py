@@ -134,35 +134,40 @@ def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, 
     assert_greedy_dflash_equals_ar(load_bundle(out), max_tokens=16)
 
 
-def test_force_over_a_file_leaves_nothing_beside_it(tmp_path, tiny_pair, umask022, monkeypatch, capsys):
-    """`build --out victim.jsonl --force` with victim.jsonl a FILE: the dry run says it replaces something
-    that is not a bundle; the build replaces it and leaves no `.victim.jsonl.old-PID` behind."""
+def test_force_replaces_only_a_bundle_or_an_empty_folder(tmp_path, tiny_pair, umask022, monkeypatch, capsys):
+    """`build --out X --force` with X a FILE or a non-empty folder that is not a bundle: refused (dry run
+    or not) with one line, X untouched, nothing left beside it. An empty folder is replaced, and a bundle
+    built there is then replaced by the next --force build."""
     target, drafter = tiny_pair
     victim = tmp_path / "victim.jsonl"
     victim.write_text('{"prompt": "def add(a, b):"}\n')
-    base = ("build", "--target", str(target), "--drafter", str(drafter), "--out", str(victim), "--force")
-    code, stdout, err = run_main(monkeypatch, capsys, *base, "--dry-run")
-    assert code == 0, err
-    assert f"REPLACE {victim} (--force), which is a file, not a dflash-trt bundle, with the new bundle" in stdout
-    assert victim.is_file()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("x")
+    base = ("build", "--target", str(target), "--drafter", str(drafter))
+    for out, what in ((victim, "a file, not a dflash-trt bundle"),
+                      (notes, "a folder that is not a dflash-trt bundle (no bundle manifest.json)")):
+        for dry in ((), ("--dry-run",)):
+            code, stdout, err = run_main(monkeypatch, capsys, *base, "--out", str(out), "--force", *dry)
+            assert code == 1 and "Traceback" not in err, err
+            assert f"--out {out} is {what}; --force replaces only a dflash-trt bundle or an empty folder" in " ".join(
+                err.split())  # rich wraps
+    assert victim.read_text() == '{"prompt": "def add(a, b):"}\n' and (notes / "a.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "victim.jsonl"]
 
-    code, _, err = run_main(monkeypatch, capsys, *base)
-    assert code == 0, err
-    assert f"warning: --force: {victim} is a file, not a dflash-trt bundle" in " ".join(err.split())  # rich wraps
-    assert load_manifest(victim)["tp_size"] == 1 and assert_shareable(victim, scripts=SCRIPTS)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim.jsonl"]
-
-    code, stdout, err = run_main(monkeypatch, capsys, *base, "--dry-run")  # now a bundle
-    assert code == 0 and f"replace the existing bundle at {victim} (--force) with the new one" in stdout
-
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    (folder / "a.txt").write_text("x")
-    code, stdout, err = run_main(monkeypatch, capsys, *base[:-3], "--out", str(folder), "--force", "--dry-run")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, stdout, err = run_main(monkeypatch, capsys, *base, "--out", str(empty), "--force", "--dry-run")
     assert code == 0 and "which is a folder that is not a dflash-trt bundle (no bundle manifest.json)" in stdout
-    shutil.rmtree(folder)
-    code, stdout, err = run_main(monkeypatch, capsys, *base[:-3], "--out", str(folder), "--dry-run")
-    assert code == 0 and f"move the bundle to {folder}" in stdout
+    code, _, err = run_main(monkeypatch, capsys, *base, "--out", str(empty), "--force")
+    assert code == 0, err
+    assert load_manifest(empty)["tp_size"] == 1 and assert_shareable(empty, scripts=SCRIPTS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "notes", "victim.jsonl"]
+    code, stdout, err = run_main(monkeypatch, capsys, *base, "--out", str(empty), "--force", "--dry-run")  # now a bundle
+    assert code == 0 and f"replace the existing bundle at {empty} (--force) with the new one" in stdout
+    shutil.rmtree(notes)
+    code, stdout, err = run_main(monkeypatch, capsys, *base, "--out", str(notes), "--dry-run")
+    assert code == 0 and f"move the bundle to {notes}" in stdout
 
 
 def test_out_overlapping_an_input_is_refused(tmp_path, tiny_pair, monkeypatch, capsys):
