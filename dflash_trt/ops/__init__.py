@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -105,6 +106,10 @@ def _load_cpu_library() -> str | None:
         import ninja  # noqa: F401  (torch's builder runs the ninja binary this package provides)
     except ImportError:
         return "building the CPU kernels needs the `ninja` package: pip install ninja"
+    compiler = os.environ.get("CXX", "c++")  # what torch's builder runs
+    if shutil.which(compiler) is None:
+        return (f"building the CPU kernels needs a C++ compiler, and `{compiler}` is not on PATH: install g++ "
+                "(e.g. apt install g++) or set CXX")
     from torch.utils.cpp_extension import load
 
     try:

@@ -46,3 +46,17 @@ def test_build_key_depends_on_the_isa(cpu):
     cpu("AVX2", {"f16c"})
     assert ops._build_key() != k512  # an AVX-512 build is never loaded on an AVX2 CPU (shared cache folder)
 
+
+
+def test_no_compiler_is_named_before_building(monkeypatch, tmp_path):
+    """Without a C++ compiler the reason says so in one line (torch's builder printed a long warning and
+    then 'ninja: build stopped'); nothing is built or left in the cache."""
+    monkeypatch.setenv("DFLASH_TRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    ops._load_cpu_library.cache_clear()
+    try:
+        assert ops._load_cpu_library() == ("building the CPU kernels needs a C++ compiler, and `no-such-c++-compiler` "
+                                           "is not on PATH: install g++ (e.g. apt install g++) or set CXX")
+    finally:
+        ops._load_cpu_library.cache_clear()
+    assert not (tmp_path / "cache" / "ops").exists() or not any((tmp_path / "cache" / "ops").iterdir())
