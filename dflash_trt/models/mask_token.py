@@ -35,9 +35,14 @@ def mask_problem(tokenizer, mask_id: int) -> str | None:
     """Why `mask_id` is a poor mask token for this tokenizer (a phrase), or None when it never occurs in text."""
     if mask_id >= len(tokenizer):
         return None  # an unused embedding row
-    if mask_id not in special_ids(tokenizer):
+    return _problem(mask_id, special_ids(tokenizer), streamed_special_ids(tokenizer))
+
+
+def _problem(mask_id: int, special: set[int], streamed: set[int]) -> str | None:
+    """`mask_problem` for an id inside the tokenizer, given its special and streamed special ids."""
+    if mask_id not in special:
         return "is an ordinary token of the target's tokenizer"
-    if mask_id in streamed_special_ids(tokenizer):
+    if mask_id in streamed:
         return "is a special token that occurs in the target's text (BOS / EOS / PAD / UNK or a chat-template marker)"
     return None
 
@@ -49,7 +54,8 @@ def token_name(tokenizer, i: int) -> str:
 
 def spare_mask_id(tokenizer) -> int | None:
     """The highest special id that never occurs in text (`mask_problem` is None), or None."""
-    spare = sorted(i for i in special_ids(tokenizer) if mask_problem(tokenizer, i) is None)
+    special, streamed = special_ids(tokenizer), streamed_special_ids(tokenizer)  # once, not per id
+    spare = sorted(i for i in special if i >= len(tokenizer) or _problem(i, special, streamed) is None)
     return spare[-1] if spare else None
 
 
