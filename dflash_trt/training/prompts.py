@@ -219,13 +219,15 @@ ROLES = ("system", "user", "assistant", "tool")
 _NAMED_KEYS: dict[tuple[str, int], set[str]] = {}
 
 
-def _messages(obj: dict, where: str) -> list[dict] | None:
-    """The {"role", "content"} messages of a {"messages": [...]} line (other message keys dropped),
-    or None when "messages" is not a non-empty list (the caller's "expected ..." error).
+def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
+    """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
+    non-empty list (the caller's "expected ..." error). Other message keys (OpenAI's "name",
+    "tool_calls", ...) are dropped; their names are added to `extra` (for the caller's warning).
 
     Raises:
         ConfigError: a message is not an object, its role is not one of ROLES, or its content is not a
-            string; `where` ("FILE:LINE") leads the message.
+            string; or no "user" message has non-blank text (nothing to answer). `where`
+            ("FILE:LINE") leads the message.
     """
     msgs = obj.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -243,6 +245,12 @@ def _messages(obj: dict, where: str) -> list[dict] | None:
         if not isinstance(m.get("content"), str):
             got = "no" if "content" not in m else f"{json.dumps(m['content'])[:40]} as its"
             raise ConfigError(f'{where}: message {i} ({role}) has {got} "content"; give its text as a string')
+        if extra is not None:
+            extra.update(dict.fromkeys(k for k in m if k not in ("role", "content")))
+    if not any(m["role"] == "user" and m["content"].strip() for m in msgs):
+        roles = ", ".join(m["role"] + ("" if m["content"].strip() else " (empty)") for m in msgs)
+        raise ConfigError(f'{where}: the conversation has no user message with text ({roles}); a prompt needs at '
+                          'least one {"role": "user", "content": "<text>"} message')
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
@@ -251,13 +259,15 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     object per line (blank lines ignored); roles are ROLES. Other keys are ignored, with warnings on
     stderr: if lines hold any of `warn_keys` (e.g. REQUEST_KEYS), one line names them and the first line
     with one; one more line names every other unknown key (e.g. OpenAI's "id") and the first line holding
-    each. A key is named once per process for a file's text (reading it again warns no more).
+    each, a message's own keys other than "role" and "content" as `messages[].KEY`. A key is named
+    once per process for a file's text (reading it again warns no more).
 
     Raises:
         DFlashError: the file is missing or empty.
         ConfigError: `path` is a directory; a line is not JSON, has both "prompt" and "messages", or has
             neither a non-empty "prompt" string nor a non-empty list of messages; a message has a role
-            outside ROLES or no string "content". The message names FILE:LINE. A UTF-8 byte-order mark
+            outside ROLES or no string "content"; a conversation has no user message with text. The
+            message names FILE:LINE. A UTF-8 byte-order mark
             is allowed.
     """
     p = Path(path)
@@ -287,7 +297,10 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             if "prompt" in obj and "messages" in obj:
                 raise ConfigError(f'{p}:{n}: holds both "prompt" and "messages"; keep one of them (a plain prompt, '
                                   "or a conversation that goes through the chat template)")
-            messages = _messages(obj, f"{p}:{n}")
+            extra: dict[str, None] = {}
+            messages = _messages(obj, f"{p}:{n}", extra)
+            for key in extra:
+                unknown.setdefault(f"messages[].{key}", n)
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             out.append(obj["prompt"])
         elif messages is not None:
@@ -308,8 +321,9 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     unknown = {k: n for k, n in unknown.items() if k not in named}
     if unknown:
         keys = ", ".join(f"{json.dumps(k)} (first on line {n})" for k, n in unknown.items())
-        print(f'warning: {p}: ignoring unknown keys {keys}; only "prompt" or "messages" is read from a line (extra '
-              "fields such as OpenAI's \"id\" may stay; remove them to silence this)", file=sys.stderr)
+        print(f'warning: {p}: ignoring unknown keys {keys}; only "prompt" or "messages" (each message\'s "role" '
+              "and \"content\") is read from a line (extra fields such as OpenAI's \"id\" may stay; remove them to "
+              "silence this)", file=sys.stderr)
         named.update(unknown)
     return out
 

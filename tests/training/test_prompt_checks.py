@@ -42,6 +42,21 @@ def test_a_bad_message_fails_at_its_file_and_line(tmp_path, message, err):
     assert str(exc.value) == f"{f}:2: {err}"
 
 
+@pytest.mark.parametrize("messages,roles", [
+    ([{"role": "assistant", "content": "I am here."}], "assistant"),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": " \n"}], "system, user (empty)"),
+    ([{"role": "user", "content": ""}, {"role": "assistant", "content": "ok"}], "user (empty), assistant"),
+])
+def test_a_conversation_without_user_text_fails_at_its_line(tmp_path, messages, roles):
+    """A conversation needs a user message with text: assistant-only or blank ones would send the
+    target an empty question (generate would answer nothing in particular; training would learn noise)."""
+    f = _write(tmp_path, {"prompt": "fine"}, {"messages": messages})
+    with pytest.raises(ConfigError) as exc:
+        load_prompts_jsonl(f)
+    assert str(exc.value) == (f"{f}:2: the conversation has no user message with text ({roles}); a prompt needs "
+                              'at least one {"role": "user", "content": "<text>"} message')
+
+
 def test_every_allowed_role_loads_without_warnings(tmp_path, capsys):
     msgs = [{"role": r, "content": r} for r in ("system", "user", "assistant", "tool")]
     assert load_prompts_jsonl(_write(tmp_path, {"messages": msgs})) == [msgs]
@@ -50,20 +65,22 @@ def test_every_allowed_role_loads_without_warnings(tmp_path, capsys):
 
 def test_unknown_keys_get_one_warning_naming_each_first_line(tmp_path, capsys):
     """OpenAI-style records load (extra keys never fail); one stderr line for the whole file names
-    each unknown key with the first line holding it, in order of appearance; a message's own extra
-    keys (e.g. "name") are dropped without a warning."""
+    each unknown key with the first line holding it, in order of appearance, a message's own extra
+    keys (e.g. "name") as messages[].KEY; they are dropped from the loaded messages."""
     f = _write(tmp_path, {"prompt": "a"}, {"prompt": "b", "id": "r1"},
                {"messages": [{"role": "user", "content": "c", "name": "x"}], "id": "r2", "source": "web"},
                {"prompt": "d", "source": "web"})
     assert load_prompts_jsonl(f) == ["a", "b", [{"role": "user", "content": "c"}], "d"]
     assert capsys.readouterr().err == (
-        f'warning: {f}: ignoring unknown keys "id" (first on line 2), "source" (first on line 3); only "prompt" or '
-        "\"messages\" is read from a line (extra fields such as OpenAI's \"id\" may stay; remove them to silence this)\n")
+        f'warning: {f}: ignoring unknown keys "id" (first on line 2), "source" (first on line 3), "messages[].name" '
+        f'(first on line 3); only "prompt" or "messages" (each message\'s "role" and "content") is read from a line '
+        "(extra fields such as OpenAI's \"id\" may stay; remove them to silence this)\n")
     load_prompts_jsonl(f)  # bench reads a file twice (check, then encode): the second read is quiet
     assert capsys.readouterr().err == ""
     f.write_text(f.read_text() + json.dumps({"prompt": "e", "tag": 1}) + "\n")  # new text: warned afresh
     load_prompts_jsonl(f)
-    assert '"id" (first on line 2), "source" (first on line 3), "tag" (first on line 5)' in capsys.readouterr().err
+    assert '"id" (first on line 2), "source" (first on line 3), "messages[].name" (first on line 3), "tag" (first on ' \
+        'line 5)' in capsys.readouterr().err
 
 
 def test_request_keys_are_not_named_twice(tmp_path, capsys):
