@@ -1,25 +1,68 @@
-"""Atomic file writes, shared by every command that records results (bench, train-drafter's data cache,
-the drafter evaluation): a reader never sees a half-written file."""
+"""Atomic, durable file writes, shared by every command that records results (bench, train-drafter's
+data cache and checkpoints, the drafter evaluation): a reader never sees a half-written file, and a
+file reported written survives a power loss."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Iterator
+
+
+@contextmanager
+def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside `path` (same folder, suffix ".tmp") for the caller to write; on a
+    clean exit it is flushed, fsynced, closed, renamed over `path`, and the folder is fsynced (so the
+    rename itself is on disk). An exception in the block (Ctrl-C, a full disk, a failed encoding)
+    leaves the previous `path` as it was and no temporary file behind.
+
+    Args:
+        mode: "wb" (bytes) or "w" (text).
+    Raises:
+        OSError: the folder is not writable, the disk is full, or an fsync fails (before the rename:
+            the previous file is kept). A folder whose file system cannot fsync a directory
+            (EINVAL, ENOTSUP) is not an error.
+    """
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync `folder` (a rename in it is durable once this returns); a no-op where directories cannot
+    be opened (Windows)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
-    """Write `obj` as JSON through a temporary file renamed over `path`: an interrupted write (Ctrl-C,
-    a full disk) leaves the previous file whole, never a truncated one, and no temporary file behind.
+    """Write `obj` as JSON through `atomic_write`: an interrupted write (Ctrl-C, a full disk) leaves
+    the previous file whole, never a truncated one, and no temporary file behind.
 
     Raises:
         OSError: the folder is not writable or the disk is full (the previous file is kept).
         TypeError: `obj` holds a value JSON cannot encode (nothing is written).
     """
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=indent) + "\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    text = json.dumps(obj, indent=indent) + "\n"
+    with atomic_write(path, "w") as f:
+        f.write(text)

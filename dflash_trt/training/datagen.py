@@ -11,8 +11,8 @@ of prompts, each a list of samples {"tokens": int32 [T + 1] (prompt + response),
 int, "features": bfloat16 [T, len(layer_ids) * hidden]}; features row p is the target's output at
 position p for each of `layer_ids` (DFLASH.md sec. 2 indexing: id l = output of decoder layer l;
 the last layer's entry is the final-normed hidden state, from which the target's logits follow).
-A shard is written to a temporary name and renamed, so a rerun skips finished shards and redoes
-at most one batch; a cache made with other settings is refused rather than mixed. The manifest
+A shard is written to a temporary name, fsynced and renamed (`files.atomic_write`), so a rerun
+skips finished shards and redoes at most one batch; a cache made with other settings is refused rather than mixed. The manifest
 lists the shards (and how many samples of each) the last call used: `load_shards` reads those.
 """
 
@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.files import write_json_atomic
+from dflash_trt.files import atomic_write, write_json_atomic
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
 
@@ -153,9 +153,8 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
                     sample["features"] = recorder.features(j)
                     assert sample["features"].shape[0] == len(tokens) - 1, (sample["features"].shape, len(tokens))
                 samples.append(sample)
-            tmp = shard.with_suffix(".tmp")
-            torch.save(samples, tmp)
-            tmp.rename(shard)
+            with atomic_write(shard) as f:
+                torch.save(samples, f)
             lengths = _lengths(samples)
             manifest["shards"][shard.name] = {
                 "samples": len(samples), "prompt_tokens": sum(p for p, _ in lengths),

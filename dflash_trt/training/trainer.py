@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError, TrainingInterrupted
+from dflash_trt.files import atomic_write
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.objective import (block_inputs, block_loss, cosine_lr, decay_weights, default_gamma,
                                            decode_walk_steps, drafter_block_hidden, sample_anchors)
@@ -159,15 +160,11 @@ def split_validation(n: int, cfg: TrainConfig) -> tuple[list[int], list[int]]:
 
 
 def _atomic_save(obj, path: Path) -> None:
-    """torch.save `obj` to `path` through a temporary file renamed over it: an interrupted write
-    (Ctrl-C, a full disk) leaves the previous `path` as it was and no temporary file behind."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        torch.save(obj, tmp)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """torch.save `obj` to `path` through `files.atomic_write` (a temporary file, fsynced, renamed
+    over it, the folder fsynced): an interrupted write (Ctrl-C, a full disk) leaves the previous
+    `path` as it was and no temporary file behind, and a saved checkpoint survives a power loss."""
+    with atomic_write(path) as f:
+        torch.save(obj, f)
 
 
 #: Steps timed (after 5 warm-up steps) before a time budget fixes the schedule's length.
@@ -384,7 +381,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             layer ids); no sample has a response of 2+ tokens.
         TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) during training; it names the step and
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
-            temporary file renamed over the old one; best.pt after the checkpoint that names it).
+            temporary file, fsynced and renamed over the old one; best.pt after the checkpoint
+            that names it).
     """
     t_call = time.perf_counter()  # what time_limit_s is measured from (never reset)
     run = Path(run_dir)

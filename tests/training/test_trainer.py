@@ -306,8 +306,8 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
 
     def interrupt_when(hit):
         def save(obj, f, *args, **kwargs):
-            if hit(Path(f), obj):
-                Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")  # what a killed write leaves
+            if hit(Path(f.name), obj):
+                f.write(b"PK\x03\x04 half a checkpoint")  # what a killed write leaves
                 raise KeyboardInterrupt
             return real_save(obj, f, *args, **kwargs)
         monkeypatch.setattr(torch, "save", save)
