@@ -5,16 +5,28 @@ compiler and the `ninja` package; ~15 s once), for the CPU's instruction set (`c
 AVX2 with FMA and F16C; the kernels of both give the same bits), into a temporary folder renamed at
 the end to `<cache>/ops/<key>/` (`dflash_trt.models.default.cache_dir`; key: a hash of the sources,
 flags, torch and Python versions), so an interrupted build leaves nothing that a later process would
-load or wait on. Later processes load the built library directly. See `dflash_trt.ops.packed_linear`.
+load or wait on. Later processes load the built library directly.
+
+A build that fails (a compiler error, a broken toolchain) is recorded in `<cache>/ops/<key>.failed`
+(JSON, written atomically: the one-line reason, the compiler and the time), so later processes give
+the reason at once instead of recompiling ~15 s to fail again; the record holds for the same compiler
+only (the `CXX` name, the file it resolves to, its size and modification time), so installing or
+switching a compiler retries by itself, and deleting the file retries too. A successful build removes
+the record. A missing `ninja` or compiler is checked before building and never recorded, nor is an
+interrupted build (Ctrl-C). See `dflash_trt.ops.packed_linear`.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import re
 import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -92,6 +104,61 @@ def _build_key() -> str:
     return h.hexdigest()[:16]
 
 
+def _compiler_identity(compiler: str) -> dict:
+    """What a failure record holds of the compiler (`CXX`): its name, the file it resolves to on PATH,
+    that file's size and modification time; another compiler, or a reinstalled one, differs."""
+    path = shutil.which(compiler)
+    ident = {"cxx": compiler, "path": None, "size": None, "mtime_ns": None}
+    if path is not None:
+        real = os.path.realpath(path)
+        ident["path"] = real
+        try:
+            st = os.stat(real)
+            ident["size"], ident["mtime_ns"] = st.st_size, st.st_mtime_ns
+        except OSError:
+            pass
+    return ident
+
+
+def _failure_reason(exc: Exception) -> str:
+    """One line saying why the build failed: the compiler's first `error:` line (torch's message holds
+    the whole ninja log, whose last line is only 'ninja: build stopped'), else the message's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first_error = next((line for line in lines if re.search(r"\berror:", line)), None)
+    line = first_error or (lines[-1] if lines else "")
+    if len(line) > 300:
+        line = line[:297] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _read_failure(record: Path, compiler: dict) -> str | None:
+    """The reason of an earlier failed build recorded in `record` for this same compiler; None where there
+    is no record, it cannot be read, or it was made with another compiler (then the build is retried)."""
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("compiler") != compiler or not isinstance(data.get("reason"), str):
+        return None
+    return data["reason"]
+
+
+def _write_failure(record: Path, reason: str, compiler: dict) -> None:
+    """Record a failed build in `record` atomically (a unique temporary file renamed over it); a cache that
+    cannot be written only means the next process tries again, so errors are ignored."""
+    data = {"reason": reason, "compiler": compiler, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "torch": torch.__version__, "python": sys.version.split()[0]}
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{record.name}.", suffix=".tmp", dir=record.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, record)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 @functools.cache
 def _load_cpu_library() -> str | None:
     from dflash_trt.errors import DFlashError
@@ -110,6 +177,11 @@ def _load_cpu_library() -> str | None:
     if shutil.which(compiler) is None:
         return (f"building the CPU kernels needs a C++ compiler, and `{compiler}` is not on PATH: install g++ "
                 "(e.g. apt install g++) or set CXX")
+    record = final.with_name(final.name + ".failed")
+    identity = _compiler_identity(compiler)
+    earlier = _read_failure(record, identity)
+    if earlier is not None:
+        return f"the CPU kernels failed to build earlier with `{compiler}` ({earlier}); delete {record} to retry"
     from torch.utils.cpp_extension import load
 
     try:
@@ -120,12 +192,20 @@ def _load_cpu_library() -> str | None:
         print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
         load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(ISA_CFLAGS[cpu_isa()]),
              build_directory=str(tmp), is_python_module=False, verbose=False)
-    except Exception as exc:  # noqa: BLE001  (a compiler error, no compiler, a full disk: reported, not raised)
+    except Exception as exc:  # noqa: BLE001  (a compiler error, a broken toolchain, a full disk: reported, not raised)
         shutil.rmtree(tmp, ignore_errors=True)
-        last = (str(exc).strip().splitlines() or [""])[-1]
-        return f"the CPU kernels failed to build ({type(exc).__name__}: {last})"
+        reason = _failure_reason(exc)
+        _write_failure(record, reason, identity)
+        return f"the CPU kernels failed to build ({reason}); recorded in {record} (delete it to retry)"
+    except BaseException:  # Ctrl-C: not a failure to record; the partial build is removed
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         tmp.rename(final)  # another process may have finished first: keep its folder
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        record.unlink(missing_ok=True)  # a stale record of an earlier failure (e.g. with another compiler)
+    except OSError:
+        pass
     return None
