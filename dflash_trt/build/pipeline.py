@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
+from dflash_trt.text import count
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
     `numbered`). `calib_count`: how many --calib-prompts prompts calibration would use (None: --calib-size)."""
     t, d = pre["target"], pre["drafter"]
     calib = str(opts.calib_prompts) if opts.calib_prompts else "built-in corpus (stdlib signatures + docstrings)"
-    steps = [f"check: {opts.target} + {opts.drafter}: compatible ({len(pre['warnings'])} warning(s))"]
+    steps = [f"check: {opts.target} + {opts.drafter}: compatible ({count(len(pre['warnings']), 'warning')})"]
     if opts.calibrates:
         steps.append(f"calibrate + quantize target with ModelOpt on {opts.device}: {opts.quant} (kv cache "
                      f"{opts.kv_cache_dtype}), {calib_count or opts.calib_size} prompts from {calib}")
@@ -248,7 +249,7 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
         publish += f" (creating the folder {created})"
     steps += [
         (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
-         f"({t.num_attention_heads // opts.tp_size} heads, {kv_per_rank} KV heads per rank)"
+         f"({count(t.num_attention_heads // opts.tp_size, 'head')}, {count(kv_per_rank, 'KV head')} per rank)"
          " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
         "export trtllm/target/: unified HF checkpoint + tokenizer",
         (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
@@ -329,7 +330,7 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         existing = existing_out(opts.out)
         if existing and existing != "a dflash-trt bundle":
             log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
-        return f"({len(pre['warnings'])} warning(s))"
+        return f"({count(len(pre['warnings']), 'warning')})"
 
     try:
         step(check)  # ConfigError / IncompatibleModelsError as they are: nothing is written yet

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from dflash_trt.text import count
+
 
 @click.command()
 @click.option("--target", type=click.Path(), default=None,
@@ -30,6 +32,6 @@ def check(target, drafter):
         click.echo(f"{f.level}: {f.message}", err=f.level == ERROR)
     errors = sum(f.level == ERROR for f in findings)
     if errors:
-        click.echo(f"check failed: {errors} error(s), {len(findings) - errors} warning(s)", err=True)
+        click.echo(f"check failed: {count(errors, 'error')}, {count(len(findings) - errors, 'warning')}", err=True)
         sys.exit(1)
-    click.echo(f"ok: the drafter fits the target ({len(findings)} warning(s))")
+    click.echo(f"ok: the drafter fits the target ({count(len(findings), 'warning')})")

@@ -183,7 +183,7 @@ def test_dry_run_writes_nothing(tmp_path, tiny_pair):
                         "--drafter", str(drafter), "--out", str(out), "--quant", "nvfp4", "--tp-size", "3", "--dry-run"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "calibrate + quantize target with ModelOpt on cpu: nvfp4" in r.stdout and "tp 3 (2 heads, 1 KV heads per rank)" in r.stdout
+    assert "calibrate + quantize target with ModelOpt on cpu: nvfp4" in r.stdout and "tp 3 (2 heads, 1 KV head per rank)" in r.stdout
     assert not out.exists()
 
 

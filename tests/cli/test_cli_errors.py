@@ -476,7 +476,7 @@ def test_check_reads_the_target_weights(monkeypatch, capsys, tmp_path, tiny):
     assert code == 1 and "ok:" not in out and "Traceback" not in err, err
     assert err.splitlines() == [f"error: target: {bare}: no *.safetensors weights found; save the model with "
                                 "`save_pretrained(..., safe_serialization=True)`",
-                                "check failed: 1 error(s), 1 warning(s)"]  # the drafter is untrained
+                                "check failed: 1 error, 1 warning"]  # the drafter is untrained
     weights = bare / "model.safetensors"
     weights.write_bytes((target / "model.safetensors").read_bytes()[:-64])
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(bare), "--drafter", str(drafter))
