@@ -18,9 +18,10 @@ a frozen target (its embedding and lm_head are used, never trained), the z-lab e
 
 Determinism: every random choice is a pure function of (seed, step): the data order of epoch e is
 randperm(N) seeded by (seed, e); the anchors of global sample slot g are seeded by (seed, g). A
-checkpoint holds the drafter, AdamW state, step and loss history; resuming from it on the same
-machine (CPU, `torch.use_deterministic_algorithms`) gives bitwise the weights of an uninterrupted
-run (tests/training/test_trainer.py).
+checkpoint holds the drafter, AdamW state, step, loss history and the log window in progress;
+resuming from it on the same machine (CPU, `torch.use_deterministic_algorithms`) gives bitwise the
+weights of an uninterrupted run, and its loss records but for their timing
+(tests/training/test_trainer.py).
 """
 
 from __future__ import annotations
@@ -91,11 +92,17 @@ class TrainConfig:
 
 @dataclass
 class TrainState:
-    """What a run has done so far. history: one dict per logged step (step, loss, hard_ce, soft_ce,
-    accepted, lr, blocks_per_s); val_history: one dict per checkpoint with held-out samples (step,
-    acceptance_length (tau), anchor_mean, hard_ce, blocks; see `validate`); best_step /
+    """What a run has done so far. history: one dict per logged step (every log_every steps and the
+    last): step, then loss, hard_ce, soft_ce, accepted (per-step means over the steps since the
+    previous record), lr (of the step itself), blocks_per_s (over those steps' wall time);
+    val_history: one dict per checkpoint with held-out samples (step, acceptance_length (tau),
+    anchor_mean, hard_ce, blocks; see `validate`); best_step /
     best_acceptance_length: the checkpoint with the highest held-out tau so far, ties broken by
-    the lower held-out cross-entropy (its weights are run_dir/best.pt)."""
+    the lower held-out cross-entropy (its weights are run_dir/best.pt). log_window: the log window
+    in progress (the steps after the last history record, see `_new_log_window`) as of the
+    checkpoint, so a resumed run's next record covers the same steps, with the same figures, as an
+    uninterrupted run's ({} in a checkpoint from before it was kept: that record then covers only
+    the steps after the resume)."""
 
     step: int = 0
     total_steps: int = 0
@@ -107,6 +114,15 @@ class TrainState:
     val_history: list[dict] = field(default_factory=list)
     best_step: int | None = None
     best_acceptance_length: float | None = None
+    log_window: dict = field(default_factory=dict)
+
+
+def _new_log_window() -> dict:
+    """An empty log window: sums over its steps of the per-sequence loss ("loss"), hard and soft
+    cross-entropy ("hard", "soft") and mean accepted drafts ("acc") of the "k" steps that had a
+    block, the blocks trained ("blocks"), and "seconds": its wall time up to the last checkpoint
+    (the time since then is added when the record is made)."""
+    return {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "k": 0, "seconds": 0.0}
 
 
 @dataclass
@@ -465,7 +481,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         device_type = next(drafter.parameters()).device.type
         bar = tqdm(total=state.total_steps, initial=state.step, desc="train drafter", unit="step", disable=not progress)
         postfix = {"val_tau": f"{state.val_history[-1]['acceptance_length']:.3f}"} if state.val_history else {}
-        window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(), "k": 0}
+        window = {**_new_log_window(), **state.log_window}  # a resumed run continues the checkpoint's window
+        t_window = time.perf_counter()  # window["seconds"] counts up to here
         while state.step < state.total_steps and (max_steps is None or state.step < max_steps):
             warmup = int(round(cfg.warmup_frac * state.total_steps))
             lr = cfg.lr * cosine_lr(state.step, state.total_steps, warmup)
@@ -503,7 +520,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                     bar.total = state.total_steps
             if state.step % cfg.log_every == 0 or state.step == state.total_steps:
                 k = max(1, window["k"])
-                dt = time.perf_counter() - window["t"]
+                dt = window["seconds"] + time.perf_counter() - t_window
                 rec = {"step": state.step, "loss": window["loss"] / k, "hard_ce": window["hard"] / k,
                        "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
                        "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
@@ -511,8 +528,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                 postfix.update(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
                                tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")
                 bar.set_postfix(postfix)
-                window = {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "t": time.perf_counter(),
-                          "k": 0}
+                window, t_window = _new_log_window(), time.perf_counter()
             out_of_time = time_limit_s is not None and time.perf_counter() - t_call >= time_limit_s
             stop_here = max_steps is not None and state.step >= max_steps
             if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
@@ -524,6 +540,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                 state.seconds += time.perf_counter() - t_start
                 t_start = time.perf_counter()
                 state.finished = state.step == state.total_steps
+                window["seconds"] += time.perf_counter() - t_window
+                t_window = time.perf_counter()
+                state.log_window = dict(window)
                 save()
                 if better:
                     save_best()

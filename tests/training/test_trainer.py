@@ -69,7 +69,16 @@ def test_bf16_autocast_trains_too(tmp_path, tiny_target, tiny_samples, tiny_prom
     assert _tau(tiny_target, drafter, tiny_prompts) > untrained_tau + 0.3
 
 
-def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
+def _records(history):
+    """The loss records without their timing (blocks_per_s is wall-clock)."""
+    return [{k: v for k, v in h.items() if k != "blocks_per_s"} for h in history]
+
+
+def test_resume_gives_bitwise_same_weights_and_loss_records(tmp_path, tiny_target, tiny_samples):
+    """Interrupted at step 5 (a log step), 7 and 11 (inside log windows of 5 steps, each past a
+    periodic checkpoint), then resumed to the end (step 12): bitwise the weights and the loss records
+    (every field but the timing) of an uninterrupted run; the record at step 10 covers steps 6-10
+    although steps 6-7 ran before a resume."""
     torch.use_deterministic_algorithms(True)
     try:
         cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3})
@@ -79,12 +88,18 @@ def test_resume_gives_bitwise_same_weights(tmp_path, tiny_target, tiny_samples):
         interrupted = _drafter(tiny_target)
         state = train(interrupted, data, cfg, tmp_path / "b", max_steps=5, progress=False)
         assert not state.finished and state.step == 5
+        for stop in (7, 11):
+            state = train(_drafter(tiny_target, seed=stop), data, cfg, tmp_path / "b", resume=True, max_steps=stop,
+                          progress=False)
+            assert state.step == stop and [h["step"] for h in state.history] == list(range(5, stop, 5))
         resumed = _drafter(tiny_target, seed=123)  # different init: the checkpoint must replace it
         state = train(resumed, data, cfg, tmp_path / "b", resume=True, progress=False)
-        assert state.finished and state.step == cfg.total_steps(len(tiny_samples))
+        assert state.finished and state.step == cfg.total_steps(len(tiny_samples)) == 12
         for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
             assert torch.equal(a, b), k
-        assert [h["loss"] for h in state.history] == [h["loss"] for h in straight_state.history]
+        assert [h["step"] for h in state.history] == [5, 10, 12]
+        assert _records(state.history) == _records(straight_state.history)
+        assert all(h["blocks_per_s"] > 0 for h in state.history)
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -299,7 +314,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
     """Ctrl-C while a checkpoint is written leaves the previous one whole and no temporary file, and
     TrainingInterrupted (a KeyboardInterrupt) names both steps; Ctrl-C between a checkpoint and its
     best.pt makes the resume rewrite best.pt from the checkpoint. The resumed run then ends with
-    bitwise the weights, held-out history and best.pt of an uninterrupted run."""
+    bitwise the weights, held-out history, loss records and best.pt of an uninterrupted run."""
     cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3, "val_samples": 4})
     data = _data(tiny_target, tiny_samples)
     real_save = torch.save
@@ -347,6 +362,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
     finally:
         torch.use_deterministic_algorithms(False)
     assert state.finished and state.val_history == ref.val_history and state.best_step == ref.best_step
+    assert _records(state.history) == _records(ref.history)  # resumed from step 3, inside the first log window
     for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), k
     best, ref_best = (torch.load(d / BEST, weights_only=True) for d in (run, tmp_path / "a"))
