@@ -3,10 +3,13 @@
 Progress is one `[i/N] step` line per step (`dflash_trt.build.pipeline.step_titles`; `--dry-run` numbers
 its plan the same way). Ctrl-C exits 130 with one line saying where the build stopped and that nothing
 was written to --out (the bundle is built in a temporary folder beside it, renamed at the end).
+stdout carries only the result line (or the --dry-run plan); progress, warnings and ModelOpt's own
+messages go to stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -64,8 +67,9 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         for line in lines:
             click.echo(f"  {line}")
         return
-    try:
-        report = run_build(opts, log=lambda line: console.print(line, highlight=False))
+    try:  # ModelOpt prints its own lines ("Inserted N quantizers", "current rank: ..."): stdout keeps the result only
+        with contextlib.redirect_stdout(sys.stderr):
+            report = run_build(opts, log=lambda line: console.print(line, highlight=False))
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, exit 130 (128 + SIGINT, as a shell reports it)
         click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
                    f"build interrupted (Ctrl-C); nothing was written to {opts.out}", err=True)

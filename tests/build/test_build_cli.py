@@ -211,6 +211,17 @@ def test_build_progress_lines_are_numbered_as_the_plan(calib_bundle):
     assert [line.split(":", 1)[0] for line in lines if ": done in " in line] == numbered(step_titles(opts))
 
 
+def test_stdout_is_the_result_line_only(tmp_path, tiny_pair, monkeypatch, capsys):
+    """ModelOpt prints to stdout while it quantizes and exports ("Inserted N quantizers", "current rank:
+    ..."): those lines go to stderr with the progress, so stdout is the one result line a script reads."""
+    out = tmp_path / "b"
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--quant", "fp8", "--calib-size", "2"))
+    assert code == 0, err
+    assert stdout.splitlines() == [f"bundle written to {out.resolve()}; run it with: dflash-trt generate --bundle "
+                                   f"{out.resolve()} --chat '...'; serve it with: {out.resolve()}/trtllm/launch.sh"]
+    assert "quantizers" in err and "[1/8] check" in err
+
+
 # --- 5. llm_api_example.py passes serve.yaml's settings ------------------------------------------------
 
 def example_settings(source: str) -> dict:
