@@ -214,7 +214,9 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Predict over the most frequent N tokens (exported with a d2t map); 0 = full vocabulary.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1), help="Response length cap.")
 @click.option("--max-samples", default=None, type=click.IntRange(1),
-              help="Use exactly N prompts, a seeded random subset (default: all).")
+              help="Use exactly N prompts (default: all): whole batches of similar-length prompts (--gen-batch-size) "
+                   "in a fixed shuffled order, the last one cut to fit. The order does not depend on --seed, and a "
+                   "larger N keeps every prompt of a smaller one, so the data cache's responses are reused.")
 @click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--init", "init_mode", default="target", show_default=True,
               help="Start drafter layers from the target's top layers (target), random weights (random), or a "
@@ -245,7 +247,9 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Stop after this optimizer step (the LR schedule stays that of --epochs) and export.")
 @click.option("--export-partial", is_flag=True,
               help="Export even if the run stopped early (time limit); training.json then says finished: false.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the drafter's random weights, the training order, the anchors and the --val-samples "
+                   "split (not of the --max-samples prompts).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where the target and drafter run: cpu, cuda or cuda:N (data generation and training).")

@@ -68,10 +68,13 @@ class DataStats:
 
 def batch_order(prompt_lens: list[int], batch_size: int, max_samples: int | None = None) -> list[list[int]]:
     """The prompts `generate_dataset` uses, batch by batch (shard i = batch i): prompt indices sorted
-    by length (stable) and cut into batches of `batch_size`, the batches in a seeded random order;
-    with `max_samples` (< the prompt count) the first batches of that order until max_samples
-    prompts, the last one cut. So the samples of a cache cut short (by a limit or a time budget)
-    are a random subset of the prompts, and the prompts a cache left out can be listed.
+    by length (stable) and cut into batches of `batch_size`, the batches in a random order of fixed
+    seed 0 (not train-drafter's --seed: the order depends only on the lengths and `batch_size`, so
+    one cache serves every training seed); with `max_samples` (< the prompt count) the first
+    batches of that order until max_samples prompts, the last one cut. So the samples of a cache
+    cut short (by a limit or a time budget) are a random subset of the prompts (whole
+    similar-length batches), each limit's subset holds every smaller limit's, and the prompts a
+    cache left out can be listed.
     """
     order = sorted(range(len(prompt_lens)), key=lambda i: prompt_lens[i])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -103,7 +106,8 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         settings: anything that identifies the data (target path, prompts hash...); a cache whose
             manifest has other settings raises instead of being mixed.
         max_samples: use exactly this many prompts (all when there are fewer): the first
-            max_samples of the seeded batch order, a random subset, whose last batch may be partial.
+            max_samples of `batch_order` (independent of any training seed), a random subset,
+            whose last batch may be partial.
             A later call with a larger limit reuses the full batches and adds more (a partial
             shard is regenerated whole); a smaller limit uses a prefix of the cached ones.
     Returns:

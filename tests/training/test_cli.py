@@ -89,6 +89,38 @@ def test_max_samples_is_exact(tmp_path, target_with_tokenizer):
                                    "the drafter predicts over the full vocabulary") in res.stderr, res.output
 
 
+def test_max_samples_is_a_nested_subset_that_seed_does_not_change(tmp_path, target_with_tokenizer):
+    """--max-samples takes whole similar-length batches in a fixed shuffled order (not the file's first
+    N prompts), whatever --seed: a larger N keeps a smaller N's prompts in the same order and reuses
+    their cached responses, and the same N with another seed rewrites nothing; --help says so."""
+    from dflash_trt.training.datagen import load_shards
+
+    work = tmp_path / "work"
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--work-dir", str(work),
+            "--prompts", str(_prompts(tmp_path, 16)), "--target-layer-ids", "0,1", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--gen-batch-size", "4", "--data-only"]
+
+    def data(n, seed):
+        res = _run(args + ["--max-samples", str(n), "--seed", str(seed)])
+        assert res.exit_code == 0 and f"data: {n} samples" in res.stdout, res.output + repr(res.exception)
+        shards = {p.name: p.stat().st_mtime_ns for p in (work / "data").glob("shard-*.pt")}
+        return [s["index"] for s in load_shards(work / "data")], shards
+
+    six, shards6 = data(6, 0)
+    assert sorted(six) != list(range(6)) and len(set(six)) == 6  # not the first 6 lines
+    ten, shards10 = data(10, 7)
+    assert ten[:6] == six and len(set(ten)) == 10
+    assert sorted(shards10) == ["shard-00000.pt", "shard-00001.pt", "shard-00002.pt"]
+    assert shards10["shard-00000.pt"] == shards6["shard-00000.pt"]  # a full batch: its responses reused
+    assert data(6, 3) == (six, shards10)  # another seed: the same prompts, nothing regenerated
+    assert data(10, 0) == (ten, shards10)
+    res = CliRunner().invoke(cli, ["train-drafter", "--help"])
+    text = " ".join(res.output.split())
+    assert ("in a fixed shuffled order, the last one cut to fit. The order does not depend on --seed, and a larger N "
+            "keeps every prompt of a smaller one, so the data cache's responses are reused.") in text, text
+    assert "split (not of the --max-samples prompts)" in text
+
+
 @pytest.mark.parametrize("content,extra,err,msg", [
     ("", [], DFlashError, "empty"),
     ("{not json\n", [], ConfigError, "not valid JSON"),
