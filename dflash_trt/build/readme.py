@@ -124,7 +124,7 @@ def bundle_readme(manifest: dict) -> str:
         f"- TensorRT-LLM >= 1.3.0rc (PyTorch backend, DFlash), on {tp} GPU(s): `trtllm/launch.sh` (trtllm-serve "
         "./target --config serve.yaml) or `python trtllm/llm_api_example.py`.",
         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
-        "`trtllm_checkpoint/build_engine.sh`.",
+        "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
         "",
         "## Files",
         "",

@@ -205,9 +205,12 @@ BUILD_ENGINE_SH = """#!/usr/bin/env bash
 # Build TensorRT engines from this per-rank checkpoint with TensorRT-LLM 1.2.x - 1.3.0rc20 (the legacy
 # TensorRT backend, removed after 1.3.0rc20). These versions have no DFlash: the engine verifies drafts
 # supplied from outside (speculative_decoding_mode draft_tokens_external, max_draft_len {max_draft_len}).
+# Usage: build_engine.sh [OUTPUT_DIR]   (default: BUNDLE.engine beside the bundle folder, which stays as
+# built: its manifest.json does not list the engine; a relative OUTPUT_DIR is taken from where you run it)
 set -euo pipefail
-cd "$(dirname "$0")"
-trtllm-build --checkpoint_dir . --output_dir "${{1:-./engine}}" \\
+checkpoint="$(cd "$(dirname "$0")" && pwd)"
+bundle="$(dirname "$checkpoint")"
+trtllm-build --checkpoint_dir "$checkpoint" --output_dir "${{1:-$bundle.engine}}" \\
     --gemm_plugin auto --use_paged_context_fmha enable \\
     --speculative_decoding_mode draft_tokens_external --max_draft_len {max_draft_len} \\
     --max_batch_size {max_batch_size} --max_seq_len {max_seq_len} --workers {tp}

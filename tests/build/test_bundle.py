@@ -1,6 +1,7 @@
 """Bundles: layout, manifest verification errors, atomic builds, and lossless DFlash on quantized bundles."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,31 @@ def test_emitted_scripts_parse_and_use_known_fields(tiny_bundle_fp8_tp3):
                                            "attention_backend"}  # every speculative_config field of serve.yaml
     assert calls["DFlashDecodingConfig"] <= set(DFLASH_FIELDS) and calls["KvCacheConfig"] <= set(KV_CACHE_FIELDS)
     assert calls["LLM"] <= set(LLM_ARGS_FIELDS)
+
+
+def test_build_engine_sh_writes_the_engine_outside_the_bundle(tiny_bundle_fp8_tp3, tmp_path):
+    """trtllm-build (TensorRT-LLM, not installable here) is replaced on PATH by a script that records its
+    arguments: build_engine.sh passes the checkpoint folder and an engine folder outside the bundle
+    (BUNDLE.engine by default; a relative OUTPUT_DIR is taken from the caller's folder, not the script's)."""
+    b = tiny_bundle_fp8_tp3
+    fake = tmp_path / "bin" / "trtllm-build"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "ARGS_FILE": str(tmp_path / "args")}
+
+    def run(*args):
+        r = subprocess.run(["bash", str(b / "trtllm_checkpoint/build_engine.sh"), *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        argv = (tmp_path / "args").read_text().splitlines()
+        return argv[argv.index("--checkpoint_dir") + 1], argv[argv.index("--output_dir") + 1], argv
+
+    ckpt, out, argv = run()
+    assert ckpt == str((b / "trtllm_checkpoint").resolve()) and out == f"{b.resolve()}.engine"
+    assert argv[argv.index("--workers") + 1] == "3" and argv[argv.index("--max_draft_len") + 1] == "3"
+    assert run("engines/x")[1] == "engines/x"  # as given, resolved by trtllm-build from the caller's folder
+    load_manifest(b)  # the bundle is unchanged
 
 
 def test_missing_file(bundle):
