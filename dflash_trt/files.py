@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
@@ -14,8 +15,9 @@ from typing import IO, Iterator
 
 @contextmanager
 def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file beside `path` (same folder, suffix ".tmp") for the caller to write; on a
-    clean exit it is flushed, fsynced, closed, renamed over `path`, and the folder is fsynced (so the
+    """Open a temporary file beside `path` (same folder, named `.NAME.PID.RANDOM.tmp`: unique, so two
+    processes writing one file, or "a.json" and "a.pt" in one folder, never share it; created with the
+    usual permissions, 0666 less the umask) for the caller to write; on a clean exit it is flushed, fsynced, closed, renamed over `path`, and the folder is fsynced (so the
     rename itself is on disk). An exception in the block (Ctrl-C, a full disk, a failed encoding)
     leaves the previous `path` as it was and no temporary file behind.
 
@@ -27,9 +29,9 @@ def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
             (EINVAL, ENOTSUP) is not an error.
     """
     path = Path(path)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, mode) as f:
+        with open(tmp, mode.replace("w", "x")) as f:  # "x": never an existing file
             yield f
             f.flush()
             os.fsync(f.fileno())

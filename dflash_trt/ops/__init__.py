@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -144,19 +143,16 @@ def _read_failure(record: Path, compiler: dict) -> str | None:
 
 
 def _write_failure(record: Path, reason: str, compiler: dict) -> None:
-    """Record a failed build in `record` atomically (a unique temporary file renamed over it); a cache that
-    cannot be written only means the next process tries again, so errors are ignored."""
+    """Record a failed build in `record` (`dflash_trt.files.write_json_atomic`); a cache that cannot be
+    written only means the next process tries again, so errors are ignored."""
+    from dflash_trt.files import write_json_atomic
+
     data = {"reason": reason, "compiler": compiler, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "torch": torch.__version__, "python": sys.version.split()[0]}
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{record.name}.", suffix=".tmp", dir=record.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, record)
+        write_json_atomic(record, data)
     except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        pass
 
 
 @functools.cache

@@ -4,6 +4,7 @@ and the data cache's shards go through it."""
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -44,7 +45,8 @@ def test_the_file_is_fsynced_before_the_rename_and_the_folder_after(tmp_path, mo
     with atomic_write(p) as f:
         f.write(b"new contents")
     (ino, is_dir, size, names), (dino, dis_dir, _, dnames) = syncs.calls
-    assert (is_dir, size, names) == (False, len(b"new contents"), ["state.bin", "state.tmp"])  # before the rename
+    assert (is_dir, size, len(names), names[1]) == (False, len(b"new contents"), 2, "state.bin")  # before the rename
+    assert re.fullmatch(rf"\.state\.bin\.{os.getpid()}\.[0-9a-f]{{8}}\.tmp", names[0])  # the unique temporary
     assert ino == p.stat().st_ino  # the file fsynced is the one now at `path`
     assert (dino, dis_dir, dnames) == (tmp_path.stat().st_ino, True, ["state.bin"])  # the folder, after it
     assert p.read_bytes() == b"new contents"
