@@ -85,9 +85,26 @@ def drafter_required(target: str | Path | None, drafter: str | Path | None,
     for check and build, which have none)."""
     if drafter is not None or target is None or is_default_target(target):
         return None
+    hint = ""
+    if _has_default_drafter_shape(Path(target)):
+        hint = (f" (this target has {DEFAULT_TARGET_NAME}'s shape: if it is a copy or a fine-tune of it, "
+                f"--drafter {PACKAGED_DRAFTER} drafts for it)")
     return (f"a --drafter is required with a --target other than the default ({DEFAULT_TARGET_NAME}): give the "
-            "folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)"
+            f"folder of a DFlash drafter for that target (dflash-trt train-drafter makes one){hint}"
             + (f", or {alternative}" if alternative else ""))
+
+
+def _has_default_drafter_shape(target: Path) -> bool:
+    """Whether `target/config.json` has the hidden size, vocabulary and layer count the shipped drafter
+    was trained for (a copy of the default model elsewhere, or a fine-tune of it); False when either
+    config cannot be read."""
+    try:
+        t = json.loads((target / "config.json").read_text())
+        d = json.loads((PACKAGED_DRAFTER / "config.json").read_text())
+        return (t.get("hidden_size"), t.get("vocab_size"), t.get("num_hidden_layers")) == (
+            d["hidden_size"], d["vocab_size"], d["num_target_layers"])
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
 
 
 def default_target_path() -> Path:

@@ -391,6 +391,24 @@ def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys
     assert not (tmp_path / "bench").exists()
 
 
+def test_a_copy_of_the_default_target_is_told_which_drafter_fits(monkeypatch, capsys, smollm2_path, tmp_path):
+    """A target folder elsewhere with SmolLM2-135M-Instruct's shape (a copy, a fine-tune) still needs
+    --drafter, and the error names the shipped drafter's folder; another shape gets no such hint."""
+    from dflash_trt.models.default import PACKAGED_DRAFTER
+
+    copy = tmp_path / "my-smollm2"
+    copy.mkdir()
+    shutil.copy(smollm2_path / "config.json", copy / "config.json")
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(copy))
+    assert one_error_line(code, err), err
+    assert err.endswith("(dflash-trt train-drafter makes one) (this target has SmolLM2-135M-Instruct's shape: if it is "
+                        f"a copy or a fine-tune of it, --drafter {PACKAGED_DRAFTER} drafts for it)\n"), err
+    cfg = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 12}))
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(copy))
+    assert one_error_line(code, err) and "shape" not in err, err
+
+
 def test_flag_words_are_case_insensitive():
     """auto / none and every fixed-choice flag accept any case (AUTO, None, OFF), as the number flags'
     words do; the value the command receives is the canonical lower-case word."""
