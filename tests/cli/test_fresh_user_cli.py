@@ -63,7 +63,7 @@ def test_check_refuses_truncated_drafter_weights(monkeypatch, capsys, tmp_path, 
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(smollm2_path), "--drafter", str(drafter))
     assert code == 1 and "Traceback" not in err, err
     assert f"error: drafter: {weights}: not a readable safetensors file (" in err
-    assert "); re-save or re-download it" in err and "check failed: 1 error(s)" in err
+    assert "); re-save or re-download it" in err and "check failed: 1 error," in err
 
 
 def test_check_reports_unexpected_drafter_keys(monkeypatch, capsys, tmp_path, smollm2_path, untrained_drafter):
