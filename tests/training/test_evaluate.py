@@ -30,7 +30,6 @@ def test_the_cache_is_written_atomically_and_a_damaged_one_is_ignored(tmp_path, 
     """A Ctrl-C while the cache is written leaves the previous cache whole (it was truncated, and every later
     run failed on it until deleted by hand); a cache that is not a JSON object counts as empty, with a warning."""
     import json
-    from pathlib import Path
 
     torch.manual_seed(0)
     drafter = DFlashDrafter(new_drafter_config(tiny_target.config, 1, 4, MASK, [0, 1])).eval()
@@ -41,13 +40,12 @@ def test_the_cache_is_written_atomically_and_a_damaged_one_is_ignored(tmp_path, 
     whole = cache.read_text()
     assert len(json.loads(whole)) == 2  # the AR outputs and the drafter's results
 
-    real_write = Path.write_text
+    import dflash_trt.files
 
-    def interrupted(self, text, *a, **k):  # half the file, then Ctrl-C
-        real_write(self, text[: len(text) // 2], *a, **k)
+    def interrupted(fd):  # the temporary file is written, then Ctrl-C before it replaces the cache
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Path, "write_text", interrupted)
+    monkeypatch.setattr(dflash_trt.files.os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
         evaluate(*args, drafter_keys={"d": "k2"})  # new weights key: decodes, then writes the cache
     monkeypatch.undo()

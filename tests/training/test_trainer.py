@@ -339,7 +339,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
         later = [b for b in bests if b > 6]
         assert later, bests  # this run's held-out tau improves after step 6
         run = tmp_path / "b"
-        interrupt_when(lambda f, obj: f.name == "checkpoint.tmp" and obj["state"]["step"] == 6)
+        interrupt_when(lambda f, obj: f.name.startswith(".checkpoint.pt.") and obj["state"]["step"] == 6)
         with pytest.raises(TrainingInterrupted) as exc:
             train(_drafter(tiny_target), data, cfg, run, progress=False)
         assert isinstance(exc.value, KeyboardInterrupt)
@@ -347,7 +347,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
         assert str(exc.value).startswith(f"training interrupted at step 6/{ref.total_steps}; last checkpoint: step 3")
         assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
         assert torch.load(run / CHECKPOINT, weights_only=False)["state"]["step"] == 3
-        interrupt_when(lambda f, obj: f.name == "best.tmp" and obj["step"] == later[0])
+        interrupt_when(lambda f, obj: f.name.startswith(".best.pt.") and obj["step"] == later[0])
         with pytest.raises(TrainingInterrupted) as exc:
             train(_drafter(tiny_target), data, cfg, run, resume=True, progress=False)
         assert exc.value.step == exc.value.checkpoint_step == later[0]
