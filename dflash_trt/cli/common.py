@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from dflash_trt.errors import CheckpointError, ConfigError, InvalidRequestError
+from dflash_trt.text import count
 
 
 def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
@@ -385,16 +386,16 @@ def warn_block_size(pipe) -> None:
                    f"--block-size {trained} or less", err=True)
 
 
-def plural(n: int, word: str) -> str:
-    """"1 prompt", "2 prompts": `n` and `word`, with an s unless `n` is 1."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
+#: "1 prompt", "2 prompts" (`dflash_trt.text.count`)
+plural = count
 
 
 def prompt_file_lines(path: str | Path) -> list[int]:
     """The line number (1-based) of each prompt that `load_prompts_jsonl(path)` returns, in its order:
     it skips blank lines only and takes one prompt from every other line (or raises)."""
-    text = Path(path).read_text(encoding="utf-8-sig")
-    return [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    from dflash_trt.training.prompts import jsonl_lines
+
+    return [n for n, line in jsonl_lines(Path(path).read_text(encoding="utf-8-sig")) if line.strip()]
 
 
 def check_prompt_lengths(prompts: list[list[int]], ctx: int, where: list[str] | None = None,

@@ -254,6 +254,13 @@ def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> li
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
+def jsonl_lines(text: str) -> list[tuple[int, str]]:
+    """(line number from 1, line) of a JSONL text, split at "\n" only: JSON strings may hold U+2028,
+    U+2029 or U+0085 unescaped (json.dumps(..., ensure_ascii=False) writes them), which
+    str.splitlines() would also split at. A "\r" left by CRLF endings is JSON whitespace."""
+    return list(enumerate(text.split("\n"), 1))
+
+
 def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> list[Prompt]:
     """Prompts from a JSONL file: one `{"prompt": "..."}` or `{"messages": [{"role", "content"}, ...]}`
     object per line (blank lines ignored); roles are ROLES. Other keys are ignored, with warnings on
@@ -282,7 +289,7 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
         text = p.read_text(encoding="utf-8-sig")  # a leading byte-order mark (Windows editors) is not JSON
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); give a JSONL file, one JSON object per line") from exc
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in jsonl_lines(text):
         if not line.strip():
             continue
         try:

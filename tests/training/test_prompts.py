@@ -104,3 +104,19 @@ def test_task_corpus_families_are_seeded_distinct_and_held_out():
     assert [c for c in corpus if _ngrams(c) & eval_grams] == []
     norm = lambda s: " ".join(s.split()).lower()  # noqa: E731
     assert not {norm(e) for e in evals} & {norm(c) for c in corpus}
+
+
+def test_unicode_line_separators_inside_strings_are_text(tmp_path):
+    """json.dumps(..., ensure_ascii=False) writes U+2028 / U+2029 / U+0085 unescaped; they are text inside
+    a JSON string, not line breaks (str.splitlines() split there: 'Unterminated string'). Line numbers
+    of later lines stay right, and CRLF endings load."""
+    from dflash_trt.cli.common import prompt_file_lines
+
+    texts = ["one\u2028two", "three\u2029four", "five\u0085six"]
+    f = tmp_path / "u.jsonl"
+    f.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n" for t in texts)
+                 + '\n{"prompt": 1}\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(f"{f}:5: expected")):
+        load_prompts_jsonl(f)
+    f.write_text(f.read_text(encoding="utf-8").replace('\n{"prompt": 1}\n', ""), encoding="utf-8")
+    assert load_prompts_jsonl(f) == texts and prompt_file_lines(f) == [1, 2, 3]
