@@ -272,7 +272,8 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     Raises:
         DFlashError: the file is missing or empty.
         ConfigError: `path` is a directory; a line is not JSON, has both "prompt" and "messages", or has
-            neither a non-empty "prompt" string nor a non-empty list of messages; a message has a role
+            neither a non-empty "prompt" string nor a non-empty list of messages (an empty or blank
+            "prompt" and an empty "messages" list are named as such); a message has a role
             outside ROLES or no string "content"; a conversation has no user message with text. The
             message names FILE:LINE. A UTF-8 byte-order mark
             is allowed.
@@ -312,6 +313,11 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             out.append(obj["prompt"])
         elif messages is not None:
             out.append(messages)
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            raise ConfigError(f'{p}:{n}: the "prompt" is empty; give the text to answer, or remove the line')
+        elif isinstance(obj, dict) and obj.get("messages") == []:
+            raise ConfigError(f'{p}:{n}: "messages" is an empty list; give at least one '
+                              '{"role": "user", "content": "<text>"} message, or remove the line')
         else:
             raise ConfigError(
                 f'{p}:{n}: expected {{"prompt": "<text>"}} or {{"messages": [{{"role": ..., "content": ...}}]}}, '

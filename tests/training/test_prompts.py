@@ -47,7 +47,11 @@ def test_jsonl_prompts_and_messages(tmp_path):
     ('{"prompt": "ok"}\nnot json\n', ConfigError, ":2: not valid JSON"),
     ('{"text": "x"}\n', ConfigError, ":1: expected"),
     ('{"messages": [{"role": "user"}]}\n', ConfigError, ':1: message 1 (user) has no "content"; give its text'),
-    ('{"prompt": ""}\n', ConfigError, ":1: expected"),
+    ('{"prompt": ""}\n', ConfigError, ':1: the "prompt" is empty; give the text to answer, or remove the line'),
+    ('{"prompt": "ok"}\n{"prompt": " \\n "}\n', ConfigError, ':2: the "prompt" is empty'),
+    ('{"messages": []}\n', ConfigError, ':1: "messages" is an empty list; give at least one {"role": "user", '
+     '"content": "<text>"} message, or remove the line'),
+    ('{"prompt": 3}\n', ConfigError, ":1: expected"),
     ('{"prompt": "a"}\n{"prompt": "b", "messages": [{"role": "user", "content": "c"}]}\n', ConfigError,
      ':2: holds both "prompt" and "messages"; keep one of them'),
 ])
