@@ -208,6 +208,14 @@ BUILD_ENGINE_SH = """#!/usr/bin/env bash
 # Usage: build_engine.sh [OUTPUT_DIR]   (default: BUNDLE.engine beside the bundle folder, which stays as
 # built: its manifest.json does not list the engine; a relative OUTPUT_DIR is taken from where you run it)
 set -euo pipefail
+usage="usage: $0 [OUTPUT_DIR]  (default: the bundle folder's path + .engine)"
+case "${{1:-}}" in -h|--help) echo "$usage"; exit 0;; -*) echo "$usage" >&2; exit 2;; esac
+if [ $# -gt 1 ]; then echo "$usage" >&2; exit 2; fi
+if ! command -v trtllm-build >/dev/null; then
+    echo "trtllm-build not found: install TensorRT-LLM 1.2.x - 1.3.0rc20 (the last versions with trtllm-build)," \\
+         "or serve the bundle's trtllm/ folder with trtllm-serve (TensorRT-LLM >= 1.3.0rc, DFlash)" >&2
+    exit 127
+fi
 checkpoint="$(cd "$(dirname "$0")" && pwd)"
 bundle="$(dirname "$checkpoint")"
 trtllm-build --checkpoint_dir "$checkpoint" --output_dir "${{1:-$bundle.engine}}" \\
