@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dflash_trt.config import DrafterConfig, TargetConfig
 from dflash_trt.errors import IncompatibleModelsError
+from dflash_trt.text import count
 
 
 def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list[str]:
@@ -171,7 +172,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
             wrong.append((key, got, shape))
     if wrong:
         key, got, shape = wrong[0]
-        more = f" (and {len(wrong) - 1} more tensor(s) of another shape)" if len(wrong) > 1 else ""
+        more = f" (and {count(len(wrong) - 1, 'more tensor')} of another shape)" if len(wrong) > 1 else ""
         problems.append(f"{what} weights: {key} has shape {got}, config.json implies {shape}{more}; {shape_fix}")
     return problems
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_trt.text import count
+
 README = "README.md"
 QUANT_HEADING = "## Quantization in this bundle"
 
@@ -102,7 +104,7 @@ def bundle_readme(manifest: dict) -> str:
         f"# dflash-trt bundle {manifest['name']}",
         "",
         f"Target `{t['source']}` ({t['architecture']}, {t['num_hidden_layers']} layers, hidden {t['hidden_size']}, "
-        f"vocabulary {t['vocab_size']}) with the DFlash drafter `{d['source']}` ({d['num_hidden_layers']} layer(s), "
+        f"vocabulary {t['vocab_size']}) with the DFlash drafter `{d['source']}` ({count(d['num_hidden_layers'], 'layer')}, "
         f"block size {manifest['block_size']}: max_draft_len {manifest['max_draft_len']}, target layers "
         f"{manifest['target_layer_ids']}, mask token id {manifest['mask_token_id']}"
         + (f", draft vocabulary {d['draft_vocab_size']}" if reduced else "")
@@ -121,7 +123,7 @@ def bundle_readme(manifest: dict) -> str:
         "",
         f"- dflash-trt: `dflash-trt generate --bundle THIS_FOLDER --chat '...'` verifies manifest.json, then loads "
         f"trtllm/target and {d['path']}; it {_describe(q['target'], TARGET_RUNTIME)}",
-        f"- TensorRT-LLM >= 1.3.0rc (PyTorch backend, DFlash), on {tp} GPU(s): `trtllm/launch.sh` (trtllm-serve "
+        f"- TensorRT-LLM >= 1.3.0rc (PyTorch backend, DFlash), on {count(tp, 'GPU')}: `trtllm/launch.sh` (trtllm-serve "
         "./target --config serve.yaml) or `python trtllm/llm_api_example.py`.",
         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
         "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
@@ -138,7 +140,7 @@ def bundle_readme(manifest: dict) -> str:
                      "which dflash-trt loads.")
     lines += [
         "- trtllm/serve.yaml, launch.sh, llm_api_example.py: serving with TensorRT-LLM.",
-        f"- trtllm_checkpoint/: the target as TensorRT-LLM's per-rank checkpoint ({tp} rank file(s)) and "
+        f"- trtllm_checkpoint/: the target as TensorRT-LLM's per-rank checkpoint ({count(tp, 'rank file')}) and "
         "build_engine.sh.",
     ]
     return "\n".join(lines) + "\n"

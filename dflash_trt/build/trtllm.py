@@ -37,6 +37,7 @@ from dflash_trt.build.schema import validate_llm_args
 from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict, tensors_equal
 from dflash_trt.config import TargetConfig
 from dflash_trt.errors import BuildError
+from dflash_trt.text import count
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
@@ -196,7 +197,7 @@ def write_serving_files(root: Path, cfg: dict) -> None:
         + yaml.safe_dump(cfg, sort_keys=False))
     tp = cfg["tensor_parallel_size"]
     launch = root / "launch.sh"
-    launch.write_text(LAUNCH_SH.format(config=SERVE_CONFIG, gpus=f"needs {tp} GPU(s) (tensor_parallel_size {tp})"))
+    launch.write_text(LAUNCH_SH.format(config=SERVE_CONFIG, gpus=f"needs {count(tp, 'GPU')} (tensor_parallel_size {tp})"))
     launch.chmod(0o755)
     (root / "llm_api_example.py").write_text(llm_api_example(cfg))
 

@@ -17,6 +17,7 @@ from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
 from dflash_trt.models.target import TargetModel
+from dflash_trt.text import count
 
 
 def _build_on_meta(cls, cfg):
@@ -50,7 +51,7 @@ def check_device(device: str) -> None:
             raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
                               "use --device cpu or run on a machine with a GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0; "
+            raise ConfigError(f"--device {device}: torch sees {count(torch.cuda.device_count(), 'GPU')}, numbered from 0; "
                               "pick one of them")
 
 

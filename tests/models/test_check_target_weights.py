@@ -97,7 +97,7 @@ def test_a_config_that_does_not_describe_the_target_weights(target, pair):
     (target / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 256}))
     assert errors(target, pair[1]) == [
         "target weights: model.layers.0.mlp.gate_proj.weight has shape [128, 64], config.json implies [256, 64] "
-        "(and 11 more tensor(s) of another shape); config.json (vocab_size, hidden_size, intermediate_size, heads) "
+        "(and 11 more tensors of another shape); config.json (vocab_size, hidden_size, intermediate_size, heads) "
         "does not describe these weights: use the config.json that came with them, or the matching checkpoint"]
     (target / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 6}))
     found = errors(target, pair[1])
