@@ -182,7 +182,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                 click.echo(text)
             else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
                 click.echo(text[len(shown["text"]):])
+            rate = f"acceptance rate={m.acceptance_rate:.2f}" if m.drafted_tokens else "no drafts"
+            drafting = f"tau={m.acceptance_length:.2f}, {rate}, " if mode == "dflash" else ""  # ar drafts nothing
             click.echo(
-                f"[{mode}] {plural(m.completion_tokens, 'token')}, finish={res.finish_reason}, tau={m.acceptance_length:.2f}, "
-                f"acceptance rate={m.acceptance_rate:.2f}, TTFT={m.time_to_first_token_s * 1000:.0f} ms, "
-                f"{m.tokens_per_s:.1f} tok/s", err=True)
+                f"[{mode}] {plural(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
+                f"TTFT={m.time_to_first_token_s * 1000:.0f} ms, {m.tokens_per_s:.1f} tok/s", err=True)

@@ -310,7 +310,7 @@ def test_prompts_file_prompt_too_long_names_file_and_line(monkeypatch, capsys, t
                                  "tokens; shorten it to at most 31 tokens\n")
     code, out, err = run_main(monkeypatch, capsys, *base, "--prompt", "The capital of France is")
     assert code == 0, err
-    assert err.startswith("[ar] 1 token, finish=length, "), err
+    assert err.startswith("[ar] 1 token, finish=length, TTFT="), err  # ar drafts nothing: no tau or acceptance rate
 
 
 def test_context_and_sampling_messages_count_in_words(capsys):
