@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -373,6 +374,28 @@ def _shape_differences(saved: dict[str, tuple], own: dict[str, tuple]) -> list[s
     return out or ["drafter shape (widths)"]
 
 
+def _check_trainable(data: TrainData, max_seq_len: int) -> None:
+    """Every block the trainer draws lies within a sample's first max_seq_len + 1 tokens and starts in
+    its response: a sample whose prompt fills that window trains nothing. One stderr warning counts such
+    samples; when no sample has 2 response tokens in the window, training would report a loss of 0.
+
+    Raises:
+        DFlashError: no sample has 2 response tokens within max_seq_len + 1 (names the longest prompt
+            and the fix).
+    """
+    pairs = list(zip(data.tokens, data.prompt_len))
+    cut = sum(len(t) - p >= 2 > min(len(t), max_seq_len + 1) - p for t, p in pairs)  # a response, outside the window
+    if not cut:
+        return
+    fix = (f"raise --max-seq-len above the prompt lengths (the longest prompt is {max(data.prompt_len)} tokens; the "
+           "window holds prompt + response), or use shorter prompts")
+    if not any(min(len(t), max_seq_len + 1) - p >= 2 for t, p in pairs):
+        raise DFlashError(f"no training sample has a response within --max-seq-len {max_seq_len}: each prompt fills "
+                          f"the window, so nothing would be trained; {fix}")
+    print(f"warning: {cut} of {len(data)} training samples have no response within --max-seq-len "
+          f"{max_seq_len} (their prompts fill the window) and train nothing; {fix}", file=sys.stderr)
+
+
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
           time_limit_s: float | None = None, max_steps: int | None = None, progress: bool = True,
           budget_s: float | None = None) -> TrainState:
@@ -394,7 +417,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     Raises:
         DFlashError: run_dir holds a checkpoint but resume is False, or none but resume is True;
             the checkpoint was made with another TrainConfig, data size or drafter (shape, target
-            layer ids); no sample has a response of 2+ tokens.
+            layer ids); no sample has a response of 2+ tokens (within max_seq_len + 1 tokens:
+            `_check_trainable`, which also warns about the samples without one).
         TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) during training; it names the step and
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
             temporary file, fsynced and renamed over the old one; best.pt after the checkpoint
@@ -409,6 +433,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     n = len(data)
     if n == 0 or not any(len(t) - p >= 2 for t, p in zip(data.tokens, data.prompt_len)):
         raise DFlashError("no training sample has a response of at least 2 tokens; check the prompts and data")
+    _check_trainable(data, cfg.max_seq_len)
     val_idx, train_idx = split_validation(n, cfg)
     n_train = len(train_idx)
     params = [p for p in drafter.parameters() if p.requires_grad]

@@ -370,3 +370,25 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
     for k, w in ref_best["drafter"].items():
         assert torch.equal(w, best["drafter"][k]), k
     assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
+
+
+def test_prompts_that_fill_max_seq_len_are_named_not_trained_as_zero_loss(tmp_path, tiny_target, tiny_samples, capsys):
+    """Blocks lie within a sample's first max_seq_len + 1 tokens and start in its response: when every
+    prompt fills that window the run is refused before it starts (it reported loss 0.000 and exported
+    a drafter trained on nothing); when some do, one warning counts them (prompts here: 4-8 tokens)."""
+    from dflash_trt.training.trainer import _check_trainable
+
+    data = _data(tiny_target, tiny_samples)
+    cfg = TrainConfig(**{**CFG.__dict__, "max_seq_len": 4})
+    with pytest.raises(DFlashError) as exc:
+        train(_drafter(tiny_target), data, cfg, tmp_path / "run", progress=False)
+    assert str(exc.value) == ("no training sample has a response within --max-seq-len 4: each prompt fills the window, "
+                              "so nothing would be trained; raise --max-seq-len above the prompt lengths (the longest "
+                              "prompt is 8 tokens; the window holds prompt + response), or use shorter prompts")
+    assert not (tmp_path / "run" / CHECKPOINT).exists()
+    capsys.readouterr()
+    _check_trainable(data, 6)  # a window of 7 tokens: prompts of 6, 7 and 8 tokens leave < 2 response tokens
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 15 of 24 training samples have no response within --max-seq-len 6 "), err
+    _check_trainable(data, 512)
+    assert capsys.readouterr().err == ""
