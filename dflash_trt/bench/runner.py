@@ -40,7 +40,7 @@ def encode_dataset(tokenizer, dataset: str, num_prompts: int, source: str = "the
         questions = (mtbench_subset if dataset == "mt-bench" else humaneval_subset)(num_prompts)
         ids = [encode_prompt(tokenizer, [{"role": "user", "content": q}], source) for q in questions]
         return ids, [f"{dataset} prompt {i}" for i in range(1, len(ids) + 1)]
-    if not Path(dataset).is_file():
+    if not Path(dataset).exists() or Path(dataset).is_dir():  # a pipe (<(...)) is a file here
         raise InvalidRequestError(f"--dataset must be one of {', '.join(DATASETS)} or a JSONL file; {dataset} is neither")
     items = load_prompts_jsonl(dataset)[:num_prompts]
     ids = [list(tokenizer(it)["input_ids"]) if isinstance(it, str) else encode_prompt(tokenizer, it, source)

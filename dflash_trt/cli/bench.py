@@ -88,7 +88,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     for ds in datasets:  # before any model loads
         if ds in DATASETS:
             continue
-        if not Path(jsonl_file("--dataset", ds)).is_file():
+        if not Path(jsonl_file("--dataset", ds)).exists():  # a pipe (<(...)) too
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
         load_prompts_jsonl(ds, REQUEST_KEYS)  # an empty or malformed file fails here, not after the models load

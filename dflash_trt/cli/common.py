@@ -393,9 +393,9 @@ plural = count
 def prompt_file_lines(path: str | Path) -> list[int]:
     """The line number (1-based) of each prompt that `load_prompts_jsonl(path)` returns, in its order:
     it skips blank lines only and takes one prompt from every other line (or raises)."""
-    from dflash_trt.training.prompts import jsonl_lines
+    from dflash_trt.training.prompts import jsonl_lines, read_prompts_text
 
-    return [n for n, line in jsonl_lines(Path(path).read_text(encoding="utf-8-sig")) if line.strip()]
+    return [n for n, line in jsonl_lines(read_prompts_text(path)) if line.strip()]
 
 
 def check_prompt_lengths(prompts: list[list[int]], ctx: int, where: list[str] | None = None,

@@ -254,6 +254,33 @@ def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> li
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
+#: The text of each prompts file that is not a regular file (a pipe such as bash's `<(...)`, /dev/stdin),
+#: by path: it can be read only once, and a command reads a prompts file more than once.
+_STREAMED: dict[str, str] = {}
+
+
+def read_prompts_text(path: str | Path) -> str:
+    """The text of a prompts file as UTF-8 (a leading byte-order mark, as Windows editors write, dropped).
+    A file that is not a regular file (a pipe: `--prompts-file <(...)`, /dev/stdin) is read once per
+    process and kept, so every later read (the line numbers of messages) sees the same text.
+
+    Raises:
+        ConfigError: the file is not UTF-8 text.
+        OSError: it cannot be read.
+    """
+    p = Path(path)
+    key = str(p.absolute())
+    if key in _STREAMED:
+        return _STREAMED[key]
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); give a JSONL file, one JSON object per line") from exc
+    if not p.is_file():
+        _STREAMED[key] = text
+    return text
+
+
 def jsonl_lines(text: str) -> list[tuple[int, str]]:
     """(line number from 1, line) of a JSONL text, split at "\n" only: JSON strings may hold U+2028,
     U+2029 or U+0085 unescaped (json.dumps(..., ensure_ascii=False) writes them), which
@@ -281,15 +308,13 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{p} is a directory; give a JSONL file (one JSON object per line)")
-    if not p.is_file():
-        raise DFlashError(f"{p}: no such prompts file; give an existing JSONL file")
+    if not p.exists():
+        stdin = " (for standard input, give /dev/stdin)" if str(path) == "-" else ""
+        raise DFlashError(f"{p}: no such prompts file; give an existing JSONL file{stdin}")
     out: list[Prompt] = []
     ignored: dict[str, int] = {}  # key of warn_keys -> first line holding it
     unknown: dict[str, int] = {}  # any other key -> first line holding it
-    try:
-        text = p.read_text(encoding="utf-8-sig")  # a leading byte-order mark (Windows editors) is not JSON
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); give a JSONL file, one JSON object per line") from exc
+    text = read_prompts_text(p)
     for n, line in jsonl_lines(text):
         if not line.strip():
             continue

@@ -124,3 +124,23 @@ def test_unicode_line_separators_inside_strings_are_text(tmp_path):
         load_prompts_jsonl(f)
     f.write_text(f.read_text(encoding="utf-8").replace('\n{"prompt": 1}\n', ""), encoding="utf-8")
     assert load_prompts_jsonl(f) == texts and prompt_file_lines(f) == [1, 2, 3]
+
+
+def test_a_pipe_is_read_once_and_seen_by_every_reader(tmp_path):
+    """`--prompts-file <(...)` is a pipe: it can be read once, and a command reads its prompts file twice
+    (the prompts, then the line numbers of messages). Both readers see its text; "-" says to use /dev/stdin."""
+    import os
+    import threading
+
+    from dflash_trt.cli.common import prompt_file_lines
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n'))
+    writer.start()
+    assert load_prompts_jsonl(fifo) == ["a", "b"]
+    writer.join(timeout=10)
+    assert prompt_file_lines(fifo) == [1, 3] and load_prompts_jsonl(fifo) == ["a", "b"]  # no second writer: kept
+    with pytest.raises(DFlashError, match=re.escape("-: no such prompts file; give an existing JSONL file (for "
+                                                    "standard input, give /dev/stdin)")):
+        load_prompts_jsonl("-")
