@@ -41,13 +41,14 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 def main() -> None:
     """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), a usage error as
-    `error: ...` (exit 2), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
+    `error: ...` (exit 2), Ctrl-C as one line (exit 130), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
     does for a group without a command: on stderr, exit 2, no `error:`."""
     from dflash_trt.errors import DFlashError
 
     try:
         cli.main(prog_name="dflash-trt", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # Ctrl-C in a command without its own message (generate, check, init-drafter)
+        click.echo("interrupted (Ctrl-C)", err=True)
         sys.exit(130)
     except _NO_ARGS_IS_HELP as exc:  # no command given: the help itself is the message
         exc.show()

@@ -110,3 +110,15 @@ def test_draft_length_errors_exit_2_on_their_own_and_1_against_the_drafter(monke
     assert code == 1 and out == "" and "Traceback" not in err
     assert err == ("error: max_draft_len must be in [1, block_size - 1 = 15], got 16; a block holds the last verified "
                    "token and block_size - 1 drafts (use --max-draft-len 15 or less, or raise --block-size)\n")
+
+
+def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while generate decodes: one stderr line, exit 130 (128 + SIGINT), no traceback, nothing on stdout."""
+    import dflash_trt.api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", interrupted)
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--max-tokens", "2", "--json")
+    assert (code, out, err) == (130, "", "\ninterrupted (Ctrl-C)\n")  # click ends the terminal's ^C line first
