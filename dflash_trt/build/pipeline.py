@@ -129,37 +129,25 @@ def preflight(opts: BuildOptions) -> dict:
 
 
 def check_out(opts: BuildOptions) -> Path | None:
-    """The checks on `--out` that need no writing (preflight, so `--dry-run` fails exactly as the build does).
+    """The checks on `--out` that need no writing (preflight, so `--dry-run` fails exactly as the build does):
+    `dflash_trt.out_folder.check_out` with the bundle as the kind --force replaces.
 
     The build creates missing parent folders of `--out`, then its temporary folder beside `--out`, and
     (with `--force`) moves what is at `--out` aside there: so the nearest existing ancestor of `--out`'s
-    parent must be a folder this user may write to. Returns the parent folder the build would create
-    (None when it exists).
+    parent must be a folder in which this process can create one (tried: an empty folder is made and
+    removed). Returns the parent folder the build would create (None when it exists).
     Raises:
-        ConfigError: `--out` exists without `--force`; with `--force`, it is a file or a non-empty folder that
-            is not a dflash-trt bundle (nothing but a bundle or an empty folder is ever replaced); a parent of
-            it is a file, or it is not writable.
+        ConfigError: `--out` is empty, names '.' or '..', or lies inside a dflash-trt bundle; it exists without
+            `--force`; with `--force`, it is a file, a non-empty folder that is not a dflash-trt bundle, or a
+            bundle holding files its manifest does not list (named; nothing but a bundle of only its own files,
+            or an empty folder, is ever replaced); a parent of it is a file, or it is not writable.
     """
-    out = opts.out
-    if (out.exists() or out.is_symlink()) and not opts.force:
-        raise ConfigError(f"{out} already exists; remove it, pick another --out, or pass --force to replace it (--force "
-                          "replaces a dflash-trt bundle or an empty folder only)")
-    existing = existing_out(out)
-    empty_folder = out.is_dir() and not out.is_symlink() and not any(out.iterdir())
-    if existing and existing != "a dflash-trt bundle" and not empty_folder:
-        raise ConfigError(f"--out {out} is {existing}; --force replaces only a dflash-trt bundle or an empty folder, "
-                          "so nothing else is lost: pick another --out, or move it away yourself")
-    parent = out.resolve().parent
-    nearest = parent
-    while not nearest.exists():
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        raise ConfigError(f"--out {out}: {nearest} is a file, not a folder; give an --out whose parent folders are "
-                          "folders (or can be created)")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: cannot write in {nearest} (permission denied); pick an --out in a folder "
-                          "you can write to")
-    return None if nearest == parent else parent
+    from dflash_trt.out_folder import BUNDLE
+    from dflash_trt.out_folder import check_out as check_output_folder
+
+    return check_output_folder("--out", opts.out, BUNDLE, opts.force, exists_message=(
+        f"{opts.out} already exists; remove it, pick another --out, or pass --force to replace it (--force replaces a "
+        "dflash-trt bundle or an empty folder only)"))
 
 
 def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
@@ -190,20 +178,13 @@ TRTLLM_DRAFTER = "trtllm/drafter"
 
 
 def existing_out(out: Path) -> str | None:
-    """What `--force` would replace at `out`: None when nothing is there, "a dflash-trt bundle", or a
-    description of something that is not a bundle (a file, a folder without a bundle manifest)."""
-    from dflash_trt.build.manifest import load_manifest
-    from dflash_trt.errors import BundleError
+    """What `--force` would replace at `out`: None when nothing is there, "a dflash-trt bundle" (one holding only
+    the files its manifest lists), or a description of something else (a file, a folder without a bundle
+    manifest, a bundle plus files its manifest does not list): `dflash_trt.out_folder.existing_out`."""
+    from dflash_trt.out_folder import BUNDLE
+    from dflash_trt.out_folder import existing_out as existing
 
-    if not (out.exists() or out.is_symlink()):
-        return None
-    if not out.is_dir():
-        return "a file, not a dflash-trt bundle"
-    try:
-        load_manifest(out, verify=False)
-    except BundleError:
-        return "a folder that is not a dflash-trt bundle (no bundle manifest.json)"
-    return "a dflash-trt bundle"
+    return existing(out, BUNDLE)
 
 
 def step_titles(opts: BuildOptions) -> list[str]:

@@ -18,7 +18,9 @@ import click
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers; fewer on a "
               "target of under 8 layers).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--force", is_flag=True, help="Replace an existing --out (once the new drafter is written).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out (once the new drafter is written): a DFlash drafter folder holding only "
+                   "what dflash-trt writes there, or an empty folder; anything else there is refused.")
 def init_drafter(target, out, num_layers, block_size, mask_token_id, target_layer_ids, seed, force):
     """Write an UNTRAINED DFlash drafter for --target (its config says so; default target: the embedded
     SmolLM2-135M-Instruct, converted on first use).
@@ -28,6 +30,13 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     The default mask id is the last vocab row, or the tokenizer's spare special token when that row is
     text (`dflash_trt.models.mask_token`); a mask id that occurs in text (an ordinary token, BOS / EOS /
     PAD / UNK, a chat-template marker) gets a warning naming a token to use instead.
+
+    \f
+    Raises:
+        ConfigError: before anything loads, --out is unusable (`dflash_trt.out_folder.check_out`: empty, '.' or
+            '..', inside a bundle, under a file, not writable, existing without --force, or with --force not
+            an empty folder nor a DFlash drafter folder holding only what dflash-trt writes there); then the
+            errors of --target, --target-layer-ids and the drafter's shape (`check_compatible`).
     """
     import shutil
     import tempfile
@@ -36,16 +45,14 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.cli.common import model_folder, parse_layer_ids
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
-    from dflash_trt.errors import CheckpointError, ConfigError
+    from dflash_trt.errors import CheckpointError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
     from dflash_trt.models.loading import publish_folder
     from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
+    from dflash_trt.out_folder import DRAFTER, check_out
 
-    if Path(out).exists() and not Path(out).is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
-    if Path(out).exists() and not force:
-        raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to overwrite it")
+    check_out("--out", out, DRAFTER, force)
     target = model_folder("--target", target) or str(default_target_path())  # as every other command
     tcfg = TargetConfig.from_pretrained(target, flag="--target")
     ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)

@@ -104,27 +104,37 @@ def _exported_from(path: Path, work: Path) -> bool:
 
 
 def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path) -> None:
-    """Refuse an --out the export would replace, before any data is generated: a file always (the
-    drafter is a folder), an existing folder unless --force, or --resume with a drafter already
-    exported there by this same run (its training.json names `work`; the resumed run replaces it).
+    """Refuse an --out or --work-dir that would fail or lose data, before any data is generated
+    (`dflash_trt.out_folder`): an --out that is empty, '.' or '..', inside a bundle, under a file or not
+    writable (with --data-only too: the run that trains writes there); without --data-only, an existing
+    --out unless --force or --resume with a drafter already exported there by this same run (its
+    training.json names `work`; the resumed run replaces it), and even then anything but an empty folder
+    or a DFlash drafter folder holding only what dflash-trt writes there. The work dir must be a folder
+    (or creatable) this process can write in, and neither --out nor inside it (the export replaces --out).
 
     Raises:
-        ConfigError: naming the path and the fix (exit 1, as build and init-drafter refuse an existing --out).
+        ConfigError: one line naming the path and the fix (exit 1, as build and init-drafter refuse an --out).
     """
     from dflash_trt.errors import ConfigError
+    from dflash_trt.models.loading import path_overlap
+    from dflash_trt.out_folder import DRAFTER, check_out, check_out_path, check_writable
     from dflash_trt.training.trainer import CHECKPOINT
 
-    path = Path(out)
-    if data_only or not (path.exists() or path.is_symlink()):
-        return
-    if not path.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder path for the drafter (the file is left as it is)")
-    if force or (resume and _exported_from(path, work)):
-        return
-    run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
-           if (work / "run" / CHECKPOINT).is_file() and _exported_from(path, work) else "")
-    raise ConfigError(f"--out {out} already exists; pick another --out, or pass --force to replace it (the old "
-                           f"folder is removed only once the new drafter is written){run}")
+    if data_only:
+        check_out_path("--out", out, DRAFTER)
+    else:
+        path = Path(out)
+        exported_here = _exported_from(path, work)
+        run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
+               if (work / "run" / CHECKPOINT).is_file() and exported_here else "")
+        check_out("--out", out, DRAFTER, force or (resume and exported_here), exists_message=(
+            f"--out {out} already exists; pick another --out, or pass --force to replace it (--force replaces a DFlash "
+            f"drafter folder or an empty folder only, once the new drafter is written){run}"))
+    where = path_overlap(work, out)
+    if where in ("is", "is inside"):
+        raise ConfigError(f"--work-dir {work} {where} --out {out}; the export replaces --out as a whole, so give a "
+                          "--work-dir outside it (default: OUT.work, beside --out)")
+    check_writable("--work-dir", work, work)
 
 
 #: Flags whose value a fine-tuned drafter (--init DIR) dictates; given on the command line they must agree.
@@ -279,7 +289,16 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   gamma, val_samples, keep_best, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, bf16_autocast, attention, data_only,
                   force, online_features):
-    """Train a DFlash drafter for TARGET and export it to OUT."""
+    """Train a DFlash drafter for TARGET and export it to OUT.
+
+    \f
+    Raises:
+        ConfigError / click.UsageError: before any work, a bad option or path: --out and --work-dir as
+            `_check_out` says (an existing --out is replaced only with --force, and only when it is an empty
+            folder or a DFlash drafter folder holding only what dflash-trt writes there), --resume without a
+            checkpoint or a checkpoint without --resume, the target, the prompts, the drafter's shape; at the
+            export, an --out that has changed since (`_check_out` again; the run stays checkpointed).
+    """
     from dflash_trt.cli.common import jsonl_file
     from dflash_trt.models.checkpoints import check_device
 
@@ -289,15 +308,15 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     check_device(device)
     init_dir = _init_drafter_dir(init_mode)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
-    _check_resume(resume and not data_only, work)
     _check_out(out, force, resume, data_only, work)
+    _check_resume(resume and not data_only, work)
     if not resume and not data_only:
         _check_fresh_run(work)
     import torch
 
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
-    from dflash_trt.errors import TrainingInterrupted
+    from dflash_trt.errors import ConfigError, TrainingInterrupted
     from dflash_trt.models.checkpoints import load_drafter, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path
     from dflash_trt.models.drafter import DFlashDrafter
@@ -440,6 +459,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                               "best_step": state.best_step, "best_acceptance_length": state.best_acceptance_length,
                               "history": state.val_history}
     dtype = torch.bfloat16 if export_dtype == "bfloat16" else torch.float32
+    try:  # --out again: hours may have passed since the first check (a user's files put there are never replaced)
+        _check_out(out, force, resume, False, work)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; nothing was exported: the run is checkpointed at step {state.step} in {work / 'run'}, "
+                          "so once --out is fixed, rerun the same command with --resume to export it") from None
     try:
         final = export_drafter(drafter, out, info, state.history, dtype)
     except KeyboardInterrupt:

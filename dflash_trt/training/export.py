@@ -164,11 +164,12 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     return out
 
 
-def _check_copy_paths(src: Path, dst: Path, force: bool) -> None:
-    """Refuse a `full_vocab_copy` destination that would lose data, before anything is read or written:
-    `dst` equal to `src`, inside it or holding it (always: publishing `dst` would replace `src` or
-    write into it), a file at `dst` (always: the copy is a folder; as train-drafter and init-drafter
-    refuse a file at --out), or an existing folder unless `force`.
+def _check_copy_paths(src: Path, dst: str | Path, force: bool) -> None:
+    """Refuse a `full_vocab_copy` destination that would lose data or fail at the end, before anything is
+    read or written: `dst` equal to `src`, inside it or holding it (always: publishing `dst` would replace
+    `src` or write into it), then `dflash_trt.out_folder.check_out` (as init-drafter and train-drafter check
+    --out): empty, '.' or '..', inside a bundle, under a file, not writable, existing without `force`, and
+    with `force` anything but an empty folder or a DFlash drafter folder holding only what dflash-trt writes.
 
     Raises:
         ConfigError: naming the path and the fix.
@@ -176,18 +177,13 @@ def _check_copy_paths(src: Path, dst: Path, force: bool) -> None:
     from dflash_trt.errors import ConfigError
 
     from dflash_trt.models.loading import path_overlap
+    from dflash_trt.out_folder import DRAFTER, check_out
 
-    where = path_overlap(dst, src)
+    where = path_overlap(dst, src) if str(dst).strip() else None
     if where is not None:
         raise ConfigError(f"DST {dst} {where} SRC {src}; write the copy to a folder outside the source drafter "
                           "(--force does not change this)")
-    if not (dst.exists() or dst.is_symlink()):
-        return
-    if not dst.is_dir():
-        raise ConfigError(f"DST {dst} is a file; give a folder path for the copy (the file is left as it is)")
-    if not force:
-        raise ConfigError(f"DST {dst} already exists; pick another DST, or pass --force to replace it (the old "
-                          "folder is removed only once the copy is written)")
+    check_out("DST", dst, DRAFTER, force)
 
 
 def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Path:
@@ -197,22 +193,25 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     with `python -m dflash_trt.training.evaluate --drafter DST`).
 
     Written beside `dst` and moved into place with ordinary modes (`publish_folder`). An existing
-    `dst` folder is replaced only with `force` (and only once the copy is written). Returns `dst`.
+    `dst` is replaced only with `force`, only when it is an empty folder or a drafter folder holding only
+    what dflash-trt writes there, and only once the copy is written. Returns `dst`.
 
     Raises:
         CheckpointError / ConfigError: `src` is not a drafter folder (missing, a file, no dflash_config,
-            no weights); `dst` is, holds or lies inside `src`, is a file, or an existing folder without
-            `force` (nothing is written then).
+            no weights); `dst` is, holds or lies inside `src`, or fails `dflash_trt.out_folder.check_out`
+            (empty, '.' or '..', inside a bundle, under a file, not writable, existing without `force`, with
+            `force` a file or a folder holding anything else; nothing is written then).
     """
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
 
-    src, dst = Path(src), Path(dst)
+    src = Path(src)
     try:
         cfg = DrafterConfig.from_pretrained(model_folder("SRC", str(src), "drafter"), flag="SRC")
     except ConfigError as e:  # e.g. a target's folder: name the path
         raise ConfigError(f"SRC {src}: {e}") from None
-    _check_copy_paths(src, dst, force)
+    _check_copy_paths(src, dst, force)  # before Path(dst): an empty DST is not '.'
+    dst = Path(dst)
     tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
     hf = json.loads((src / "config.json").read_text())
     hf.pop("draft_vocab_size", None)
@@ -250,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("src", metavar="SRC", help="drafter folder (e.g. written by dflash-trt train-drafter)")
     ap.add_argument("dst", metavar="DST", help="output folder (created; must not be SRC, inside it or hold it)")
     ap.add_argument("--force", action="store_true",
-                    help="replace an existing DST folder (once the copy is written); a file at DST is never replaced")
+                    help="replace an existing DST folder (once the copy is written): a DFlash drafter folder holding "
+                         "only what dflash-trt writes there, or an empty folder; anything else is never replaced")
     args = ap.parse_args(argv)
     try:
         out = full_vocab_copy(args.src, args.dst, force=args.force)

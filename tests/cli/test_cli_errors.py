@@ -232,7 +232,7 @@ def test_init_drafter_refuses_to_overwrite_and_names_the_mask(monkeypatch, capsy
     code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
                             "--target-layer-ids", "1,2", "--block-size", "8")
     assert one_error_line(code, err), err
-    assert f"--out {out} already exists; pick another --out, or pass --force to overwrite it" in err
+    assert f"--out {out} already exists; pick another --out, or pass --force to replace it" in err
     assert json.loads((out / "config.json").read_text())["block_size"] == 16  # untouched
     code, _, err = run_main(monkeypatch, capsys, "init-drafter", "--target", str(target), "--out", str(out),
                             "--target-layer-ids", "1,2", "--block-size", "8", "--force")

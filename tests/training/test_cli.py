@@ -321,8 +321,9 @@ def test_a_target_given_as_init_names_the_flag(tmp_path, target_with_tokenizer):
 
 
 def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_with_tokenizer):
-    """An existing --out folder needs --force (it used to be replaced without a word), a file is never
-    replaced; both are refused before the target writes any data, and nothing of theirs changes."""
+    """An existing --out folder needs --force (it used to be replaced without a word), a file and a folder
+    that is not a drafter's are never replaced; all are refused before the target writes any data, and
+    nothing of theirs changes."""
     folder, file, work = tmp_path / "precious", tmp_path / "notes.jsonl", tmp_path / "work"
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me")
@@ -336,6 +337,11 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
     res = _run(args + ["--out", str(file), "--force"])
     assert isinstance(res.exception, ConfigError) and f"--out {file} is a file" in str(res.exception)
     assert not work.exists() and (folder / "notes.txt").read_text() == "keep me" and file.read_text() == "keep me too"
+    res = _run(args + ["--out", str(folder), "--force"])  # a user's folder: --force replaces only a drafter folder
+    assert isinstance(res.exception, ConfigError) and f"--out {folder} is a folder that is not a DFlash drafter" in str(
+        res.exception) and "so nothing else is lost" in str(res.exception)
+    assert not work.exists() and (folder / "notes.txt").read_text() == "keep me"
+    (folder / "notes.txt").unlink()  # an empty folder is replaced
     res = _run(args + ["--out", str(folder), "--force", "--max-steps", "1"])  # stops before the first log
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]

@@ -140,23 +140,35 @@ def test_export_cli_keeps_a_file_at_dst_even_with_force(tmp_path, capsys):
     notes.write_bytes(b"my notes\x00\n")
     for extra in ((), ("--force",)):
         code, out, err = _export_cli(capsys, src, notes, *extra)
-        assert code == 1 and out == "" and err == f"error: DST {notes} is a file; give a folder path for the copy (the file is left as it is)\n"
+        want = (f"error: DST {notes} is a file, not a DFlash drafter folder; --force replaces only a DFlash drafter "
+                "folder or an empty folder" if extra else f"error: DST {notes} already exists; pick another DST, or pass "
+                "--force to replace it (--force replaces a DFlash drafter folder or an empty folder only")
+        assert code == 1 and out == "" and err.count("\n") == 1 and err.startswith(want), err
         assert notes.read_bytes() == b"my notes\x00\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "notes.txt"]  # no temporary folder left
 
 
 def test_export_cli_replaces_an_existing_folder_only_with_force(tmp_path, capsys):
+    """An existing DST needs --force, which replaces a drafter folder (here an earlier copy) but never a
+    folder of other files (tests/training/test_out_folder.py has the rest of that rule)."""
     src = _reduced_drafter(tmp_path / "drafter")
     dst = tmp_path / "full"
     dst.mkdir()
     (dst / "keep.txt").write_text("old")
-    code, out, err = _export_cli(capsys, src, dst)
-    assert code == 1 and out == "" and err.count("\n") == 1
-    assert err.startswith(f"error: DST {dst} already exists;") and "--force" in err
-    assert _snapshot(dst) == {"keep.txt": b"old"}
+    for extra in ((), ("--force",)):
+        code, out, err = _export_cli(capsys, src, dst, *extra)
+        assert code == 1 and out == "" and err.count("\n") == 1
+        assert err.startswith(f"error: DST {dst} already exists;" if not extra else
+                              f"error: DST {dst} is a folder that is not a DFlash drafter folder") and "--force" in err
+        assert _snapshot(dst) == {"keep.txt": b"old"}
+    (dst / "keep.txt").unlink()
+    code, out, err = _export_cli(capsys, src, dst)  # an empty folder: written over as a new one would be
+    assert code == 1 and err.startswith(f"error: DST {dst} already exists;")
+    assert _export_cli(capsys, src, dst, "--force")[0] == 0
+    (dst / "acceptance.md").write_text("measured on the copy")  # what evaluate writes there: replaced too
     code, out, err = _export_cli(capsys, src, dst, "--force")
     assert code == 0 and err == "" and out == f"wrote the full-vocabulary copy of {src} to {dst}\n"
-    assert not (dst / "keep.txt").exists() and not (dst / "acceptance.md").exists()
+    assert not (dst / "acceptance.md").exists()
     assert "d2t" not in read_tensors(dst) and load_drafter(dst).d2t is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "full"]
 

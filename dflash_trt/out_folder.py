@@ -1,0 +1,223 @@
+"""Checks on the output folder of a command that writes one folder and, with --force, replaces what is there:
+`dflash-trt build` (a bundle), `dflash-trt init-drafter`, `dflash-trt train-drafter` and
+`python -m dflash_trt.training.export` (a DFlash drafter folder).
+
+These commands write their folder under a temporary name beside --out and rename it into place at the end
+(`dflash_trt.models.loading.publish_folder`), removing what was there only then. `check_out` runs before
+any work (data generation and training take hours, a build's quantization minutes) and refuses, with one
+line naming the path and the fix, whatever would fail at the end or lose data:
+
+- an empty --out (an unset shell variable), or one naming the current folder or a folder above it ('.', '..');
+- an --out inside a dflash-trt bundle (the bundle's manifest.json would not list it, and its next
+  `build --force` would refuse the bundle);
+- an existing --out without --force; with --force, anything but an empty folder or a folder of the
+  command's own kind (`OutputKind`) holding only the files dflash-trt writes there: a file a user added
+  is never deleted;
+- a parent of --out that is a file, or a nearest existing folder in which no folder can be created
+  (found by creating and removing an empty, uniquely named one: permission bits say nothing for root,
+  nor of /proc or a read-only mount).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.errors import ConfigError
+from dflash_trt.text import count
+
+#: how many of the unexpected files a refusal names
+SHOWN_FILES = 3
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What a command writes at its output folder, so what its --force may replace."""
+
+    name: str  # "a dflash-trt bundle": how messages name it
+    example: str  # an output folder name the messages suggest
+    #: folder -> (description of a folder that is not of this kind, or None) and the files under it that the
+    #: command does not write (relative POSIX paths, sorted)
+    inspect: Callable[[Path], tuple[str | None, list[str]]]
+    unexpected: str  # how the unexpected files are described: "not in its manifest.json"
+
+
+def unexpected_files(folder: Path, expected: Callable[[str], bool]) -> list[str]:
+    """The files under `folder` (links included, never followed; an unreadable folder counts as one entry,
+    "NAME/") whose path relative to `folder` (POSIX) `expected` rejects, sorted."""
+    found: list[str] = []
+
+    def unreadable(exc: OSError) -> None:
+        found.append(Path(exc.filename or folder).relative_to(folder).as_posix() + "/")
+
+    for here, dirs, files in os.walk(folder, onerror=unreadable):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(here, d))]:
+            rel = Path(here, name).relative_to(folder).as_posix()
+            if not expected(rel):
+                found.append(rel)
+    return sorted(found)
+
+
+def _inspect_bundle(folder: Path) -> tuple[str | None, list[str]]:
+    """A bundle is a folder with a bundle manifest.json; the build writes every other file it holds into the
+    manifest (`dflash_trt.build.manifest.file_table`)."""
+    from dflash_trt.build.manifest import MANIFEST_NAME, load_manifest
+    from dflash_trt.errors import BundleError
+
+    try:
+        manifest = load_manifest(folder, verify=False)
+    except BundleError:
+        return "a folder that is not a dflash-trt bundle (no bundle manifest.json)", []
+    listed = manifest.get("files")
+    listed = listed if isinstance(listed, dict) else {}
+    return None, unexpected_files(folder, lambda rel: rel == MANIFEST_NAME or rel in listed)
+
+
+#: what dflash-trt writes into a drafter folder: the checkpoint (`save_checkpoint`), training.json, loss.png
+#: and README.md (`training.export`), hf_quant_config.json (an FP8 drafter, `build.drafter_quant`),
+#: acceptance.* and the cache of `python -m dflash_trt.training.evaluate --out` (eval_cache.json)
+DRAFTER_FILES = frozenset({"config.json", "model.safetensors", "training.json", "loss.png", "README.md",
+                           "hf_quant_config.json", "acceptance.json", "acceptance.md", "acceptance.png",
+                           "eval_cache.json"})
+
+
+def _inspect_drafter(folder: Path) -> tuple[str | None, list[str]]:
+    """A drafter folder has a config.json whose architectures name DFlashDraftModel."""
+    import json
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        arch = cfg.get("architectures") or ()
+    except (OSError, ValueError, AttributeError):  # none, unreadable, not JSON, not an object
+        arch = ()
+    if not isinstance(arch, (list, tuple)) or "DFlashDraftModel" not in arch:
+        return "a folder that is not a DFlash drafter folder (no config.json of a DFlashDraftModel)", []
+    return None, unexpected_files(folder, DRAFTER_FILES.__contains__)
+
+
+BUNDLE = OutputKind("a dflash-trt bundle", "engines/my-bundle", _inspect_bundle, "not in its manifest.json")
+DRAFTER = OutputKind("a DFlash drafter folder", "my-drafter", _inspect_drafter, "that dflash-trt does not write there")
+
+
+def _existing(out: Path, kind: OutputKind) -> tuple[str | None, list[str]]:
+    """(`existing_out`'s answer, the unexpected files of a folder of `kind`)."""
+    if not (out.exists() or out.is_symlink()):
+        return None, []
+    if not out.is_dir():
+        return f"a file, not {kind.name}", []
+    foreign, extra = kind.inspect(out)
+    if foreign is not None:
+        return foreign, []
+    if extra:
+        shown = ", ".join(extra[:SHOWN_FILES]) + (", ..." if len(extra) > SHOWN_FILES else "")
+        return f"{kind.name} plus {count(len(extra), 'file')} {kind.unexpected} ({shown})", extra
+    return kind.name, []
+
+
+def existing_out(out: str | Path, kind: OutputKind) -> str | None:
+    """What --force would replace at `out`: None when nothing is there, `kind.name` for a folder of that kind
+    holding only what dflash-trt writes there, else a description of what is there (a file, a folder not of
+    that kind, a folder of that kind plus other files: how many and the first few)."""
+    return _existing(Path(out), kind)[0]
+
+
+def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
+    """`out` not empty, not naming '.' or '..' (or '/'), not inside a dflash-trt bundle; returns it as a Path.
+
+    Raises:
+        ConfigError: one line naming `flag`, the path and the fix.
+    """
+    from dflash_trt.build.manifest import enclosing_bundle
+
+    if not str(out).strip():
+        raise ConfigError(f"{flag} is empty; give a folder path (e.g. {flag} {kind.example})")
+    path = Path(out)
+    if path.name in ("", ".."):  # '.', '..', '/', 'a/..': the current folder or one that holds it
+        here = path.resolve() == Path.cwd().resolve()
+        raise ConfigError(f"{flag} {out} names {'the current folder' if here else 'a folder above the current one'}, "
+                          f"which is never replaced; give the name of a new folder (e.g. {flag} {kind.example})")
+    bundle = enclosing_bundle(path)
+    if bundle is not None and bundle != path.resolve():
+        raise ConfigError(f"{flag} {out} is inside the dflash-trt bundle {bundle}; give a path outside it (a "
+                          "bundle holds only what its manifest.json lists)")
+    return path
+
+
+def _parent_to_create(flag: str, path: Path) -> Path | None:
+    """`check_writable` on the parent of `path`; the parent when it is missing (writing `path` creates it)."""
+    return None if check_writable(flag, path, path.parent) == path.parent else path.parent
+
+
+def check_out_path(flag: str, out: str | Path, kind: OutputKind) -> Path | None:
+    """The checks of `check_out` that do not depend on what is at `out` (for a run that writes nothing there
+    yet, e.g. `train-drafter --data-only`): not empty, not '.' or '..', not inside a dflash-trt bundle, its
+    parent folders folders (or missing) and the nearest existing one writable (`check_writable`). Returns
+    the missing parent folder that writing `out` creates (None when the parent exists).
+
+    Raises:
+        ConfigError: one line naming `flag`, the path and the fix.
+    """
+    return _parent_to_create(flag, _check_place(flag, out, kind))
+
+
+def check_writable(flag: str, shown: str | Path, folder: Path) -> Path:
+    """That `folder` is, or can be created as, a folder this process can write in: returns the nearest
+    existing folder at or above it, after creating and removing a uniquely named empty folder there (nothing
+    is left behind; the access bits alone say yes for root where mkdir fails, e.g. in /proc). `shown` is
+    the path the messages name after `flag`.
+
+    Raises:
+        ConfigError: a file where a folder is needed, or no folder can be created in the nearest existing one.
+    """
+    nearest = folder
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        fix = ("give a folder path (it is created if missing)" if nearest == Path(shown) else
+               "give a path whose parent folders are folders (or can be created)")
+        raise ConfigError(f"{flag} {shown}: {nearest} is a file, not a folder; {fix}")
+    reason = None
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        reason = "permission denied"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".dflash-trt-write-check-", dir=nearest))
+        except OSError as exc:
+            reason = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                      errno.EROFS: "read-only file system"}.get(exc.errno, f"creating a folder there fails: "
+                                                                          f"{exc.strerror}")
+    if reason is not None:
+        raise ConfigError(f"{flag} {shown}: cannot write in {nearest} ({reason}); give a path in a folder you can "
+                          "write to")
+    return nearest
+
+
+def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exists_message: str | None = None) -> Path | None:
+    """Every check on an output folder (see the module docstring), before any work. `replace`: the command may
+    replace what is at `out` (--force, or a resumed run re-exporting its own drafter); it then replaces only
+    an empty folder or a folder of `kind` holding nothing else. `exists_message`: the refusal of an existing
+    `out` without `replace` (default: one naming `flag` and --force). Returns the missing parent folder that
+    writing `out` creates (None when the parent exists).
+
+    Raises:
+        ConfigError: one line naming `flag`, the path and the fix: the errors of `check_out_path`; `out` exists
+            and not `replace`; with `replace`, it is a file, a non-empty folder not of `kind`, or one of `kind`
+            holding other files (counted, the first few named).
+    """
+    path = _check_place(flag, out, kind)
+    if path.exists() or path.is_symlink():
+        if not replace:
+            raise ConfigError(exists_message or f"{flag} {out} already exists; pick another {flag}, or pass --force to "
+                                                f"replace it (--force replaces {kind.name} or an empty folder only, once "
+                                                "the new one is written)")
+        existing, extra = _existing(path, kind)
+        empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+        if existing != kind.name and not empty:
+            what = "those files" if extra else "it"
+            raise ConfigError(f"{flag} {out} is {existing}; --force replaces only {kind.name} or an empty folder, so "
+                              f"nothing else is lost: pick another {flag}, or move {what} away yourself")
+    return _parent_to_create(flag, path)
