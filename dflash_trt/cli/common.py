@@ -47,7 +47,9 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     """`path` unchanged when it is None (the embedded default) or an existing folder.
 
     Raises:
-        CheckpointError: `path` is a file (e.g. its config.json) or does not exist; the message names `option`.
+        CheckpointError: `path` is a file (e.g. its config.json) or does not exist, or it is a dflash-trt
+            bundle (manifest.json, no config.json: the message names the bundle's model folders and
+            `generate --bundle`); the message names `option`.
     """
     if path is None:
         return None
@@ -56,6 +58,10 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
         raise CheckpointError(f"{option} {path} is a file; give the {what} folder (the one holding config.json)")
     if not p.exists():
         raise CheckpointError(f"{option} {path}: no such folder; give the {what} folder (the one holding config.json)")
+    if (p / "manifest.json").is_file() and not (p / "config.json").exists():
+        raise CheckpointError(f"{option} {path} is a dflash-trt bundle, not a {what} folder: give its "
+                              f"{path}/trtllm/target (--target) and {path}/trtllm/drafter (--drafter) folders, or "
+                              f"run it with dflash-trt generate --bundle {path}")
     return path
 
 

@@ -349,3 +349,20 @@ def test_calib_prompts_formats_in_help_and_docs_match_the_loader(tmp_path, monke
     assert code == 0 and '{"prompt": ...} or {"messages": [...]}' in help_text and '"text"' not in help_text
     docs = (Path(__file__).resolve().parents[2] / "docs/build.md").read_text()
     assert '{"text"}' not in docs and '`{"prompt": text}` or chat `{"messages": [...]}`' in docs
+
+
+def test_a_bundle_given_as_target_or_drafter_names_its_model_folders(tiny_bundle_fp8_tp3, monkeypatch, capsys):
+    """`check --drafter BUNDLE` (or --target): one line naming the bundle's model folders and generate --bundle
+    (it said 'is it a Hugging Face checkpoint?'); the folders it names pass the check."""
+    from tests.conftest import run_main
+
+    b = tiny_bundle_fp8_tp3
+    for option in ("--target", "--drafter"):
+        code, out, err = run_main(monkeypatch, capsys, "check", option, str(b))
+        assert (code, out) == (1, "") and err == (
+            f"error: {option} {b} is a dflash-trt bundle, not a {'model' if option == '--target' else 'drafter'} folder: "
+            f"give its {b}/trtllm/target (--target) and {b}/trtllm/drafter (--drafter) folders, or run it with "
+            f"dflash-trt generate --bundle {b}\n"), err
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(b / "trtllm/target"),
+                              "--drafter", str(b / "trtllm/drafter"))
+    assert code == 0 and out.splitlines()[-1].startswith("ok: the drafter fits the target"), err
