@@ -43,9 +43,10 @@ def encode_dataset(tokenizer, dataset: str, num_prompts: int, source: str = "the
     if not Path(dataset).exists() or Path(dataset).is_dir():  # a pipe (<(...)) is a file here
         raise InvalidRequestError(f"--dataset must be one of {', '.join(DATASETS)} or a JSONL file; {dataset} is neither")
     items = load_prompts_jsonl(dataset)[:num_prompts]
-    ids = [list(tokenizer(it)["input_ids"]) if isinstance(it, str) else encode_prompt(tokenizer, it, source)
-           for it in items]
-    return ids, [f"{dataset}:{n}" for n in prompt_file_lines(dataset)[: len(ids)]]
+    wheres = [f"{dataset}:{n}" for n in prompt_file_lines(dataset)[: len(items)]]
+    ids = [list(tokenizer(it)["input_ids"]) if isinstance(it, str) else encode_prompt(tokenizer, it, source, where)
+           for it, where in zip(items, wheres)]
+    return ids, wheres
 
 
 def load_prompts(pipe, dataset: str, num_prompts: int) -> list[list[int]]:

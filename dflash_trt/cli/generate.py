@@ -12,13 +12,14 @@ from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, 
                                    SEED_RANGE, lower_word, top_p_option, tree_topk_option)
 
 
-def encode_item(pipe, item) -> list[int]:
-    """A prompts-file item: plain text (no chat template) or a list of chat messages (template)."""
+def encode_item(pipe, item, where: str | None = None) -> list[int]:
+    """A prompts-file item: plain text (no chat template) or a list of chat messages (template);
+    `where` ("FILE:LINE") names it in the error of messages for a target without a chat template."""
     from dflash_trt.training.prompts import encode_prompt
 
     if isinstance(item, str):
         return pipe.encode(item)
-    return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}")
+    return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}", where)
 
 
 def text_to_stream(text: str, shown: str) -> str:
@@ -144,11 +145,11 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                           "(use --prompt for plain text) or use a target with a chat template")
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
-    prompts = [encode_item(pipe, it) for it in items]
+    wheres = [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)] if prompts_file else [None] * len(items)
+    prompts = [encode_item(pipe, it, where) for it, where in zip(items, wheres)]
     if prompts_file:  # a prompt too long for the context is named by its file and line
         limit = pipe.engine.context_len - 1
-        check_context(pipe, prompts, max_tokens, [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)],
-                      f"shorten it to at most {limit} tokens or remove that line")
+        check_context(pipe, prompts, max_tokens, wheres, f"shorten it to at most {limit} tokens or remove that line")
     else:
         check_context(pipe, prompts, max_tokens)
     if mode == "dflash":

@@ -366,14 +366,15 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     return out
 
 
-def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target") -> list[int]:
+def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: str | None = None) -> list[int]:
     """Token ids of a prompt, ready for generation.
 
     Messages go through the tokenizer's chat template (generation prompt added). A plain string
     is wrapped as one user message when the tokenizer has a chat template, else tokenized as is.
 
     Raises:
-        ConfigError: messages were given but the tokenizer has no chat template.
+        ConfigError: messages were given but the tokenizer has no chat template; `where` (the prompt's
+            "FILE:LINE") leads the message when given.
     """
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(prompt, str):
@@ -382,8 +383,8 @@ def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target") -> list
         prompt = [{"role": "user", "content": prompt}]
     if not template:
         raise ConfigError(
-            f"{source} has no chat template, so {{\"messages\": ...}} prompts cannot be encoded; "
-            'give plain {"prompt": "..."} lines instead'
+            f"{where + ': ' if where else ''}{source} has no chat template, so {{\"messages\": ...}} prompts cannot be "
+            'encoded; give plain {"prompt": "..."} lines instead'
         )
     out = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)

@@ -91,6 +91,21 @@ def test_chat_on_a_target_without_chat_template(monkeypatch, capsys, tiny):
     assert code == 0 and json.loads(out)["metrics"]["completion_tokens"] == 2
 
 
+def test_messages_for_a_target_without_chat_template_name_their_line(monkeypatch, capsys, tiny, tmp_path):
+    """A {"messages"} line for a target without a chat template fails at its FILE:LINE, in generate and bench."""
+    target, _ = tiny
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    msg = (f"{f}:3: the target at {target} has no chat template, so {{\"messages\": ...}} prompts cannot be encoded; "
+           'give plain {"prompt": "..."} lines instead\n')
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--mode", "ar",
+                              "--prompts-file", str(f), "--max-tokens", "2")
+    assert one_error_line(code, err) and out == "" and err.endswith(msg), err
+    code, out, err = run_main(monkeypatch, capsys, "bench", "--target", str(target), "--modes", "ar", "--dataset", str(f),
+                              "--max-tokens", "2", "--out", str(tmp_path / "bench"))
+    assert one_error_line(code, err) and err.endswith(msg), err
+
+
 def test_bench_rejects_an_unknown_dataset_before_loading(monkeypatch, capsys, tmp_path, tiny):
     import dflash_trt.api
 
