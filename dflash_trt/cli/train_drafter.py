@@ -53,6 +53,23 @@ def _ids(ids) -> str:
     return ",".join(str(i) for i in ids)
 
 
+def _check_chat_template(tokenizer, prompts: list, prompts_file: str | None, target_path) -> None:
+    """Encode the first {"messages"} prompt (plain ones need no template), so a target without a chat
+    template fails before generation, naming that prompt's FILE:LINE when it comes from --prompts.
+
+    Raises:
+        ConfigError: the target has no chat template and a prompt is a conversation.
+    """
+    from dflash_trt.cli.common import prompt_file_lines
+    from dflash_trt.training.prompts import encode_prompt
+
+    first = next((i for i, p in enumerate(prompts) if not isinstance(p, str)), None)
+    if first is None:
+        return
+    where = f"{prompts_file}:{prompt_file_lines(prompts_file)[first]}" if prompts_file else None
+    encode_prompt(tokenizer, prompts[first], f"the target at {target_path}", where)
+
+
 def _check_resume_layers(work: Path, layer_ids: tuple[int, ...], source: str) -> None:
     """With --resume, the drafter's target layer ids must be those the run was started with (its
     checkpoint records them). Checked before the data cache, whose refusal of other layers speaks
@@ -369,7 +386,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         _check_resume_layers(work, dcfg.target_layer_ids, source)
 
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(target_path, device=device)
-    pipeline.encode_all(tokenizer, prompts[:1], path, 384)  # a chat-template problem fails before generation
+    _check_chat_template(tokenizer, prompts, prompts_file, path)  # fails before generation
     data_layers = () if online_features else tuple(sorted(set(dcfg.target_layer_ids) | {tcfg.num_hidden_layers - 1}))
     try:
         stats = pipeline.build_data(path, model, tokenizer, stops, prompts, work, data_layers, max_new_tokens,

@@ -125,6 +125,8 @@ def test_max_samples_is_a_nested_subset_that_seed_does_not_change(tmp_path, targ
     ("", [], DFlashError, "empty"),
     ("{not json\n", [], ConfigError, "not valid JSON"),
     ('{"messages": [{"role": "user", "content": "w5 w6"}]}\n', [], ConfigError, "no chat template"),
+    ('{"prompt": "w5 w6"}\n\n{"messages": [{"role": "user", "content": "w5"}]}\n', [], ConfigError,
+     'p.jsonl:3: the target at '),  # the first conversation's line, before any generation
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "0,4"], ConfigError, "outside [0, 3]"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "a,b"], ConfigError, "comma-separated integers"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "1,0,1"], ConfigError, "[1] given more than once"),
