@@ -390,7 +390,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     data_layers = () if online_features else tuple(sorted(set(dcfg.target_layer_ids) | {tcfg.num_hidden_layers - 1}))
     try:
         stats = pipeline.build_data(path, model, tokenizer, stops, prompts, work, data_layers, max_new_tokens,
-                                    gen_batch_size, max_samples=max_samples)
+                                    gen_batch_size, max_samples=max_samples, max_seq_len=max_seq_len)
     except KeyboardInterrupt:
         _interrupted(f"data generation interrupted (Ctrl-C); the finished shards in {work / 'data'} are kept: rerun "
                      "the same command to continue")

@@ -68,19 +68,26 @@ def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_l
 
 def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt], work_dir: str | Path,
                layer_ids: tuple[int, ...], max_new_tokens: int = 128, batch_size: int = 64,
-               max_prompt_len: int = 384, progress: bool = True, max_samples: int | None = None) -> DataStats:
+               max_prompt_len: int = 384, progress: bool = True, max_samples: int | None = None,
+               max_seq_len: int | None = None) -> DataStats:
     """Regenerate the training responses with the target (float32, greedy) into work_dir/data, each
     prompt cut to its last `max_prompt_len` tokens (one stderr warning counts the cut ones, `encode_all`).
+    With `max_seq_len` (the training window), prompts that would all fill it are refused before any
+    generation (`trainer.check_prompt_window`).
 
     Raises:
         ConfigError: messages with a target that has no chat template.
-        DFlashError: work_dir/data holds data made with other settings.
+        DFlashError: work_dir/data holds data made with other settings; every prompt fills max_seq_len.
 
     `layer_ids` empty caches tokens only (features computed online while training, see `features`).
     """
     from dflash_trt.runtime.engine import Engine
 
     ids = encode_all(tokenizer, prompts, target_path, max_prompt_len, warn=True)
+    if max_seq_len is not None:
+        from dflash_trt.training.trainer import check_prompt_window
+
+        check_prompt_window([len(x) for x in ids], max_seq_len)
     engine = Engine(model, None, stops)
     # the target's name, not its path: a cache made on one machine is valid on another
     settings = {"target": Path(target_path).resolve().name, "prompts_sha256": prompts_fingerprint(prompts),

@@ -387,13 +387,33 @@ def _check_trainable(data: TrainData, max_seq_len: int) -> None:
     cut = sum(len(t) - p >= 2 > min(len(t), max_seq_len + 1) - p for t, p in pairs)  # a response, outside the window
     if not cut:
         return
-    fix = (f"raise --max-seq-len above the prompt lengths (the longest prompt is {max(data.prompt_len)} tokens; the "
-           "window holds prompt + response), or use shorter prompts")
     if not any(min(len(t), max_seq_len + 1) - p >= 2 for t, p in pairs):
-        raise DFlashError(f"no training sample has a response within --max-seq-len {max_seq_len}: each prompt fills "
-                          f"the window, so nothing would be trained; {fix}")
+        raise DFlashError(_no_window(max_seq_len, data.prompt_len))
     print(f"warning: {cut} of {len(data)} training samples have no response within --max-seq-len "
-          f"{max_seq_len} (their prompts fill the window) and train nothing; {fix}", file=sys.stderr)
+          f"{max_seq_len} (their prompts fill the window) and train nothing; {_window_fix(data.prompt_len)}",
+          file=sys.stderr)
+
+
+def _window_fix(prompt_lens: list[int]) -> str:
+    return (f"raise --max-seq-len above the prompt lengths (the longest prompt is {max(prompt_lens)} tokens; the "
+            "window holds prompt + response), or use shorter prompts")
+
+
+def _no_window(max_seq_len: int, prompt_lens: list[int]) -> str:
+    return (f"no training sample has a response within --max-seq-len {max_seq_len}: each prompt fills the window, "
+            f"so nothing would be trained; {_window_fix(prompt_lens)}")
+
+
+def check_prompt_window(prompt_lens: list[int], max_seq_len: int) -> None:
+    """Before data generation (hours): the check of `_check_trainable` that prompt lengths alone decide.
+    A sample trains iff its prompt leaves 2 response tokens in its first max_seq_len + 1 tokens, i.e. its
+    prompt is shorter than max_seq_len (given a response of 2+ tokens).
+
+    Raises:
+        DFlashError: every prompt (token counts `prompt_lens`) is max_seq_len tokens or longer.
+    """
+    if prompt_lens and min(prompt_lens) >= max_seq_len:
+        raise DFlashError(_no_window(max_seq_len, prompt_lens))
 
 
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,

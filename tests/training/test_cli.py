@@ -570,3 +570,20 @@ def test_ctrl_c_in_data_generation_keeps_the_finished_shards(tmp_path, target_wi
     res = _run(args)
     assert res.exit_code == 0 and "data: 8 samples" in res.stdout, res.output + repr(res.exception)
     assert (work / "data" / "shard-00000.pt").stat().st_mtime_ns == first
+
+
+def test_prompts_that_fill_max_seq_len_are_refused_before_generation(tmp_path, target_with_tokenizer):
+    """Every prompt at least --max-seq-len tokens long: refused after tokenizing, before the target writes
+    a single response (the trainer's own check would come only after hours of generation)."""
+    f = tmp_path / "long.jsonl"
+    f.write_text("".join(json.dumps({"prompt": " ".join(f"w{5 + i % 50}" for i in range(n))}) + "\n" for n in (8, 12)))
+    work = tmp_path / "work"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts", str(f),
+                "--max-seq-len", "8", "--mask-token-id", str(MASK), "--work-dir", str(work), "--num-layers", "1",
+                "--block-size", "4", "--target-layer-ids", "0,1"])
+    assert isinstance(res.exception, DFlashError), repr(res.exception)
+    assert str(res.exception) == ("no training sample has a response within --max-seq-len 8: each prompt fills the "
+                                  "window, so nothing would be trained; raise --max-seq-len above the prompt lengths "
+                                  "(the longest prompt is 12 tokens; the window holds prompt + response), or use "
+                                  "shorter prompts")
+    assert not list(work.rglob("*.pt")) and not list(work.rglob("*.safetensors")) and not (tmp_path / "d").exists()
