@@ -7,7 +7,9 @@ These commands write their folder under a temporary name beside --out and rename
 any work (data generation and training take hours, a build's quantization minutes) and refuses, with one
 line naming the path and the fix, whatever would fail at the end or lose data:
 
-- an empty --out (an unset shell variable), or one naming the current folder or a folder above it ('.', '..');
+- an empty --out (an unset shell variable), one naming the current folder or a folder above it ('.', '..',
+  "$PWD"), one starting with an unexpanded '~', or a symbolic link to nothing (a link to a folder is followed:
+  `write_target`);
 - an --out inside a dflash-trt bundle (the bundle's manifest.json would not list it, and its next
   `build --force` would refuse the bundle);
 - an existing --out without --force; with --force, anything but an empty folder or a folder of the
@@ -135,9 +137,13 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
 
     if not str(out).strip():
         raise ConfigError(f"{flag} is empty; give a folder path (e.g. {flag} {kind.example})")
+    if str(out).startswith("~"):
+        raise ConfigError(f"{flag} {out}: '~' is not expanded here (a shell leaves it as is inside quotes), so this "
+                          f"would make a folder named '~'; spell the path out (e.g. {flag} {os.path.expanduser(out)})")
     path = Path(out)
-    if path.name in ("", ".."):  # '.', '..', '/', 'a/..': the current folder or one that holds it
-        here = path.resolve() == Path.cwd().resolve()
+    cwd = Path.cwd().resolve()
+    if path.name in ("", "..") or path.resolve() == cwd or path.resolve() in cwd.parents:
+        here = path.resolve() == cwd  # '.', '..', '/', 'a/..', "$PWD": the current folder or one that holds it
         raise ConfigError(f"{flag} {out} names {'the current folder' if here else 'a folder above the current one'}, "
                           f"which is never replaced; give the name of a new folder (e.g. {flag} {kind.example})")
     bundle = enclosing_bundle(path)
@@ -196,6 +202,14 @@ def check_writable(flag: str, shown: str | Path, folder: Path) -> Path:
     return nearest
 
 
+def write_target(out: str | Path) -> Path:
+    """Where a command writes its output folder `out`: `out` itself or, when `out` is a symbolic link, the
+    folder it points to (replaced there, so the link stays and points to the new output, as `dflash-trt
+    build` does; replacing the link itself would leave the folder it names unchanged)."""
+    path = Path(out)
+    return path.resolve() if path.is_symlink() else path
+
+
 def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exists_message: str | None = None) -> Path | None:
     """Every check on an output folder (see the module docstring), before any work. `replace`: the command may
     replace what is at `out` (--force, or a resumed run re-exporting its own drafter); it then replaces only
@@ -209,13 +223,17 @@ def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exist
             holding other files (counted, the first few named).
     """
     path = _check_place(flag, out, kind)
-    if path.exists() or path.is_symlink():
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"{flag} {out} is a symbolic link to {os.readlink(path)}, which does not exist; give a folder "
+                          "path (or fix the link)")
+    path = write_target(path)
+    if path.exists():
         if not replace:
             raise ConfigError(exists_message or f"{flag} {out} already exists; pick another {flag}, or pass --force to "
                                                 f"replace it (--force replaces {kind.name} or an empty folder only, once "
                                                 "the new one is written)")
         existing, extra = _existing(path, kind)
-        empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+        empty = path.is_dir() and not any(path.iterdir())
         if existing != kind.name and not empty:
             what = "those files" if extra else "it"
             raise ConfigError(f"{flag} {out} is {existing}; --force replaces only {kind.name} or an empty folder, so "

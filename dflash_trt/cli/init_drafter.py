@@ -50,7 +50,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
     from dflash_trt.models.loading import publish_folder
     from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
-    from dflash_trt.out_folder import DRAFTER, check_out
+    from dflash_trt.out_folder import DRAFTER, check_out, write_target
 
     check_out("--out", out, DRAFTER, force)
     target = model_folder("--target", target) or str(default_target_path())  # as every other command
@@ -74,7 +74,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         warning = mask_token_warning(tokenizer, cfg.mask_token_id, default_id)
         if warning:
             click.echo(warning, err=True)
-    dst = Path(out)
+    dst = write_target(out)  # a link to a drafter folder: that folder is replaced, the link stays
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.init-", dir=dst.parent))
     try:

@@ -27,6 +27,7 @@ import torch
 from dflash_trt.config import DrafterConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.loading import publish_folder, read_tensors, save_checkpoint
+from dflash_trt.out_folder import write_target
 
 
 def versions() -> dict:
@@ -139,7 +140,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     Folders get mode 0o777 & ~umask, files 0o666 & ~umask (`publish_folder`).
     Returns the final path.
     """
-    out = Path(out)
+    out = write_target(out)  # a link to a drafter folder: that folder is replaced, the link stays
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -211,7 +212,7 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     except ConfigError as e:  # e.g. a target's folder: name the path
         raise ConfigError(f"SRC {src}: {e}") from None
     _check_copy_paths(src, dst, force)  # before Path(dst): an empty DST is not '.'
-    dst = Path(dst)
+    dst = write_target(dst)  # a link to a drafter folder: that folder is replaced, the link stays
     tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
     hf = json.loads((src / "config.json").read_text())
     hf.pop("draft_vocab_size", None)

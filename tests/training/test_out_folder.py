@@ -216,3 +216,43 @@ def test_train_drafter_checks_out_again_before_the_export(cli, monkeypatch):
     (cli.here / "d" / "NOTES.txt").unlink()
     code, out, err = cli("train-drafter", "d", "--force", "--resume")
     assert code == 0 and "wrote trained drafter to d (weights of step 1 of 1" in out, err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_force_through_a_link_replaces_the_folder_it_names(cli, command):
+    """--out LINK --force, LINK -> a drafter folder: that folder gets the new drafter and the link stays (the
+    link itself was replaced, leaving the folder it names stale), as build does for a bundle; a link to nothing
+    is refused."""
+    real, link = cli.here / "real", cli.here / "link"
+    code, _, err = cli("init-drafter", real)
+    assert code == 0, err
+    before = (real / "model.safetensors").stat().st_mtime_ns
+    (real / "model.safetensors").write_bytes((real / "model.safetensors").read_bytes())  # a new mtime to compare
+    old = (real / "model.safetensors").stat().st_mtime_ns
+    assert old >= before
+    link.symlink_to(real)
+    code, _, err = cli(command, link, "--force")
+    assert code == 0, err
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert (real / "model.safetensors").stat().st_mtime_ns != old and (real / "config.json").is_file()
+    work = ["link.work"] if command == "train-drafter" else []  # train-drafter's default --work-dir
+    assert sorted(p.name for p in cli.here.iterdir()) == ["link", *work, "real"]  # no temporary left
+    broken = cli.here / "broken"
+    broken.symlink_to(cli.here / "nowhere")
+    code, _, err = cli(command, broken, "--force")
+    assert code != 0 and "is a symbolic link to" in err and "which does not exist" in err, err
+
+
+@pytest.mark.parametrize("out,why", [
+    ("~/my-drafter", "'~' is not expanded here"),
+    ("HERE", "names the current folder, which is never replaced"),
+    ("PARENT", "names a folder above the current one, which is never replaced"),
+])
+def test_tilde_and_the_current_folder_by_any_spelling_are_refused(cli, out, why):
+    """'~' in quotes reaches the command unexpanded (it made a folder named '~'); "$PWD" or an absolute path
+    above it names the current folder as surely as '.' does (--force would delete the shell's folder)."""
+    out = {"HERE": str(cli.here), "PARENT": str(cli.here.parent)}.get(out, out)
+    for command in COMMANDS:
+        code, _, err = cli(command, out, "--force")
+        assert code != 0 and why in err and "Traceback" not in err, (command, err)
+    assert not (cli.here / "~").exists() and sorted(cli.here.iterdir()) == []
