@@ -44,8 +44,9 @@ def _check_fresh_run(work: Path) -> None:
 
     run = work / "run"
     if (run / CHECKPOINT).is_file():
-        raise ConfigError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
-                          "or remove the folder to start over")
+        raise ConfigError(f"{run} already holds a training checkpoint; pass --resume to continue it (and export it "
+                          "again), or remove that folder or give another --work-dir to start over (--force replaces "
+                          "--out only)")
 
 
 def _ids(ids) -> str:
@@ -325,10 +326,10 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     check_device(device)
     init_dir = _init_drafter_dir(init_mode)
     work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
+    if not resume and not data_only:  # first: a rerun must not be told that --force alone would do
+        _check_fresh_run(work)
     _check_out(out, force, resume, data_only, work)
     _check_resume(resume and not data_only, work)
-    if not resume and not data_only:
-        _check_fresh_run(work)
     import torch
 
     from dflash_trt.compat import check_compatible

@@ -42,11 +42,11 @@ def test_train_drafter_end_to_end(tmp_path, target_with_tokenizer):
     assert drafter.config.draft_vocab_size == 32 and drafter.config.trained
     assert not list(tmp_path.glob(".drafter.tmp-*"))
     # rerun: the data cache is reused, the finished run needs --resume and then exports again
-    res = _run(args)  # the same command again: its --out exists, and so does the finished run's checkpoint
-    msg = str(res.exception)
-    assert isinstance(res.exception, ConfigError) and "already exists" in msg and "or pass --resume to continue" in msg
-    res = _run(args + ["--force"])
-    assert isinstance(res.exception, DFlashError) and "--resume" in str(res.exception)
+    for extra in ([], ["--force"]):  # its --out exists, and so does the finished run's checkpoint: named first (it
+        res = _run(args + extra)     # offered --force, which then failed on the checkpoint)
+        assert isinstance(res.exception, ConfigError) and str(res.exception).startswith(
+            f"{tmp_path / 'drafter.work' / 'run'} already holds a training checkpoint; pass --resume to continue it"), \
+            repr(res.exception)
     res = _run(args + ["--resume"])
     assert res.exit_code == 0, repr(res.exception)
     assert load_drafter(out).state_dict()["fc.weight"].equal(drafter.state_dict()["fc.weight"])
@@ -531,7 +531,8 @@ def test_time_limit_pauses_at_a_checkpoint_and_resume_finishes_like_an_uninterru
         res = run(out, work, "--time-limit-min", "1", "--force")
         assert isinstance(res.exception, ConfigError), res.output + repr(res.exception)
         assert str(res.exception) == (f"{work / 'run'} already holds a training checkpoint; pass --resume to "
-                                      "continue it, or remove the folder to start over")
+                                      "continue it (and export it again), or remove that folder or give another "
+                                      "--work-dir to start over (--force replaces --out only)")
         assert {p.name: p.stat().st_mtime_ns for p in (work / "data").iterdir()} == data and not out.exists()
         monkeypatch.setattr(pipeline, "build_data", real_build)
         res = run(out, work, "--time-limit-min", "1", "--resume")  # steps 6-8: 42 s of this call's minute
