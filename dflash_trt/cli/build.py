@@ -10,6 +10,7 @@ messages go to stderr.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from pathlib import Path
 
@@ -75,5 +76,6 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
                    f"build interrupted (Ctrl-C); nothing was written to {opts.out}", err=True)
         sys.exit(130)
     console.print(summary_table(report))
-    click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {report.out} --chat '...'; "
-               f"serve it with: {report.out}/trtllm/launch.sh")
+    q = shlex.quote(str(report.out))  # the commands copy-paste even with spaces in the path
+    click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {q} --chat '...'; "
+               f"serve it with: {shlex.quote(str(report.out / 'trtllm' / 'launch.sh'))}")

@@ -213,12 +213,14 @@ def test_build_progress_lines_are_numbered_as_the_plan(calib_bundle):
 
 def test_stdout_is_the_result_line_only(tmp_path, tiny_pair, monkeypatch, capsys):
     """ModelOpt prints to stdout while it quantizes and exports ("Inserted N quantizers", "current rank:
-    ..."): those lines go to stderr with the progress, so stdout is the one result line a script reads."""
-    out = tmp_path / "b"
+    ..."): those lines go to stderr with the progress, so stdout is the one result line a script reads. Its
+    commands quote the path (a space in it broke them on copy-paste)."""
+    out = tmp_path / "my bundles" / "b"
     code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--quant", "fp8", "--calib-size", "2"))
     assert code == 0, err
-    assert stdout.splitlines() == [f"bundle written to {out.resolve()}; run it with: dflash-trt generate --bundle "
-                                   f"{out.resolve()} --chat '...'; serve it with: {out.resolve()}/trtllm/launch.sh"]
+    r = out.resolve()
+    assert stdout.splitlines() == [f"bundle written to {r}; run it with: dflash-trt generate --bundle '{r}' --chat "
+                                   f"'...'; serve it with: '{r}/trtllm/launch.sh'"]
     assert "quantizers" in err and "[1/8] check" in err
 
 
