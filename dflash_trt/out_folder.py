@@ -66,8 +66,9 @@ def unexpected_files(folder: Path, expected: Callable[[str], bool]) -> list[str]
 
 def _inspect_bundle(folder: Path) -> tuple[str | None, list[str]]:
     """A bundle is a folder with a bundle manifest.json; the build writes every other file it holds into the
-    manifest (`dflash_trt.build.manifest.file_table`)."""
-    from dflash_trt.build.manifest import MANIFEST_NAME, load_manifest
+    manifest (`dflash_trt.build.manifest.file_table`) with its sha256. Unexpected: files it does not list,
+    and listed files whose content changed since the build (a tuned serve.yaml: "NAME (changed)")."""
+    from dflash_trt.build.manifest import MANIFEST_NAME, load_manifest, sha256_file
     from dflash_trt.errors import BundleError
 
     try:
@@ -76,7 +77,10 @@ def _inspect_bundle(folder: Path) -> tuple[str | None, list[str]]:
         return "a folder that is not a dflash-trt bundle (no bundle manifest.json)", []
     listed = manifest.get("files")
     listed = listed if isinstance(listed, dict) else {}
-    return None, unexpected_files(folder, lambda rel: rel == MANIFEST_NAME or rel in listed)
+    changed = [f"{rel} (changed)" for rel, entry in sorted(listed.items())
+               if (folder / rel).is_file() and not (folder / rel).is_symlink() and isinstance(entry, dict)
+               and sha256_file(folder / rel) != entry.get("sha256")]
+    return None, unexpected_files(folder, lambda rel: rel == MANIFEST_NAME or rel in listed) + changed
 
 
 #: what dflash-trt writes into a drafter folder: the checkpoint (`save_checkpoint`), training.json, loss.png
@@ -101,7 +105,8 @@ def _inspect_drafter(folder: Path) -> tuple[str | None, list[str]]:
     return None, unexpected_files(folder, DRAFTER_FILES.__contains__)
 
 
-BUNDLE = OutputKind("a dflash-trt bundle", "engines/my-bundle", _inspect_bundle, "not in its manifest.json")
+BUNDLE = OutputKind("a dflash-trt bundle", "engines/my-bundle", _inspect_bundle,
+                    "not in its manifest.json or changed since the build")
 DRAFTER = OutputKind("a DFlash drafter folder", "my-drafter", _inspect_drafter, "that dflash-trt does not write there")
 
 

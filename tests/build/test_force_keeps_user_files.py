@@ -46,13 +46,13 @@ def test_force_keeps_files_the_manifest_does_not_list(tmp_path, tiny_pair, bundl
     for dry in (("--dry-run",), ()):
         code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", *dry))
         assert refused(code, stdout, err, (
-            f"error: --out {bundle} is a dflash-trt bundle plus 4 files not in its manifest.json (NOTES.txt, "
-            "engine/rank0.engine, engine/rank1.engine, ...); --force replaces only a dflash-trt bundle or an empty "
+            f"error: --out {bundle} is a dflash-trt bundle plus 4 files not in its manifest.json or changed since "
+            "the build (NOTES.txt, engine/rank0.engine, engine/rank1.engine, ...); --force replaces only a dflash-trt bundle or an empty "
             "folder, so nothing else is lost: pick another --out, or move those files away yourself")), (dry, err)
         assert tree(tmp_path) == before, dry
     shutil.rmtree(bundle / "engine")
     code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
-    assert refused(code, stdout, err, "plus 1 file not in its manifest.json (NOTES.txt);"), err
+    assert refused(code, stdout, err, "plus 1 file not in its manifest.json or changed since the build (NOTES.txt);"), err
     (bundle / "NOTES.txt").unlink()
     code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
     assert code == 0 and f"replace the existing bundle at {bundle} (--force) with the new one" in stdout, err
@@ -62,7 +62,22 @@ def test_a_manifest_json_elsewhere_in_the_bundle_is_a_users_file(tmp_path, tiny_
     """Only the bundle's own manifest.json is unlisted by the build: one in a subfolder is someone's file."""
     (bundle / "trtllm" / "manifest.json").write_text("{}")
     code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
-    assert refused(code, stdout, err, "plus 1 file not in its manifest.json (trtllm/manifest.json);"), err
+    assert refused(code, stdout, err, "plus 1 file not in its manifest.json or changed since the build "
+                                      "(trtllm/manifest.json);"), err
+
+
+def test_a_file_edited_since_the_build_is_kept(tmp_path, tiny_pair, bundle, monkeypatch, capsys):
+    """A tuned serve.yaml (a listed file whose sha256 no longer matches the manifest) is a user's edit: --force
+    refuses rather than rebuild over it; restored, the bundle is replaced as before."""
+    serve = bundle / "trtllm" / "serve.yaml"
+    original = serve.read_bytes()
+    serve.write_bytes(original + b"# max_batch_size tuned by hand\n")
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
+    assert refused(code, stdout, err, "plus 1 file not in its manifest.json or changed since the build "
+                                      "(trtllm/serve.yaml (changed));"), err
+    serve.write_bytes(original)
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
+    assert code == 0 and f"replace the existing bundle at {bundle} (--force) with the new one" in stdout, err
 
 
 def test_an_out_inside_a_bundle_is_refused(tmp_path, tiny_pair, bundle, monkeypatch, capsys):
