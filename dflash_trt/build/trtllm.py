@@ -217,9 +217,15 @@ if ! command -v trtllm-build >/dev/null; then
          "or serve the bundle's trtllm/ folder with trtllm-serve (TensorRT-LLM >= 1.3.0rc, DFlash)" >&2
     exit 127
 fi
-checkpoint="$(cd "$(dirname "$0")" && pwd)"
+checkpoint="$(cd "$(dirname "$0")" && pwd -P)"
 bundle="$(dirname "$checkpoint")"
-trtllm-build --checkpoint_dir "$checkpoint" --output_dir "${{1:-$bundle.engine}}" \\
+out="${{1:-$bundle.engine}}"
+case "$(realpath -m -- "$out")/" in "$bundle"/*)
+    echo "OUTPUT_DIR $out is inside the bundle $bundle (its manifest.json lists what it holds): give a folder" \\
+         "outside it" >&2
+    exit 2;;
+esac
+trtllm-build --checkpoint_dir "$checkpoint" --output_dir "$out" \\
     --gemm_plugin auto --use_paged_context_fmha enable \\
     --speculative_decoding_mode draft_tokens_external --max_draft_len {max_draft_len} \\
     --max_batch_size {max_batch_size} --max_seq_len {max_seq_len} --workers {tp}

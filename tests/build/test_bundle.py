@@ -86,9 +86,10 @@ def test_build_engine_sh_writes_the_engine_outside_the_bundle(tiny_bundle_fp8_tp
     assert run("engines/x")[1] == "engines/x"  # as given, resolved by trtllm-build from the caller's folder
     load_manifest(b)  # the bundle is unchanged
     script = str(b / "trtllm_checkpoint/build_engine.sh")
-    for args, code in ((["--help"], 0), (["-o", "x"], 2), (["a", "b"], 2)):  # never an --output_dir "--help"
+    inside = str(b / "engines")  # inside the bundle: its next build --force would refuse it
+    for args, code in ((["--help"], 0), (["-o", "x"], 2), (["a", "b"], 2), ([inside], 2)):  # never --output_dir --help
         r = subprocess.run(["bash", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert r.returncode == code and "usage: " in r.stdout + r.stderr, (args, r)
+        assert r.returncode == code and ("usage: " in r.stdout + r.stderr or "is inside the bundle" in r.stderr), (args, r)
     r = subprocess.run(["bash", script], cwd=tmp_path, env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True,
                        text=True)
     assert r.returncode == 127 and r.stderr.startswith("trtllm-build not found: install TensorRT-LLM 1.2.x - "), r
