@@ -298,7 +298,9 @@ def fine_tune_lineage(init_dir: Path) -> dict:
                    "elsewhere (time both with build_scripts/bench_trainer.py --attention).")
 @click.option("--data-only", is_flag=True, help="Stop after the target-written data cache is complete.")
 @click.option("--force", is_flag=True,
-              help="Replace an existing --out folder (only once the new drafter is written).")
+              help="Replace an existing --out (once the new drafter is written): a DFlash drafter folder holding only "
+                   "what dflash-trt writes there, or an empty folder; anything else there is refused. It does not "
+                   "start over a checkpointed run in --work-dir (--resume continues it).")
 @click.option("--online-features", is_flag=True,
               help="Cache only tokens and compute target features for each training step with the target "
                    "(saves ~7 KB of disk per token; worth it on a GPU).")
