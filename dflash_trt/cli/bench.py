@@ -10,6 +10,7 @@ import click
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
                                    SEED_RANGE, lower_word, max_concurrency_option, prompt_lookup_option,
                                    threads_option, tree_topk_option)
+from dflash_trt.text import count
 
 
 @click.command()
@@ -65,7 +66,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
-                                       model_folder, note_max_concurrency, plural, set_threads, warn_block_size,
+                                       model_folder, note_max_concurrency, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.config import TargetConfig
@@ -127,7 +128,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
             check_prompt_lengths(ids, context, where, f"shorten it to at most {context - 1} tokens or remove that line")
         warn_context_room(ids, context, max_tokens, f"{ds}: ")
         if len(ids) < num_prompts:
-            click.echo(f"warning: {ds} holds {plural(len(ids), 'prompt')}, fewer than --num-prompts {num_prompts}; "
+            click.echo(f"warning: {ds} holds {count(len(ids), 'prompt')}, fewer than --num-prompts {num_prompts}; "
                        f"its rows are over {'that one' if len(ids) == 1 else f'those {len(ids)}'}", err=True)
         prompts[ds] = ids
     bar = None

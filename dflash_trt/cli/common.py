@@ -392,10 +392,6 @@ def warn_block_size(pipe) -> None:
                    f"--block-size {trained} or less", err=True)
 
 
-#: "1 prompt", "2 prompts" (`dflash_trt.text.count`)
-plural = count
-
-
 def prompt_file_lines(path: str | Path) -> list[int]:
     """The line number (1-based) of each prompt that `load_prompts_jsonl(path)` returns, in its order:
     it skips blank lines only and takes one prompt from every other line (or raises)."""
@@ -441,7 +437,7 @@ def warn_context_room(prompts: list[list[int]], ctx: int, max_tokens: int, what:
     if not room:
         return
     if len(prompts) == 1:
-        detail = f"the prompt takes {ctx - room[0]}, so at most {plural(room[0], 'token')} {'is' if room[0] == 1 else 'are'} generated"
+        detail = f"the prompt takes {ctx - room[0]}, so at most {count(room[0], 'token')} {'is' if room[0] == 1 else 'are'} generated"
     else:
         span = f"{min(room)}" + (f" to {max(room)}" if max(room) > min(room) else "")
         detail = (f"{len(room)} of the {len(prompts)} prompts {'leaves' if len(room) == 1 else 'leave'} room for only "

@@ -10,6 +10,7 @@ import click
 from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
                                    max_concurrency_option, prompt_lookup_option, threads_option, top_k_option,
                                    SEED_RANGE, lower_word, top_p_option, tree_topk_option)
+from dflash_trt.text import count
 
 
 def encode_item(pipe, item, where: str | None = None) -> list[int]:
@@ -101,7 +102,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     statistics to stderr."""
     from dflash_trt.api import load_pipeline
     from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
-                                       plural, prompt_file_lines, set_threads, warn_block_size, warn_draft_flags_unused,
+                                       prompt_file_lines, set_threads, warn_block_size, warn_draft_flags_unused,
                                        warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused,
                                        warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
@@ -186,5 +187,5 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             rate = f"acceptance rate={m.acceptance_rate:.2f}" if m.drafted_tokens else "no drafts"
             drafting = f"tau={m.acceptance_length:.2f}, {rate}, " if mode == "dflash" else ""  # ar drafts nothing
             click.echo(
-                f"[{mode}] {plural(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
+                f"[{mode}] {count(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
                 f"TTFT={m.time_to_first_token_s * 1000:.0f} ms, {m.tokens_per_s:.1f} tok/s", err=True)

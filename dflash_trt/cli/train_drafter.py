@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import finite_float, lower_word, parse_layer_ids, plural
+from dflash_trt.cli.common import finite_float, lower_word, parse_layer_ids
+from dflash_trt.text import count
 
 
 def _check_resume(resume: bool, work: Path) -> None:
@@ -356,11 +357,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
     usable = len(prompts) if max_samples is None else min(max_samples, len(prompts))
     if val_samples and val_samples >= usable:  # before the target writes any data
-        raise click.UsageError(f"--val-samples {val_samples} leaves nothing to train on ({plural(usable, 'prompt')}); hold out "
+        raise click.UsageError(f"--val-samples {val_samples} leaves nothing to train on ({count(usable, 'prompt')}); hold out "
                                "fewer or add prompts")
     if max_samples is not None and max_samples > len(prompts):
         n = len(prompts)
-        click.echo(f"warning: --max-samples {max_samples} is more than the {plural(n, 'prompt')}; using "
+        click.echo(f"warning: --max-samples {max_samples} is more than the {count(n, 'prompt')}; using "
                    + ("it" if n == 1 else f"all {n}"), err=True)
     mask = mask_token_id if mask_token_id is not None else (DEFAULT_MASK_TOKEN_ID if default_target else None)
     if mask is None and init_dir is None:  # as init-drafter: the last row, or a spare special token when it is text
@@ -397,7 +398,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     except KeyboardInterrupt:
         _interrupted(f"data generation interrupted (Ctrl-C); the finished shards in {work / 'data'} are kept: rerun "
                      "the same command to continue")
-    click.echo(f"data: {plural(stats.samples, 'sample')}, {stats.prompt_tokens} prompt + {stats.response_tokens} response "
+    click.echo(f"data: {count(stats.samples, 'sample')}, {stats.prompt_tokens} prompt + {stats.response_tokens} response "
                f"tokens ({stats.response_tokens_per_s:.0f} response tokens/s when generated)")
     if data_only:
         click.echo(f"data cache complete in {work / 'data'}; rerun without --data-only to train")

@@ -167,9 +167,9 @@ def split_validation(n: int, cfg: TrainConfig) -> tuple[list[int], list[int]]:
     if cfg.val_samples <= 0:
         return [], list(range(n))
     if cfg.val_samples >= n:
-        from dflash_trt.cli.common import plural
+        from dflash_trt.text import count
 
-        raise DFlashError(f"--val-samples {cfg.val_samples} leaves nothing to train on ({plural(n, 'sample')}); "
+        raise DFlashError(f"--val-samples {cfg.val_samples} leaves nothing to train on ({count(n, 'sample')}); "
                           "hold out fewer or add prompts")
     held = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7919 + 104729))[: cfg.val_samples]
     held_set = set(held.tolist())

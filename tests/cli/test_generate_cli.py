@@ -316,10 +316,11 @@ def test_prompts_file_prompt_too_long_names_file_and_line(monkeypatch, capsys, t
 def test_context_and_sampling_messages_count_in_words(capsys):
     """One prompt / token is singular; the too-long error lists the other prompts; --seed with greedy
     decoding is named like --top-p / --top-k ("applies" for one flag, "apply" for several)."""
-    from dflash_trt.cli.common import check_prompt_lengths, plural, warn_context_room, warn_sampling_unused
+    from dflash_trt.cli.common import check_prompt_lengths, warn_context_room, warn_sampling_unused
+    from dflash_trt.text import count
     from dflash_trt.errors import PromptTooLongError
 
-    assert (plural(1, "prompt"), plural(0, "token"), plural(2, "token")) == ("1 prompt", "0 tokens", "2 tokens")
+    assert (count(1, "prompt"), count(0, "token"), count(2, "token")) == ("1 prompt", "0 tokens", "2 tokens")
     warn_context_room([[0] * 31], 32, 5)
     assert "the prompt takes 31, so at most 1 token is generated" in capsys.readouterr().err
     warn_context_room([[0] * 31, [0] * 2, [0]], 32, 5)
