@@ -29,11 +29,11 @@ def main() -> None:
 
     from dflash_trt.runtime.engine import Engine
     from dflash_trt.runtime.sampling import SamplingParams
-    from dflash_trt.training.pipeline import encode_all, load_target_and_tokenizer
+    from dflash_trt.training.pipeline import MIN_PROMPT_BUDGET, encode_all, load_target_and_tokenizer
     from dflash_trt.training.prompts import default_corpus
 
     path, target, tok, stops = load_target_and_tokenizer(None)
-    ids = encode_all(tok, default_corpus()[: args.prompts], path, 384)
+    ids = encode_all(tok, default_corpus()[: args.prompts], path, MIN_PROMPT_BUDGET)
     engine = Engine(target, None, stops)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
     t0 = time.perf_counter()

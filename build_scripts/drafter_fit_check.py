@@ -59,7 +59,7 @@ def main() -> None:
     corpus = load_prompts_jsonl(args.prompts) if args.prompts else large_corpus()
     print(f"corpus: {len(corpus)} prompts", flush=True)
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(None)
-    ids = pipeline.encode_all(tokenizer, corpus, path, 384)
+    ids = pipeline.encode_all(tokenizer, corpus, path, pipeline.MIN_PROMPT_BUDGET)
     used = [i for b in batch_order([len(p) for p in ids], args.gen_batch_size, args.max_samples) for i in b]
     held, trained = split_validation(len(used), TrainConfig(val_samples=args.val_samples))
     groups_all = {"trained on": [used[j] for j in trained],

@@ -230,7 +230,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--num-layers", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
 @click.option("--max-seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 20),
-              help="Tokens of prompt + response used per training sequence.")
+              help="Tokens of prompt + response used per training sequence. A prompt keeps its last "
+                   "max(384, L - --max-new-tokens) tokens, at most the target's context - 1 (one warning counts the cut ones).")
 @click.option("--epochs", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               callback=finite_float)
 @click.option("--resume", is_flag=True,
@@ -394,7 +395,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     data_layers = () if online_features else tuple(sorted(set(dcfg.target_layer_ids) | {tcfg.num_hidden_layers - 1}))
     try:
         stats = pipeline.build_data(path, model, tokenizer, stops, prompts, work, data_layers, max_new_tokens,
-                                    gen_batch_size, max_samples=max_samples, max_seq_len=max_seq_len)
+                                    gen_batch_size, pipeline.prompt_budget(max_seq_len, max_new_tokens,
+                                                            tcfg.max_position_embeddings),
+                                    max_samples=max_samples, max_seq_len=max_seq_len)
     except KeyboardInterrupt:
         _interrupted(f"data generation interrupted (Ctrl-C); the finished shards in {work / 'data'} are kept: rerun "
                      "the same command to continue")

@@ -44,6 +44,21 @@ def training_prompts(prompts_file: str | Path | None, num_chat: int | None = Non
     return default_corpus(num_chat, num_code)
 
 
+MIN_PROMPT_BUDGET = 384
+"""Prompt tokens always kept (the built-in corpus's prompts fit in it; a longer window keeps more)."""
+
+
+def prompt_budget(max_seq_len: int, max_new_tokens: int, context_len: int | None = None) -> int:
+    """The prompt tokens train-drafter keeps: max(MIN_PROMPT_BUDGET, max_seq_len - max_new_tokens), so a
+    window of --max-seq-len tokens holds a whole prompt and its response (512 - 128 = 384 by default);
+    windows under 512 still keep 384 (the trainer cuts each sample at the window, and a prompt that
+    fills it alone is refused: `trainer.check_prompt_window`). With the target's `context_len`, at most
+    context_len - 1 (a longer prompt would stop the data generation with PromptTooLongError).
+    """
+    budget = max(MIN_PROMPT_BUDGET, max_seq_len - max_new_tokens)
+    return min(budget, context_len - 1) if context_len is not None else budget
+
+
 def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_len: int,
                warn: bool = False) -> list[list[int]]:
     """Tokenize every prompt; prompts longer than `max_prompt_len` tokens are cut to their last
@@ -68,7 +83,7 @@ def encode_all(tokenizer, prompts: list[Prompt], target_path: Path, max_prompt_l
 
 def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt], work_dir: str | Path,
                layer_ids: tuple[int, ...], max_new_tokens: int = 128, batch_size: int = 64,
-               max_prompt_len: int = 384, progress: bool = True, max_samples: int | None = None,
+               max_prompt_len: int = MIN_PROMPT_BUDGET, progress: bool = True, max_samples: int | None = None,
                max_seq_len: int | None = None) -> DataStats:
     """Regenerate the training responses with the target (float32, greedy) into work_dir/data, each
     prompt cut to its last `max_prompt_len` tokens (one stderr warning counts the cut ones, `encode_all`).

@@ -588,3 +588,30 @@ def test_prompts_that_fill_max_seq_len_are_refused_before_generation(tmp_path, t
                                   "(the longest prompt is 12 tokens; the window holds prompt + response), or use "
                                   "shorter prompts")
     assert not list(work.rglob("*.pt")) and not list(work.rglob("*.safetensors")) and not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("max_seq_len,max_new_tokens,budget", [(512, 128, 384), (2048, 128, 1920), (64, 128, 384),
+                                                                 (1000, 600, 400)])
+def test_prompts_keep_what_the_window_leaves_for_them(tmp_path, target_with_tokenizer, monkeypatch, max_seq_len,
+                                                      max_new_tokens, budget):
+    """A prompt keeps its last max(384, --max-seq-len - --max-new-tokens) tokens, at most the target's context
+    - 1 (the tiny target's is 256; a longer prompt stopped the data generation): a long window no longer cuts
+    prompts at a fixed 384 (the data cache's settings record the budget, so a cache made with another is
+    refused rather than mixed)."""
+    from dflash_trt.training import pipeline
+
+    seen = []
+    real = pipeline.build_data
+
+    def build_data(*a, **k):
+        seen.append(a[9] if len(a) > 9 else k["max_prompt_len"])
+        return real(*a, **k)
+    monkeypatch.setattr(pipeline, "build_data", build_data)
+    work = tmp_path / "work"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 2)), "--target-layer-ids", "0,1", "--max-new-tokens", str(max_new_tokens),
+                "--max-seq-len", str(max_seq_len), "--mask-token-id", str(MASK), "--work-dir", str(work),
+                "--data-only"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert pipeline.prompt_budget(max_seq_len, max_new_tokens) == budget and seen == [min(budget, 255)]
+    assert json.loads((work / "data" / "manifest.json").read_text())["settings"]["max_prompt_len"] == min(budget, 255)
