@@ -8,6 +8,7 @@ exits 130 with one line saying what is kept (the data shards, the last checkpoin
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -329,7 +330,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         raise click.UsageError("--keep-best needs --val-samples N: the held-out samples that pick the best checkpoint")
     check_device(device)
     init_dir = _init_drafter_dir(init_mode)
-    work = Path(work_dir) if work_dir else Path(str(out).rstrip("/") + ".work")
+    # normpath: --out d/ or d/. gives d.work (not d/..work)
+    work = Path(work_dir) if work_dir else Path(os.path.normpath(out) + ".work")
     if not resume and not data_only:  # first: a rerun must not be told that --force alone would do
         _check_fresh_run(work)
     _check_out(out, force, resume, data_only, work)

@@ -615,3 +615,14 @@ def test_prompts_keep_what_the_window_leaves_for_them(tmp_path, target_with_toke
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert pipeline.prompt_budget(max_seq_len, max_new_tokens) == budget and seen == [min(budget, 255)]
     assert json.loads((work / "data" / "manifest.json").read_text())["settings"]["max_prompt_len"] == min(budget, 255)
+
+
+@pytest.mark.parametrize("suffix", ["/", "/."])
+def test_default_work_dir_is_beside_a_normalized_out(tmp_path, target_with_tokenizer, suffix):
+    """--out d/ and d/. give the work dir d.work (d/. gave 'd/..work', a hidden folder inside d)."""
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d") + suffix, "--prompts",
+                str(_prompts(tmp_path, 2)), "--target-layer-ids", "0,1", "--max-new-tokens", "4",
+                "--mask-token-id", str(MASK), "--data-only"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.work", "prompts.jsonl"]
+    assert (tmp_path / "d.work" / "data" / "manifest.json").is_file()
