@@ -132,6 +132,18 @@ def existing_out(out: str | Path, kind: OutputKind) -> str | None:
     return _existing(Path(out), kind)[0]
 
 
+def out_path(flag: str, out: str, kind: OutputKind) -> Path:
+    """`out` as given on the command line, as a Path (Path("") is '.': an empty value, e.g. an unset shell
+    variable, must be refused before it becomes one).
+
+    Raises:
+        ConfigError: `out` is empty or only spaces.
+    """
+    if not str(out).strip():
+        raise ConfigError(f"{flag} is empty; give a folder path (e.g. {flag} {kind.example})")
+    return Path(out)
+
+
 def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
     """`out` not empty, not naming '.' or '..' (or '/'), not inside a dflash-trt bundle; returns it as a Path.
 
@@ -140,12 +152,10 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
     """
     from dflash_trt.build.manifest import enclosing_bundle
 
-    if not str(out).strip():
-        raise ConfigError(f"{flag} is empty; give a folder path (e.g. {flag} {kind.example})")
+    path = out_path(flag, str(out), kind)
     if str(out).startswith("~"):
         raise ConfigError(f"{flag} {out}: '~' is not expanded here (a shell leaves it as is inside quotes), so this "
                           f"would make a folder named '~'; spell the path out (e.g. {flag} {os.path.expanduser(out)})")
-    path = Path(out)
     cwd = Path.cwd().resolve()
     if path.name in ("", "..") or path.resolve() == cwd or path.resolve() in cwd.parents:
         here = path.resolve() == cwd  # '.', '..', '/', 'a/..', "$PWD": the current folder or one that holds it

@@ -49,6 +49,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
+    from dflash_trt.out_folder import BUNDLE, out_path
 
     why = drafter_required(target, drafter, alternative=None)
     if why is not None:
@@ -58,7 +59,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     opts = BuildOptions(
         target=Path(target) if target else default_target_path(),
         drafter=Path(drafter) if drafter else default_drafter_path(),
-        out=Path(out), quant=quant, drafter_quant=drafter_quant, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size,
+        out=out_path("--out", out, BUNDLE), quant=quant, drafter_quant=drafter_quant, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size,
         calib_prompts=Path(calib_prompts) if calib_prompts else None, calib_size=calib_size,
         max_batch_size=max_batch_size, force=force, device=device)
     if dry_run:  # every check of the build (--out and --calib-prompts included), nothing written

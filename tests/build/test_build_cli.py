@@ -84,15 +84,17 @@ def test_calib_size_above_the_file_dry_run(tmp_path, tiny_pair, monkeypatch, cap
 # --- 2. the dry run checks --out as the build does -------------------------------------------------------
 
 def test_dry_run_checks_out_as_the_build_does(tmp_path, tiny_pair, monkeypatch, capsys):
-    """An --out under a file, an --out that exists (no --force), an --out in a folder this user may not
-    write to: the dry run fails with the build's error line, exit 1, and neither writes anything."""
+    """An empty --out (an unset $OUT), an --out under a file, an --out that exists (no --force), an --out in a
+    folder this user may not write to: the dry run fails with the build's error line, exit 1, and neither writes anything."""
     afile = tmp_path / "afile"
     afile.write_text("x")
     locked = tmp_path / "locked"
     locked.mkdir()
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(locked) else real_access(p, mode, **kw))
-    cases = [(afile / "b", f"error: --out {afile / 'b'}: {afile} is a file, not a folder"),
+    cases = [("", "error: --out is empty; give a folder path (e.g. --out engines/my-bundle)"),  # was 'the current
+             (" ", "error: --out is empty; give a folder path"),                             # folder' ('' is '.')
+             (afile / "b", f"error: --out {afile / 'b'}: {afile} is a file, not a folder"),
              (afile / "x" / "b", f"error: --out {afile / 'x' / 'b'}: {afile} is a file, not a folder"),
              (afile, f"error: {afile} already exists; remove it, pick another --out, or pass --force"),
              (locked / "b", f"error: --out {locked / 'b'}: cannot write in {locked} (permission denied)"),
