@@ -27,7 +27,8 @@ import torch
 from dflash_trt.config import DrafterConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.loading import publish_folder, read_tensors, save_checkpoint
-from dflash_trt.out_folder import write_target
+from dflash_trt.out_folder import DRAFTER_FILES, write_target
+from dflash_trt.text import count
 
 
 def versions() -> dict:
@@ -187,11 +188,26 @@ def _check_copy_paths(src: Path, dst: str | Path, force: bool) -> None:
     check_out("DST", dst, DRAFTER, force)
 
 
+def copied_files(src: Path) -> list[str]:
+    """The files of drafter folder `src` that `full_vocab_copy` copies: those dflash-trt writes in a drafter
+    folder (`out_folder.DRAFTER_FILES`, so the copy is one --force may replace later) but the weights, the
+    config and README.md (written anew) and acceptance.* (measured on the reduced vocabulary: the full one
+    drafts differently, argmax over more tokens). Anything else in `src` is not copied (`left_out_files`)."""
+    rewritten = {"config.json", "model.safetensors", "README.md"}
+    return sorted(n for n in DRAFTER_FILES - rewritten if not n.startswith("acceptance.") and (src / n).is_file())
+
+
+def left_out_files(src: Path) -> list[str]:
+    """What `full_vocab_copy` does not copy from `src` because dflash-trt does not write it there: names of
+    other files and of folders (with a trailing '/'), sorted."""
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in src.iterdir() if p.name not in DRAFTER_FILES)
+
+
 def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
-    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Other files are copied but
-    acceptance.* (measured with the reduced vocabulary: the full one drafts differently; measure it
-    with `python -m dflash_trt.training.evaluate --drafter DST`).
+    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Of the other files, those of
+    `copied_files` are copied (not acceptance.*, measured with the reduced vocabulary: measure the copy
+    with `python -m dflash_trt.training.evaluate --drafter DST`; not a user's own files: `left_out_files`).
 
     Written beside `dst` and moved into place with ordinary modes (`publish_folder`). An existing
     `dst` is replaced only with `force`, only when it is an empty folder or a drafter folder holding only
@@ -220,11 +236,8 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         save_checkpoint(tmp, hf, tensors)
-        for f in src.iterdir():
-            # acceptance.* measured the reduced-vocabulary drafts, which differ (argmax over fewer tokens)
-            if (f.name not in ("config.json", "model.safetensors", "README.md") and not f.name.startswith("acceptance.")
-                    and f.is_file()):
-                shutil.copy2(f, tmp / f.name)
+        for name in copied_files(src):
+            shutil.copy2(src / name, tmp / name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
         publish_folder(tmp, dst)
@@ -246,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m dflash_trt.training.export",
         description="Write the full-vocabulary copy of a reduced-vocabulary drafter folder (no d2t, no "
                     "draft_vocab_size): the z-lab format TensorRT-LLM's, SGLang's and vLLM's DFlash loaders expect. "
-                    "Other files are copied, except acceptance.* (measured on the reduced vocabulary).")
+                    "training.json, loss.png and the evaluation cache are copied; acceptance.* (measured on the "
+                    "reduced vocabulary) and files dflash-trt does not write in a drafter folder are not.")
     ap.add_argument("src", metavar="SRC", help="drafter folder (e.g. written by dflash-trt train-drafter)")
     ap.add_argument("dst", metavar="DST", help="output folder (created; must not be SRC, inside it or hold it)")
     ap.add_argument("--force", action="store_true",
@@ -262,6 +276,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"interrupted; DST {args.dst} is left as it was", file=sys.stderr)
         sys.exit(130)
     print(f"wrote the full-vocabulary copy of {args.src} to {out}")
+    left = left_out_files(Path(args.src))
+    if left:
+        shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
+        print(f"not copied, as dflash-trt does not write them in a drafter folder ({count(len(left), 'entry', 'entries')}): "
+              f"{shown}; copy what you need yourself", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover - thin CLI

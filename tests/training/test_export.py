@@ -215,3 +215,24 @@ def test_export_cli_help_and_usage_errors():
     r = subprocess.run(run, capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == "" and "the following arguments are required: SRC, DST" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_export_copies_only_drafter_files_and_names_the_rest(tmp_path, capsys):
+    """The copy takes training.json, loss.png, the evaluation cache (keyed by weights: the copy's differ) but
+    not acceptance.* nor a user's own files and folders (it copied NOTES.txt, so a later --force over the
+    copy was refused); those are named on stderr, and the copy can be replaced by --force."""
+    src = _reduced_drafter(tmp_path / "drafter")
+    for name, data in (("training.json", b'{"steps": 3}'), ("loss.png", b"png"), ("eval_cache.json", b"{}"),
+                       ("acceptance.md", b"| tau |"), ("NOTES.txt", b"mine")):
+        (src / name).write_bytes(data)
+    (src / "runs").mkdir()
+    dst = tmp_path / "full"
+    code, out, err = _export_cli(capsys, src, dst)
+    assert code == 0 and out == f"wrote the full-vocabulary copy of {src} to {dst}\n", err
+    assert err == ("not copied, as dflash-trt does not write them in a drafter folder (2 entries): NOTES.txt, runs/; "
+                   "copy what you need yourself\n")
+    assert sorted(p.name for p in dst.iterdir()) == ["README.md", "config.json", "eval_cache.json", "loss.png",
+                                                     "model.safetensors", "training.json"]
+    assert (dst / "training.json").read_bytes() == b'{"steps": 3}' and (dst / "loss.png").read_bytes() == b"png"
+    code, out, err = _export_cli(capsys, src, dst, "--force")  # the copy holds only drafter files
+    assert code == 0, err
