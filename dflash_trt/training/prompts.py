@@ -219,19 +219,42 @@ ROLES = ("system", "user", "assistant", "tool")
 _NAMED_KEYS: dict[tuple[str, int], set[str]] = {}
 
 
-def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
-    """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
-    non-empty list (the caller's "expected ..." error). Other message keys (OpenAI's "name",
-    "tool_calls", ...) are dropped; their names are added to `extra` (for the caller's warning).
+def _text_content(content, where: str) -> str | None:
+    """A message's text: a string as is, or an OpenAI content-part list of text parts
+    ([{"type": "text", "text": "..."}, ...], joined with newlines, as vLLM's chat preprocessing joins
+    them); None when it is neither (null, a number, an object, a list of other things).
 
     Raises:
-        ConfigError: a message is not an object, its role is not one of ROLES, or its content is not a
-            string; or no "user" message has non-blank text (nothing to answer). `where`
-            ("FILE:LINE") leads the message.
+        ConfigError: a part of another type (an image, audio, a file): the prompts are text only.
+    """
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content or not all(isinstance(x, dict) for x in content):
+        return None
+    for j, part in enumerate(content, 1):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = f"has type {json.dumps(part['type'])}" if isinstance(part.get("type"), str) else 'has no "type"'
+            raise ConfigError(f'{where}: content part {j} {kind}; only {{"type": "text", "text": "<text>"}} parts are '
+                              "read (the target takes text): remove the other parts")
+    return "\n".join(part["text"] for part in content)
+
+
+def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
+    """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
+    non-empty list (the caller's "expected ..." error). A content given as OpenAI text parts is joined
+    (`_text_content`). Other message keys (OpenAI's "name", ...) are dropped; their names are added to
+    `extra` (for the caller's warning).
+
+    Raises:
+        ConfigError: a message is not an object, its role is not one of ROLES, its content is neither a
+            string nor a list of text parts (a tool call, "content" null with "tool_calls", is named as
+            one); or no "user" message has non-blank text (nothing to answer). `where` ("FILE:LINE")
+            leads the message.
     """
     msgs = obj.get("messages")
     if not isinstance(msgs, list) or not msgs:
         return None
+    out = []
     for i, m in enumerate(msgs, 1):
         if not isinstance(m, dict):
             raise ConfigError(f'{where}: message {i} is {json.dumps(m)[:40]}, not an object; give each message as '
@@ -242,16 +265,23 @@ def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> li
             hint = ' (OpenAI\'s "developer" is "system" here)' if role == "developer" else ""
             raise ConfigError(f"{where}: message {i} has {got}; the roles are {', '.join(ROLES)}; give each "
                               f"message one of them{hint}")
-        if not isinstance(m.get("content"), str):
+        content = _text_content(m.get("content"), f"{where}: message {i} ({role})")
+        if content is None and m.get("tool_calls"):
+            raise ConfigError(f'{where}: message {i} ({role}) is a tool call ("content" null, with "tool_calls"); '
+                              "prompts are rendered by the chat template as text only: remove the tool-call "
+                              "turns (and their tool results) from the conversation, or remove the line")
+        if content is None:
             got = "no" if "content" not in m else f"{json.dumps(m['content'])[:40]} as its"
-            raise ConfigError(f'{where}: message {i} ({role}) has {got} "content"; give its text as a string')
+            raise ConfigError(f'{where}: message {i} ({role}) has {got} "content"; give its text as a string (or '
+                              'as a list of {"type": "text", "text": "<text>"} parts)')
+        out.append({"role": role, "content": content})
         if extra is not None:
             extra.update(dict.fromkeys(k for k in m if k not in ("role", "content")))
-    if not any(m["role"] == "user" and m["content"].strip() for m in msgs):
-        roles = ", ".join(m["role"] + ("" if m["content"].strip() else " (empty)") for m in msgs)
+    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+        roles = ", ".join(m["role"] + ("" if m["content"].strip() else " (empty)") for m in out)
         raise ConfigError(f'{where}: the conversation has no user message with text ({roles}); a prompt needs at '
                           'least one {"role": "user", "content": "<text>"} message')
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+    return out
 
 
 #: The text of each prompts file that is not a regular file (a pipe such as bash's `<(...)`, /dev/stdin),

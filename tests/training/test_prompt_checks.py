@@ -29,10 +29,22 @@ def _write(tmp_path, *objs):
      "message 2 has role 'User'; the roles are system, user, assistant, tool; give each message one of them"),
     ({"content": "x"},
      'message 2 has no string "role"; the roles are system, user, assistant, tool; give each message one of them'),
-    ({"role": "assistant"}, 'message 2 (assistant) has no "content"; give its text as a string'),
-    ({"role": "assistant", "content": None}, 'message 2 (assistant) has null as its "content"; give its text as a string'),
-    ({"role": "user", "content": [{"type": "text", "text": "x"}]},
-     'message 2 (user) has [{"type": "text", "text": "x"}] as its "content"; give its text as a string'),
+    ({"role": "assistant"}, 'message 2 (assistant) has no "content"; give its text as a string (or as a list of '
+     '{"type": "text", "text": "<text>"} parts)'),
+    ({"role": "assistant", "content": None}, 'message 2 (assistant) has null as its "content"; give its text as a '
+     'string (or as a list of {"type": "text", "text": "<text>"} parts)'),
+    ({"role": "user", "content": []}, 'message 2 (user) has [] as its "content"; give its text as a string (or as a '
+     'list of {"type": "text", "text": "<text>"} parts)'),
+    ({"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]},
+     'message 2 (user): content part 2 has type "image_url"; only {"type": "text", "text": "<text>"} parts are read '
+     "(the target takes text): remove the other parts"),
+    ({"role": "user", "content": [{"text": "x"}]}, 'message 2 (user): content part 1 has no "type"; only '
+     '{"type": "text", "text": "<text>"} parts are read (the target takes text): remove the other parts'),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                            "function": {"name": "f", "arguments": "{}"}}]},
+     'message 2 (assistant) is a tool call ("content" null, with "tool_calls"); prompts are rendered by the chat '
+     "template as text only: remove the tool-call turns (and their tool results) from the conversation, or "
+     "remove the line"),
     ("hello", 'message 2 is "hello", not an object; give each message as {"role": ..., "content": "<text>"}'),
 ])
 def test_a_bad_message_fails_at_its_file_and_line(tmp_path, message, err):
@@ -55,6 +67,17 @@ def test_a_conversation_without_user_text_fails_at_its_line(tmp_path, messages, 
         load_prompts_jsonl(f)
     assert str(exc.value) == (f"{f}:2: the conversation has no user message with text ({roles}); a prompt needs "
                               'at least one {"role": "user", "content": "<text>"} message')
+
+
+def test_openai_text_parts_are_joined(tmp_path, capsys):
+    """OpenAI's content-part form of a text message ([{"type": "text", "text": ...}, ...]) loads as the
+    parts' texts joined with newlines (it was refused as "not a string")."""
+    parts = [{"type": "text", "text": "Write a haiku."}, {"type": "text", "text": "About rain."}]
+    f = _write(tmp_path, {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                                       {"role": "user", "content": parts}]})
+    assert load_prompts_jsonl(f) == [[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Write a haiku.\nAbout rain."}]]
+    assert capsys.readouterr().err == ""
 
 
 def test_every_allowed_role_loads_without_warnings(tmp_path, capsys):
