@@ -63,6 +63,19 @@ def load_tokenizer(path: Path):
                               "(tokenizer.json, tokenizer_config.json) into the folder") from exc
 
 
+def check_text(text, name: str) -> None:
+    """Raises InvalidRequestError when `text` (the argument `name`) is not a str a tokenizer takes (the
+    tokenizer's own error is a TypeError naming none of it)."""
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.text import invalid_unicode
+
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{name} must be a str, got {type(text).__name__}")
+    why = invalid_unicode(text)
+    if why is not None:
+        raise InvalidRequestError(f"{name} holds {why}; give valid Unicode text")
+
+
 @dataclass
 class Pipeline:
     """An engine plus the target's tokenizer."""
@@ -77,12 +90,20 @@ class Pipeline:
 
         Raises:
             ConfigError: the tokenizer has no chat template.
+            InvalidRequestError: `message` is not a str, or holds a lone surrogate (`text.invalid_unicode`).
         """
         from dflash_trt.training.prompts import encode_prompt
 
+        check_text(message, "message")
         return encode_prompt(self.tokenizer, [{"role": "user", "content": message}], f"the target at {self.target_path}")
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of plain `text` (no chat template).
+
+        Raises:
+            InvalidRequestError: `text` is not a str, or holds a lone surrogate (`text.invalid_unicode`).
+        """
+        check_text(text, "text")
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:

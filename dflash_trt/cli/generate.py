@@ -113,6 +113,13 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
     if prompt == "" or chat == "":
         raise click.UsageError(f"{'--prompt' if prompt == '' else '--chat'} is empty; give some text")
+    from dflash_trt.text import invalid_unicode
+
+    for flag, text in (("--prompt", prompt), ("--chat", chat)):
+        why = invalid_unicode(text, from_argv=True) if text is not None else None
+        if why is not None:
+            raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's "
+                                   "encoding)")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 

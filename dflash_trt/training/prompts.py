@@ -21,6 +21,7 @@ from typing import Union
 
 from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.training.evalsets import CODE_INSTRUCTION
+from dflash_trt.text import invalid_unicode
 
 Prompt = Union[str, list]  # plain text, or a list of {"role", "content"} messages
 
@@ -219,6 +220,15 @@ ROLES = ("system", "user", "assistant", "tool")
 _NAMED_KEYS: dict[tuple[str, int], set[str]] = {}
 
 
+def _check_unicode(text: str, what: str) -> None:
+    """Raises ConfigError (`what` leads it) when `text` is not valid Unicode (`dflash_trt.text.invalid_unicode`:
+    the tokenizer would fail on it with a TypeError)."""
+    why = invalid_unicode(text)
+    if why is not None:
+        raise ConfigError(f"{what} holds {why}; give valid UTF-8 text (a JSON \\uD800-\\uDFFF escape must be half "
+                          "of a surrogate pair)")
+
+
 def _text_content(content, where: str) -> str | None:
     """A message's text: a string as is, or an OpenAI content-part list of text parts
     ([{"type": "text", "text": "..."}, ...], joined with newlines, as vLLM's chat preprocessing joins
@@ -331,7 +341,8 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
         ConfigError: `path` is a directory; a line is not JSON, has both "prompt" and "messages", or has
             neither a non-empty "prompt" string nor a non-empty list of messages (an empty or blank
             "prompt" and an empty "messages" list are named as such); a message has a role
-            outside ROLES or no string "content"; a conversation has no user message with text. The
+            outside ROLES or no string "content"; a conversation has no user message with text; a text
+            holds a lone surrogate (`dflash_trt.text.invalid_unicode`). The
             message names FILE:LINE. A UTF-8 byte-order mark
             is allowed.
     """
@@ -365,8 +376,11 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
             for key in extra:
                 unknown.setdefault(f"messages[].{key}", n)
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            _check_unicode(obj["prompt"], f'{p}:{n}: the "prompt"')
             out.append(obj["prompt"])
         elif messages is not None:
+            for i, m in enumerate(messages, 1):
+                _check_unicode(m["content"], f"{p}:{n}: message {i} ({m['role']})")
             out.append(messages)
         elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
             raise ConfigError(f'{p}:{n}: the "prompt" is empty; give the text to answer, or remove the line')

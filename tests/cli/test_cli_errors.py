@@ -521,3 +521,19 @@ def test_check_names_a_missing_target_before_asking_for_a_drafter(monkeypatch, c
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(tmp_path / "nope"))
     assert one_error_line(code, err) and out == "", err
     assert err == f"error: --target {tmp_path / 'nope'}: no such folder; give the model folder (the one holding config.json)\n"
+
+
+def test_text_that_is_not_unicode_is_one_line_before_loading(monkeypatch, capsys, tmp_path):
+    """A lone surrogate in a prompts file (the JSON escape "\\ud800") or a byte that is not UTF-8 in --prompt /
+    --chat (Python's argv keeps it as U+DC00 + byte): one line naming where, not the tokenizer's TypeError
+    traceback after the models loaded."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "fine"}\n{"messages": [{"role": "user", "content": "x \\ud800"}]}\n')
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(f), "--target", str(tmp_path / "nope"))
+    assert one_error_line(code, err) and err == (
+        f"error: {f}:2: message 1 (user) holds an unpaired surrogate (U+D800) at character 3, which is not a character; "
+        "give valid UTF-8 text (a JSON \\uD800-\\uDFFF escape must be half of a surrogate pair)\n"), err
+    for flag in ("--prompt", "--chat"):
+        code, out, err = run_main(monkeypatch, capsys, "generate", flag, "caf\udcff", "--target", str(tmp_path / "nope"))
+        assert code == 2 and err.startswith(f"error: {flag} holds a byte that is not UTF-8 (0xff) at character 4; give "
+                                            "UTF-8 text") and err.count("\n") == 1, err

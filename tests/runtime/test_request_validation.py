@@ -132,3 +132,20 @@ def test_tau_and_acceptance_rate_of_decoded_requests(engine):
     assert spec.to_dict()["acceptance_length"] == spec.acceptance_length == 5 / spec.verify_steps
     m = RequestMetrics(completion_tokens=9, drafted_tokens=6, accepted_tokens=3, verify_steps=2)
     assert (m.acceptance_length, m.acceptance_rate) == (4.0, 0.5) and m.to_dict()["acceptance_rate"] == 0.5
+
+
+def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
+    """Pipeline.encode / encode_chat of a non-str or of text holding a lone surrogate: InvalidRequestError naming
+    the argument (the tokenizer's own error was a TypeError about 'TextEncodeInput')."""
+    from dflash_trt.api import Pipeline, load_tokenizer
+
+    pipe = Pipeline(engine=None, tokenizer=load_tokenizer(smollm2_path), target_path=smollm2_path, drafter_path=None)
+    assert pipe.encode("Hi") == pipe.tokenizer("Hi")["input_ids"]
+    for method, name in ((pipe.encode, "text"), (pipe.encode_chat, "message")):
+        with pytest.raises(InvalidRequestError) as exc:
+            method("x\ud800")
+        assert str(exc.value) == (f"{name} holds an unpaired surrogate (U+D800) at character 2, which is not a "
+                                  "character; give valid Unicode text")
+        with pytest.raises(InvalidRequestError) as exc:
+            method([1, 2])
+        assert str(exc.value) == f"{name} must be a str, got list"
