@@ -88,7 +88,8 @@ def folder_bytes(path: Path) -> int:
 
 def preflight(opts: BuildOptions) -> dict:
     """Every check that needs no weights: options, `dflash-trt check`, tensor-parallel divisibility, --out
-    (`check_out`).
+    (`check_out`). A warning also names engines that `build_engine.sh` wrote beside --out from an earlier
+    bundle (OUT.engine, which this build leaves as they are).
 
     Returns:
         {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
@@ -125,7 +126,13 @@ def preflight(opts: BuildOptions) -> dict:
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
     check_out(opts)
-    return {"target": target, "drafter": drafter, "warnings": [f.message for f in findings if f.level != ERROR]}
+    warnings = [f.message for f in findings if f.level != ERROR]
+    engines = opts.out.resolve()
+    engines = engines.with_name(engines.name + ".engine")  # build_engine.sh's default OUTPUT_DIR
+    if engines.exists():
+        warnings.append(f"{engines} holds TensorRT engines built from an earlier bundle at {opts.out}; once this "
+                        f"build is done, rebuild them with {opts.out / 'trtllm_checkpoint' / 'build_engine.sh'}")
+    return {"target": target, "drafter": drafter, "warnings": warnings}
 
 
 def check_out(opts: BuildOptions) -> Path | None:

@@ -43,6 +43,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
           max_batch_size, device, force, dry_run):
     """Build a bundle for TensorRT-LLM (trtllm-serve, LLM API, trtllm-build) and the dflash-trt runtime."""
     from rich.console import Console
+    from rich.markup import escape
 
     from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, run_build, summary_table
     from dflash_trt.build.pipeline import dry_run as check_and_plan
@@ -63,7 +64,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         calib_prompts=Path(calib_prompts) if calib_prompts else None, calib_size=calib_size,
         max_batch_size=max_batch_size, force=force, device=device)
     if dry_run:  # every check of the build (--out and --calib-prompts included), nothing written
-        lines = check_and_plan(opts, warn=lambda w: console.print(f"[yellow]warning:[/] {w}", highlight=False,
+        lines = check_and_plan(opts, warn=lambda w: console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False,
                                                                    soft_wrap=True))
         click.echo(f"plan for {opts.out} (dry run, nothing written):")
         for line in lines:
@@ -71,7 +72,8 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
         return
     try:  # ModelOpt prints its own lines ("Inserted N quantizers", "current rank: ..."): stdout keeps the result only
         with contextlib.redirect_stdout(sys.stderr):
-            report = run_build(opts, log=lambda line: console.print(line, highlight=False))
+            # soft_wrap: a long path stays whole (copy-paste, grep); markup off: '[...]' in a path is text
+            report = run_build(opts, log=lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False))
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, exit 130 (128 + SIGINT, as a shell reports it)
         click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
                    f"build interrupted (Ctrl-C); nothing was written to {opts.out}", err=True)

@@ -107,12 +107,34 @@ def test_an_out_where_no_folder_can_be_made_fails_the_dry_run_too(tmp_path, tiny
 
 def test_out_names_the_current_folder(tmp_path, tiny_pair, monkeypatch, capsys):
     """`--out .` (or `--out ""`, an unset $OUT, which is '.' as a path): refused, even with --force into an
-    empty current folder."""
+    empty current folder; the empty one as empty (it was reported as '.')."""
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
-    for out in (".", ""):
+    for out, want in ((".", "error: --out . names the current folder, which is never replaced"),
+                      ("", "error: --out is empty; give a folder path")):
         code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--force", "--dry-run"))
-        assert refused(code, stdout, err, "error: --out . names the current folder, which is never replaced"), err
+        assert refused(code, stdout, err, want), err
     assert list(tmp_path.iterdir()) == [here] and not any(here.iterdir())
 
+
+
+@pytest.mark.parametrize("name", ["eng1", "eng[v2]"])
+def test_engines_built_from_the_replaced_bundle_are_named(tmp_path, tiny_pair, bundle, monkeypatch, capsys, name):
+    """build_engine.sh writes BUNDLE.engine beside the bundle: a rebuild at BUNDLE (--force) leaves it as it
+    is, built from the old bundle; the dry run and the build say so in a warning and name the script, in one
+    line whatever the path's length ('[v2]' stays: it is not markup to the console)."""
+    if name != bundle.name:
+        bundle = bundle.rename(bundle.with_name(name))
+    engines = tmp_path / f"{name}.engine"
+    engines.mkdir()
+    (engines / "rank0.engine").write_bytes(b"\0")
+    want = (f"warning: {engines} holds TensorRT engines built from an earlier bundle at {bundle}; once this build "
+            f"is done, rebuild them with {bundle / 'trtllm_checkpoint' / 'build_engine.sh'}")
+    for dry in (("--dry-run",), ()):
+        code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", *dry))
+        assert code == 0 and want in err.splitlines(), (dry, err)  # one line: a long path is not broken
+        assert (engines / "rank0.engine").read_bytes() == b"\0"
+    shutil.rmtree(engines)
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, bundle, "--force", "--dry-run"))
+    assert code == 0 and ".engine holds" not in err, err
