@@ -49,14 +49,17 @@ class OutputKind:
 
 
 def unexpected_files(folder: Path, expected: Callable[[str], bool]) -> list[str]:
-    """The files under `folder` (links included, never followed; an unreadable folder counts as one entry,
-    "NAME/") whose path relative to `folder` (POSIX) `expected` rejects, sorted."""
+    """The files under `folder` (links included, never followed; an unreadable folder and an empty folder count
+    as one entry, "NAME/": dflash-trt writes no empty folder) whose path relative to `folder` (POSIX)
+    `expected` rejects, sorted."""
     found: list[str] = []
 
     def unreadable(exc: OSError) -> None:
         found.append(Path(exc.filename or folder).relative_to(folder).as_posix() + "/")
 
     for here, dirs, files in os.walk(folder, onerror=unreadable):
+        if not dirs and not files and here != str(folder):
+            found.append(Path(here).relative_to(folder).as_posix() + "/")
         for name in files + [d for d in dirs if os.path.islink(os.path.join(here, d))]:
             rel = Path(here, name).relative_to(folder).as_posix()
             if not expected(rel):

@@ -129,6 +129,11 @@ def test_force_replaces_a_drafter_folder_only_without_other_files(cli, command):
     (cli.here / "d" / "NOTES.txt").unlink()
     for p in sorted((cli.here / "d" / "engine").iterdir()):
         p.unlink()
+    (cli.here / "d" / "runs" / "empty").mkdir(parents=True)  # an empty folder of the user's: kept too (it went
+    code, _, err = cli(command, "d", "--force")              # silently)
+    assert _one_error_line(code, err, "plus 2 files that dflash-trt does not write there (engine/, runs/empty/)"), err
+    (cli.here / "d" / "runs" / "empty").rmdir()
+    (cli.here / "d" / "runs").rmdir()
     (cli.here / "d" / "engine").rmdir()
     for name in ("acceptance.json", "acceptance.md", "acceptance.png", "eval_cache.json", "training.json", "loss.png"):
         (cli.here / "d" / name).write_text("{}")
