@@ -62,7 +62,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
 
     from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype
     from dflash_trt.bench.modes import MODES
-    from dflash_trt.bench.report import write_outputs
+    from dflash_trt.bench.report import OUTPUT_NAMES, write_outputs
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
@@ -89,6 +89,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     for ds in datasets:  # before any model loads
         if ds in DATASETS:
             continue
+        if not ds.strip():
+            raise InvalidRequestError(f"--dataset is empty; give {', '.join(DATASETS)} or the path of a JSONL file")
         if not Path(jsonl_file("--dataset", ds)).exists():  # a pipe (<(...)) too
             raise InvalidRequestError(f"--dataset {ds}: no such prompt set or file; give {', '.join(DATASETS)} "
                                       "or the path of an existing JSONL file")
@@ -101,7 +103,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     if bundle is not None:  # results mixed into a deployable artifact (and into no manifest)
         raise InvalidRequestError(f"--out {out} is inside the dflash-trt bundle {bundle}; choose an --out outside the "
                                   "bundle (e.g. --out bench_out)")
-    check_out_folder("--out", out)  # a bench can run for hours: an unusable --out fails now, not at the end
+    check_out_folder("--out", out, OUTPUT_NAMES)  # a bench can run for hours: an unusable --out fails now, not at the end
     if (Path(out) / "results.json").is_file():
         click.echo(f"note: --out {out} holds an earlier run's results.json; this run overwrites it, results.md and "
                    "the plots", err=True)

@@ -82,25 +82,30 @@ def drop_repeats(option: str, values, noun: str, outcome: str, names=()) -> tupl
 
 
 def jsonl_file(option: str, path: str | None) -> str | None:
-    """`path` unchanged unless it is a folder.
+    """`path` unchanged unless it is empty or a folder.
 
     Raises:
-        ConfigError: `path` is a folder, not a JSONL file.
+        ConfigError: `path` is empty, or a folder, not a JSONL file.
     """
+    if path is not None and not path.strip():  # Path("") is the current folder
+        raise ConfigError(f'{option} is empty; give the path of a JSONL file (one {{"prompt": ...}} or '
+                          '{"messages": [...]} object per line)')
     if path is not None and Path(path).is_dir():
         raise ConfigError(f'{option} {path} is a directory; give a JSONL file (one {{"prompt": ...}} or '
                           '{"messages": [...]} object per line)')
     return path
 
 
-def check_out_folder(option: str, path: str) -> None:
+def check_out_folder(option: str, path: str, outputs: tuple[str, ...] = ()) -> None:
     """Check that `path` is (or can be created as) a writable folder, leaving nothing behind: the
     missing folders are created, a temporary file is written in it, and the folders it created are
     removed again (so a later error leaves no empty output folder). Works for root too, for whom
-    permission bits say nothing.
+    permission bits say nothing. `outputs`: the names the command writes there, each of which must
+    not be a folder already (the write would fail at the end of a long run).
 
     Raises:
-        InvalidRequestError: `path` is empty or a file, or it cannot be created or written.
+        InvalidRequestError: `path` is empty or a file, or it cannot be created or written; an `outputs`
+            name there is a folder.
     """
     if not str(path).strip():
         raise InvalidRequestError(f"{option} is empty; give a folder path (it is created if missing; '.' for the "
@@ -109,6 +114,10 @@ def check_out_folder(option: str, path: str) -> None:
     if p.exists() and not p.is_dir():
         raise InvalidRequestError(f"{option} {path}: this is a file, not a folder; give a folder path (it is created "
                                   "if missing)")
+    for name in outputs:
+        if (p / name).is_dir():
+            raise InvalidRequestError(f"{option} {path}: {p / name} is a folder, where this command writes its {name} "
+                                      "file; move it away, or give another folder")
     created = []
     try:
         for d in [*reversed(p.parents), p]:

@@ -187,7 +187,7 @@ class Engine:
         if mode == "dflash" and self.proposer is None:
             raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
         prompts = _token_id_lists(prompts)
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params  # [] is 0 params, not the default
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} sampling params")

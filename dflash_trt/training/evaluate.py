@@ -331,7 +331,7 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     paths = [model_folder("--drafter", p, "drafter") for p in args.drafter] or [str(default_drafter_path())]
     paths = list(drop_repeats("--drafter", paths, "folder", "it is measured once"))
     if args.out:
-        check_out_folder("--out", args.out)
+        check_out_folder("--out", args.out, ("acceptance.json", "acceptance.md", "acceptance.png", "eval_cache.json"))
     drafters = {}
     for label, p in zip(drafter_labels(paths), paths):  # before the target: a bad --drafter fails fast
         try:

@@ -103,8 +103,9 @@ def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):
 
 
 def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monkeypatch, capsys):
-    """A bench can run for hours: an unwritable --out or a malformed --dataset file fails before any
-    model loads (it used to fail after the run, with a raw OS error, losing the results)."""
+    """A bench can run for hours: an unwritable --out (or one whose results.json is a folder), an empty
+    --dataset or a malformed --dataset file fails before any model loads (it used to fail after the run,
+    with a raw OS error, losing the results)."""
     import dflash_trt.api
 
     def no_loading(*args, **kwargs):
@@ -123,7 +124,12 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
              ([str(good), "--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot write there (Not a directory)"),
              ([str(bad), "--out", str(tmp_path / "o")], f"{bad}:2: not valid JSON"),
              ([str(empty), "--out", str(tmp_path / "o")], str(empty)),
-             ([str(good), "--out", ""], "--out is empty; give a folder path")]  # not the current folder, silently
+             ([str(good), "--out", ""], "--out is empty; give a folder path"),  # not the current folder, silently
+             (["", "--out", str(tmp_path / "o")], "--dataset is empty; give mt-bench, humaneval or the path of a JSONL "
+                                                  "file"),  # was "--dataset  is a directory"
+             ([str(good), "--out", str(tmp_path / "r")], f"--out {tmp_path / 'r'}: {tmp_path / 'r' / 'results.json'} is "
+              "a folder, where this command writes its results.json file; move it away, or give another folder")]
+    (tmp_path / "r" / "results.json").mkdir(parents=True)  # the run completed, then failed renaming over it
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", *args])
         with pytest.raises(SystemExit) as exc:
@@ -131,6 +137,7 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
         err = capsys.readouterr().err
         assert exc.value.code == 1 and message in err and "Traceback" not in err, err
     assert afile.read_text() == "x" and not (tmp_path / "o").exists()
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["results.json"]
     # a good --out is checked the same way and left as it was: nothing is created before the run
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(good), "--out", str(tmp_path / "n" / "o")])
     with pytest.raises(AssertionError, match="models were loaded"):

@@ -149,3 +149,12 @@ def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
         with pytest.raises(InvalidRequestError) as exc:
             method([1, 2])
         assert str(exc.value) == f"{name} must be a str, got list"
+
+
+def test_an_empty_params_list_is_zero_params_not_the_default(engine):
+    """generate(prompts, []) ran every prompt with the default SamplingParams (an empty list was taken as
+    None); it is a list of 0 params, refused like any count that does not match the prompts."""
+    with pytest.raises(InvalidRequestError) as exc:
+        engine.generate([[5, 6]], [], mode="ar")
+    assert str(exc.value) == "1 prompts but 0 sampling params"
+    assert engine.generate([], [], mode="ar") == []
