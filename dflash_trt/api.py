@@ -31,6 +31,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a --dtype name ("float32", "bfloat16", "float16").
+
+    Raises:
+        ConfigError: another name.
+    """
     if name not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
@@ -107,6 +112,7 @@ class Pipeline:
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
+        """Text of token ids (special tokens such as EOS left out, spacing as the tokenizer writes it)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,

@@ -25,6 +25,9 @@ from dflash_trt.runtime.kv_cache import KVCache
 
 
 class DrafterAttention(AttentionProjections):
+    """Attention of drafter layer `layer_idx` (q_norm and k_norm always, as in Qwen3): the block's queries
+    attend to the context K/V injected from target features and to the block's own K/V (DFLASH.md sec. 2)."""
+
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                          cfg.attention_bias, True, cfg.rms_norm_eps)
@@ -67,6 +70,8 @@ class DrafterAttention(AttentionProjections):
 
 
 class DrafterLayer(nn.Module):
+    """One pre-norm drafter layer (z-lab keys `layers.N.`): x + attn(norm(x)), then + mlp(norm(.))."""
+
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
         super().__init__()
         self.self_attn = DrafterAttention(cfg, layer_idx)
@@ -75,6 +80,8 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """x [n, t, hidden] -> the layer's output [n, t, hidden]; the other arguments as
+        `DrafterAttention.forward` (x here is NOT normed: the layer applies input_layernorm)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -123,6 +123,8 @@ class RotaryEmbedding(nn.Module):
         self._table_len = length
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions int64 [...] -> (cos, sin), each float32 [..., head_dim] (the attention factor folded in);
+        the table grows, and moves to the positions' device, on demand."""
         need = int(positions.max()) + 1 if positions.numel() else 1
         if need > self._table_len or self._cos.device != positions.device:
             self._grow(need, positions.device)

@@ -30,12 +30,19 @@ from dflash_trt.runtime.kv_cache import KVCache
 
 
 class TargetAttention(AttentionProjections):
+    """Grouped-query self-attention of target layer `layer_idx` over its KV cache (HF `self_attn.` keys:
+    q/k/v/o_proj, and q_norm/k_norm for Qwen3)."""
+
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                          cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps)
         self.layer_idx = layer_idx
 
     def forward(self, x, rope, slots, mask, cache: KVCache, rows, kv_len):
+        """x [n, t, hidden] (input_layernorm'd) of t new tokens; rope (cos, sin) [n, t, head_dim] of their
+        positions; their K/V are written at `slots` [n, t] int64 of cache `rows` [n] (None = all), then
+        the queries attend to slots [0, kv_len) under mask bool [n, 1, t, kv_len] (True = attend) or None
+        (causal over the whole cache). Returns o_proj's output [n, t, hidden]."""
         n, t, _ = x.shape
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim)
@@ -51,6 +58,8 @@ class TargetAttention(AttentionProjections):
 
 
 class TargetDecoderLayer(nn.Module):
+    """One pre-norm decoder layer (HF `model.layers.N.`): x + attn(norm(x)), then + mlp(norm(.))."""
+
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__()
         self.self_attn = TargetAttention(cfg, layer_idx)
@@ -59,6 +68,7 @@ class TargetDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, slots, mask, cache, rows, kv_len):
+        """x [n, t, hidden] -> the layer's output [n, t, hidden]; the other arguments as `TargetAttention.forward`."""
         x = x + self.self_attn(self.input_layernorm(x), rope, slots, mask, cache, rows, kv_len)
         return x + self.mlp(self.post_attention_layernorm(x))
 

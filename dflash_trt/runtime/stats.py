@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class RequestMetrics:
+    """One request's counts (tokens) and times (seconds of wall clock); each field is defined in this
+    module's docstring. The engine fills it in `GenerationResult.metrics`."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     drafted_tokens: int = 0
@@ -48,6 +51,7 @@ class RequestMetrics:
 
     @property
     def tokens_per_s(self) -> float:
+        """completion_tokens / total_time_s (output tokens per second, prefill included); 0.0 before any time."""
         return self.completion_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
     def to_dict(self) -> dict:
