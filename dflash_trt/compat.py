@@ -239,7 +239,13 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"{target.rope_theta:g} / {target.rope_scaling}; fine if the drafter was trained that way, otherwise "
             "it was made for another target (acceptance will be low)")))
     t_tok, d_tok = _tokenizer_identity(target_path), _tokenizer_identity(drafter_path)
-    if t_tok is None:
+    if t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):
+        out.append(Finding(WARNING, (
+            f"tokenizer: {target_path} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json), so "
+            "generate, bench, train-drafter and trtllm-serve cannot use it, and the tokenizer identity and the mask "
+            "token were not checked; copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into "
+            "the folder")))
+    elif t_tok is None:
         out.append(Finding(WARNING, f"tokenizer: {target_path} has no tokenizer.json; tokenizer identity and the mask "
                                     "token were not checked"))
     elif d_tok is not None and d_tok[0] != t_tok[0]:

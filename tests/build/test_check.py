@@ -121,3 +121,23 @@ def test_cli_exit_codes(target, drafter, tmp_path):
     assert "Traceback" not in bad.stderr
     missing = subprocess.run(run + [str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 1 and "no such folder" in missing.stderr
+
+
+def test_a_target_without_tokenizer_files_is_a_warning_naming_what_fails_and_the_fix(tmp_path, target, drafter):
+    """check passed a target with no tokenizer files ('identity not checked'), and generate then refused the pair:
+    the warning now says which commands cannot use it and how to fix it; a slow tokenizer (tokenizer.model) only
+    leaves the identity unchecked."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy2(target / f, bare / f)
+    assert only(check_checkpoints(bare, drafter), ERROR) == []
+    assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
+        f"tokenizer: {bare} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json), so generate, bench, "
+        "train-drafter and trtllm-serve cannot use it, and the tokenizer identity and the mask token were not "
+        "checked; copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder"]
+    (bare / "tokenizer.model").write_bytes(b"sentencepiece")
+    assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
+        f"tokenizer: {bare} has no tokenizer.json; tokenizer identity and the mask token were not checked"]
