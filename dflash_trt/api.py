@@ -225,8 +225,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     from dflash_trt.build.manifest import load_manifest
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
+    manifest = load_manifest(bundle)  # before Path(): an empty path is not the current folder
     root = Path(bundle)
-    manifest = load_manifest(root)
     torch_dtype = parse_dtype(dtype)
     target_path = root / manifest["models"]["target"]["path"]
     drafter_path = root / manifest["models"]["drafter"]["path"]

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_trt.config import DrafterConfig, TargetConfig
+from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
 from dflash_trt.errors import IncompatibleModelsError
 from dflash_trt.text import count
 
@@ -222,6 +222,12 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter")]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
+    arch = read_config_json(drafter_path).get("architectures")
+    if arch != ["DFlashDraftModel"]:
+        out.append(Finding(WARNING, (
+            f"architectures: the drafter's config.json has {json.dumps(arch)}, not [\"DFlashDraftModel\"] (the z-lab "
+            "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "
+            'may not: set "architectures": ["DFlashDraftModel"]')))
     if not drafter.trained:
         out.append(Finding(WARNING, (
             "untrained: the drafter's config.json marks it untrained (dflash_trt.untrained, as init-drafter writes): "

@@ -65,10 +65,16 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
     """Read a bundle's manifest and (by default) verify every listed file.
 
     Raises:
-        BundleError: no bundle / manifest, invalid JSON, newer schema, a missing file, or a sha256 mismatch.
+        BundleError: an empty path, a file, no bundle / manifest, invalid JSON, newer schema, a missing file, or
+            a sha256 mismatch.
     """
+    if not str(bundle).strip():  # Path("") is the current folder
+        raise BundleError("the bundle path is empty; give the folder `dflash-trt build --out` wrote (e.g. "
+                          "engines/my-bundle)")
     root = Path(bundle)
     path = root / MANIFEST_NAME
+    if root.exists() and not root.is_dir():
+        raise BundleError(f"{root} is a file, not a bundle folder; give the folder `dflash-trt build --out` wrote")
     if not root.is_dir():
         raise BundleError(f"{root}: no such bundle folder; build one with `dflash-trt build --out {root}`")
     if not path.is_file():

@@ -359,10 +359,16 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     for n, line in jsonl_lines(text):
         if not line.strip():
             continue
+        if line.startswith("\ufeff"):  # json.loads' own message says "decode using utf-8-sig"
+            raise ConfigError(f"{p}:{n}: starts with a byte-order mark (U+FEFF), e.g. from files joined together; "
+                              "remove it (only the file's first line may have one)")
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+        except RecursionError:  # nesting deeper than the interpreter's recursion limit
+            raise ConfigError(f"{p}:{n}: JSON nested too deeply to read; each line must be one JSON object of "
+                              '{"prompt": ...} or {"messages": [...]}') from None
         messages = None
         if isinstance(obj, dict):
             for key in obj:

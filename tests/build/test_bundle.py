@@ -123,6 +123,16 @@ def test_not_a_bundle(tmp_path):
         load_manifest(tmp_path / "nope")
     with pytest.raises(BundleError, match="no manifest.json"):
         load_manifest(tmp_path)
+    # a file: not "no such bundle folder; build one with --out FILE" (a build there is refused); "": not '.'
+    (tmp_path / "prompts.jsonl").write_text("{}\n")
+    with pytest.raises(BundleError) as exc:
+        load_manifest(tmp_path / "prompts.jsonl")
+    assert str(exc.value) == (f"{tmp_path / 'prompts.jsonl'} is a file, not a bundle folder; give the folder "
+                              "`dflash-trt build --out` wrote")
+    with pytest.raises(BundleError) as exc:
+        load_manifest("")
+    assert str(exc.value) == ("the bundle path is empty; give the folder `dflash-trt build --out` wrote (e.g. "
+                              "engines/my-bundle)")
 
 
 def test_incompatible_models_inside_a_rehashed_bundle(bundle):

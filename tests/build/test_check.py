@@ -141,3 +141,15 @@ def test_a_target_without_tokenizer_files_is_a_warning_naming_what_fails_and_the
     (bare / "tokenizer.model").write_bytes(b"sentencepiece")
     assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
         f"tokenizer: {bare} has no tokenizer.json; tokenizer identity and the mask token were not checked"]
+
+
+def test_a_drafter_config_not_named_dflashdraftmodel_is_a_warning(target, drafter):
+    """A drafter config.json with a dflash_config but architectures LlamaForCausalLM loads here (by its
+    dflash_config) but not necessarily in the serving engines: warned, with the fix."""
+    assert not [w for w in only(check_checkpoints(target, drafter), WARNING) if w.startswith("architectures:")]
+    findings = check_checkpoints(target, edit_config(drafter, architectures=["LlamaForCausalLM"]))
+    assert only(findings, ERROR) == []
+    assert [w for w in only(findings, WARNING) if w.startswith("architectures:")] == [
+        "architectures: the drafter's config.json has [\"LlamaForCausalLM\"], not [\"DFlashDraftModel\"] (the z-lab "
+        "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "
+        'may not: set "architectures": ["DFlashDraftModel"]']

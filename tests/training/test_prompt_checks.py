@@ -215,3 +215,19 @@ def test_init_drafter_warns_about_an_ordinary_mask_token(tmp_path, target_with_t
     assert "warning: mask token id 0 ('w0') is a special token that occurs in the target's text" in res.stderr
     res = init(tiny_target_dir, MASK, "c")
     assert res.exit_code == 0 and "mask token id" not in res.stderr, res.output + repr(res.exception)
+
+
+def test_a_bom_past_the_first_line_and_deep_nesting_are_one_line_errors(tmp_path):
+    """A byte-order mark on line 2 (two files joined) got json's 'decode using utf-8-sig' hint; a line nested
+    100,000 deep raised RecursionError out of the loader."""
+    f = tmp_path / "p.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n\xef\xbb\xbf{"prompt": "b"}\n')  # line 1's mark is allowed
+    with pytest.raises(ConfigError) as exc:
+        load_prompts_jsonl(f)
+    assert str(exc.value) == (f"{f}:2: starts with a byte-order mark (U+FEFF), e.g. from files joined together; remove "
+                              "it (only the file's first line may have one)")
+    f.write_text('{"prompt": "a"}\n{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_prompts_jsonl(f)
+    assert str(exc.value) == (f'{f}:2: JSON nested too deeply to read; each line must be one JSON object of '
+                              '{"prompt": ...} or {"messages": [...]}')
