@@ -204,8 +204,10 @@ def _fine_tune_config(ctx: click.Context, init_dir: Path, flags_cfg):
         if field == "draft_vocab_size":  # 0 or >= the vocabulary on the command line = full (None)
             given = given if given else None
         if given != own:
-            raise ConfigError(f"--{flag.replace('_', '-')} {given} differs from the drafter being fine-tuned "
-                              f"({init_dir}: {own}); drop the flag (a fine-tune keeps the drafter's shape)")
+            typed = ctx.params.get(flag, given)  # what the command line said
+            own_shown = "the full vocabulary" if field == "draft_vocab_size" and own is None else own
+            raise ConfigError(f"--{flag.replace('_', '-')} {typed} differs from the drafter being fine-tuned "
+                              f"({init_dir}: {own_shown}); drop the flag (a fine-tune keeps the drafter's shape)")
     return cfg
 
 
@@ -322,10 +324,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
             checkpoint or a checkpoint without --resume, the target, the prompts, the drafter's shape; at the
             export, an --out that has changed since (`_check_out` again; the run stays checkpointed).
     """
-    from dflash_trt.cli.common import jsonl_file
+    from dflash_trt.cli.common import jsonl_file, model_folder
     from dflash_trt.models.checkpoints import check_device
 
     jsonl_file("--prompts", prompts_file)  # a folder: error before anything loads
+    model_folder("--target", target)  # a file (e.g. the prompts), a bundle: named as such, not parsed as JSON
     if keep_best and not val_samples:
         raise click.UsageError("--keep-best needs --val-samples N: the held-out samples that pick the best checkpoint")
     check_device(device)

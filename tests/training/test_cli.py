@@ -305,6 +305,18 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
 
     res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(first), "--block-size", "8"])
     assert isinstance(res.exception, ConfigError) and "--block-size 8 differs" in str(res.exception)
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(first), "--draft-vocab-size", "0"])
+    assert isinstance(res.exception, ConfigError) and str(res.exception).startswith(
+        f"--draft-vocab-size 0 differs from the drafter being fine-tuned ({first}: 32)"), repr(res.exception)
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    full = init_drafter(new_drafter_config(TargetConfig.from_pretrained(target_with_tokenizer), 1, 4, MASK, [0, 1]),
+                        tmp_path / "full")
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(full), "--draft-vocab-size", "32"])
+    assert isinstance(res.exception, ConfigError) and str(res.exception).startswith(  # it said "(FULL: None)"
+        f"--draft-vocab-size 32 differs from the drafter being fine-tuned ({full}: the full vocabulary)"), \
+        repr(res.exception)
     res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(tmp_path / "nowhere")])
     assert isinstance(res.exception, ConfigError) and "no such folder" in str(res.exception)
     assert not (tmp_path / "x").exists()
@@ -626,3 +638,15 @@ def test_default_work_dir_is_beside_a_normalized_out(tmp_path, target_with_token
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.work", "prompts.jsonl"]
     assert (tmp_path / "d.work" / "data" / "manifest.json").is_file()
+
+
+def test_a_file_as_target_is_named_as_a_file(tmp_path):
+    """--target PROMPTS.jsonl: 'is a file; give the model folder' (as check and generate say), not its JSON
+    parse error ('not valid JSON (Extra data...)' from reading it as a config.json)."""
+    from dflash_trt.errors import CheckpointError
+
+    f = _prompts(tmp_path, 2)
+    res = _run(["--target", str(f), "--out", str(tmp_path / "d")])
+    assert isinstance(res.exception, CheckpointError) and str(res.exception) == (
+        f"--target {f} is a file; give the model folder (the one holding config.json)"), repr(res.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
