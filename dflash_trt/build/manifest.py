@@ -78,6 +78,15 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
     if not root.is_dir():
         raise BundleError(f"{root}: no such bundle folder; build one with `dflash-trt build --out {root}`")
     if not path.is_file():
+        try:
+            cfg = json.loads((root / "config.json").read_text())
+            arch = cfg.get("architectures") or ()
+            kind = "drafter" if "DFlashDraftModel" in arch or "dflash_config" in cfg else "target"
+        except (OSError, ValueError, AttributeError, TypeError):  # no config.json: a plain folder
+            kind = None
+        if kind is not None:
+            raise BundleError(f"{root} is a model folder (a {kind}), not a dflash-trt bundle: give it as --{kind} "
+                              f"(a bundle is the folder `dflash-trt build --out` wrote)")
         raise BundleError(f"{root}: no {MANIFEST_NAME}; this is not a finished dflash-trt bundle (rebuild it)")
     try:
         manifest = json.loads(path.read_text())
@@ -123,5 +132,8 @@ def verify_files(root: Path, manifest: dict) -> None:
         elif sha256_file(p) != entry["sha256"]:
             problems.append(f"altered file {rel} (sha256 {sha256_file(p)[:12]}... != manifest {entry['sha256'][:12]}...)")
     if problems:
+        altered = any(x.startswith("altered") for x in problems)
         raise BundleError(f"bundle {root} failed verification: " + "; ".join(problems)
-                          + ". Rebuild it with `dflash-trt build` (or restore the files)")
+                          + ". Restore the files, or rebuild: `dflash-trt build --out NEW_FOLDER`"
+                          + (" (`build --force` over this bundle keeps edited files: move them away first)"
+                             if altered else ""))

@@ -97,8 +97,9 @@ def test_build_engine_sh_writes_the_engine_outside_the_bundle(tiny_bundle_fp8_tp
 
 def test_missing_file(bundle):
     (bundle / "trtllm_checkpoint/rank2.safetensors").unlink()
-    with pytest.raises(BundleError, match="missing file trtllm_checkpoint/rank2.safetensors"):
+    with pytest.raises(BundleError, match="missing file trtllm_checkpoint/rank2.safetensors") as exc:
         load_manifest(bundle)
+    assert str(exc.value).endswith(". Restore the files, or rebuild: `dflash-trt build --out NEW_FOLDER`")
 
 
 def test_altered_file(bundle):
@@ -106,8 +107,11 @@ def test_altered_file(bundle):
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match="altered file trtllm/target/model.safetensors"):
+    with pytest.raises(BundleError, match="altered file trtllm/target/model.safetensors") as exc:
         load_manifest(bundle)
+    # it said "Rebuild it with `dflash-trt build`", and build --force then refused the edited bundle
+    assert str(exc.value).endswith(". Restore the files, or rebuild: `dflash-trt build --out NEW_FOLDER` (`build "
+                                   "--force` over this bundle keeps edited files: move them away first)")
 
 
 def test_newer_schema(bundle):
@@ -123,6 +127,14 @@ def test_not_a_bundle(tmp_path):
         load_manifest(tmp_path / "nope")
     with pytest.raises(BundleError, match="no manifest.json"):
         load_manifest(tmp_path)
+    for kind, cfg in (("drafter", {"architectures": ["DFlashDraftModel"], "dflash_config": {}}),
+                      ("target", {"architectures": ["LlamaForCausalLM"]})):  # it said "rebuild it"
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(BundleError) as exc:
+            load_manifest(tmp_path / kind)
+        assert str(exc.value) == (f"{tmp_path / kind} is a model folder (a {kind}), not a dflash-trt bundle: give it "
+                                  f"as --{kind} (a bundle is the folder `dflash-trt build --out` wrote)")
     # a file: not "no such bundle folder; build one with --out FILE" (a build there is refused); "": not '.'
     (tmp_path / "prompts.jsonl").write_text("{}\n")
     with pytest.raises(BundleError) as exc:
