@@ -246,6 +246,9 @@ def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exist
                           "path (or fix the link)")
     path = write_target(path)
     if path.exists():
+        if not path.is_dir():  # never replaced, --force or not: say so now, not after the user adds --force
+            raise ConfigError(f"{flag} {out} is {_existing(path, kind)[0]}; --force replaces only {kind.name} or an "
+                              f"empty folder, so nothing else is lost: pick another {flag}, or move it away yourself")
         if not replace:
             raise ConfigError(exists_message or f"{flag} {out} already exists; pick another {flag}, or pass --force to "
                                                 f"replace it (--force replaces {kind.name} or an empty folder only, once "

@@ -96,7 +96,8 @@ def test_dry_run_checks_out_as_the_build_does(tmp_path, tiny_pair, monkeypatch, 
              (" ", "error: --out is empty; give a folder path"),                             # folder' ('' is '.')
              (afile / "b", f"error: --out {afile / 'b'}: {afile} is a file, not a folder"),
              (afile / "x" / "b", f"error: --out {afile / 'x' / 'b'}: {afile} is a file, not a folder"),
-             (afile, f"error: {afile} already exists; remove it, pick another --out, or pass --force"),
+             (afile, f"error: --out {afile} is a file, not a dflash-trt bundle; --force replaces only a dflash-trt "
+                     "bundle or an empty folder"),  # not "pass --force", which then refused the file
              (locked / "b", f"error: --out {locked / 'b'}: cannot write in {locked} (permission denied)"),
              (locked / "new" / "b", f"error: --out {locked / 'new' / 'b'}: cannot write in {locked} (permission denied)")]
     for out, want in cases:
