@@ -429,17 +429,18 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         return f"(schema ok; tensorrt_llm check: {state['serve_check']})"
 
     def readmes():
+        # sources as absolute paths: the record is read from the bundle's folder, or on another machine
         tok_file = root / "trtllm" / "target" / "tokenizer.json"
         fields = {
             "name": opts.out.name,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {
-                "target": {"source": str(opts.target), "architecture": (tcfg.architectures or ("?",))[0],
+                "target": {"source": str(Path(opts.target).resolve()), "architecture": (tcfg.architectures or ("?",))[0],
                            "num_hidden_layers": tcfg.num_hidden_layers, "hidden_size": tcfg.hidden_size,
                            "vocab_size": tcfg.vocab_size, "path": "trtllm/target",
                            "trtllm_checkpoint_architecture": state.get("trt_arch")},
                 # path: what dflash-trt loads; trtllm_path: what serve.yaml / llm_api_example.py point at
-                "drafter": {"source": str(opts.drafter), "num_hidden_layers": dcfg.num_hidden_layers,
+                "drafter": {"source": str(Path(opts.drafter).resolve()), "num_hidden_layers": dcfg.num_hidden_layers,
                             "trained": dcfg.trained, "path": runtime_drafter,
                             "draft_vocab_size": dcfg.draft_vocab_size, "trtllm_path": TRTLLM_DRAFTER,
                             "trtllm_vocabulary": ("full (dflash_trt.training.export.full_vocab_copy: same weights, "
@@ -449,7 +450,8 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                              "trtllm_checkpoint": state.get("trt_quant"),
                              # num_prompts: the prompts calibrated on (fewer than --calib-size when the file
                              # holds fewer); requested: --calib-size (None: nothing was calibrated)
-                             "calibration": {"source": str(opts.calib_prompts or "built-in corpus"),
+                             "calibration": {"source": str(Path(opts.calib_prompts).resolve()) if opts.calib_prompts
+                                             else "built-in corpus",
                                              "num_prompts": len(state.get("calib", [])),
                                              "requested": opts.calib_size if opts.calibrates else None}},
             "tp_size": opts.tp_size,

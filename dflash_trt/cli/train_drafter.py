@@ -222,7 +222,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
     parent = json.loads(info.read_text()) if info.is_file() else None
     if parent is not None:
         parent.pop("history", None)
-    return {"mode": "drafter", "path": str(init_dir), "parent": parent}
+    return {"mode": "drafter", "path": str(init_dir.resolve()), "parent": parent}  # absolute: read from elsewhere
 
 
 @click.command("train-drafter")
@@ -458,11 +458,12 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         drafter.load_state_dict(torch.load(work / "run" / BEST, weights_only=True)["drafter"])
         exported_step = state.best_step
     info = {
-        "target": str(path), "command": "dflash-trt " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "target": str(Path(path).resolve()), "command": "dflash-trt " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "data": {"samples": stats.samples, "prompt_tokens": stats.prompt_tokens,
                  "response_tokens": stats.response_tokens, "generation_seconds": round(stats.generation_seconds, 1),
                  "response_tokens_per_s": round(stats.response_tokens_per_s, 1),
-                 "prompts": prompts_file or "built-in corpus (dflash_trt.training.prompts)"},
+                 "prompts": os.path.abspath(prompts_file) if prompts_file
+                 else "built-in corpus (dflash_trt.training.prompts)"},
         "draft_vocab": {"size": dcfg.draft_vocab_size or tcfg.vocab_size,
                         "response_token_coverage": round(coverage(samples, draft_ids, tcfg.vocab_size), 5)
                         if draft_ids is not None else 1.0},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +199,21 @@ def test_out_overlapping_an_input_is_refused(tmp_path, tiny_pair, monkeypatch, c
                               (default_drafter_path(), "--drafter", default_drafter_path())):
         code, stdout, err = run_main(monkeypatch, capsys, "build", "--out", str(out), "--force", "--dry-run")
         assert code == 1 and f"--out {out} is the {flag} folder {folder}" in " ".join(err.split()), err
+
+
+def test_sources_are_recorded_as_absolute_paths(tmp_path, tiny_pair, monkeypatch):
+    """--target/--drafter/--calib-prompts given relative to the build's folder: manifest.json and README.md
+    record them absolute ('../w/d1' pointed nowhere from the bundle's folder or another machine)."""
+    shutil.copytree(tiny_pair[1], tmp_path / "d1")
+    (tmp_path / "calib.jsonl").write_text('{"prompt": "Write a haiku about rain."}\n')
+    work = tmp_path / "w"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rel_target = os.path.relpath(tiny_pair[0], work)
+    build_bundle(rel_target, "../d1", tmp_path / "b", quant="fp8", calib_prompts="../calib.jsonl", calib_size=1)
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["models"]["target"]["source"] == str(Path(tiny_pair[0]).resolve())
+    assert manifest["models"]["drafter"]["source"] == str((tmp_path / "d1").resolve())
+    assert manifest["quantization"]["calibration"]["source"] == str((tmp_path / "calib.jsonl").resolve())
+    readme = (tmp_path / "b" / "README.md").read_text()
+    assert f"with the DFlash drafter `{(tmp_path / 'd1').resolve()}`" in readme and "`../d1`" not in readme

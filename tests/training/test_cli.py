@@ -650,3 +650,25 @@ def test_a_file_as_target_is_named_as_a_file(tmp_path):
     assert isinstance(res.exception, CheckpointError) and str(res.exception) == (
         f"--target {f} is a file; give the model folder (the one holding config.json)"), repr(res.exception)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
+
+
+def test_training_json_records_absolute_paths(tmp_path, target_with_tokenizer, monkeypatch):
+    """Relative --prompts / --init / --target: training.json records them absolute (it kept '../w/p.jsonl', which
+    means nothing beside the exported drafter or on another machine)."""
+    import os
+
+    _prompts(tmp_path, 4)
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    target = os.path.relpath(target_with_tokenizer, run)
+    base = ["--target", target, "--prompts", "../prompts.jsonl", "--max-new-tokens", "4", "--max-steps", "1"]
+    res = _run([*base, "--out", "../first", "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "0,1",
+                "--mask-token-id", str(MASK), "--init", "random"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = _run([*base, "--out", "../second", "--init", "../first"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((tmp_path / "second" / "training.json").read_text())
+    assert info["target"] == str(target_with_tokenizer.resolve())
+    assert info["data"]["prompts"] == str(tmp_path / "prompts.jsonl")
+    assert info["init"]["path"] == str((tmp_path / "first").resolve())
