@@ -81,6 +81,15 @@ class Finding:
     message: str
 
 
+def _training_info(folder: Path) -> dict:
+    """The drafter's training.json (written by train-drafter), or {} when there is none or it is not a JSON object."""
+    try:
+        info = json.loads((folder / "training.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
     """(sha256 of the token->id vocabulary incl. added tokens, {id: special token}) from tokenizer.json,
     or None when the folder has no tokenizer.json."""
@@ -228,6 +237,12 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"architectures: the drafter's config.json has {json.dumps(arch)}, not [\"DFlashDraftModel\"] (the z-lab "
             "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "
             'may not: set "architectures": ["DFlashDraftModel"]')))
+    info = _training_info(drafter_path)
+    if drafter.trained and info.get("finished") is False:
+        out.append(Finding(WARNING, (
+            f"unfinished: the drafter's training.json says its run stopped at step {info.get('steps')} of "
+            f"{info.get('total_steps')} (a time limit or --max-steps); acceptance may be low: continue it with "
+            "dflash-trt train-drafter ... --resume")))
     if not drafter.trained:
         out.append(Finding(WARNING, (
             "untrained: the drafter's config.json marks it untrained (dflash_trt.untrained, as init-drafter writes): "

@@ -507,6 +507,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     loss = (f"training loss {last['loss']:.3f} (mean over the log window ending at step {last['step']})" if last
             else f"no training loss logged (the first log is at step {tc.log_every})")
     which = f"weights of step {exported_step} of {state.step}"
+    if not state.finished:  # an early stop is not the schedule's end: "step 14 of 14" read as complete
+        which += (f"; UNFINISHED: the schedule has {state.total_steps} steps (training.json: finished false; --resume "
+                  "trains on)")
     if max_steps is not None and state.step > max_steps:  # a --resume checkpoint already past it: nothing trained
         which = (f"the checkpoint in {work / 'run'} is already past --max-steps (step {state.step} > {max_steps}), so "
                  f"no step was trained; exported: the weights of step {exported_step}")

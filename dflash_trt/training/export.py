@@ -91,6 +91,9 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
     else:
         origin = (f"Trained by `dflash-trt train-drafter` ({info.get('steps')} steps on {sample_counts(info)}; see "
                   "training.json, loss.png and acceptance.* when present).")
+        if info.get("finished") is False:
+            origin += (f" UNFINISHED: the run stopped at step {info.get('steps')} of its {info.get('total_steps')}-step "
+                       "schedule (a time limit or --max-steps); `train-drafter ... --resume` trains on.")
     lines = [
         "# DFlash drafter",
         "",

@@ -379,8 +379,18 @@ def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, t
     assert (info["steps"], info["work_dir"]) == (2, str(work.resolve()))
     weights = (out / "model.safetensors").read_bytes()
     res = _run(args + ["--out", str(out), "--resume"])
-    assert res.exit_code == 0 and "(weights of step 2 of 2," in res.output, res.output + repr(res.exception)
+    # stopped by --max-steps before the end of its schedule: said ("step 2 of 2" read as a complete run)
+    assert res.exit_code == 0 and ("(weights of step 2 of 2; UNFINISHED: the schedule has 4 steps (training.json: "
+                                   "finished false; --resume trains on),") in res.output, res.output + repr(res.exception)
     assert json.loads((out / "training.json").read_text())["steps"] == 2
+    assert ("UNFINISHED: the run stopped at step 2 of its 4-step schedule (a time limit or --max-steps); "
+            "`train-drafter ... --resume` trains on.") in (out / "README.md").read_text()
+    from dflash_trt.compat import WARNING, check_checkpoints
+
+    assert [f.message for f in check_checkpoints(target_with_tokenizer, out) if f.level == WARNING
+            and f.message.startswith("unfinished:")] == [
+        "unfinished: the drafter's training.json says its run stopped at step 2 of 4 (a time limit or --max-steps); "
+        "acceptance may be low: continue it with dflash-trt train-drafter ... --resume"]
     assert (out / "model.safetensors").read_bytes() == weights
     res = _run(args + ["--out", str(out), "--resume", "--max-steps", "1"])  # the last --max-steps counts
     assert res.exit_code == 0, res.output + repr(res.exception)
