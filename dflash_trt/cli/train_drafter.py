@@ -158,6 +158,10 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
 
 
 #: Flags whose value a fine-tuned drafter (--init DIR) dictates; given on the command line they must agree.
+#: below this share of the response tokens inside the draft vocabulary, train-drafter warns (8192 of
+#: SmolLM2's tokens cover ~97% of its own responses)
+MIN_DRAFT_VOCAB_COVERAGE = 0.9
+
 _FINE_TUNE_FIXED = {"num_layers": "num_hidden_layers", "block_size": "block_size", "mask_token_id": "mask_token_id",
                     "target_layer_ids": "target_layer_ids", "draft_vocab_size": "draft_vocab_size"}
 
@@ -421,6 +425,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         draft_ids = draft_ids.cpu() if draft_ids is not None else None
     elif dcfg.draft_vocab_size is not None:
         draft_ids = top_tokens(samples, dcfg.draft_vocab_size, tcfg.vocab_size, tuple(stops))
+        covered = coverage(samples, draft_ids, tcfg.vocab_size)
+        if covered < MIN_DRAFT_VOCAB_COVERAGE:  # a token outside the draft vocabulary is never drafted
+            click.echo(f"warning: --draft-vocab-size {dcfg.draft_vocab_size} covers {covered:.1%} of the response "
+                       f"tokens; the drafter can never propose the other {1 - covered:.1%}, so acceptance stays low: "
+                       "raise --draft-vocab-size (or 0 for the full vocabulary)", err=True)
     data = pipeline.make_train_data(samples, data_layers, dcfg.target_layer_ids, model, draft_ids, soft_weight > 0,
                                     max_seq_len)
     torch.manual_seed(seed)

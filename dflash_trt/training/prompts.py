@@ -242,7 +242,10 @@ def _text_content(content, where: str) -> str | None:
     if not isinstance(content, list) or not content or not all(isinstance(x, dict) for x in content):
         return None
     for j, part in enumerate(content, 1):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if part.get("type") == "text" and not isinstance(part.get("text"), str):
+            raise ConfigError(f'{where}: content part {j} is a text part without a string "text"; give it as '
+                              '{"type": "text", "text": "<text>"}')
+        if part.get("type") != "text":
             kind = f"has type {json.dumps(part['type'])}" if isinstance(part.get("type"), str) else 'has no "type"'
             raise ConfigError(f'{where}: content part {j} {kind}; only {{"type": "text", "text": "<text>"}} parts are '
                               "read (the target takes text): remove the other parts")

@@ -682,3 +682,22 @@ def test_training_json_records_absolute_paths(tmp_path, target_with_tokenizer, m
     assert info["target"] == str(target_with_tokenizer.resolve())
     assert info["data"]["prompts"] == str(tmp_path / "prompts.jsonl")
     assert info["init"]["path"] == str((tmp_path / "first").resolve())
+
+
+def test_a_draft_vocabulary_that_misses_most_responses_is_warned(tmp_path, target_with_tokenizer):
+    """--draft-vocab-size 2 trained silently on a vocabulary covering a fraction of the responses (the drafter can
+    never propose the rest): one warning with the coverage; the default-sized test vocabulary gets none."""
+    base = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--num-layers", "1",
+            "--block-size", "4", "--target-layer-ids", "0,1", "--max-new-tokens", "8", "--mask-token-id", str(MASK),
+            "--init", "random", "--max-steps", "1", "--work-dir", str(tmp_path / "w")]
+    res = _run(base + ["--out", str(tmp_path / "a"), "--draft-vocab-size", "2"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((tmp_path / "a" / "training.json").read_text())
+    covered = info["draft_vocab"]["response_token_coverage"]
+    assert covered < 0.9 and (f"warning: --draft-vocab-size 2 covers {covered:.1%} of the response tokens; the drafter "
+                              f"can never propose the other {1 - covered:.1%}") in res.stderr, res.stderr
+    import shutil
+
+    shutil.rmtree(tmp_path / "w" / "run")
+    res = _run(base + ["--out", str(tmp_path / "b"), "--draft-vocab-size", "63"])
+    assert res.exit_code == 0 and "covers" not in res.stderr, res.stderr

@@ -38,6 +38,8 @@ def _write(tmp_path, *objs):
     ({"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]},
      'message 2 (user): content part 2 has type "image_url"; only {"type": "text", "text": "<text>"} parts are read '
      "(the target takes text): remove the other parts"),
+    ({"role": "user", "content": [{"type": "text"}]}, 'message 2 (user): content part 1 is a text part without a '
+     'string "text"; give it as {"type": "text", "text": "<text>"}'),
     ({"role": "user", "content": [{"text": "x"}]}, 'message 2 (user): content part 1 has no "type"; only '
      '{"type": "text", "text": "<text>"} parts are read (the target takes text): remove the other parts'),
     ({"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
