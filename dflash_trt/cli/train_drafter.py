@@ -34,6 +34,42 @@ def _check_resume(resume: bool, work: Path) -> None:
                           "run without --resume to start (a data cache already in the work dir is reused)")
 
 
+def _work_target(work: Path) -> str | None:
+    """The target name the data cache in `work` was made for (its manifest's settings), or None."""
+    import json
+
+    try:
+        target = json.loads((work / "data" / "manifest.json").read_text())["settings"]["target"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return target if isinstance(target, str) else None
+
+
+def _target_name(target: str | None) -> str:
+    """How a data cache names `target` (--target, None = the embedded default): its folder's name."""
+    from dflash_trt.models.default import DEFAULT_TARGET_NAME
+
+    return Path(target).resolve().name if target is not None else DEFAULT_TARGET_NAME
+
+
+def _check_work_target(work: Path, target: str | None, resume: bool) -> None:
+    """A work dir holding a run for another target (its data cache names it): refused first, naming both
+    targets (a --resume was told to change --target-layer-ids, which that target may not even have).
+
+    Raises:
+        ConfigError: the data cache in `work` was made for another target.
+    """
+    from dflash_trt.errors import ConfigError
+
+    made_for, name = _work_target(work), _target_name(target)
+    if made_for is None or made_for == name:
+        return
+    what = "--resume continues only a run of the same target" if resume else "its data is not this target's"
+    raise ConfigError(f"{work} holds a run made for the target {made_for}, not {name} (--target): {what}; give that "
+                      "--target to continue it, or another --work-dir (or --out, whose work dir OUT.work is the "
+                      "default) to start a new run")
+
+
 def _check_fresh_run(work: Path) -> None:
     """Without --resume, work/run must hold no training checkpoint: refused before any work (the
     data generation), with the trainer's own message (--force is about --out, not the run).
@@ -339,6 +375,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     init_dir = _init_drafter_dir(init_mode)
     # normpath: --out d/ or d/. gives d.work (not d/..work)
     work = Path(work_dir) if work_dir else Path(os.path.normpath(out) + ".work")
+    _check_work_target(work, target, resume and not data_only)  # first: no advice that cannot work there
     if not resume and not data_only:  # first: a rerun must not be told that --force alone would do
         _check_fresh_run(work)
     _check_out(out, force, resume, data_only, work)

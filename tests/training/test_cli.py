@@ -701,3 +701,27 @@ def test_a_draft_vocabulary_that_misses_most_responses_is_warned(tmp_path, targe
     shutil.rmtree(tmp_path / "w" / "run")
     res = _run(base + ["--out", str(tmp_path / "b"), "--draft-vocab-size", "63"])
     assert res.exit_code == 0 and "covers" not in res.stderr, res.stderr
+
+
+def test_a_work_dir_of_another_target_is_named_before_other_advice(tmp_path, target_with_tokenizer):
+    """A work dir whose run was made for another target: with --resume it was told to change
+    --target-layer-ids (which this target may not have), without it to pass --resume; now both name the two
+    targets, before any data is generated."""
+    import shutil
+
+    other = tmp_path / "other-target"
+    shutil.copytree(target_with_tokenizer, other)
+    work = tmp_path / "w"
+    base = ["--prompts", str(_prompts(tmp_path, 4)), "--num-layers", "1", "--block-size", "4", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "1", "--work-dir", str(work)]
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "a"), "--target-layer-ids", "0,1", *base])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    shards = sorted(p.stat().st_mtime_ns for p in (work / "data").iterdir())
+    for extra in (["--resume"], []):
+        res = _run(["--target", str(other), "--out", str(tmp_path / "b"), "--target-layer-ids", "0,2", *base, *extra])
+        what = "--resume continues only a run of the same target" if extra else "its data is not this target's"
+        assert isinstance(res.exception, ConfigError) and str(res.exception) == (
+            f"{work} holds a run made for the target {target_with_tokenizer.name}, not other-target (--target): {what}; "
+            "give that --target to continue it, or another --work-dir (or --out, whose work dir OUT.work is the "
+            "default) to start a new run"), repr(res.exception)
+    assert sorted(p.stat().st_mtime_ns for p in (work / "data").iterdir()) == shards and not (tmp_path / "b").exists()
