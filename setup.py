@@ -33,7 +33,10 @@ setup(
         "bench": ["matplotlib"],
         # dflash-trt train-drafter (loss-curve and acceptance plots)
         "train": ["matplotlib"],
-        "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib"],
+        # dflash-trt serve (OpenAI-compatible HTTP server, Prometheus metrics)
+        "serve": ["fastapi", "uvicorn", "prometheus-client"],
+        # the tests drive the server with the real OpenAI client
+        "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib", "openai"],
     },
     entry_points={"console_scripts": ["dflash-trt=dflash_trt.cli:main"]},
 )

@@ -1,4 +1,4 @@
-"""Wording helpers for messages and reports."""
+"""Text helpers: wording for messages and reports, and incremental detokenization for streaming."""
 
 from __future__ import annotations
 
@@ -22,3 +22,28 @@ def invalid_unicode(text: str, from_argv: bool = False) -> str | None:
     if from_argv and "\udc80" <= ch <= "\udcff":
         return f"a byte that is not UTF-8 (0x{ord(ch) - 0xDC00:02x}) at character {i + 1}"
     return f"an unpaired surrogate (U+{ord(ch):04X}) at character {i + 1}, which is not a character"
+
+
+def text_to_stream(text: str, shown: str) -> str:
+    """Incremental detokenization: the part of `text` (the decode of every token so far) to print after
+    `shown` (printed already, a prefix of an earlier decode). A trailing run of U+FFFD is held back: it
+    is a multi-byte character whose remaining bytes come in later tokens, so printing it would garble
+    the stream. Returns "" when nothing new is complete or when `text` no longer extends `shown`;
+    the caller prints the final text's rest at the end, so the stream equals the final decode."""
+    end = len(text.rstrip("\ufffd"))
+    if end <= len(shown) or not text.startswith(shown):
+        return ""
+    return text[len(shown):end]
+
+
+def final_text(text: str, finish_reason: str | None) -> str:
+    """The text to print (and `--json`'s "text") for a completion decoded to `text`: when generation stopped
+    for length (--max-tokens, or the target's context filled up), one trailing U+FFFD is dropped: the
+    decode of a multi-byte character whose remaining bytes were never generated (one U+FFFD however many of
+    its bytes came). Anything else, a U+FFFD inside the text or at the end of a completion that stopped
+    on its own (finish_reason "stop"), is the text's own and kept; the token ids stay complete either way.
+    A literal U+FFFD that is the very last token of a length-cut completion reads the same and is dropped
+    too (the decoded text cannot tell the two apart)."""
+    if finish_reason == "length" and text.endswith("\ufffd"):
+        return text[:-1]
+    return text

@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "build": "dflash_trt.cli.build:build",
     "check": "dflash_trt.cli.check:check",
     "generate": "dflash_trt.cli.generate:generate",
+    "serve": "dflash_trt.cli.serve:serve",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
     "train-drafter": "dflash_trt.cli.train_drafter:train_drafter",
 }
@@ -32,7 +33,7 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="dflash-trt")
 def cli():
-    """DFlash block-diffusion speculative decoding: generate, bench, check, build, init-drafter, train-drafter."""
+    """DFlash block-diffusion speculative decoding: generate, serve, bench, check, build, init-drafter, train-drafter."""
 
 
 #: click >= 8.2 raises this for a group given no command (older click prints the help and exits 0 itself)

@@ -65,6 +65,29 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     return path
 
 
+def load_models(target: str | None, drafter: str | None, bundle: str | None, dtype: str, block_size: int | None,
+                drafting: bool, **options):
+    """The Pipeline of --bundle, or of --target / --drafter (embedded defaults when None), as `generate` and
+    `serve` load it; `drafting` False loads no drafter (mode "ar"); `options` go to `load_pipeline` /
+    `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, tree_topk,
+    prompt_lookup, max_concurrency).
+
+    Raises:
+        click.UsageError: --bundle with --target or --drafter. CheckpointError, ConfigError,
+        IncompatibleModelsError, BundleError: from `model_folder` and the loaders.
+    """
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
+        from dflash_trt.api import load_bundle
+
+        return load_bundle(bundle, dtype, block_size, load_drafter_model=drafting, **options)
+    from dflash_trt.api import load_pipeline
+
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
+    return load_pipeline(target, drafter, dtype, block_size, load_drafter_model=drafting, **options)
+
+
 def drop_repeats(option: str, values, noun: str, outcome: str, names=()) -> tuple[str, ...]:
     """The `values` of a repeatable path option in order, each path once: paths compare resolved
     (good.jsonl and ./good.jsonl are one file), the built-in `names` as given. One stderr warning line
@@ -355,6 +378,43 @@ threads_option = click.option(
     "--threads", default=None, type=click.IntRange(1),
     help="torch CPU threads (default: torch's, one per core). On a busy machine fewer can be much faster.")
 
+
+
+def model_options(command):
+    """The options that choose and load the models, shared by `generate` and `serve` (their values go to
+    `load_models`): --target, --drafter, --bundle, --fp8-matmul, --block-size, --max-draft-len, the draft
+    options (--draft-confidence, --tree-topk, --prompt-lookup, --max-concurrency), --mode, --dtype,
+    --device, --threads, --cpu-kernels."""
+    options = [
+        click.option("--target", type=click.Path(), default=None,
+                     help="HF target folder (default: embedded SmolLM2-135M-Instruct)."),
+        click.option("--drafter", type=click.Path(), default=None,
+                     help="DFlash drafter folder (default: the project's drafter)."),
+        click.option("--bundle", type=click.Path(), default=None,
+                     help="A `dflash-trt build` bundle folder (verified); replaces --target/--drafter."),
+        click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto",
+                     show_default=True,
+                     help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or "
+                          "weights dequantized on load (off; NVFP4 always is)."),
+        click.option("--block-size", default=None, type=click.IntRange(2, 64),
+                     help="Draft block size (default: the drafter's)."),
+        click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
+                     help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block "
+                          "size - 1). Fewer cost less to verify when late drafts are rarely accepted."),
+        draft_confidence_option, tree_topk_option, prompt_lookup_option, max_concurrency_option,
+        click.option("--mode", type=click.Choice(["dflash", "ar"], case_sensitive=False), default="dflash",
+                     show_default=True,
+                     help="dflash: speculative decoding with the drafter; ar: the target alone, one token per step "
+                          "(the baseline)."),
+        click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"], case_sensitive=False),
+                     default="float32", show_default=True, help="The dtype the target and drafter compute in."),
+        click.option("--device", default="cpu", show_default=True, callback=lower_word,
+                     help="Where the target and drafter run: cpu, cuda or cuda:N."),
+        threads_option, cpu_kernels_option,
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 def warn_draft_flags_unused(drafting: bool, block_size: int | None, max_draft_len: int | None,
                             draft_confidence: float | str = "auto", tree_topk: int | str = "auto",

@@ -7,10 +7,9 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
-                                   max_concurrency_option, prompt_lookup_option, threads_option, top_k_option,
-                                   SEED_RANGE, lower_word, top_p_option, tree_topk_option)
-from dflash_trt.text import count
+from dflash_trt.cli.common import (SEED_RANGE, max_tokens_option, model_options, temperature_option, top_k_option,
+                                   top_p_option)
+from dflash_trt.text import count, final_text, text_to_stream
 
 
 def encode_item(pipe, item, where: str | None = None) -> list[int]:
@@ -23,31 +22,6 @@ def encode_item(pipe, item, where: str | None = None) -> list[int]:
     return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}", where)
 
 
-def text_to_stream(text: str, shown: str) -> str:
-    """Incremental detokenization: the part of `text` (the decode of every token so far) to print after
-    `shown` (printed already, a prefix of an earlier decode). A trailing run of U+FFFD is held back: it
-    is a multi-byte character whose remaining bytes come in later tokens, so printing it would garble
-    the stream. Returns "" when nothing new is complete or when `text` no longer extends `shown`;
-    the caller prints the final text's rest at the end, so the stream equals the final decode."""
-    end = len(text.rstrip("\ufffd"))
-    if end <= len(shown) or not text.startswith(shown):
-        return ""
-    return text[len(shown):end]
-
-
-def final_text(text: str, finish_reason: str | None) -> str:
-    """The text to print (and `--json`'s "text") for a completion decoded to `text`: when generation stopped
-    for length (--max-tokens, or the target's context filled up), one trailing U+FFFD is dropped: the
-    decode of a multi-byte character whose remaining bytes were never generated (one U+FFFD however many of
-    its bytes came). Anything else, a U+FFFD inside the text or at the end of a completion that stopped
-    on its own (finish_reason "stop"), is the text's own and kept; the token ids stay complete either way.
-    A literal U+FFFD that is the very last token of a length-cut completion reads the same and is dropped
-    too (the decoded text cannot tell the two apart)."""
-    if finish_reason == "length" and text.endswith("\ufffd"):
-        return text[:-1]
-    return text
-
-
 def prompt_header(index: int, total: int) -> str:
     """The stdout line before the plain-text answer to prompt `index` (0-based) of `total`, so that the
     answers of several prompts can be told apart; "" for a single prompt (its output is the answer alone)."""
@@ -55,13 +29,7 @@ def prompt_header(index: int, total: int) -> str:
 
 
 @click.command()
-@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
-@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
-@click.option("--bundle", type=click.Path(), default=None,
-              help="A `dflash-trt build` bundle folder (verified); replaces --target/--drafter.")
-@click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
-              help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
-                   "dequantized on load (off; NVFP4 always is).")
+@model_options
 @click.option("--prompt", default=None, help="A plain-text prompt (no chat template).")
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
@@ -73,24 +41,7 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @click.option("--seed", default=None, type=SEED_RANGE,
               help="Per-request RNG seed for sampling (a 64-bit integer); unset: a random one.")
-@click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
-@click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
-              help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
-                   "Fewer cost less to verify when late drafts are rarely accepted.")
-@draft_confidence_option
-@tree_topk_option
-@prompt_lookup_option
-@max_concurrency_option
-@click.option("--mode", type=click.Choice(["dflash", "ar"], case_sensitive=False), default="dflash", show_default=True,
-              help="dflash: speculative decoding with the drafter; ar: the target alone, one token per step (the "
-                   "baseline).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"], case_sensitive=False), default="float32",
-              show_default=True, help="The dtype the target and drafter compute in.")
-@click.option("--device", default="cpu", show_default=True, callback=lower_word,
-              help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
-@threads_option
-@cpu_kernels_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
@@ -100,8 +51,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
-    from dflash_trt.api import load_pipeline
-    from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, model_folder, note_max_concurrency,
+    from dflash_trt.cli.common import (check_context, check_draft_lengths, jsonl_file, load_models, note_max_concurrency,
                                        prompt_file_lines, set_threads, warn_block_size, warn_draft_flags_unused,
                                        warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused,
                                        warn_untrained_drafter)
@@ -132,22 +82,10 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file), REQUEST_KEYS) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     set_threads(threads)
-    if bundle is not None:
-        if target is not None or drafter is not None:
-            raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
-        from dflash_trt.api import load_bundle
-
-        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=mode == "dflash", max_draft_len=max_draft_len,
-                           fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
-                             tree_topk=tree_topk, prompt_lookup=prompt_lookup,
-                             max_concurrency=max_concurrency)
-    else:
-        target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
-        pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model=mode == "dflash",
-                             max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
-                             draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
-                             tree_topk=tree_topk, prompt_lookup=prompt_lookup,
-                             max_concurrency=max_concurrency)
+    pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
+                       fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
+                       cpu_kernels=cpu_kernels, tree_topk=tree_topk, prompt_lookup=prompt_lookup,
+                       max_concurrency=max_concurrency)
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")

@@ -83,7 +83,7 @@ class _Request:
     start: int = 0  # absolute position of `out[-1]` = committed target KV length
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     index: int = 0
-    on_tokens: Callable[[int, list[int]], None] | None = None
+    on_tokens: Callable[[int, list[int]], str | None] | None = None
     ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
 
     def emit(self, tokens: list[int]) -> int:
@@ -99,7 +99,9 @@ class _Request:
                 taken = n
                 break
         if self.on_tokens is not None:
-            self.on_tokens(self.index, tokens[:taken])
+            reason = self.on_tokens(self.index, tokens[:taken])
+            if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
+                self.finish_reason = reason
         return taken
 
 
@@ -164,7 +166,7 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash", on_tokens: Callable[[int, list[int]], None] | None = None) -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens: Callable[[int, list[int]], str | None] | None = None) -> list[GenerationResult]:
         """Generate completions for a batch of tokenized prompts.
 
         Args:
@@ -173,7 +175,10 @@ class Engine:
             params: one SamplingParams for all, or one per prompt.
             mode: "dflash" (speculative) or "ar" (autoregressive baseline).
             on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
-                (for streaming); stop checks have already been applied to them.
+                (for streaming); stop checks have already been applied to them. A non-empty string
+                returned ends that request after these tokens with it as finish_reason (e.g. "stop"
+                for a stop string the caller found in the text, "abort" for a client gone); the
+                other requests of the batch go on.
         Returns:
             n GenerationResults in prompt order (completion token ids, finish_reason, metrics). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in

@@ -70,7 +70,8 @@ class GenerationResult:
 
     finish_reason: "stop" (a stop token, included) or "length": max_tokens reached, or the target's
     context filled up first (prompt + completion = its max_position_embeddings; then fewer than
-    max_tokens tokens). One value for both, as OpenAI, vLLM and trtllm-serve report it.
+    max_tokens tokens). One value for both, as OpenAI, vLLM and trtllm-serve report it. Or the string
+    the caller's `on_tokens` callback returned to end the request (`Engine.generate`).
     """
 
     token_ids: list[int]

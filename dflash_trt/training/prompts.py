@@ -252,7 +252,7 @@ def _text_content(content, where: str) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
-def _messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
+def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
     """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
     non-empty list (the caller's "expected ..." error). A content given as OpenAI text parts is joined
     (`_text_content`). Other message keys (OpenAI's "name", ...) are dropped; their names are added to
@@ -381,7 +381,7 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
                 raise ConfigError(f'{p}:{n}: holds both "prompt" and "messages"; keep one of them (a plain prompt, '
                                   "or a conversation that goes through the chat template)")
             extra: dict[str, None] = {}
-            messages = _messages(obj, f"{p}:{n}", extra)
+            messages = parse_messages(obj, f"{p}:{n}", extra)
             for key in extra:
                 unknown.setdefault(f"messages[].{key}", n)
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"].strip():

@@ -18,7 +18,7 @@ def test_text_to_stream_holds_back_incomplete_characters(smollm2_path):
     although some token prefixes decode to a trailing U+FFFD (a character split across tokens)."""
     from transformers import AutoTokenizer
 
-    from dflash_trt.cli.generate import text_to_stream
+    from dflash_trt.text import text_to_stream
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     ids = tok("日本語で挨拶をします。こんにちは")["input_ids"]

@@ -25,7 +25,7 @@ def test_final_text_drops_a_character_cut_by_max_tokens(decode):
     """SmolLM2 splits "😀" (4 bytes) over 2-3 tokens and "日" / "語" over 2: cut after the first of them, the
     decode ends in one U+FFFD, which `final_text` drops for finish_reason "length" only; a U+FFFD inside
     the text (a literal one is a token of its own) is kept, and the streamed text adds up to the final one."""
-    from dflash_trt.cli.generate import final_text, text_to_stream
+    from dflash_trt.text import final_text, text_to_stream
 
     enc, dec = decode
     hi = enc("Hi 😀")

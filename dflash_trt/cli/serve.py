@@ -1,0 +1,80 @@
+"""`dflash-trt serve`: an OpenAI-compatible HTTP server (trtllm-serve's endpoints and metrics) over the
+DFlash runtime (`dflash_trt.serve`)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import click
+
+from dflash_trt.cli.common import model_options
+
+
+def check_port(host: str, port: int) -> None:
+    """Raises click.UsageError when `host`:`port` cannot be bound (in use, or not an address of this
+    machine), before the models load."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise click.UsageError(f"--host {host}: not an address or name this machine resolves ({exc.strerror}); "
+                               "give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port (or stop "
+                                   "the server that holds it)") from None
+
+
+@click.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free one).")
+@click.option("--served-model-name", default=None,
+              help="The model name clients pass as `model` (default: the target folder's name).")
+@click.option("--max-batch-size", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Sequences decoded together at most; requests waiting when a batch ends form the next one.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+              default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
+def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
+          max_concurrency, mode, dtype, device, threads, cpu_kernels, host, port, served_model_name, max_batch_size,
+          log_level):
+    """Serve the target with DFlash over an OpenAI-compatible HTTP API.
+
+    Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
+    /health, /health_generate, /version, /metrics (iteration stats, JSON), /prometheus/metrics.
+    Greedy requests (temperature 0) return exactly the target's own greedy output."""
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise click.ClickException(f"dflash-trt serve needs {exc.name}, which is not installed: "
+                                   "pip install 'dflash-trt[serve]' (make install includes it)") from None
+    from dflash_trt.cli.common import (check_draft_lengths, load_models, set_threads, warn_block_size,
+                                       warn_draft_flags_unused, warn_float16_on_cpu, warn_untrained_drafter)
+    from dflash_trt.serve.app import create_app
+
+    check_port(host, port)
+    warn_float16_on_cpu(dtype, device)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
+    warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
+                            max_concurrency)
+    set_threads(threads)
+    pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
+                       fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
+                       cpu_kernels=cpu_kernels, tree_topk=tree_topk, prompt_lookup=prompt_lookup,
+                       max_concurrency=max_concurrency)
+    warn_block_size(pipe)
+    warn_untrained_drafter(pipe)
+    name = served_model_name or pipe.target_path.name
+    app = create_app(pipe, name, mode, max_batch_size)
+    what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
+    where = f"http://{host}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"
+    print(f"serving {name!r} ({pipe.target_path}, {what}) on {where} (OpenAI API under /v1)", file=sys.stderr,
+          flush=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())

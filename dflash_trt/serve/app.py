@@ -1,0 +1,359 @@
+"""The OpenAI-compatible HTTP server (FastAPI), with trtllm-serve's endpoints:
+
+- `POST /v1/completions`, `POST /v1/chat/completions` (OpenAI API; `stream: true` sends
+  server-sent events ending with `data: [DONE]`), `GET /v1/models`;
+- `GET /health` (200 once the model is loaded), `GET /health_generate` (200 after a one-token
+  generation), `GET /version`;
+- `GET /metrics` (iteration stats, JSON) and `GET /prometheus/metrics` (Prometheus text):
+  `dflash_trt.serve.metrics`.
+
+Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
+(malformed JSON, a field of the wrong type or out of range, a prompt too long for the context, an
+unsupported field), 404 for another model name, 500 when generation itself fails. The server keeps
+serving after any of them. Each choice also carries a non-standard `metrics` object (the runtime's
+`RequestMetrics.to_dict()`: acceptance length tau, acceptance rate, draft / accepted tokens, times)
+plus its `queue_time_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.serve.metrics import ServerMetrics
+from dflash_trt.serve.protocol import ChatCompletionRequest, CompletionRequest
+from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+
+#: OpenAI's default max_tokens for /v1/completions.
+COMPLETIONS_MAX_TOKENS = 16
+
+
+class ModelNotFound(DFlashError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | int | None = None,
+               param: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _status_of(exc: BaseException) -> tuple[int, dict]:
+    if isinstance(exc, ModelNotFound):
+        return 404, error_body(str(exc), code="model_not_found", param="model")
+    if isinstance(exc, (InvalidRequestError, ConfigError, PromptTooLongError)):
+        return 400, error_body(str(exc))
+    return 500, error_body(f"generation failed: {exc}", kind="server_error")
+
+
+def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8):
+    """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
+
+    Args:
+        pipe: the loaded pipeline (target, drafter, tokenizer).
+        model_name: the name clients pass as `model` (GET /v1/models lists it); a request may also omit it.
+        mode: "dflash" (speculative) or "ar" (the target alone).
+        max_batch_size: sequences decoded together at most (static batches, `Scheduler`).
+    Returns:
+        a FastAPI app; its generation thread starts now and stops at the app's shutdown.
+    """
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    import dflash_trt
+
+    tokenizer_lock = threading.Lock()  # fast tokenizers must not be used from two threads at once
+    context_len = pipe.engine.context_len
+    created = int(time.time())
+
+    def decode(ids: list[int]) -> str:
+        with tokenizer_lock:
+            return pipe.decode(ids)
+
+    metrics: ServerMetrics | None = None
+
+    def on_batch(seqs, results, seconds):
+        for s, r in zip(seqs, results):
+            metrics.finished(r, s.queue_time_s)
+        metrics.batch(results, seconds)
+
+    scheduler = Scheduler(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens),
+                          max_batch_size, on_batch)
+    metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        scheduler.close()
+
+    app = FastAPI(title="dflash-trt", version=dflash_trt.__version__, lifespan=lifespan)
+    app.state.scheduler, app.state.metrics = scheduler, metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        return JSONResponse(error_body(validation_message(exc.errors())), status_code=400)
+
+    @app.exception_handler(DFlashError)
+    async def _dflash_error(request, exc: DFlashError):
+        status, body = _status_of(exc)
+        return JSONResponse(body, status_code=status)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise ModelNotFound(f"the model {name!r} does not exist on this server; it serves {model_name!r} "
+                                "(GET /v1/models)")
+
+    def check_length(ids: list[int], max_tokens: int | None, what: str) -> int:
+        room = context_len - len(ids)
+        if room < 1:
+            raise PromptTooLongError(f"{what} is {len(ids)} tokens; the target's context is {context_len} tokens and "
+                                     f"at least one must be left to generate: shorten it to at most {context_len - 1}")
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidRequestError(f"{what} is {len(ids)} tokens and max_tokens is {max_tokens}: {len(ids) + max_tokens} "
+                                      f"> the target's context of {context_len} tokens; ask for at most {room} tokens")
+        return room if max_tokens is None else max_tokens
+
+    def encode_text(text: str, what: str) -> list[int]:
+        from dflash_trt.api import check_text
+
+        check_text(text, what)
+        with tokenizer_lock:
+            return pipe.encode(text)
+
+    def check_ids(ids: list[int], what: str) -> list[int]:
+        vocab = pipe.engine.target.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab})")
+        return ids
+
+    async def run(req, prompts: list[list[int]], max_tokens: list[int]):
+        """Queue n sequences per prompt; return (sequences, the asyncio queue their events go to)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        stops = req.stop_strings()
+        seqs = []
+        for p, (ids, mt) in enumerate(zip(prompts, max_tokens)):
+            for j in range(req.n):
+                index = p * req.n + j
+                params = req.sampling_params(mt, j)
+
+                def on_text(delta, index=index):
+                    loop.call_soon_threadsafe(events.put_nowait, (index, "text", delta))
+
+                def on_done(result, error, index=index):
+                    loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
+
+                seqs.append(Sequence(ids, params, StopText(decode, stops), on_text, on_done))
+        scheduler.submit(seqs)
+        return seqs, events
+
+    async def collect(seqs, events) -> list:
+        results: list = [None] * len(seqs)
+        pending = len(seqs)
+        try:
+            while pending:
+                index, kind, payload = await events.get()
+                if kind == "done":
+                    result, error = payload
+                    if error is not None:
+                        raise error
+                    results[index] = result
+                    pending -= 1
+        finally:
+            for s in seqs:
+                s.cancelled = True  # no-op for finished ones; ends the rest if this request is gone
+        return results
+
+    def choice_metrics(seq: Sequence, result) -> dict:
+        return {**result.metrics.to_dict(), "queue_time_s": seq.queue_time_s}
+
+    def usage(prompts: list[list[int]], results) -> dict:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion = sum(len(r.token_ids) for r in results)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    async def stream(req, seqs, events, prompts, chunk, first_delta):
+        """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
+        then (stream_options.include_usage) a usage chunk; then [DONE]."""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def sse(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        results: list = [None] * len(seqs)
+        pending = len(seqs)
+        try:
+            if first_delta is not None:
+                for i in range(len(seqs)):
+                    yield sse(chunk(i, first_delta, None, include_usage))
+            while pending:
+                index, kind, payload = await events.get()
+                if kind == "text":
+                    yield sse(chunk(index, payload, None, include_usage))
+                    continue
+                result, error = payload
+                pending -= 1
+                if error is not None:
+                    status, body = _status_of(error)
+                    yield sse(body)
+                    break
+                results[index] = result
+                rest = seqs[index].text.rest(result.finish_reason)
+                last = chunk(index, rest, result.finish_reason, include_usage)
+                last["choices"][0]["metrics"] = choice_metrics(seqs[index], result)
+                yield sse(last)
+            else:
+                if include_usage:
+                    yield sse({**chunk(0, "", None, False), "choices": [], "usage": usage(prompts, results)})
+            yield "data: [DONE]\n\n"
+        finally:
+            for s in seqs:
+                s.cancelled = True
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate():
+        from dflash_trt.runtime.sampling import SamplingParams
+
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        seq = Sequence([0], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
+                       lambda r, e: loop.call_soon_threadsafe(done.set_result, e))
+        scheduler.submit([seq])
+        error = await done
+        if error is not None:
+            return JSONResponse(error_body(f"generation failed: {error}", kind="server_error"), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": dflash_trt.__version__}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "dflash-trt", "max_model_len": context_len}]}
+
+    @app.get("/metrics")
+    async def iteration_stats():
+        return metrics.iteration_stats()
+
+    @app.get("/prometheus/metrics")
+    async def prometheus():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        check_model(req.model)
+        req.unsupported()
+        items = req.prompt_list()
+        req.check_n(len(items))
+        prompts = [encode_text(x, f"prompt {i}") if isinstance(x, str) else check_ids(x, f"prompt {i}")
+                   for i, x in enumerate(items)]
+        want = req.max_tokens if req.max_tokens is not None else COMPLETIONS_MAX_TOKENS
+        max_tokens = [check_length(ids, want, f"prompt {i}" if len(prompts) > 1 else "the prompt")
+                      for i, ids in enumerate(prompts)]
+        seqs, events = await run(req, prompts, max_tokens)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        now = int(time.time())
+        if req.stream:
+            def chunk(index, text, finish, include_usage):
+                out = {"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                       "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
+        results = await collect(seqs, events)
+        return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason,
+                             "metrics": choice_metrics(s, r)} for i, (s, r) in enumerate(zip(seqs, results))],
+                "usage": usage(prompts, results)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest):
+        from dflash_trt.training.prompts import encode_prompt, parse_messages
+
+        check_model(req.model)
+        req.unsupported()
+        req.check_n()
+        want = req.requested_max_tokens()
+        messages = parse_messages({"messages": req.messages}, "messages")
+        if messages is None:
+            raise InvalidRequestError("messages is an empty list; give at least one "
+                                      '{"role": "user", "content": "<text>"} message')
+        for i, m in enumerate(messages, 1):
+            from dflash_trt.api import check_text
+
+            check_text(m["content"], f"message {i} content")
+        if not getattr(pipe.tokenizer, "chat_template", None):
+            raise ConfigError(f"the target at {pipe.target_path} has no chat template, so /v1/chat/completions "
+                              "cannot render messages; use /v1/completions with a plain prompt")
+        with tokenizer_lock:
+            ids = encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}")
+        max_tokens = check_length(ids, want, "the conversation")
+        seqs, events = await run(req, [ids], [max_tokens])
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        now = int(time.time())
+        if req.stream:
+            def chunk(index, text, finish, include_usage):
+                delta = text if isinstance(text, dict) else ({"content": text} if text else {})
+                out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
+                       "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            return StreamingResponse(stream(req, seqs, events, [ids], chunk, {"role": "assistant", "content": ""}),
+                                     media_type="text/event-stream")
+        results = await collect(seqs, events)
+        return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                             "finish_reason": r.finish_reason, "metrics": choice_metrics(s, r)}
+                            for i, (s, r) in enumerate(zip(seqs, results))],
+                "usage": usage([ids], results)}
+
+    return app
+
+
+def validation_message(errors: list[dict]) -> str:
+    """One line from pydantic / FastAPI validation errors: the body that is not JSON or not an object, or
+    each bad field (at most 5) with what it must be and what it got."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        pos = first.get("loc", ("body", "?"))[-1]
+        return (f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')} at character {pos}); "
+                "send one JSON object with Content-Type: application/json")
+    if tuple(first.get("loc", ())) == ("body",):
+        return ("the body is not a JSON object (or not sent as Content-Type: application/json); send one JSON object "
+                "such as {\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}")
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        got = e.get("input")
+        shown = f" (got {json.dumps(got)[:60]})" if e.get("type") != "missing" and _jsonable(got) else ""
+        parts.append(f"{where}: {e.get('msg')}{shown}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False

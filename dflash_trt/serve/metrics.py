@@ -1,0 +1,128 @@
+"""The server's metrics, under trtllm-serve's names.
+
+- `GET /prometheus/metrics`: Prometheus text exposition (prometheus-client), the `trtllm_` metrics of
+  TensorRT-LLM's MetricsCollector (`trtllm_request_success_total{finished_reason}`,
+  `trtllm_e2e_request_latency_seconds`, `trtllm_time_to_first_token_seconds`,
+  `trtllm_time_per_output_token_seconds`, `trtllm_request_queue_time_seconds`; labels `model_name`,
+  `engine_type`) plus token counters and speculative-decoding counters in vLLM's naming
+  (`trtllm_prompt_tokens_total`, `trtllm_generation_tokens_total`,
+  `trtllm_spec_decode_num_draft_tokens_total`, `trtllm_spec_decode_num_accepted_tokens_total`,
+  `trtllm_spec_decode_num_verify_steps_total`; acceptance length = (generation tokens - requests) /
+  verify steps, acceptance rate = accepted / draft tokens) and the gauges
+  `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
+- `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per engine batch here
+  (`iter`, `iterLatencyMS`, `numActiveRequests`, `numQueuedRequests`, `specDecodingStats` with
+  `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`, `acceptanceLength`), the
+  last MAX_ITER_STATS batches, each returned once (trtllm-serve drains its queue the same way).
+
+Every metric counts sequences (choices): a request with n = 2 counts twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+from dflash_trt.runtime.stats import GenerationResult
+
+#: Batches kept for GET /metrics between two reads.
+MAX_ITER_STATS = 1000
+ENGINE_TYPE = "dflash-trt"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ServerMetrics:
+    """Prometheus metrics in their own registry (several servers in one process do not clash) and the
+    iteration stats of GET /metrics.
+
+    Args:
+        model_name: the `model_name` label (the served model name).
+        running / waiting: callables giving the sequences in the current batch / in the queue.
+    """
+
+    def __init__(self, model_name: str, running, waiting):
+        disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
+        names = list(labels)
+        r = self.registry
+        self._success = Counter("trtllm_request_success", "Count of successfully processed requests.",
+                                names + ["finished_reason"], registry=r)
+        self._labels = labels
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**labels)
+
+        def count(name, doc):
+            return Counter(name, doc, names, registry=r).labels(**labels)
+
+        self.e2e = hist("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                        LATENCY_BUCKETS)
+        self.ttft = hist("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         LATENCY_BUCKETS)
+        self.tpot = hist("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                         TPOT_BUCKETS)
+        self.queue = hist("trtllm_request_queue_time_seconds",
+                          "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
+        self.prompt_tokens = count("trtllm_prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = count("trtllm_generation_tokens", "Number of generation tokens processed.")
+        self.draft_tokens = count("trtllm_spec_decode_num_draft_tokens",
+                                  "Draft tokens handed to the target for verification.")
+        self.accepted_tokens = count("trtllm_spec_decode_num_accepted_tokens",
+                                     "Draft tokens the target accepted (and that were emitted).")
+        self.verify_steps = count("trtllm_spec_decode_num_verify_steps",
+                                  "Target forward passes after prefill, summed over requests.")
+        Gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.", names,
+              registry=r).labels(**labels).set_function(running)
+        Gauge("trtllm_num_requests_waiting", "Sequences queued for the next batch.", names,
+              registry=r).labels(**labels).set_function(waiting)
+        self._waiting = waiting
+        self._iters: collections.deque[dict] = collections.deque(maxlen=MAX_ITER_STATS)
+        self._iter = 0
+        self._lock = threading.Lock()
+
+    def finished(self, result: GenerationResult, queue_time_s: float) -> None:
+        """Record one finished sequence (queue time: seconds from arrival to its batch's start)."""
+        m = result.metrics
+        self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
+        self.e2e.observe(queue_time_s + m.total_time_s)
+        self.ttft.observe(queue_time_s + m.time_to_first_token_s)
+        self.queue.observe(queue_time_s)
+        if m.completion_tokens > 1:
+            self.tpot.observe((m.total_time_s - m.time_to_first_token_s) / (m.completion_tokens - 1))
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.generation_tokens.inc(m.completion_tokens)
+        self.draft_tokens.inc(m.drafted_tokens)
+        self.accepted_tokens.inc(m.accepted_tokens)
+        self.verify_steps.inc(m.verify_steps)
+
+    def batch(self, results: list[GenerationResult], seconds: float) -> None:
+        """Record one engine batch for GET /metrics."""
+        drafted = sum(r.metrics.drafted_tokens for r in results)
+        steps = sum(r.metrics.verify_steps for r in results)
+        decoded = sum(max(r.metrics.completion_tokens - 1, 0) for r in results)
+        with self._lock:
+            self._iter += 1
+            self._iters.append({
+                "iter": self._iter, "iterLatencyMS": seconds * 1000.0, "numActiveRequests": len(results),
+                "numQueuedRequests": self._waiting(),
+                "specDecodingStats": {
+                    "numDraftTokens": drafted, "numAcceptedTokens": sum(r.metrics.accepted_tokens for r in results),
+                    "numRequestsWithDraftTokens": sum(1 for r in results if r.metrics.drafted_tokens),
+                    "acceptanceLength": decoded / steps if steps else 1.0,
+                },
+            })
+
+    def iteration_stats(self) -> list[dict]:
+        """The batches recorded since the last call (and forgets them)."""
+        with self._lock:
+            out = list(self._iters)
+            self._iters.clear()
+        return out
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,186 @@
+"""The server's one generation thread: requests queue, and whatever is waiting when the engine is free
+decodes together as one batch (static batching, up to `max_batch_size` sequences).
+
+The engine is synchronous and runs one batch at a time; a request that arrives while a batch runs
+waits for the next one (its queue time is measured). Each sequence streams its tokens through its
+own `Sequence.on_tokens`, which runs on this thread: it detokenizes, checks stop strings, and hands
+text to the HTTP side (`dflash_trt.serve.app`) with a thread-safe callback. One bad request does not
+fail the others of its batch: a batch that raises before any token was emitted is rerun one sequence
+at a time, so only the failing one gets the error.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.stats import GenerationResult
+from dflash_trt.text import final_text, text_to_stream
+
+
+class StopText:
+    """Incremental detokenization of one completion with OpenAI stop strings.
+
+    `add(ids)` appends token ids and returns "stop" once a stop string appears in the text (the text is
+    then cut before it, as OpenAI returns it); `delta()` gives the text not sent yet that is safe to send:
+    complete characters (`text_to_stream`) and no tail that could still become a stop string.
+
+    Args:
+        decode: token ids -> text (the tokenizer's decode, special tokens skipped).
+        stops: stop strings (non-empty).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = ()):
+        self.decode, self.stops = decode, stops
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = ""
+        self.stopped = False
+
+    def add(self, ids: list[int]) -> str | None:
+        if self.stopped or not ids:
+            return None
+        self.ids.extend(ids)
+        text = self.decode(self.ids)
+        cut = min((k for k in (text.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.stopped = text[:cut], True
+            return "stop"
+        self.text = text
+        return None
+
+    def _held(self) -> int:
+        """Characters at the end of the text that are a proper prefix of a stop string."""
+        return max((k for s in self.stops for k in range(min(len(s) - 1, len(self.text)), 0, -1)
+                    if self.text.endswith(s[:k])), default=0)
+
+    def delta(self) -> str:
+        """New text to send; afterwards it counts as sent."""
+        new = text_to_stream(self.text, self.sent)
+        if not self.stopped:
+            new = new[: max(0, len(new) - self._held())]
+        self.sent += new
+        return new
+
+    def rest(self, finish_reason: str | None) -> str:
+        """The final text's part not sent yet (at the end of generation; `final_text` drops a trailing
+        half character of a length-cut completion)."""
+        final = final_text(self.text, finish_reason)
+        new = final[len(self.sent):] if final.startswith(self.sent) else ""
+        self.sent += new
+        return new
+
+
+@dataclass
+class Sequence:
+    """One choice to generate: a tokenized prompt and its params, with callbacks run on the generation
+    thread. `on_text(delta)` gets text as it is decoded (streaming); `on_done(result, error)` once, with
+    the GenerationResult (its `text` the final text, stop strings applied) or the exception.
+    `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort"."""
+
+    prompt: list[int]
+    params: SamplingParams
+    text: StopText
+    on_text: Callable[[str], None]
+    on_done: Callable[[GenerationResult | None, BaseException | None], None]
+    arrival: float = field(default_factory=time.perf_counter)
+    queue_time_s: float = 0.0
+    emitted: bool = False
+    cancelled: bool = False
+
+    def on_tokens(self, ids: list[int]) -> str | None:
+        self.emitted = True
+        if self.cancelled:
+            return "abort"
+        reason = self.text.add(ids)
+        delta = self.text.delta()
+        if delta:
+            self.on_text(delta)
+        return reason
+
+
+class Scheduler:
+    """Runs `generate(prompts, params, on_tokens)` (a `Pipeline.generate` with its mode bound) on one
+    thread over batches of queued sequences.
+
+    Args:
+        generate: callable(prompts, params_list, on_tokens) -> list[GenerationResult].
+        max_batch_size: sequences per batch at most (>= 1).
+        on_batch: called after each batch with (sequences, results, seconds) for the metrics.
+    """
+
+    def __init__(self, generate, max_batch_size: int = 8,
+                 on_batch: Callable[[list[Sequence], list[GenerationResult], float], None] | None = None):
+        self._generate, self.max_batch_size, self._on_batch = generate, max_batch_size, on_batch
+        self._queue: queue.Queue[Sequence | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
+        self.running = 0
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        """Sequences queued and not yet in a batch."""
+        return self._queue.qsize()
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue sequences (the choices of one request are queued together, so they share a batch when
+        they fit)."""
+        for s in seqs:
+            self._queue.put(s)
+
+    def close(self) -> None:
+        """Stop the thread after the batch in progress (queued sequences are not run)."""
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch_size:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                batch.append(nxt)
+            self._run(batch)
+
+    def _run(self, batch: list[Sequence]) -> None:
+        start = time.perf_counter()
+        live = []
+        for s in batch:
+            s.queue_time_s = start - s.arrival
+            if s.cancelled:
+                s.on_done(None, None)
+            else:
+                live.append(s)
+        if not live:
+            return
+        self.running = len(live)
+        try:
+            results = self._generate([s.prompt for s in live], [s.params for s in live],
+                                     lambda i, ids: live[i].on_tokens(ids))
+        except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
+            if len(live) > 1 and not any(s.emitted for s in live):
+                for s in live:  # find the request that fails; the others still get their answer
+                    self._run([s])
+                return
+            for s in live:
+                s.on_done(None, exc)
+            return
+        finally:
+            self.running = 0
+        for s, r in zip(live, results):
+            r.text = s.text.text if s.text.stopped else final_text(s.text.text, r.finish_reason)
+            s.on_done(r, None)
+        if self._on_batch is not None:
+            self._on_batch(live, results, time.perf_counter() - start)

@@ -1,0 +1,274 @@
+"""The OpenAI-compatible server over real HTTP on 127.0.0.1 (uvicorn), driven by the real `openai` client
+and httpx, serving SmolLM2-135M-Instruct with the default drafter. Greedy answers are checked token for
+token against the runtime's autoregressive output; metrics by exact counts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.training.prompts import encode_prompt
+
+MODEL = "smollm2-test"
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_pipeline):
+    """(base URL, app) of a live server on a free port; shut down after the module."""
+    import uvicorn
+
+    from dflash_trt.serve.app import create_app
+
+    app = create_app(smollm2_pipeline, MODEL, max_batch_size=4)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started:
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ar_tokens(pipe, ids: list[int], max_tokens: int) -> tuple[list[int], str]:
+    """The target's own greedy completion (autoregressive mode): token ids and finish reason."""
+    [res] = pipe.generate([ids], SamplingParams(max_tokens=max_tokens), mode="ar")
+    return res.token_ids, res.finish_reason
+
+
+def chat_ids(pipe, messages) -> list[int]:
+    return encode_prompt(pipe.tokenizer, messages)
+
+
+def prometheus(base: str) -> dict[str, float]:
+    """Every sample of /prometheus/metrics: 'name{labels}' -> value."""
+    out = {}
+    for line in httpx.get(base + "/prometheus/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def sample(metrics: dict[str, float], name: str, **labels) -> float:
+    """The value of metric `name` whose labels include `labels` (0.0 when absent)."""
+    for key, value in metrics.items():
+        if key.split("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
+            return value
+    return 0.0
+
+
+def test_chat_greedy_is_the_targets_output(client, smollm2_pipeline):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
+    ids = chat_ids(smollm2_pipeline, QUESTION)
+    ref, reason = ar_tokens(smollm2_pipeline, ids, 40)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == smollm2_pipeline.decode(ref)
+    assert choice.finish_reason == reason
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), len(ref), len(ids) + len(ref))
+    assert r.model == MODEL and r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    m = choice.model_extra["metrics"]
+    assert m["completion_tokens"] == len(ref) and m["drafted_tokens"] > 0  # speculative, not the ar path
+    assert m["verify_steps"] < len(ref) - 1  # the drafter was accepted at least once
+
+
+def test_stream_equals_non_stream(client):
+    kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
+
+
+def test_completions_batch_n_and_token_ids(client, smollm2_pipeline):
+    pipe = smollm2_pipeline
+    prompts = ["def fibonacci(n):", "The three primary colors are"]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    ids = [pipe.encode(p) for p in prompts]
+    for i, c in enumerate(r.choices):
+        ref, reason = ar_tokens(pipe, ids[i // 2], 12)
+        assert c.text == pipe.decode(ref) and c.finish_reason == reason
+    assert r.usage.prompt_tokens == sum(len(x) for x in ids)
+    assert r.usage.completion_tokens == sum(c.model_extra["metrics"]["completion_tokens"] for c in r.choices)
+    by_ids = client.completions.create(model=MODEL, prompt=ids[0], max_tokens=12, temperature=0)
+    assert by_ids.choices[0].text == r.choices[0].text
+    default = client.completions.create(model=MODEL, prompt=prompts[1], temperature=0)  # OpenAI's max_tokens 16
+    assert default.usage.completion_tokens == 16 and default.choices[0].finish_reason == "length"
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(client, smollm2_pipeline):
+    pipe = smollm2_pipeline
+    ref, _ = ar_tokens(pipe, chat_ids(pipe, QUESTION), 40)
+    full = pipe.decode(ref)
+    stop = "of Fr"  # spans two tokens (" of", " France"): the stream must hold back " of" until it knows
+    assert stop in full
+    kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0, stop=[stop, "zzz"])
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].message.content == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = list(client.chat.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == r.choices[0].message.content
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_reproducible_and_as_the_runtime(client, smollm2_pipeline):
+    kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0.9, top_p=0.95, seed=11)
+    a = client.chat.completions.create(**kwargs)
+    b = client.chat.completions.create(**kwargs)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    [ref] = smollm2_pipeline.generate([chat_ids(smollm2_pipeline, QUESTION)],
+                                      SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=11))
+    assert a.choices[0].message.content == ref.text
+    two = client.chat.completions.create(**kwargs, n=2)  # choice j samples with seed + j
+    assert two.choices[0].message.content == ref.text
+    [ref1] = smollm2_pipeline.generate([chat_ids(smollm2_pipeline, QUESTION)],
+                                       SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=12))
+    assert two.choices[1].message.content == ref1.text
+
+
+BAD = [
+    ({"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+    ({"messages": QUESTION, "top_p": 0}, 400, "top_p must be in (0, 1]"),
+    ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens must be >= 1"),
+    ({"messages": QUESTION, "max_tokens": 100000}, 400, "ask for at most"),
+    ({"messages": QUESTION, "model": "gpt-4"}, 404, "'gpt-4' does not exist"),
+    ({"messages": QUESTION, "logprobs": True}, 400, "logprobs=True is not supported"),
+    ({"messages": QUESTION, "n": 0}, 400, "n must be >= 1"),
+    ({"messages": QUESTION, "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
+    ({"messages": QUESTION, "stop": [""]}, 400, "empty string"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role 'wizard'"),
+    ({"messages": []}, 400, "messages is an empty list"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "surrogate"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "image_url"),
+    ({}, 400, "messages: Field required"),
+]
+
+
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, client):
+    base = server[0]
+    for body, status, words in BAD:
+        r = httpx.post(base + "/v1/chat/completions", content=json.dumps(body),  # ASCII JSON: a lone surrogate as its escape
+                       headers={"content-type": "application/json"})
+        assert r.status_code == status, (body, r.text)
+        assert words in r.json()["error"]["message"], (body, r.text)
+    long_prompt = "hello " * 9000  # more tokens than SmolLM2's 8192-token context
+    r = httpx.post(base + "/v1/completions", json={"prompt": long_prompt})
+    assert r.status_code == 400 and "shorten it to at most 8191" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", json={"prompt": [5, 10**9]})
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", content=b"hello")
+    assert r.status_code == 400 and "not a JSON object" in r.json()["error"]["message"]
+    ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
+    assert ok.usage.completion_tokens == 4
+
+
+def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm2_pipeline):
+    base, app = server
+    app.state.metrics.iteration_stats()  # forget earlier batches
+    questions = ["Name a planet.", "Name a color.", "Name an animal."]
+    answers = {}
+
+    def ask(q):
+        r = httpx.post(base + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": q}], "max_tokens": 16, "temperature": 0})
+        answers[q] = r.json()["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for q in questions:
+        ref, _ = ar_tokens(smollm2_pipeline, chat_ids(smollm2_pipeline, [{"role": "user", "content": q}]), 16)
+        assert answers[q] == smollm2_pipeline.decode(ref)
+    stats = httpx.get(base + "/metrics").json()
+    assert sum(s["numActiveRequests"] for s in stats) == 3 and all(s["numActiveRequests"] <= 4 for s in stats)
+    assert httpx.get(base + "/metrics").json() == []  # each batch is returned once
+
+
+def test_prometheus_counts_match_the_responses(server, client):
+    base = server[0]
+    before = prometheus(base)
+    r1 = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
+    r2 = client.completions.create(model=MODEL, prompt=["def add(a, b):", "Once upon a time"], max_tokens=8,
+                                   temperature=0)
+    after = prometheus(base)
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    choices = [*r1.choices, *r2.choices]
+    reasons = [c.finish_reason for c in choices]
+    for reason in ("stop", "length"):
+        assert delta("trtllm_request_success_total", finished_reason=reason, model_name=MODEL) == reasons.count(reason)
+    assert delta("trtllm_prompt_tokens_total") == r1.usage.prompt_tokens + r2.usage.prompt_tokens
+    assert delta("trtllm_generation_tokens_total") == r1.usage.completion_tokens + r2.usage.completion_tokens
+    metrics = [c.model_extra["metrics"] for c in choices]
+    assert delta("trtllm_spec_decode_num_draft_tokens_total") == sum(m["drafted_tokens"] for m in metrics)
+    assert delta("trtllm_spec_decode_num_accepted_tokens_total") == sum(m["accepted_tokens"] for m in metrics)
+    assert delta("trtllm_spec_decode_num_verify_steps_total") == sum(m["verify_steps"] for m in metrics)
+    assert delta("trtllm_e2e_request_latency_seconds_count") == 3
+    assert delta("trtllm_time_to_first_token_seconds_count") == 3
+    assert sample(after, "trtllm_num_requests_running") == 0 and sample(after, "trtllm_num_requests_waiting") == 0
+    assert not any(k.split("{")[0].endswith("_created") for k in after)
+
+
+def test_health_version_models(server):
+    import dflash_trt
+
+    base = server[0]
+    assert httpx.get(base + "/health").status_code == 200
+    assert httpx.get(base + "/health_generate", timeout=60).status_code == 200
+    assert httpx.get(base + "/version").json() == {"version": dflash_trt.__version__}
+    [model] = httpx.get(base + "/v1/models").json()["data"]
+    assert model["id"] == MODEL and model["object"] == "model" and model["max_model_len"] == 8192
+
+
+def test_a_client_that_leaves_mid_stream_is_aborted(server, client):
+    base = server[0]
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    body = {"prompt": "Write a long story about a dragon.", "max_tokens": 2000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    deadline = time.time() + 60
+    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
+        assert time.time() < deadline, "the abandoned request was not aborted"
+        time.sleep(0.2)
+    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert ok.usage.completion_tokens == 3

@@ -1,0 +1,93 @@
+"""The server's generation thread and streaming text, without HTTP: stop strings across tokens, held-back
+half characters, and a failing request that must not fail the others of its batch."""
+
+from __future__ import annotations
+
+import threading
+
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
+from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+
+# a toy "tokenizer": token i is PIECES[i]; 7 and 8 are the two halves of one UTF-8 character
+PIECES = ["Hello", ",", " wor", "ld", ".", " The", " end", b"\xc3", b"\xa9"]
+
+
+def decode(ids):
+    raw = b"".join(p if isinstance(p, bytes) else p.encode() for p in (PIECES[i] for i in ids))
+    return raw.decode("utf-8", errors="replace")
+
+
+def stream(ids, stops=(), chunks=1):
+    """Feed ids `chunks` at a time: (deltas sent, reason, final rest)."""
+    st = StopText(decode, tuple(stops))
+    deltas, reason = [], None
+    for k in range(0, len(ids), chunks):
+        reason = st.add(ids[k : k + chunks])
+        deltas.append(st.delta())
+        if reason:
+            break
+    return deltas, reason, st.rest(reason or "length"), st
+
+
+def test_stop_string_across_tokens_is_held_back_then_cut():
+    deltas, reason, rest, st = stream([0, 1, 2, 3, 4, 5], stops=[", world"])
+    assert reason == "stop" and st.text == "Hello"
+    assert "".join(deltas) + rest == "Hello"
+    assert deltas[:3] == ["Hello", "", ""]  # ", wor" could still become the stop string: nothing of it is sent
+
+
+def test_a_near_miss_is_sent_once_it_cannot_match():
+    deltas, reason, rest, _ = stream([0, 1, 2, 3, 4], stops=[", word"])
+    assert reason is None and "".join(deltas) + rest == "Hello, world."
+    assert deltas[:4] == ["Hello", "", "", ", world"]
+
+
+def test_half_a_character_waits_for_its_other_half():
+    deltas, _, rest, _ = stream([0, 7, 8, 4])
+    assert deltas == ["Hello", "", "\u00e9", "."] and rest == ""
+    # a completion cut by length inside the character drops the half (final_text)
+    deltas, _, rest, st = stream([0, 7])
+    assert "".join(deltas) + rest == "Hello" and st.text == "Hello\ufffd"
+
+
+def test_a_failing_request_does_not_fail_its_batch():
+    calls = []
+
+    def generate(prompts, params, on_tokens):
+        calls.append(len(prompts))
+        if any(p == [-1] for p in prompts):
+            raise InvalidRequestError("token id -1")
+        out = []
+        for i, p in enumerate(prompts):
+            on_tokens(i, [0, 4])
+            out.append(GenerationResult([0, 4], "length", RequestMetrics(completion_tokens=2)))
+        return out
+
+    gate, started, blocker_done = threading.Event(), threading.Event(), threading.Event()
+
+    def blocked_generate(prompts, params, on_tokens):
+        if prompts == [[99]]:
+            started.set()
+            gate.wait(10)  # hold the thread so the next three queue up as one batch
+            blocker_done.set()
+            return [GenerationResult([], "length", RequestMetrics())]
+        return generate(prompts, params, on_tokens)
+
+    done = {}
+
+    def seq(prompt, name):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), lambda d: None,
+                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
+
+    sched = Scheduler(blocked_generate, max_batch_size=8)
+    sched.submit([seq([99], "blocker")])
+    assert started.wait(10)
+    sched.submit([seq([1], "a"), seq([-1], "bad"), seq([2], "b")])
+    gate.set()
+    sched.close()
+    assert blocker_done.is_set()
+    assert calls == [3, 1, 1, 1]  # the batch of three, then each alone
+    assert done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
+    assert done["bad"][0] is None and "token id -1" in str(done["bad"][1])

@@ -1,0 +1,79 @@
+"""`dflash-trt serve` as a user starts it: the real console script in its own process, real HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import run_main
+from tests.serve.test_openai_server import free_port
+
+
+def test_a_port_in_use_is_named_before_the_models_load(monkeypatch, capsys):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        start = time.perf_counter()
+        code, out, err = run_main(monkeypatch, capsys, "serve", "--port", str(port))
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "pick another --port" in err
+    assert time.perf_counter() - start < 5  # refused at once, not after loading the models
+
+
+def test_an_unknown_host_is_named(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--host", "no-such-host.invalid")
+    assert code == 2 and "--host no-such-host.invalid" in err
+
+
+def test_help_lists_the_endpoints(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--help")
+    assert code == 0
+    for word in ("/v1/chat/completions", "/prometheus/metrics", "--max-batch-size", "--served-model-name", "--bundle"):
+        assert word in out
+
+
+@pytest.mark.slow
+def test_serve_answers_over_http_and_stops_on_sigint():
+    from openai import OpenAI
+
+    beside = Path(sys.executable).parent / "dflash-trt"
+    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    assert exe, "the dflash-trt console script is not installed: pip install -e ."
+    port = free_port()
+    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--served-model-name", "smol", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.5)
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                           max_tokens=24, temperature=0)
+        assert "Paris" in r.choices[0].message.content
+        assert [m.id for m in client.models.list()] == ["smol"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, err
+    assert "serving 'smol'" in err
