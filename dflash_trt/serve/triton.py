@@ -1,0 +1,214 @@
+"""A Triton Inference Server model (Python backend) that serves the DFlash runtime, and the model
+repository that holds it.
+
+`write_model_repository(repo, ...)` writes `repo/NAME/config.pbtxt` and `repo/NAME/1/model.py` (two
+lines importing `TritonPythonModel` from here, so the package must be importable by the Python that
+runs Triton's Python-backend stub). The model is decoupled: with `stream` true it sends one response
+per text delta, then a final one with the statistics; otherwise one response. Requests that arrive
+together decode as one batch (`dflash_trt.serve.scheduler`). Tensor names follow the TensorRT-LLM
+backend's ensemble (`text_input`, `max_tokens`, `temperature`, `top_p`, `top_k`, `random_seed`,
+`stream`, `stop_words` -> `text_output`), so its clients and Triton's `/v2/models/NAME/generate` and
+`/generate_stream` endpoints work unchanged:
+
+    curl -X POST localhost:8000/v2/models/dflash/generate \\
+         -d '{"text_input": "What is the capital of France?", "apply_chat_template": true, "max_tokens": 32}'
+
+Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256);
+temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
+INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
+strings, at most 4); apply_chat_template BOOL [1] (wrap text_input as one user message in the
+target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [1] ("stop" or
+"length"); num_output_tokens INT32 [1]; acceptance_length FP32 [1] (tau).
+
+Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
+relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
+defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences per batch).
+
+Source of the backend API: Triton's python_backend README ("Decoupled mode", `TritonPythonModel`,
+`pb_utils.InferenceResponse`, `get_response_sender`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+#: The model's inputs and outputs: (name, Triton data type, dims, optional).
+INPUTS = (
+    ("text_input", "TYPE_STRING", [1], False),
+    ("max_tokens", "TYPE_INT32", [1], True),
+    ("temperature", "TYPE_FP32", [1], True),
+    ("top_p", "TYPE_FP32", [1], True),
+    ("top_k", "TYPE_INT32", [1], True),
+    ("random_seed", "TYPE_UINT64", [1], True),
+    ("stream", "TYPE_BOOL", [1], True),
+    ("stop_words", "TYPE_STRING", [-1], True),
+    ("apply_chat_template", "TYPE_BOOL", [1], True),
+)
+OUTPUTS = (
+    ("text_output", "TYPE_STRING", [1]),
+    ("finish_reason", "TYPE_STRING", [1]),
+    ("num_output_tokens", "TYPE_INT32", [1]),
+    ("acceptance_length", "TYPE_FP32", [1]),
+)
+DEFAULT_MAX_TOKENS = 256
+#: the model parameters config.pbtxt may set (module docstring)
+PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size")
+#: what model.py holds: the class lives in the package, so an upgrade needs no new repository
+MODEL_PY = "from dflash_trt.serve.triton import TritonPythonModel  # noqa: F401  (Triton Python backend)\n"
+
+
+def model_config(name: str, parameters: dict[str, str], instances: int = 1) -> str:
+    """config.pbtxt text of the model (protobuf text format of Triton's ModelConfig): Python backend,
+    decoupled, no Triton-side batching (the runtime batches), CPU instances (the runtime places the models
+    itself: `device`)."""
+    def tensor(name, dtype, dims, optional=None):
+        extra = " optional: true" if optional else ""
+        return f'  {{ name: "{name}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ]{extra} }}'
+
+    lines = [f'name: "{name}"', 'backend: "python"', "max_batch_size: 0",
+             "model_transaction_policy { decoupled: true }",
+             "input [\n" + ",\n".join(tensor(*t) for t in INPUTS) + "\n]",
+             "output [\n" + ",\n".join(tensor(*t) for t in OUTPUTS) + "\n]",
+             f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]"]
+    for key, value in parameters.items():
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: {json.dumps(str(value))} }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def write_model_repository(repo: str | Path, name: str = "dflash", **parameters: str) -> Path:
+    """Write the model `name` into the Triton model repository `repo` (created if needed): `name/config.pbtxt`
+    and `name/1/model.py`. `parameters` are the model parameters named in this module's docstring (e.g.
+    bundle="../..", or target=..., drafter=...). Returns the model's folder.
+
+    Raises:
+        ValueError: an unknown parameter name.
+    """
+    unknown = sorted(set(parameters) - set(PARAMETERS))
+    if unknown:
+        raise ValueError(f"unknown Triton model parameter(s) {unknown}; known: {', '.join(PARAMETERS)}")
+    folder = Path(repo) / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(model_config(name, parameters))
+    (folder / "1" / "model.py").write_text(MODEL_PY)
+    return folder
+
+
+def load_from_parameters(params: dict[str, str], model_dir: Path):
+    """The Pipeline that `params` (config.pbtxt parameters, strings) name; a relative `bundle` is taken
+    from the model's folder. Raises what `load_bundle` / `load_pipeline` raise."""
+    from dflash_trt.api import load_bundle, load_pipeline
+
+    mode = params.get("mode") or "dflash"
+    dtype, device = params.get("dtype") or "float32", params.get("device") or "cpu"
+    if params.get("bundle"):
+        bundle = Path(params["bundle"])
+        bundle = bundle if bundle.is_absolute() else (model_dir / bundle).resolve()
+        return load_bundle(bundle, dtype, load_drafter_model=mode == "dflash", device=device)
+    return load_pipeline(params.get("target") or None, params.get("drafter") or None, dtype,
+                         load_drafter_model=mode == "dflash", device=device)
+
+
+class TritonPythonModel:
+    """Triton's Python-backend entry point (decoupled). See the module docstring for tensors and parameters."""
+
+    def initialize(self, args: dict) -> None:
+        from dflash_trt.serve.scheduler import Scheduler
+
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.pipe = load_from_parameters(params, Path(args["model_repository"]))
+        mode = params.get("mode") or "dflash"
+        engine = self.pipe.engine
+        self.scheduler = Scheduler(lambda prompts, sp, on_tokens: engine.generate(prompts, sp, mode, on_tokens),
+                                   int(params.get("max_batch_size") or 8))
+        self._tokenizer_lock = threading.Lock()
+
+    def _decode(self, ids: list[int]) -> str:
+        with self._tokenizer_lock:
+            return self.pipe.decode(ids)
+
+    def execute(self, requests) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                seq, stream = self._sequence(request, sender, pb_utils)
+            except Exception as exc:  # noqa: BLE001 - a bad request gets its error; the model keeps serving
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            self.scheduler.submit([seq])
+        return None
+
+    def _sequence(self, request, sender, pb_utils):
+        """The Sequence for one request, its callbacks bound to the request's response sender."""
+        import numpy as np
+
+        from dflash_trt.errors import ConfigError, InvalidRequestError, PromptTooLongError
+        from dflash_trt.serve.scheduler import Sequence, StopText
+
+        def scalar(name, default):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return default if t is None else t.as_numpy().reshape(-1)[0]
+
+        raw = scalar("text_input", None)
+        if raw is None:
+            raise InvalidRequestError("text_input is required: the prompt text")
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        if not text:
+            raise InvalidRequestError("text_input is empty; give some text")
+        words = pb_utils.get_input_tensor_by_name(request, "stop_words")
+        stops = tuple(w.decode("utf-8") if isinstance(w, bytes) else str(w)
+                      for w in (words.as_numpy().reshape(-1) if words is not None else ()))
+        if len(stops) > 4 or any(not s for s in stops):
+            raise InvalidRequestError(f"stop_words holds {len(stops)} strings; give at most 4, none empty")
+        with self._tokenizer_lock:
+            if bool(scalar("apply_chat_template", False)):
+                if not getattr(self.pipe.tokenizer, "chat_template", None):
+                    raise ConfigError("apply_chat_template: the target has no chat template; send plain text")
+                ids = self.pipe.encode_chat(text)
+            else:
+                ids = self.pipe.encode(text)
+        from dflash_trt.runtime.sampling import SamplingParams
+
+        seed = scalar("random_seed", None)
+        params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
+                                top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
+                                seed=None if seed is None else int(seed))
+        room = self.pipe.engine.context_len - len(ids)
+        if room < 1:
+            raise PromptTooLongError(f"text_input is {len(ids)} tokens; the target's context is "
+                                     f"{self.pipe.engine.context_len}: shorten it to at most {len(ids) + room - 1}")
+        stream = bool(scalar("stream", False))
+
+        def text_tensor(name, value):
+            return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+
+        def on_text(delta):
+            if stream:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta)]))
+
+        def on_done(result, error):
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if error is not None:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"generation failed: {error}")), flags=final)
+                return
+            if result is None:  # cancelled before it ran
+                sender.send(flags=final)
+                return
+            out = seq.text.rest(result.finish_reason) if stream else result.text
+            tensors = [text_tensor("text_output", out), text_tensor("finish_reason", result.finish_reason),
+                       pb_utils.Tensor("num_output_tokens", np.array([len(result.token_ids)], dtype=np.int32)),
+                       pb_utils.Tensor("acceptance_length", np.array([result.metrics.acceptance_length],
+                                                                     dtype=np.float32))]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
+
+        seq = Sequence(ids, params, StopText(self._decode, stops), on_text, on_done)
+        return seq, stream
+
+    def finalize(self) -> None:
+        self.scheduler.close()

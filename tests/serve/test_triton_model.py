@@ -1,0 +1,91 @@
+"""The Triton Python-backend model on a real `tritonserver` (CPU), over Triton's own HTTP endpoints
+(`/v2/models/NAME/generate`, `/generate_stream`): greedy output equal to the target's own, streaming
+equal to the whole answer, errors that leave the server serving."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.serve.triton import INPUTS, OUTPUTS, model_config, write_model_repository
+from tests.serve.triton_server import TritonServer
+
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+def test_model_config_names_every_tensor_and_parameter(tmp_path):
+    folder = write_model_repository(tmp_path / "repo", "dflash", bundle="../..", mode="dflash")
+    text = (folder / "config.pbtxt").read_text()
+    assert text == model_config("dflash", {"bundle": "../..", "mode": "dflash"})
+    assert "decoupled: true" in text and 'backend: "python"' in text
+    for name, dtype, *_ in (*INPUTS, *OUTPUTS):
+        assert f'name: "{name}" data_type: {dtype}' in text
+    assert 'parameters { key: "bundle" value: { string_value: "../.." } }' in text
+    assert "TritonPythonModel" in (folder / "1" / "model.py").read_text()
+    with pytest.raises(ValueError, match="unknown Triton model parameter"):
+        write_model_repository(tmp_path / "repo", "x", bundel="typo")
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    work = tmp_path_factory.mktemp("triton")
+    write_model_repository(work / "repo", "dflash", max_batch_size="4")  # the embedded default model and drafter
+    server = TritonServer(work / "repo", work)
+    yield server
+    server.stop()
+
+
+def generate(server, body, stream=False):
+    url = f"{server.url}/v2/models/dflash/generate{'_stream' if stream else ''}"
+    r = httpx.post(url, json=body, timeout=300)
+    if not stream:
+        return r.status_code, r.json()
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    return r.status_code, events
+
+
+@pytest.mark.slow
+def test_greedy_generate_is_the_targets_output(triton, smollm2_pipeline):
+    status, out = generate(triton, {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 40})
+    assert status == 200, out
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode_chat(QUESTION)], SamplingParams(max_tokens=40), mode="ar")
+    assert out["text_output"] == ref.text
+    assert out["finish_reason"] == ref.finish_reason and out["num_output_tokens"] == len(ref.token_ids)
+    assert out["acceptance_length"] >= 1.0
+    status, plain = generate(triton, {"text_input": "def fibonacci(n):", "max_tokens": 12})
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode("def fibonacci(n):")], SamplingParams(max_tokens=12),
+                                      mode="ar")
+    assert plain["text_output"] == ref.text and plain["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+def test_stream_adds_up_to_the_whole_answer_and_stop_words_cut(triton):
+    body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 40}
+    _, whole = generate(triton, body)
+    status, events = generate(triton, {**body, "stream": True}, stream=True)
+    assert status == 200 and len(events) > 2
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+    assert events[-1]["finish_reason"] == whole["finish_reason"]
+    assert all("finish_reason" not in e for e in events[:-1])
+    stop = "of Fr"
+    assert stop in whole["text_output"]
+    _, cut = generate(triton, {**body, "stop_words": [stop]})
+    assert cut["text_output"] == whole["text_output"][: whole["text_output"].index(stop)]
+    assert cut["finish_reason"] == "stop"
+
+
+@pytest.mark.slow
+def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
+    cases = [({"text_input": "hi", "temperature": -1.0}, "temperature must be finite and >= 0"),
+             ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
+             ({"text_input": ""}, "text_input is empty"),
+             ({"text_input": "hello " * 9000}, "shorten it to at most 8191"),
+             ({"text_input": "hi", "stop_words": ["a", "b", "c", "d", "e"]}, "at most 4")]
+    for body, words in cases:
+        status, out = generate(triton, body)
+        assert status != 200 and words in out["error"], (body, out)
+    status, out = generate(triton, {"text_input": "Hello", "max_tokens": 3})
+    assert status == 200 and out["num_output_tokens"] == 3
