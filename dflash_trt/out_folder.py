@@ -83,7 +83,14 @@ def _inspect_bundle(folder: Path) -> tuple[str | None, list[str]]:
     changed = [f"{rel} (changed)" for rel, entry in sorted(listed.items())
                if (folder / rel).is_file() and not (folder / rel).is_symlink() and isinstance(entry, dict)
                and sha256_file(folder / rel) != entry.get("sha256")]
-    return None, unexpected_files(folder, lambda rel: rel == MANIFEST_NAME or rel in listed) + changed
+    return None, unexpected_files(folder, lambda rel: rel == MANIFEST_NAME or rel in listed or _bytecode(rel)) + changed
+
+
+def _bytecode(rel: str) -> bool:
+    """A Python bytecode cache (`__pycache__/*.pyc`), e.g. of the bundle's triton/dflash/1/model.py, written by
+    the Triton Python backend that imported it: regenerated from the listed source, never a user's file."""
+    p = Path(rel)
+    return p.parent.name == "__pycache__" and p.suffix == ".pyc"
 
 
 #: what dflash-trt writes into a drafter folder: the checkpoint (`save_checkpoint`), training.json, loss.png

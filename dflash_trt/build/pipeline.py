@@ -16,6 +16,8 @@ Bundle layout (docs/build.md):
                                  `dflash-trt generate --bundle` loads (drafting over fewer lm_head rows is faster)
     NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
     NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
+    NAME/triton/dflash/          Triton model repository: the Python-backend model over this bundle
+                                 (`dflash_trt.serve.triton`; tritonserver --model-repository NAME/triton)
 """
 
 from __future__ import annotations
@@ -182,6 +184,9 @@ def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
 #: where a reduced-vocabulary drafter goes as given, for our runtime (trtllm/drafter gets the full-vocabulary one)
 RUNTIME_DRAFTER = "runtime/drafter"
 TRTLLM_DRAFTER = "trtllm/drafter"
+#: the Triton model repository in a bundle, and its one model (`dflash_trt.serve.triton`)
+TRITON_REPO = "triton"
+TRITON_MODEL = "dflash"
 
 
 def existing_out(out: Path) -> str | None:
@@ -201,7 +206,7 @@ def step_titles(opts: BuildOptions) -> list[str]:
             else "load target (nothing to quantize)")
     return ["check", load, f"export TensorRT-LLM per-rank checkpoint (tp {opts.tp_size})",
             "export unified HF target checkpoint", f"drafter ({opts.drafter_quant})",
-            "write serve.yaml, launch.sh, LLM API example", "write README.md files",
+            "write serve.yaml, launch.sh, LLM API example, Triton model repository", "write README.md files",
             "write manifest.json and move the bundle to --out"]
 
 
@@ -243,7 +248,8 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
         (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
         (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
-         f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML"),
+         f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML; "
+         f"{TRITON_REPO}/{TRITON_MODEL}/: Triton Python-backend model over this bundle"),
         (f"write README.md (the bundle, quantization {opts.quant}, loaders), trtllm/target/README.md and the drafter "
          "README(s)' quantization section"),
         f"write manifest.json (sha256 of every file) and {publish}",
@@ -425,6 +431,9 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         cfg = trtllm.serve_config(opts.tp_size, dcfg.block_size, dcfg.mask_token_id, list(dcfg.target_layer_ids),
                                   opts.kv_cache_dtype, opts.max_batch_size, tcfg.max_position_embeddings)
         trtllm.write_serving_files(root / "trtllm", cfg)
+        from dflash_trt.serve.triton import write_model_repository
+
+        write_model_repository(root / TRITON_REPO, TRITON_MODEL, bundle="../..")  # the model's folder -> the bundle
         state["serve_check"] = validate_with_tensorrt_llm(cfg)
         return f"(schema ok; tensorrt_llm check: {state['serve_check']})"
 
@@ -463,6 +472,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                           "sha256": sha256_file(tok_file) if tok_file.is_file() else None},
             "serve_config": "trtllm/serve.yaml",
             "serve_config_check": state.get("serve_check"),
+            "triton_model_repository": TRITON_REPO,
             "trtllm_checkpoint": "trtllm_checkpoint",
             "tools": tool_versions(),
         }

@@ -127,6 +127,12 @@ def bundle_readme(manifest: dict) -> str:
         "./target --config serve.yaml) or `python trtllm/llm_api_example.py`.",
         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
         "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
+        "- Triton Inference Server (Python backend; its Python must import dflash_trt): `tritonserver "
+        "--model-repository THIS_FOLDER/triton`, then `curl -X POST localhost:8000/v2/models/dflash/generate -d "
+        "'{\"text_input\": \"Hi\", \"apply_chat_template\": true, \"max_tokens\": 32}'` (the model runs "
+        "dflash-trt's runtime on this bundle, one device; tensors: `dflash_trt/serve/triton.py`).",
+        "- OpenAI API (trtllm-serve's endpoints and metrics) without TensorRT-LLM: `dflash-trt serve --bundle "
+        "THIS_FOLDER`.",
         "",
         "## Files",
         "",
@@ -140,6 +146,8 @@ def bundle_readme(manifest: dict) -> str:
                      "which dflash-trt loads.")
     lines += [
         "- trtllm/serve.yaml, launch.sh, llm_api_example.py: serving with TensorRT-LLM.",
+        "- triton/dflash/: config.pbtxt and 1/model.py, the Triton model (parameter `bundle`: this folder, `../..` "
+        "from the model's folder).",
         f"- trtllm_checkpoint/: the target as TensorRT-LLM's per-rank checkpoint ({count(tp, 'rank file')}) and "
         "build_engine.sh.",
     ]

@@ -37,8 +37,8 @@ def stub_env(root: Path) -> Path:
     if not (root / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
         py = root / "bin" / "python"
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--target", _site(py), "numpy<2"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--no-warn-conflicts", "--target", _site(py), "numpy<2"], check=True)
         Path(_site(py), "zz_dflash_main_env.pth").write_text(
             f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
     return root / "bin"
@@ -77,7 +77,7 @@ class TritonServer:
         env_bin = stub_env(work / "stub-env")
         libs = pt.parent / "nvidia_pytriton.libs"
         env = dict(os.environ, PATH=f"{env_bin}:{os.environ.get('PATH', '')}",
-                   LD_LIBRARY_PATH=f"{sysconfig.get_config_var('LIBDIR')}:{libs}", PYTHONDONTWRITEBYTECODE="1")
+                   LD_LIBRARY_PATH=f"{sysconfig.get_config_var('LIBDIR')}:{libs}")
         self.http, grpc, metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
