@@ -100,6 +100,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     async def _invalid(request, exc: RequestValidationError):
         return JSONResponse(error_body(validation_message(exc.errors())), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _internal(request, exc: Exception):  # a bug or a failed generation: still an OpenAI error body
+        status, body = _status_of(exc)
+        return JSONResponse(body, status_code=status)
+
     @app.exception_handler(DFlashError)
     async def _dflash_error(request, exc: DFlashError):
         status, body = _status_of(exc)

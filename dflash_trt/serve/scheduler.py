@@ -11,6 +11,7 @@ at a time, so only the failing one gets the error.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,8 @@ from typing import Callable
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult
 from dflash_trt.text import final_text, text_to_stream
+
+logger = logging.getLogger(__name__)
 
 
 class StopText:
@@ -103,6 +106,14 @@ class Sequence:
         return reason
 
 
+def _done(seq: Sequence, result: GenerationResult | None, error: BaseException | None) -> None:
+    """seq.on_done, its failure logged (a client gone) so that the other sequences still get theirs."""
+    try:
+        seq.on_done(result, error)
+    except Exception:  # noqa: BLE001
+        logger.exception("dflash-trt: handing a finished request to its client failed")
+
+
 class Scheduler:
     """Runs `generate(prompts, params, on_tokens)` (a `Pipeline.generate` with its mode bound) on one
     thread over batches of queued sequences.
@@ -152,7 +163,10 @@ class Scheduler:
                     self._queue.put(None)  # stop after this batch
                     break
                 batch.append(nxt)
-            self._run(batch)
+            try:
+                self._run(batch)
+            except Exception:  # noqa: BLE001 - a metrics callback failed: log it, keep serving
+                logger.exception("dflash-trt: recording a batch failed; the generation thread goes on")
 
     def _run(self, batch: list[Sequence]) -> None:
         start = time.perf_counter()
@@ -160,7 +174,7 @@ class Scheduler:
         for s in batch:
             s.queue_time_s = start - s.arrival
             if s.cancelled:
-                s.on_done(None, None)
+                _done(s, None, None)
             else:
                 live.append(s)
         if not live:
@@ -175,12 +189,12 @@ class Scheduler:
                     self._run([s])
                 return
             for s in live:
-                s.on_done(None, exc)
+                _done(s, None, exc)
             return
         finally:
             self.running = 0
         for s, r in zip(live, results):
             r.text = s.text.text if s.text.stopped else final_text(s.text.text, r.finish_reason)
-            s.on_done(r, None)
+            _done(s, r, None)
         if self._on_batch is not None:
             self._on_batch(live, results, time.perf_counter() - start)

@@ -91,3 +91,21 @@ def test_a_failing_request_does_not_fail_its_batch():
     assert calls == [3, 1, 1, 1]  # the batch of three, then each alone
     assert done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
     assert done["bad"][0] is None and "token id -1" in str(done["bad"][1])
+
+
+def test_a_callback_that_raises_does_not_stop_the_thread():
+    def generate(prompts, params, on_tokens):
+        for i in range(len(prompts)):
+            on_tokens(i, [0])
+        return [GenerationResult([0], "length", RequestMetrics(completion_tokens=1)) for _ in prompts]
+
+    def broken(result, error):
+        raise ConnectionResetError("client gone")
+
+    got = []
+    sched = Scheduler(generate, max_batch_size=1)
+    sched.submit([Sequence([1], SamplingParams(max_tokens=1), StopText(decode), lambda d: None, broken)])
+    sched.submit([Sequence([2], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
+                           lambda r, e: got.append((r.text, e)))])
+    sched.close()
+    assert got == [("Hello", None)]
