@@ -111,6 +111,33 @@ class DFlashDrafter(nn.Module):
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         else:
             self.d2t = None
+        # the fused KV-injection path (`use_fused_injection`); plain attributes, not in the state_dict
+        self._kv_all: nn.Module | None = None
+        self._k_norm_all: torch.Tensor | None = None
+
+    def use_fused_injection(self) -> None:
+        """Inject context K/V with the fused CPU op (`torch.ops.dflash_trt.kv_inject`, csrc/kv_inject.cpp):
+        one packed product over every layer's k_proj and v_proj weights concatenated, then k_norm, RoPE and
+        the cache write of all layers in one pass. Call it while k_proj / v_proj are still `nn.Linear`s
+        (before `use_packed_linears`); float32 on the CPU, inference only.
+
+        Raises:
+            ConfigError: the CPU op library cannot run here (`dflash_trt.ops.require_cpu_kernels`).
+        """
+        from dflash_trt.ops.packed_linear import PackedLinear
+
+        attn = [layer.self_attn for layer in self.layers]
+        weight = torch.cat([torch.cat([a.k_proj.weight, a.v_proj.weight]) for a in attn]).detach().float()
+        bias = (None if attn[0].k_proj.bias is None
+                else torch.cat([torch.cat([a.k_proj.bias, a.v_proj.bias]) for a in attn]).detach().float())
+        self._kv_all = PackedLinear(weight, bias)  # each output as k_proj / v_proj give it: same bits
+        self._k_norm_all = torch.stack([a.k_norm.weight.detach().float() for a in attn]).contiguous()
+
+    def __setattr__(self, name, value):
+        if name == "_kv_all":  # a module kept out of the module tree (state_dict, .to(), use_packed_linears)
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def draft_token_ids(self) -> torch.Tensor | None:
         """int64 [draft_vocab_size] target ids of draft ids 0..k-1, or None (full vocabulary)."""
@@ -140,8 +167,18 @@ class DFlashDrafter(nn.Module):
         """Write the context K/V of new committed tokens into every layer of `cache`.
 
         features [n, c, fc_in], positions [n, c] int64 (padding entries may point at any slot
-        >= the row's committed length: they are masked until overwritten).
+        >= the row's committed length: they are masked until overwritten); rows [n] int64 cache rows
+        (None: all). With `use_fused_injection` on and a float32 CPU cache, one fused op call writes
+        every layer; otherwise `context_kv` (the reference) and a cache write per layer.
         """
+        if self._kv_all is not None and cache.buffer.dtype == torch.float32 and cache.buffer.device.type == "cpu":
+            h = self.fuse(features)
+            cos, sin = self.rotary(positions)
+            rows = torch.arange(cache.batch) if rows is None else rows
+            torch.ops.dflash_trt.kv_inject(self._kv_all(h).contiguous(), self._k_norm_all,
+                                           self.layers[0].self_attn.k_norm.eps, cos.contiguous(), sin.contiguous(),
+                                           cache.buffer, rows.contiguous(), positions.contiguous())
+            return
         for i, (k, v) in enumerate(self.context_kv(features, positions)):
             cache.write(i, rows, positions, k, v)
 

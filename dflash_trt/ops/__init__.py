@@ -1,4 +1,6 @@
-"""dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`).
+"""dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`): `packed_linear` and
+`pack_q4_1` / `pack_q8_0` (csrc/packed_linear.cpp, csrc/pack_gguf.cpp; `dflash_trt.ops.packed_linear`) and
+the fused KV injection `kv_inject` (csrc/kv_inject.cpp; `DFlashDrafter.use_fused_injection`).
 
 Built from `dflash_trt/ops/csrc/*.cpp` on first use with `torch.utils.cpp_extension` (needs a C++
 compiler and the `ninja` package; ~15 s once), for the CPU's instruction set (`cpu_isa`: AVX-512, or
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("packed_linear.cpp", "pack_gguf.cpp")
+SOURCES = ("packed_linear.cpp", "pack_gguf.cpp", "kv_inject.cpp")
 #: compiler flags of each instruction set the kernels are written for (csrc/packed_linear.cpp's sections)
 ISA_CFLAGS = {
     "avx512": ("-O3", "-mavx512f", "-mfma", "-fopenmp"),

@@ -249,9 +249,11 @@ class DFlashProposer:
 
     def use_packed_linears(self) -> None:
         """Run the drafter's linears and the draft-vocabulary head through the packed CPU float32
-        kernel (`dflash_trt.ops.packed_linear`); the target's own layers are packed by the target."""
+        kernel (`dflash_trt.ops.packed_linear`), and its KV injection through the fused op
+        (`DFlashDrafter.use_fused_injection`); the target's own layers are packed by the target."""
         from dflash_trt.ops.packed_linear import PackedLinear, use_packed_linears
 
+        self.drafter.use_fused_injection()  # reads k_proj / v_proj before they are packed
         use_packed_linears(self.drafter)
         if self.draft_head is not None:
             self.packed_draft_head = PackedLinear(self.draft_head)

@@ -1,0 +1,109 @@
+"""The fused KV-injection op (csrc/kv_inject.cpp) against the PyTorch reference (DFlashDrafter.context_kv +
+KVCache.write) on the shipped drafter: same cache contents, same drafts end to end, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_trt.ops import cpu_kernels_unavailable
+
+pytestmark = pytest.mark.skipif(cpu_kernels_unavailable() is not None, reason=str(cpu_kernels_unavailable()))
+
+
+@pytest.fixture(scope="module")
+def drafters():
+    """(reference drafter, fused drafter): the default drafter loaded twice in float32, both with packed
+    linears (as the runtime runs them: the fused op's product then gives k_proj's and v_proj's bits)."""
+    from dflash_trt.models.checkpoints import load_drafter
+    from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.ops.packed_linear import use_packed_linears
+
+    ref = load_drafter(default_drafter_path(), torch.float32, "cpu")
+    use_packed_linears(ref)
+    fused = load_drafter(default_drafter_path(), torch.float32, "cpu")
+    fused.use_fused_injection()
+    use_packed_linears(fused)
+    return ref, fused
+
+
+def inject(drafter, features, positions, rows, batch=4, capacity=64):
+    cache = drafter.new_cache(batch, capacity)
+    cache.buffer.normal_()  # stale values elsewhere must stay untouched
+    before = cache.buffer.clone()
+    drafter.inject_context(features, positions, cache, rows)
+    return before, cache.buffer
+
+
+def test_fused_injection_writes_what_the_reference_writes(drafters):
+    ref, fused = drafters
+    torch.manual_seed(0)
+    n, c = 3, 7
+    features = torch.randn(n, c, ref.config.fc_in_features) * 2
+    positions = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6], [40, 41, 42, 43, 44, 45, 63]])
+    rows = torch.tensor([2, 0, 3])
+    torch.manual_seed(1)
+    before, want = inject(ref, features, positions, rows)
+    torch.manual_seed(1)
+    before_f, got = inject(fused, features, positions, rows)
+    assert torch.equal(before, before_f)
+    k, v = got[0], got[1]
+    assert torch.equal(v, want[1])  # V: copied exactly
+    torch.testing.assert_close(k, want[0], rtol=1e-6, atol=1e-6)  # K: k_norm's mean summed in double
+    written = torch.zeros_like(before[0], dtype=torch.bool)  # [L, B, H, cap, D]
+    for j, r in enumerate(rows.tolist()):
+        written[:, r, :, positions[j]] = True
+    assert torch.equal(got[:, ~written], before[:, ~written])  # nothing else moved
+    assert (k[written] != before[0][written]).float().mean() > 0.99
+
+
+def test_all_rows_by_default(drafters):
+    ref, fused = drafters
+    features = torch.randn(4, 3, ref.config.fc_in_features)
+    positions = torch.arange(3).expand(4, 3).contiguous()
+    torch.manual_seed(2)
+    _, want = inject(ref, features, positions, None)
+    torch.manual_seed(2)
+    _, got = inject(fused, features, positions, None)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_arguments_are_named(drafters):
+    _, fused = drafters
+    cache = fused.new_cache(2, 8)
+    kv = torch.zeros(1, 1, fused._kv_all.out_features)
+    cos = sin = torch.zeros(1, 1, fused.config.head_dim)
+    norm = fused._k_norm_all
+    op = torch.ops.dflash_trt.kv_inject
+    with pytest.raises(IndexError, match="position 8 outside the cache's capacity 8"):
+        op(kv, norm, 1e-6, cos, sin, cache.buffer, torch.tensor([0]), torch.tensor([[8]]))
+    with pytest.raises(IndexError, match="row 2 outside the cache's 2 rows"):
+        op(kv, norm, 1e-6, cos, sin, cache.buffer, torch.tensor([2]), torch.tensor([[0]]))
+    with pytest.raises(RuntimeError, match="must be float32"):
+        op(kv.double(), norm, 1e-6, cos, sin, cache.buffer, torch.tensor([0]), torch.tensor([[0]]))
+    with pytest.raises(RuntimeError, match=r"kv must be \[n, c, L \* 2 \* H \* D\]"):
+        op(kv[..., :-1], norm, 1e-6, cos, sin, cache.buffer, torch.tensor([0]), torch.tensor([[0]]))
+
+
+@pytest.mark.slow
+def test_same_drafts_end_to_end(smollm2_pipeline):
+    """The test pipeline runs the CPU kernels, so its drafter injects with the fused op; the reference path
+    (`_kv_all` None) gives the same tokens and the same acceptance on real prompts."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    pipe = smollm2_pipeline
+    drafter = pipe.engine.proposer.drafter
+    assert drafter._kv_all is not None
+    prompts = [pipe.encode_chat("Write a Python function that reverses a string."), pipe.encode("def is_prime(n):")]
+    params = SamplingParams(max_tokens=48)
+    fused = pipe.generate(prompts, params)
+    saved = drafter._kv_all
+    try:
+        drafter._kv_all = None  # the reference path: context_kv + a cache write per layer
+        ref = pipe.generate(prompts, params)
+    finally:
+        drafter._kv_all = saved
+    ar = pipe.generate(prompts, params, mode="ar")
+    for f, r, a in zip(fused, ref, ar):
+        assert f.token_ids == r.token_ids == a.token_ids
+        assert f.metrics.accepted_per_position == r.metrics.accepted_per_position
