@@ -137,9 +137,13 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                   device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
                   tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
-                  max_concurrency: int | str | None = "auto") -> Pipeline:
+                  max_concurrency: int | str | None = "auto", tp_size: int = 1) -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
+
+    `tp_size` > 1: this process keeps its rank's part of the target (`dflash_trt.runtime.tensor_parallel`;
+    the default process group must hold tp_size processes, each calling this with the same arguments);
+    the drafter is replicated. Every rank then runs `generate` on the same prompts and gets the same results.
 
     `block_size` (default: the drafter's) is the drafter's block; `max_draft_len` (default
     block_size - 1) how many of its drafts the target verifies per step, `draft_confidence` (0 = off) a
@@ -158,7 +162,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     "auto": when running float32 on a CPU where it builds).
     Raises:
         CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
-        fp8_matmul "on" with a target that is not FP8, or cpu_kernels "on" where the kernels cannot run.
+        fp8_matmul "on" with a target that is not FP8, or cpu_kernels "on" where the kernels cannot run,
+        or a tp_size that the process group or the target's heads do not match.
     """
     import os
 
@@ -182,7 +187,20 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         check_prompt_lookup(prompt_lookup, check_draft_len(block_size or dcfg.block_size, max_draft_len))
     check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+    rank = None
+    if tp_size != 1:
+        from dflash_trt.runtime.tensor_parallel import check_tp, process_group_rank
+
+        check_tp(tp_size, tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.intermediate_size)
+        rank = process_group_rank(tp_size)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
+    if rank is not None:
+        from dflash_trt.runtime.tensor_parallel import same_rng_on_every_rank, shard_target
+
+        shard_target(model, rank, tp_size)
+        same_rng_on_every_rank()
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,

@@ -70,12 +70,25 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
     """The Pipeline of --bundle, or of --target / --drafter (embedded defaults when None), as `generate` and
     `serve` load it; `drafting` False loads no drafter (mode "ar"); `options` go to `load_pipeline` /
     `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, tree_topk,
-    prompt_lookup, max_concurrency).
+    prompt_lookup, max_concurrency; tp_size for `load_pipeline` only: > 1 joins the process group torchrun
+    describes, `dflash_trt.runtime.tensor_parallel.init_from_env`).
 
     Raises:
-        click.UsageError: --bundle with --target or --drafter. CheckpointError, ConfigError,
+        click.UsageError: --bundle with --target or --drafter; --tp-size > 1 with --bundle or outside torchrun.
+        CheckpointError, ConfigError,
         IncompatibleModelsError, BundleError: from `model_folder` and the loaders.
     """
+    tp_size = options.get("tp_size", 1)
+    if tp_size > 1:
+        from dflash_trt.runtime.tensor_parallel import init_from_env
+
+        if bundle is not None:
+            raise click.UsageError("--tp-size with --bundle is not supported by dflash-trt's runtime (FP8 / NVFP4 "
+                                   "layers are not split): give the bundle's --target/--drafter folders, or serve it "
+                                   "with TensorRT-LLM (its trtllm/launch.sh)")
+        if not init_from_env(options.get("device", "cpu")):
+            raise click.UsageError(f"--tp-size {tp_size} runs one process per rank: launch it with torchrun --nproc-per-node "
+                                   f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}")
     if bundle is not None:
         if target is not None or drafter is not None:
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")

@@ -42,11 +42,15 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--seed", default=None, type=SEED_RANGE,
               help="Per-request RNG seed for sampling (a 64-bit integer); unset: a random one.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
+@click.option("--tp-size", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Tensor parallelism: the target split over this many processes, launched by torchrun "
+                   "(`torchrun --nproc-per-node N $(which dflash-trt) generate --tp-size N ...`; gloo on a CPU, NCCL on "
+                   "GPUs); rank 0 prints.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, as_json):
+             threads, cpu_kernels, tp_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
@@ -85,7 +89,14 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
                        fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
                        cpu_kernels=cpu_kernels, tree_topk=tree_topk, prompt_lookup=prompt_lookup,
-                       max_concurrency=max_concurrency)
+                       max_concurrency=max_concurrency, **({"tp_size": tp_size} if tp_size > 1 else {}))
+    if tp_size > 1:
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:  # every rank decodes the same tokens; rank 0 alone reports them
+            import os
+
+            sys.stdout = sys.stderr = open(os.devnull, "w")
     if chat is not None and not getattr(pipe.tokenizer, "chat_template", None):
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")

@@ -136,7 +136,9 @@ class TargetModel(nn.Module):
         """An empty KV cache for `batch` rows of up to `capacity` positions, in the model's dtype."""
         cfg = self.config
         p = self.embed_weight
-        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim, p.dtype, p.device)
+        kv_heads = self.model.layers[0].self_attn.num_kv_heads if len(self.model.layers) else cfg.num_key_value_heads
+        # (this rank's KV heads under tensor parallelism, `dflash_trt.runtime.tensor_parallel`)
+        return KVCache(cfg.num_hidden_layers, batch, kv_heads, capacity, cfg.head_dim, p.dtype, p.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int,
                 rows: torch.Tensor | None = None, feature_layer_ids: tuple[int, ...] = (),
