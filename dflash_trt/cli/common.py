@@ -8,6 +8,7 @@ anything loads.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         IncompatibleModelsError, BundleError: from `model_folder` and the loaders.
     """
     tp_size = options.get("tp_size", 1)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and tp_size != world:
+        raise click.UsageError(f"this is one of {world} processes started by torchrun, but --tp-size is {tp_size}: "
+                               f"pass --tp-size {world} (or start one process)")
     if tp_size > 1:
         from dflash_trt.runtime.tensor_parallel import init_from_env
 

@@ -3,6 +3,7 @@ DFlash runtime (`dflash_trt.serve`)."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 
@@ -25,6 +26,9 @@ def check_port(host: str, port: int) -> None:
         try:
             s.bind(addr)
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise click.UsageError(f"--host {host} is not an address of this machine ({exc.strerror}); give one of "
+                                       "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
             raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port (or stop "
                                    "the server that holds it)") from None
 
@@ -35,7 +39,7 @@ def check_port(host: str, port: int) -> None:
               help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free one).")
 @click.option("--served-model-name", default=None,
-              help="The model name clients pass as `model` (default: the target folder's name).")
+              help="The model name clients pass as `model` (default: the bundle's or the target folder's name).")
 @click.option("--max-batch-size", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Sequences decoded together at most; requests waiting when a batch ends form the next one.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
@@ -71,10 +75,13 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
                        max_concurrency=max_concurrency)
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
-    name = served_model_name or pipe.target_path.name
+    from pathlib import Path
+
+    name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
     app = create_app(pipe, name, mode, max_batch_size)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
-    where = f"http://{host}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"
     print(f"serving {name!r} ({pipe.target_path}, {what}) on {where} (OpenAI API under /v1)", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower())

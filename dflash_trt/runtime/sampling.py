@@ -99,13 +99,23 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(-1).indices
 
 
+#: temperatures below this shift the logits by their maximum before dividing (`probs_from_logits`)
+LOW_TEMPERATURE = 1e-3
+
+
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p.
 
     top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted distribution
-    whose mass reaches top_p (the token that crosses it included). Requires temperature > 0.
+    whose mass reaches top_p (the token that crosses it included; the most likely token always, also
+    for a top_p that rounds to 0 in float32). Requires temperature > 0; below LOW_TEMPERATURE the logits
+    are shifted by their maximum first, so that logits / temperature cannot overflow to inf (the
+    softmax of inf - inf is NaN): the distribution is the same, concentrated on the top token(s).
     """
-    scores = logits.float() / params.temperature
+    scores = logits.float()
+    if params.temperature < LOW_TEMPERATURE:
+        scores = scores - scores.max(-1, keepdim=True).values
+    scores = scores / params.temperature
     vocab = scores.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
@@ -114,6 +124,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     if params.top_p < 1:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = (sorted_p.cumsum(-1) - sorted_p) < params.top_p
+        keep[..., 0] = True
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)

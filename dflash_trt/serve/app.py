@@ -25,17 +25,27 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
+from starlette.requests import Request
+
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.serve.metrics import ServerMetrics
-from dflash_trt.serve.protocol import ChatCompletionRequest, CompletionRequest
+from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
 
 #: OpenAI's default max_tokens for /v1/completions.
 COMPLETIONS_MAX_TOKENS = 16
 
 
+#: how often a non-streaming request checks whether its client is still connected (seconds)
+DISCONNECT_POLL_S = 0.5
+
+
 class ModelNotFound(DFlashError):
     """The request names a model this server does not serve (HTTP 404)."""
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming request disconnected: its sequences are aborted, nothing is sent."""
 
 
 def error_body(message: str, kind: str = "invalid_request_error", code: str | int | None = None,
@@ -44,11 +54,22 @@ def error_body(message: str, kind: str = "invalid_request_error", code: str | in
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+#: request fields an error message may start with (its `param`)
+FIELDS = ("max_completion_tokens", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop_token_ids",
+          "stop", "stream_options", "messages", "prompt", "model") + tuple(UNSUPPORTED)
+
+
+def param_of(message: str) -> str | None:
+    """The request field an error message is about, when it starts with one (OpenAI's `param`)."""
+    return next((f for f in FIELDS if message.startswith(f) and message[len(f):len(f) + 1] in (" ", "=", ":", ".")),
+                None)
+
+
 def _status_of(exc: BaseException) -> tuple[int, dict]:
     if isinstance(exc, ModelNotFound):
         return 404, error_body(str(exc), code="model_not_found", param="model")
     if isinstance(exc, (InvalidRequestError, ConfigError, PromptTooLongError)):
-        return 400, error_body(str(exc))
+        return 400, error_body(str(exc), param=param_of(str(exc)))
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
 
 
@@ -65,6 +86,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     """
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     import dflash_trt
@@ -98,7 +120,21 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        return JSONResponse(error_body(validation_message(exc.errors())), status_code=400)
+        errors = exc.errors()
+        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+        return JSONResponse(error_body(validation_message(errors), param=loc[0] if loc else None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):  # 404 / 405 / an unparsable body: OpenAI's body too
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in detail:
+            detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
+        elif exc.status_code == 404:
+            detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
+                      "/v1/chat/completions, /v1/models, /health, /health_generate, /version, /metrics, /prometheus/metrics")
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        return JSONResponse(error_body(detail, code=exc.status_code), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request, exc: Exception):  # a bug or a failed generation: still an OpenAI error body
@@ -132,8 +168,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         with tokenizer_lock:
             return pipe.encode(text)
 
+    vocab = pipe.engine.target.config.vocab_size
+    eos = tuple(pipe.engine.eos_token_ids)
+
     def check_ids(ids: list[int], what: str) -> list[int]:
-        vocab = pipe.engine.target.config.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab})")
@@ -144,11 +182,12 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         stops = req.stop_strings()
+        params_of = [[req.sampling_params(mt, eos, vocab, j) for j in range(req.n)] for mt in max_tokens]
         seqs = []
-        for p, (ids, mt) in enumerate(zip(prompts, max_tokens)):
+        for p, ids in enumerate(prompts):
             for j in range(req.n):
                 index = p * req.n + j
-                params = req.sampling_params(mt, j)
+                params = params_of[p][j]
 
                 def on_text(delta, index=index):
                     loop.call_soon_threadsafe(events.put_nowait, (index, "text", delta))
@@ -156,16 +195,22 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 def on_done(result, error, index=index):
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
 
-                seqs.append(Sequence(ids, params, StopText(decode, stops), on_text, on_done))
+                seqs.append(Sequence(ids, params, StopText(decode, stops), on_text if req.stream else None, on_done))
         scheduler.submit(seqs)
         return seqs, events
 
-    async def collect(seqs, events) -> list:
+    async def collect(seqs, events, request: Request) -> list:
+        """The results of every sequence; a client that disconnects meanwhile has its sequences aborted."""
         results: list = [None] * len(seqs)
         pending = len(seqs)
         try:
             while pending:
-                index, kind, payload = await events.get()
+                try:
+                    index, kind, payload = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise ClientGone() from None
+                    continue
                 if kind == "done":
                     result, error = payload
                     if error is not None:
@@ -262,13 +307,15 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
         req.unsupported()
         items = req.prompt_list()
         req.check_n(len(items))
-        prompts = [encode_text(x, f"prompt {i}") if isinstance(x, str) else check_ids(x, f"prompt {i}")
-                   for i, x in enumerate(items)]
+        # tokenizing a long prompt takes a while: off the event loop, which keeps answering /health
+        prompts = await asyncio.to_thread(
+            lambda: [encode_text(x, f"prompt {i}") if isinstance(x, str) else check_ids(x, f"prompt {i}")
+                     for i, x in enumerate(items)])
         want = req.max_tokens if req.max_tokens is not None else COMPLETIONS_MAX_TOKENS
         max_tokens = [check_length(ids, want, f"prompt {i}" if len(prompts) > 1 else "the prompt")
                       for i, ids in enumerate(prompts)]
@@ -284,14 +331,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 return out
 
             return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
-        results = await collect(seqs, events)
+        results = await collect(seqs, events, request)
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                 "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason,
                              "metrics": choice_metrics(s, r)} for i, (s, r) in enumerate(zip(seqs, results))],
                 "usage": usage(prompts, results)}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
         from dflash_trt.training.prompts import encode_prompt, parse_messages
 
         check_model(req.model)
@@ -309,8 +356,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         if not getattr(pipe.tokenizer, "chat_template", None):
             raise ConfigError(f"the target at {pipe.target_path} has no chat template, so /v1/chat/completions "
                               "cannot render messages; use /v1/completions with a plain prompt")
-        with tokenizer_lock:
-            ids = encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}")
+        def encode():
+            with tokenizer_lock:
+                return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}")
+
+        ids = await asyncio.to_thread(encode)
         max_tokens = check_length(ids, want, "the conversation")
         seqs, events = await run(req, [ids], [max_tokens])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -326,7 +376,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
             return StreamingResponse(stream(req, seqs, events, [ids], chunk, {"role": "assistant", "content": ""}),
                                      media_type="text/event-stream")
-        results = await collect(seqs, events)
+        results = await collect(seqs, events, request)
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
                 "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
                              "finish_reason": r.finish_reason, "metrics": choice_metrics(s, r)}

@@ -2,16 +2,18 @@
 
 Field names and defaults follow the OpenAI API reference (Completions, Chat Completions), with the
 extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. A field this
-runtime cannot honour (log-probabilities, penalties, logit bias, tools, JSON mode, `echo`,
-`best_of`, `suffix`) is refused with a message naming it, never silently ignored; fields that do not
-change the output (`user`, `metadata`, `store`, ...) are accepted and ignored.
+runtime cannot honour (log-probabilities, penalties, logit bias, tools and functions, JSON mode,
+`echo`, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
+unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
+do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
+accepted and ignored.
 """
 
 from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from dflash_trt.errors import InvalidRequestError
 from dflash_trt.runtime.sampling import SamplingParams
@@ -25,15 +27,16 @@ MAX_CHOICES = 64
 class StreamOptions(BaseModel):
     """`stream_options`: include_usage adds a last chunk with `usage` and no choices (OpenAI)."""
 
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
 
 
 class _Request(BaseModel):
-    """Fields shared by both endpoints. Types are checked by pydantic (strict for numbers: a string
-    "0.5" is refused, as OpenAI refuses it); ranges by `SamplingParams`."""
+    """Fields shared by both endpoints. Types are checked strictly by pydantic (a string "0.5" or true
+    for a number, "yes" for a boolean: refused, as OpenAI refuses them); ranges by `SamplingParams`. A
+    field this model does not name is refused (a misspelt `temprature` would otherwise sample at 1.0)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, strict=True)
@@ -41,12 +44,18 @@ class _Request(BaseModel):
     top_p: float = Field(default=1.0, strict=True)
     top_k: int = Field(default=0, strict=True)
     n: int = Field(default=1, strict=True)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     seed: int | None = Field(default=None, strict=True)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
+    # accepted and ignored: they do not change the output
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    parallel_tool_calls: Any = None
     # refused unless left at their "off" value (see UNSUPPORTED)
     logprobs: Any = None
     top_logprobs: Any = None
@@ -60,14 +69,23 @@ class _Request(BaseModel):
     echo: Any = False
     best_of: Any = None
     suffix: Any = None
+    min_tokens: Any = 0
+    min_p: Any = 0
+    use_beam_search: Any = False
+    length_penalty: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     def unsupported(self) -> None:
-        """Raises InvalidRequestError naming the first field set to something this runtime does not do."""
+        """Raises InvalidRequestError naming the first field set to something this runtime does not do, or
+        stream_options without stream (as OpenAI)."""
         for name, off in UNSUPPORTED.items():
             value = getattr(self, name)
-            if value not in off:
+            if not any(value == o and type(value) is type(o) for o in off):
                 raise InvalidRequestError(f"{name}={value!r} is not supported by this server (DFlash runtime); "
                                           f"leave it out{'' if name not in HINTS else ' (' + HINTS[name] + ')'}")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed with stream: true")
 
     def stop_strings(self) -> tuple[str, ...]:
         """`stop` as a tuple of non-empty strings (at most MAX_STOP_STRINGS).
@@ -82,16 +100,25 @@ class _Request(BaseModel):
             raise InvalidRequestError('stop holds an empty string, which would stop before any text; remove it')
         return stops
 
-    def sampling_params(self, max_tokens: int, seed_offset: int = 0) -> SamplingParams:
-        """The runtime's SamplingParams for one choice; `seed_offset` (the choice's index among n) keeps
-        the n choices of a seeded request different and each one reproducible.
+    def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
+                        seed_offset: int = 0) -> SamplingParams:
+        """The runtime's SamplingParams for one choice. `stop_token_ids` are added to the target's
+        `eos_token_ids` (vLLM's and trtllm-serve's meaning; `ignore_eos` drops the EOS ids only);
+        `top_k` -1 is off (vLLM's spelling of 0); `seed_offset` (the choice's index among n) keeps the n
+        choices of a seeded request different and each one reproducible.
 
         Raises:
-            InvalidRequestError: a value out of range (`SamplingParams` names the field).
+            InvalidRequestError: a value out of range (`SamplingParams` names the field), a stop token id
+                outside [0, vocab_size).
         """
+        extra = tuple(self.stop_token_ids or ())
+        bad = next((t for t in extra if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})")
+        stops = tuple(dict.fromkeys(extra if self.ignore_eos else (*eos_token_ids, *extra)))
         seed = None if self.seed is None else self.seed + seed_offset
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_tokens=max_tokens,
-                              stop_token_ids=self.stop_token_ids, seed=seed, ignore_eos=self.ignore_eos)
+        return SamplingParams(temperature=self.temperature, top_k=0 if self.top_k == -1 else self.top_k,
+                              top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops, seed=seed)
 
     def check_n(self, prompts: int = 1) -> None:
         """Raises InvalidRequestError: n < 1, or more than MAX_CHOICES choices in all."""
@@ -104,10 +131,12 @@ class _Request(BaseModel):
 
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (0, 0.0, None),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None), "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
     "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
-    "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""),
+    "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "min_tokens": (0, None),
+    "min_p": (0, 0.0, None), "use_beam_search": (False, None), "length_penalty": (None, 1, 1.0),
+    "functions": (None, []), "function_call": (None, "none"),
 }
 HINTS = {"best_of": "use n for several completions", "echo": "prepend the prompt yourself"}
 
@@ -116,7 +145,7 @@ class CompletionRequest(_Request):
     """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids, or a list of
     lists of token ids (one completion per prompt, times n). `max_tokens` defaults to 16 (OpenAI)."""
 
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
 
     def prompt_list(self) -> list[str | list[int]]:
         """The prompts, each a string or a list of token ids.

@@ -5,8 +5,8 @@ The engine is synchronous and runs one batch at a time; a request that arrives w
 waits for the next one (its queue time is measured). Each sequence streams its tokens through its
 own `Sequence.on_tokens`, which runs on this thread: it detokenizes, checks stop strings, and hands
 text to the HTTP side (`dflash_trt.serve.app`) with a thread-safe callback. One bad request does not
-fail the others of its batch: a batch that raises before any token was emitted is rerun one sequence
-at a time, so only the failing one gets the error.
+fail the others of its batch: a batch that raises is rerun one sequence at a time (except streams
+that already sent text, which get the error), so only the failing one gets the error.
 """
 
 from __future__ import annotations
@@ -43,18 +43,28 @@ class StopText:
         self.text = ""
         self.sent = ""
         self.stopped = False
+        self.used: int | None = None  # tokens up to the one that completed the stop string
 
     def add(self, ids: list[int]) -> str | None:
         if self.stopped or not ids:
             return None
+        before = len(self.ids)
         self.ids.extend(ids)
         text = self.decode(self.ids)
-        cut = min((k for k in (text.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0), default=-1)
-        if cut >= 0:
-            self.text, self.stopped = text[:cut], True
-            return "stop"
-        self.text = text
-        return None
+        cut = self._find(text)
+        if cut < 0:
+            self.text = text
+            return None
+        self.text, self.stopped = text[:cut], True
+        # several tokens may come at once (accepted drafts): count those up to the stop string's end only
+        self.used = next((k for k in range(before + 1, len(self.ids)) if self._find(self.decode(self.ids[:k])) >= 0),
+                         len(self.ids))
+        return "stop"
+
+    def _find(self, text: str) -> int:
+        """Where the first stop string starts in `text`, or -1."""
+        return min((k for k in (text.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0),
+                   default=-1)
 
     def _held(self) -> int:
         """Characters at the end of the text that are a proper prefix of a stop string."""
@@ -81,29 +91,34 @@ class StopText:
 @dataclass
 class Sequence:
     """One choice to generate: a tokenized prompt and its params, with callbacks run on the generation
-    thread. `on_text(delta)` gets text as it is decoded (streaming); `on_done(result, error)` once, with
+    thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded; `on_done(result, error)` once, with
     the GenerationResult (its `text` the final text, stop strings applied) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort"."""
 
     prompt: list[int]
     params: SamplingParams
     text: StopText
-    on_text: Callable[[str], None]
+    on_text: Callable[[str], None] | None
     on_done: Callable[[GenerationResult | None, BaseException | None], None]
     arrival: float = field(default_factory=time.perf_counter)
     queue_time_s: float = 0.0
-    emitted: bool = False
+    sent_text: bool = False  # text went to the client: the sequence cannot be rerun from the start
     cancelled: bool = False
 
     def on_tokens(self, ids: list[int]) -> str | None:
-        self.emitted = True
         if self.cancelled:
             return "abort"
         reason = self.text.add(ids)
-        delta = self.text.delta()
-        if delta:
-            self.on_text(delta)
+        if self.on_text is not None:
+            delta = self.text.delta()
+            if delta:
+                self.sent_text = True
+                self.on_text(delta)
         return reason
+
+    def restart(self) -> None:
+        """Forget the text decoded so far (before running the sequence again from its prompt)."""
+        self.text = StopText(self.text.decode, self.text.stops)
 
 
 def _done(seq: Sequence, result: GenerationResult | None, error: BaseException | None) -> None:
@@ -184,17 +199,24 @@ class Scheduler:
             results = self._generate([s.prompt for s in live], [s.params for s in live],
                                      lambda i, ids: live[i].on_tokens(ids))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
-            if len(live) > 1 and not any(s.emitted for s in live):
-                for s in live:  # find the request that fails; the others still get their answer
-                    self._run([s])
+            if len(live) == 1:
+                _done(live[0], None, exc)
                 return
-            for s in live:
-                _done(s, None, exc)
+            for s in live:  # find the request that fails; the others still get their answer
+                if s.sent_text:  # a stream already under way cannot start over
+                    _done(s, None, exc)
+                else:
+                    s.restart()
+                    self._run([s])
             return
         finally:
             self.running = 0
         for s, r in zip(live, results):
-            r.text = s.text.text if s.text.stopped else final_text(s.text.text, r.finish_reason)
+            if s.text.stopped:  # a stop string: its text and tokens end there
+                r.text, r.finish_reason = s.text.text, "stop"
+                r.token_ids = r.token_ids[: s.text.used]
+            else:
+                r.text = final_text(s.text.text, r.finish_reason)
             _done(s, r, None)
         if self._on_batch is not None:
             self._on_batch(live, results, time.perf_counter() - start)

@@ -188,8 +188,7 @@ class TritonPythonModel:
             return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
 
         def on_text(delta):
-            if stream:
-                sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta)]))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta)]))
 
         def on_done(result, error):
             final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -207,7 +206,7 @@ class TritonPythonModel:
                                                                      dtype=np.float32))]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
-        seq = Sequence(ids, params, StopText(self._decode, stops), on_text, on_done)
+        seq = Sequence(ids, params, StopText(self._decode, stops), on_text if stream else None, on_done)
         return seq, stream
 
     def finalize(self) -> None:

@@ -172,6 +172,12 @@ BAD = [
     ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "surrogate"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "image_url"),
     ({}, 400, "messages: Field required"),
+    ({"messages": QUESTION, "temprature": 0}, 400, "temprature: Extra inputs are not permitted"),
+    ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "only allowed with stream: true"),
+    ({"messages": QUESTION, "ignore_eos": "yes"}, 400, "ignore_eos: Input should be a valid boolean"),
+    ({"messages": QUESTION, "stop_token_ids": [99999999]}, 400, "stop_token_ids holds 99999999, outside the vocabulary"),
+    ({"messages": QUESTION, "min_p": 0.1}, 400, "min_p=0.1 is not supported"),
+    ({"messages": QUESTION, "functions": [{"name": "f"}]}, 400, "functions="),
 ]
 
 
@@ -191,7 +197,20 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", content=b"hello")
     assert r.status_code == 400 and "not a JSON object" in r.json()["error"]["message"]
-    ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
+    r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = httpx.post(base + "/v1/completions", json={"prompt": [True, 5]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(base + "/v1/chat/completions", json={"messages": QUESTION, "top_p": 0})
+    assert r.json()["error"]["param"] == "top_p"
+    r = httpx.post(base + "/v1/completions", content=b'{"prompt": "\xff\xfe"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "could not be parsed" in r.json()["error"]["message"]
+    r = httpx.get(base + "/v1/nothing")
+    assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
+    r = httpx.get(base + "/v1/chat/completions")
+    assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"]
+    ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0, user="someone",
+                                        extra_body={"top_k": -1})  # vLLM's top_k -1 = off; user ignored
     assert ok.usage.completion_tokens == 4
 
 
@@ -266,6 +285,36 @@ def test_a_client_that_leaves_mid_stream_is_aborted(server, client):
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    deadline = time.time() + 60
+    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
+        assert time.time() < deadline, "the abandoned request was not aborted"
+        time.sleep(0.2)
+    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert ok.usage.completion_tokens == 3
+
+
+def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smollm2_pipeline):
+    pipe = smollm2_pipeline
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
+    extra = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0,
+                                           extra_body={"stop_token_ids": []})
+    assert extra.choices[0].message.content == plain.choices[0].message.content
+    assert extra.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"  # EOS still stops it
+    ref, _ = ar_tokens(pipe, chat_ids(pipe, QUESTION), 40)
+    stop = "of Fr"
+    used = next(k for k in range(1, len(ref) + 1) if stop in pipe.decode(ref[:k]))
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0, stop=stop)
+    assert r.usage.completion_tokens == used  # not the drafts accepted past it
+    one = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=1, temperature=0, stop=" ")
+    assert one.choices[0].text == "" and one.choices[0].finish_reason == "stop"
+
+
+def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
+    base = server[0]
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", timeout=3,
+                   json={"prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
     deadline = time.time() + 60
     while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
         assert time.time() < deadline, "the abandoned request was not aborted"

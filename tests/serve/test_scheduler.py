@@ -78,7 +78,7 @@ def test_a_failing_request_does_not_fail_its_batch():
     done = {}
 
     def seq(prompt, name):
-        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), lambda d: None,
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
                         lambda r, e, name=name: done.__setitem__(name, (r, e)))
 
     sched = Scheduler(blocked_generate, max_batch_size=8)
@@ -109,3 +109,43 @@ def test_a_callback_that_raises_does_not_stop_the_thread():
                            lambda r, e: got.append((r.text, e)))])
     sched.close()
     assert got == [("Hello", None)]
+
+
+def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
+    calls = []
+
+    def generate(prompts, params, on_tokens):
+        calls.append(len(prompts))
+        for i in range(len(prompts)):
+            on_tokens(i, [0])  # every row emits its first token (the prefill), then the batch fails
+        if any(p == [-1] for p in prompts):
+            raise RuntimeError("NaN in the bad row's probabilities")
+        for i in range(len(prompts)):
+            on_tokens(i, [4])
+        return [GenerationResult([0, 4], "length", RequestMetrics(completion_tokens=2)) for _ in prompts]
+
+    gate, started = threading.Event(), threading.Event()
+
+    def blocked(prompts, params, on_tokens):
+        if prompts == [[99]]:
+            started.set()
+            gate.wait(10)
+            return [GenerationResult([], "length", RequestMetrics())]
+        return generate(prompts, params, on_tokens)
+
+    done, streamed = {}, []
+
+    def seq(prompt, name, on_text=None):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), on_text,
+                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
+
+    sched = Scheduler(blocked, max_batch_size=8)
+    sched.submit([seq([99], "blocker")])
+    assert started.wait(10)
+    sched.submit([seq([1], "quiet"), seq([-1], "bad"), seq([2], "stream", streamed.append)])
+    gate.set()
+    sched.close()
+    assert calls == [3, 1, 1]  # the batch, then the quiet one and the bad one alone; the stream is not rerun
+    assert done["quiet"][0].text == "Hello." and done["quiet"][1] is None
+    assert "NaN" in str(done["bad"][1])
+    assert streamed == ["Hello"] and "NaN" in str(done["stream"][1])

@@ -77,3 +77,14 @@ def test_serve_answers_over_http_and_stops_on_sigint():
             raise
     assert proc.returncode == 0, err
     assert "serving 'smol'" in err
+
+
+def test_a_host_of_another_machine_is_named(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--host", "192.0.2.1", "--port", str(free_port()))
+    assert code == 2 and "--host 192.0.2.1 is not an address of this machine" in err
+
+
+def test_torchrun_without_a_matching_tp_size_is_refused(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", "Hi", "--max-tokens", "2")
+    assert code == 2 and "one of 3 processes started by torchrun, but --tp-size is 1: pass --tp-size 3" in err
