@@ -132,6 +132,20 @@ def use_cpu_kernels(target: TargetModel, proposer: DFlashProposer | None) -> Non
         proposer.use_packed_linears()
 
 
+def check_load_args(target, drafter, block_size, max_draft_len) -> None:
+    """Raises ConfigError naming the argument when a path is not a str / os.PathLike / None, or a block size
+    or max_draft_len is not an int / None (the Python API's callers; the CLI parses these itself)."""
+    import os
+
+    for name, value in (("target", target), ("drafter", drafter)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{name} must be a folder path (str or pathlib.Path) or None for the default, got "
+                              f"{type(value).__name__} {value!r}")
+    for name, value in (("block_size", block_size), ("max_draft_len", max_draft_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name} must be an integer or None, got {type(value).__name__} {value!r}")
+
+
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
@@ -172,6 +186,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
+    check_load_args(target, drafter, block_size, max_draft_len)
     torch_dtype = parse_dtype(dtype)
     target_path = Path(target) if target is not None else default_target_path()
     tcfg = TargetConfig.from_pretrained(target_path)

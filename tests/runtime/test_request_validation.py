@@ -158,3 +158,18 @@ def test_an_empty_params_list_is_zero_params_not_the_default(engine):
         engine.generate([[5, 6]], [], mode="ar")
     assert str(exc.value) == "1 prompts but 0 sampling params"
     assert engine.generate([], [], mode="ar") == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(target=123), "target must be a folder path (str or pathlib.Path) or None for the default, got int 123"),
+    (dict(drafter=1.5), "drafter must be a folder path"),
+    (dict(block_size="8"), "block_size must be an integer or None, got str '8'"),
+    (dict(max_draft_len=True), "max_draft_len must be an integer or None, got bool True"),
+])
+def test_load_pipeline_names_a_wrong_argument_type(kwargs, words):
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        load_pipeline(**kwargs)
+    assert words in str(exc.value)
