@@ -38,6 +38,8 @@ COMPLETIONS_MAX_TOKENS = 16
 
 #: how often a non-streaming request checks whether its client is still connected (seconds)
 DISCONNECT_POLL_S = 0.5
+#: the largest request body taken (Content-Length); a prompt that fits any context is far smaller
+MAX_BODY_BYTES = 16 * 2**20
 
 
 class ModelNotFound(DFlashError):
@@ -117,6 +119,15 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     app = FastAPI(title="dflash-trt", version=dflash_trt.__version__, lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
+
+    @app.middleware("http")
+    async def _body_limit(request, call_next):
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            return JSONResponse(error_body(f"the request body is {int(size)} bytes, over this server's limit of "
+                                           f"{MAX_BODY_BYTES} bytes; a prompt must fit the target's context "
+                                           f"({context_len} tokens) anyway", code=413), status_code=413)
+        return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):

@@ -205,6 +205,8 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.json()["error"]["param"] == "top_p"
     r = httpx.post(base + "/v1/completions", content=b'{"prompt": "\xff\xfe"}', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "could not be parsed" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", json={"prompt": "x" * (17 * 2**20)})
+    assert r.status_code == 413 and "over this server's limit" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/nothing")
     assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/chat/completions")
