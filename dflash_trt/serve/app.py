@@ -120,14 +120,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     app = FastAPI(title="dflash-trt", version=dflash_trt.__version__, lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
 
-    @app.middleware("http")
-    async def _body_limit(request, call_next):
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return JSONResponse(error_body(f"the request body is {int(size)} bytes, over this server's limit of "
-                                           f"{MAX_BODY_BYTES} bytes; a prompt must fit the target's context "
-                                           f"({context_len} tokens) anyway", code=413), status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, context_len=context_len)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -395,6 +388,28 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 "usage": usage([ids], results)}
 
     return app
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose Content-Length is over `limit` bytes gets a 413 with OpenAI's error
+    body before anything reads it. (A pure ASGI middleware: FastAPI's @app.middleware("http") wraps the
+    receive channel, and the endpoints would no longer see a client disconnect.)"""
+
+    def __init__(self, app, limit: int, context_len: int):
+        self.app, self.limit, self.context_len = app, limit, context_len
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = dict(scope.get("headers", ())).get(b"content-length", b"")
+            if size.isdigit() and int(size) > self.limit:
+                from fastapi.responses import JSONResponse
+
+                body = error_body(f"the request body is {int(size)} bytes, over this server's limit of {self.limit} "
+                                  f"bytes; a prompt must fit the target's context ({self.context_len} tokens) anyway",
+                                  code=413)
+                await JSONResponse(body, status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def validation_message(errors: list[dict]) -> str:

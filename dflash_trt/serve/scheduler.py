@@ -145,6 +145,7 @@ class Scheduler:
         self._queue: queue.Queue[Sequence | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
         self.running = 0
+        self._live: list[Sequence] = []  # the batch being decoded
         self._thread.start()
 
     @property
@@ -159,7 +160,14 @@ class Scheduler:
             self._queue.put(s)
 
     def close(self) -> None:
-        """Stop the thread after the batch in progress (queued sequences are not run)."""
+        """Stop the thread: the batch in progress and the queued sequences are aborted (finish_reason
+        "abort" at their next tokens), then the thread ends (a server shutting down waits for no generation)."""
+        for s in self._live:
+            s.cancelled = True
+        with self._queue.mutex:
+            for s in self._queue.queue:
+                if s is not None:
+                    s.cancelled = True
         self._queue.put(None)
         self._thread.join(timeout=60)
 
@@ -194,7 +202,7 @@ class Scheduler:
                 live.append(s)
         if not live:
             return
-        self.running = len(live)
+        self.running, self._live = len(live), live
         try:
             results = self._generate([s.prompt for s in live], [s.params for s in live],
                                      lambda i, ids: live[i].on_tokens(ids))
@@ -210,7 +218,7 @@ class Scheduler:
                     self._run([s])
             return
         finally:
-            self.running = 0
+            self.running, self._live = 0, []
         for s, r in zip(live, results):
             if s.text.stopped:  # a stop string: its text and tokens end there
                 r.text, r.finish_reason = s.text.text, "stop"

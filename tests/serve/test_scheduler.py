@@ -149,3 +149,22 @@ def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
     assert done["quiet"][0].text == "Hello." and done["quiet"][1] is None
     assert "NaN" in str(done["bad"][1])
     assert streamed == ["Hello"] and "NaN" in str(done["stream"][1])
+
+
+def test_close_aborts_the_batch_in_progress():
+    started = threading.Event()
+
+    def endless(prompts, params, on_tokens):
+        started.set()
+        n = 0
+        while on_tokens(0, [0]) is None:  # a generation that only the scheduler can end
+            n += 1
+        return [GenerationResult([0] * (n + 1), "abort", RequestMetrics(completion_tokens=n + 1))]
+
+    got = []
+    sched = Scheduler(endless)
+    sched.submit([Sequence([1], SamplingParams(max_tokens=10**6), StopText(decode), None,
+                           lambda r, e: got.append((r.finish_reason, e)))])
+    assert started.wait(10)
+    sched.close()
+    assert got == [("abort", None)] and not sched._thread.is_alive()
