@@ -10,6 +10,16 @@ from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
 
+
+def wait_for(cond, timeout=10.0):
+    """Poll `cond` until it is true (close() aborts what is still queued, so tests wait for their results)."""
+    import time
+
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
 # a toy "tokenizer": token i is PIECES[i]; 7 and 8 are the two halves of one UTF-8 character
 PIECES = ["Hello", ",", " wor", "ld", ".", " The", " end", b"\xc3", b"\xa9"]
 
@@ -86,6 +96,7 @@ def test_a_failing_request_does_not_fail_its_batch():
     assert started.wait(10)
     sched.submit([seq([1], "a"), seq([-1], "bad"), seq([2], "b")])
     gate.set()
+    wait_for(lambda: len(done) == 4)
     sched.close()
     assert blocker_done.is_set()
     assert calls == [3, 1, 1, 1]  # the batch of three, then each alone
@@ -107,6 +118,7 @@ def test_a_callback_that_raises_does_not_stop_the_thread():
     sched.submit([Sequence([1], SamplingParams(max_tokens=1), StopText(decode), lambda d: None, broken)])
     sched.submit([Sequence([2], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
                            lambda r, e: got.append((r.text, e)))])
+    wait_for(lambda: got)
     sched.close()
     assert got == [("Hello", None)]
 
@@ -144,6 +156,7 @@ def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
     assert started.wait(10)
     sched.submit([seq([1], "quiet"), seq([-1], "bad"), seq([2], "stream", streamed.append)])
     gate.set()
+    wait_for(lambda: len(done) == 4)
     sched.close()
     assert calls == [3, 1, 1]  # the batch, then the quiet one and the bad one alone; the stream is not rerun
     assert done["quiet"][0].text == "Hello." and done["quiet"][1] is None
