@@ -81,6 +81,16 @@ def sample(metrics: dict[str, float], name: str, **labels) -> float:
     return 0.0
 
 
+def aborted_then_serving(base: str, before: float, client) -> None:
+    """Wait (60 s at most) until the abort counter passes `before`, then check a new request is answered."""
+    deadline = time.time() + 60
+    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
+        assert time.time() < deadline, "the abandoned request was not aborted"
+        time.sleep(0.2)
+    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert ok.usage.completion_tokens == 3
+
+
 def test_chat_greedy_is_the_targets_output(client, smollm2_pipeline):
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
     ids = chat_ids(smollm2_pipeline, QUESTION)
@@ -287,12 +297,7 @@ def test_a_client_that_leaves_mid_stream_is_aborted(server, client):
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
-    deadline = time.time() + 60
-    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
-        assert time.time() < deadline, "the abandoned request was not aborted"
-        time.sleep(0.2)
-    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
-    assert ok.usage.completion_tokens == 3
+    aborted_then_serving(base, before, client)
 
 
 def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smollm2_pipeline):
@@ -317,9 +322,4 @@ def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(base + "/v1/completions", timeout=3,
                    json={"prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
-    deadline = time.time() + 60
-    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
-        assert time.time() < deadline, "the abandoned request was not aborted"
-        time.sleep(0.2)
-    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
-    assert ok.usage.completion_tokens == 3
+    aborted_then_serving(base, before, client)
