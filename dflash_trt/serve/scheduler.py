@@ -108,6 +108,8 @@ class Sequence:
     def on_tokens(self, ids: list[int]) -> str | None:
         if self.cancelled:
             return "abort"
+        if self.on_text is None and not self.text.stops:
+            return None  # nothing to stream or to watch for: the text is decoded once, at the end
         reason = self.text.add(ids)
         if self.on_text is not None:
             delta = self.text.delta()
@@ -224,7 +226,7 @@ class Scheduler:
                 r.text, r.finish_reason = s.text.text, "stop"
                 r.token_ids = r.token_ids[: s.text.used]
             else:
-                r.text = final_text(s.text.text, r.finish_reason)
+                r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
             _done(s, r, None)
         if self._on_batch is not None:
             self._on_batch(live, results, time.perf_counter() - start)
