@@ -12,7 +12,7 @@ setup(
     # setuptools' "Package would be ignored" warning
     packages=find_packages(include=["dflash_trt", "dflash_trt.*"]) + ["dflash_trt.assets", "dflash_trt.ops.csrc"],
     include_package_data=True,
-    package_data={"dflash_trt.assets": ["*/*"], "dflash_trt.ops.csrc": ["*.cpp"]},
+    package_data={"dflash_trt.assets": ["*/*"], "dflash_trt.ops.csrc": ["*.cpp", "*.cu"]},
     # torch is left unpinned on purpose: GPU users bring their own build. The README's install
     # command pins the CPU wheel (torch==2.13.0) for machines without a GPU.
     install_requires=[

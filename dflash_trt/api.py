@@ -21,6 +21,7 @@ from dflash_trt.compat import check_compatible
 from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
 from dflash_trt.errors import ConfigError
 from dflash_trt.models.target import TargetModel
+from dflash_trt.ops.cuda import resolve_cuda_kernels
 from dflash_trt.ops.packed_linear import resolve_cpu_kernels
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer, check_draft_len, check_prompt_lookup
@@ -151,7 +152,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                   device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
                   tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
-                  max_concurrency: int | str | None = "auto", tp_size: int = 1) -> Pipeline:
+                  max_concurrency: int | str | None = "auto", tp_size: int = 1, cuda_kernels: str = "off") -> Pipeline:
     """Load target (+ drafter) and tokenizer onto `device` ("cpu", "cuda", "cuda:N"). `None` paths mean
     the embedded defaults.
 
@@ -173,11 +174,12 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
     "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
     runs the linears of both models through the packed CPU float32 kernel (`dflash_trt.ops.packed_linear`;
-    "auto": when running float32 on a CPU where it builds).
+    "auto": when running float32 on a CPU where it builds). `cuda_kernels` ("on", "off") injects the
+    drafter's context K/V with the fused CUDA kernel (`dflash_trt.ops.cuda.resolve_cuda_kernels`).
     Raises:
         CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
-        fp8_matmul "on" with a target that is not FP8, or cpu_kernels "on" where the kernels cannot run,
-        or a tp_size that the process group or the target's heads do not match.
+        fp8_matmul "on" with a target that is not FP8, cpu_kernels or cuda_kernels "on" where the kernels
+        cannot run, or a tp_size that the process group or the target's heads do not match.
     """
     import os
 
@@ -202,6 +204,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         check_prompt_lookup(prompt_lookup, check_draft_len(block_size or dcfg.block_size, max_draft_len))
     check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
+    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     rank = None
@@ -223,6 +226,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     tokenizer = load_tokenizer(target_path)
     if packed:
         use_cpu_kernels(model, proposer)
+    if fused_cuda and proposer is not None:
+        proposer.drafter.use_fused_injection()
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path)
 
@@ -231,7 +236,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                 device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
                 tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
-                max_concurrency: int | str | None = "auto") -> Pipeline:
+                max_concurrency: int | str | None = "auto", cuda_kernels: str = "off") -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
     from `trtllm/target` and the drafter from the manifest's drafter path: `trtllm/drafter`, or
     `runtime/drafter` for a reduced-vocabulary drafter (kept as given, d2t included; `trtllm/drafter`
@@ -244,12 +249,13 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
     `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence`,
-    `tree_topk`, `prompt_lookup` and `max_concurrency`: as in `load_pipeline`.
+    `tree_topk`, `prompt_lookup`, `max_concurrency` and `cuda_kernels`: as in `load_pipeline`.
 
     Raises:
         BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
         IncompatibleModelsError, CheckpointError: as `load_pipeline`.
-        ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off").
+        ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off"); cpu_kernels
+            or cuda_kernels "on" where the kernels cannot run.
     """
     import os
 
@@ -267,6 +273,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
     check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
+    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if load_drafter_model:
@@ -278,5 +285,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     if packed:
         use_cpu_kernels(model, proposer)
+    if fused_cuda and proposer is not None:
+        proposer.drafter.use_fused_injection()
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
     return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)

@@ -33,4 +33,5 @@ def test_wheel_builds_warning_free_with_the_drafter_assets(tmp_path):
     assert "dflash_trt/assets/smollm2-135m-instruct-dflash-b16/model.safetensors" in shipped
     assert set(shipped) <= names, sorted(set(shipped) - names)
     assert "dflash_trt/ops/csrc/packed_linear.cpp" in names  # built on first use from the installed package
+    assert "dflash_trt/ops/csrc/kv_inject.cu" in names  # the CUDA kernel, built with nvcc on first use
     assert "dflash_trt/cli/__init__.py" in names and not any(n.startswith("tests/") for n in names)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import (cpu_kernels_option, draft_confidence_option, max_tokens_option, temperature_option,
+from dflash_trt.cli.common import (cpu_kernels_option, cuda_kernels_option, draft_confidence_option, max_tokens_option,
+                                   temperature_option,
                                    SEED_RANGE, lower_word, max_concurrency_option, prompt_lookup_option,
                                    threads_option, tree_topk_option)
 from dflash_trt.text import count
@@ -42,6 +43,7 @@ from dflash_trt.text import count
               help="Where the target and drafter run: cpu, cuda or cuda:N.")
 @threads_option
 @cpu_kernels_option
+@cuda_kernels_option
 @click.option("--profile", is_flag=True,
               help="Also time each phase of our modes' decode loop (draft, target forward, logits + acceptance, KV "
                    "injection, ...): a 'where the time goes' table in results.md, time_breakdown in results.json. "
@@ -54,7 +56,7 @@ from dflash_trt.text import count
                    "built bundle.")
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
           draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
-          profile, seed, out):
+          cuda_kernels, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out."""
     import torch
@@ -138,7 +140,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         set_threads(threads)  # the same for every mode
         pipe = load_pipeline(target, drafter, dtype, block_size, load_drafter_model="dflash" in mode_list,
                              max_draft_len=max_draft_len, fp8_matmul=fp8_matmul, device=device,
-                             draft_confidence=draft_confidence, cpu_kernels=cpu_kernels,
+                             draft_confidence=draft_confidence, cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels,
                              tree_topk=tree_topk, prompt_lookup=prompt_lookup,
                              max_concurrency=max_concurrency)
         warn_block_size(pipe)
@@ -162,6 +164,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
                              "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
                              "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
+                             "cuda_kernels": cuda_kernels,
                              "batch_size": batch_size, "modes": mode_list, "profile": profile,
                              "datasets": list(datasets), "seed": seed, "created": timestamp()}
         results["machine"] = machine_info(torch.get_num_threads(), dtype)

@@ -70,7 +70,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
                 drafting: bool, **options):
     """The Pipeline of --bundle, or of --target / --drafter (embedded defaults when None), as `generate` and
     `serve` load it; `drafting` False loads no drafter (mode "ar"); `options` go to `load_pipeline` /
-    `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, tree_topk,
+    `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, cuda_kernels, tree_topk,
     prompt_lookup, max_concurrency; tp_size for `load_pipeline` only: > 1 joins the process group torchrun
     describes, `dflash_trt.runtime.tensor_parallel.init_from_env`).
 
@@ -391,6 +391,13 @@ cpu_kernels_option = click.option(
          "the 1-16 tokens of a decode or verify step; the same results bit for bit whatever the format or number of "
          "tokens. auto = on for --device cpu with float32 on an AVX-512 or AVX2 (FMA, F16C) CPU where it builds.")
 
+#: --cuda-kernels, shared by `generate`, `serve` and `bench` (`dflash_trt.ops.cuda.resolve_cuda_kernels`).
+cuda_kernels_option = click.option(
+    "--cuda-kernels", type=click.Choice(["on", "off"], case_sensitive=False), default="off", show_default=True,
+    help="--device cuda: inject the drafter's context K/V with dflash-trt's fused CUDA kernel (k_norm, RoPE and the "
+         "cache write of every drafter layer in one launch; built with nvcc on first use, ~10 s). Off by default "
+         "until measured on a GPU.")
+
 #: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(
     "--threads", default=None, type=click.IntRange(1),
@@ -402,7 +409,7 @@ def model_options(command):
     """The options that choose and load the models, shared by `generate` and `serve` (their values go to
     `load_models`): --target, --drafter, --bundle, --fp8-matmul, --block-size, --max-draft-len, the draft
     options (--draft-confidence, --tree-topk, --prompt-lookup, --max-concurrency), --mode, --dtype,
-    --device, --threads, --cpu-kernels."""
+    --device, --threads, --cpu-kernels, --cuda-kernels."""
     options = [
         click.option("--target", type=click.Path(), default=None,
                      help="HF target folder (default: embedded SmolLM2-135M-Instruct)."),
@@ -428,7 +435,7 @@ def model_options(command):
                      default="float32", show_default=True, help="The dtype the target and drafter compute in."),
         click.option("--device", default="cpu", show_default=True, callback=lower_word,
                      help="Where the target and drafter run: cpu, cuda or cuda:N."),
-        threads_option, cpu_kernels_option,
+        threads_option, cpu_kernels_option, cuda_kernels_option,
     ]
     for option in reversed(options):
         command = option(command)

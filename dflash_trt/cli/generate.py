@@ -50,7 +50,7 @@ def prompt_header(index: int, total: int) -> str:
                    "of the batch: requests of one batch share the time to first token).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, tp_size, as_json):
+             threads, cpu_kernels, cuda_kernels, tp_size, as_json):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
@@ -88,8 +88,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     set_threads(threads)
     pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
                        fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
-                       cpu_kernels=cpu_kernels, tree_topk=tree_topk, prompt_lookup=prompt_lookup,
-                       max_concurrency=max_concurrency, **({"tp_size": tp_size} if tp_size > 1 else {}))
+                       cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
+                       prompt_lookup=prompt_lookup, max_concurrency=max_concurrency, **({"tp_size": tp_size} if tp_size > 1 else {}))
     if tp_size > 1:
         import torch.distributed as dist
 

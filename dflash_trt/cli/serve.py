@@ -45,8 +45,8 @@ def check_port(host: str, port: int) -> None:
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
-          max_concurrency, mode, dtype, device, threads, cpu_kernels, host, port, served_model_name, max_batch_size,
-          log_level):
+          max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
+          max_batch_size, log_level):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
@@ -71,8 +71,8 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     set_threads(threads)
     pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
                        fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
-                       cpu_kernels=cpu_kernels, tree_topk=tree_topk, prompt_lookup=prompt_lookup,
-                       max_concurrency=max_concurrency)
+                       cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
+                       prompt_lookup=prompt_lookup, max_concurrency=max_concurrency)
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     from pathlib import Path

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dflash_trt.config import DrafterConfig
+from dflash_trt.errors import ConfigError
 from dflash_trt.models.layers import (AttentionProjections, BlockLayout, RMSNorm, RotaryEmbedding, SwiGLU, apply_rope,
                                      attention, block_attention)
 from dflash_trt.runtime.kv_cache import KVCache
@@ -116,22 +117,42 @@ class DFlashDrafter(nn.Module):
         self._k_norm_all: torch.Tensor | None = None
 
     def use_fused_injection(self) -> None:
-        """Inject context K/V with the fused CPU op (`torch.ops.dflash_trt.kv_inject`, csrc/kv_inject.cpp):
-        one packed product over every layer's k_proj and v_proj weights concatenated, then k_norm, RoPE and
-        the cache write of all layers in one pass. Call it while k_proj / v_proj are still `nn.Linear`s
-        (before `use_packed_linears`); float32 on the CPU, inference only.
+        """Inject context K/V with the fused op `torch.ops.dflash_trt.kv_inject`: one product over every
+        layer's k_proj and v_proj weights concatenated, then k_norm, RoPE and the cache write of all layers
+        in one call. On the CPU (float32; csrc/kv_inject.cpp) the product is the packed CPU kernel (each
+        output as k_proj / v_proj give it: same bits); call it while k_proj / v_proj are still `nn.Linear`s
+        (before `use_packed_linears`). On a CUDA GPU (float32, float16 or bfloat16; csrc/kv_inject.cu,
+        `dflash_trt.ops.cuda`) the product is one cuBLAS matmul in the model dtype. Inference only.
 
         Raises:
-            ConfigError: the CPU op library cannot run here (`dflash_trt.ops.require_cpu_kernels`).
+            ConfigError: the op library cannot run on this device (`dflash_trt.ops.require_cpu_kernels`,
+                `dflash_trt.ops.cuda.require_cuda_kernels`), or the device is neither a CPU nor CUDA.
         """
-        from dflash_trt.ops.packed_linear import PackedLinear
-
         attn = [layer.self_attn for layer in self.layers]
-        weight = torch.cat([torch.cat([a.k_proj.weight, a.v_proj.weight]) for a in attn]).detach().float()
+        weight = torch.cat([torch.cat([a.k_proj.weight, a.v_proj.weight]) for a in attn]).detach()
         bias = (None if attn[0].k_proj.bias is None
-                else torch.cat([torch.cat([a.k_proj.bias, a.v_proj.bias]) for a in attn]).detach().float())
-        self._kv_all = PackedLinear(weight, bias)  # each output as k_proj / v_proj give it: same bits
-        self._k_norm_all = torch.stack([a.k_norm.weight.detach().float() for a in attn]).contiguous()
+                else torch.cat([torch.cat([a.k_proj.bias, a.v_proj.bias]) for a in attn]).detach())
+        k_norm = torch.stack([a.k_norm.weight.detach() for a in attn]).contiguous()
+        device = weight.device
+        if device.type == "cpu":
+            from dflash_trt.ops.packed_linear import PackedLinear
+
+            self._kv_all = PackedLinear(weight.float(), None if bias is None else bias.float())
+            self._k_norm_all = k_norm.float()
+        elif device.type == "cuda":
+            from dflash_trt.ops.cuda import require_cuda_kernels
+
+            require_cuda_kernels(device)
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=device,
+                               dtype=weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(weight)
+                if bias is not None:
+                    linear.bias.copy_(bias)
+            self._kv_all = linear.requires_grad_(False)
+            self._k_norm_all = k_norm
+        else:
+            raise ConfigError(f"the fused KV injection runs on a CPU or a CUDA GPU, not on {device}")
 
     def __setattr__(self, name, value):
         if name == "_kv_all":  # a module kept out of the module tree (state_dict, .to(), use_packed_linears)
@@ -168,13 +189,15 @@ class DFlashDrafter(nn.Module):
 
         features [n, c, fc_in], positions [n, c] int64 (padding entries may point at any slot
         >= the row's committed length: they are masked until overwritten); rows [n] int64 cache rows
-        (None: all). With `use_fused_injection` on and a float32 CPU cache, one fused op call writes
-        every layer; otherwise `context_kv` (the reference) and a cache write per layer.
+        (None: all). With `use_fused_injection` on and a cache of its device and dtype, one fused op call
+        writes every layer; otherwise `context_kv` (the reference) and a cache write per layer.
         """
-        if self._kv_all is not None and cache.buffer.dtype == torch.float32 and cache.buffer.device.type == "cpu":
+        norm = self._k_norm_all
+        if (self._kv_all is not None and cache.buffer.dtype == norm.dtype
+                and cache.buffer.device == norm.device):
             h = self.fuse(features)
             cos, sin = self.rotary(positions)
-            rows = torch.arange(cache.batch) if rows is None else rows
+            rows = torch.arange(cache.batch, device=positions.device) if rows is None else rows
             torch.ops.dflash_trt.kv_inject(self._kv_all(h).contiguous(), self._k_norm_all,
                                            self.layers[0].self_attn.k_norm.eps, cos.contiguous(), sin.contiguous(),
                                            cache.buffer, rows.contiguous(), positions.contiguous())

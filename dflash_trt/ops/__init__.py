@@ -1,6 +1,8 @@
 """dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`): `packed_linear` and
 `pack_q4_1` / `pack_q8_0` (csrc/packed_linear.cpp, csrc/pack_gguf.cpp; `dflash_trt.ops.packed_linear`) and
-the fused KV injection `kv_inject` (csrc/kv_inject.cpp; `DFlashDrafter.use_fused_injection`).
+the fused KV injection `kv_inject` (csrc/kv_inject.cpp; `DFlashDrafter.use_fused_injection`), whose schema
+is defined here so that its CUDA kernel (csrc/kv_inject.cu, `dflash_trt.ops.cuda`, registered here for the
+CUDA dispatch key and built with nvcc on first use) serves the same op where the CPU library is not built.
 
 Built from `dflash_trt/ops/csrc/*.cpp` on first use with `torch.utils.cpp_extension` (needs a C++
 compiler and the `ninja` package; ~15 s once), for the CPU's instruction set (`cpu_isa`: AVX-512, or
@@ -159,8 +161,7 @@ def _write_failure(record: Path, reason: str, compiler: dict) -> None:
 
 @functools.cache
 def _load_cpu_library() -> str | None:
-    from dflash_trt.errors import DFlashError
-    from dflash_trt.models.default import cache_dir, cache_temp_dir
+    from dflash_trt.models.default import cache_dir
 
     final = cache_dir() / "ops" / _build_key()
     lib = final / f"{NAME}.so"
@@ -182,24 +183,40 @@ def _load_cpu_library() -> str | None:
         return f"the CPU kernels failed to build earlier with `{compiler}` ({earlier}); delete {record} to retry"
     from torch.utils.cpp_extension import load
 
-    try:
-        tmp = cache_temp_dir("ops", f".{final.name}.")
-    except DFlashError as exc:
-        return f"the CPU kernels cannot be built: {exc}"
-    try:
+    def build(tmp: Path) -> None:
         print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
         load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(ISA_CFLAGS[cpu_isa()]),
              build_directory=str(tmp), is_python_module=False, verbose=False)
-    except Exception as exc:  # noqa: BLE001  (a compiler error, a broken toolchain, a full disk: reported, not raised)
+
+    return build_once(final, record, identity, "CPU kernels", build)
+
+
+def build_once(final: Path, record: Path, compiler: dict, what: str, build) -> str | None:
+    """Run `build(tmp)` in a new temporary folder of the cache and rename it to `final` at the end (another
+    process may have finished first: its folder is kept), so an interrupted build leaves nothing a later
+    process would load. Returns None on success (and removes a stale failure `record`), else one line
+    saying why: the cache cannot be written, or the build raised (a compiler error, a broken toolchain, a
+    full disk), which is then recorded in `record` for this `compiler` (`_write_failure`). Ctrl-C is not a
+    failure to record: the partial build is removed and it propagates. `what` names the library."""
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.models.default import cache_temp_dir
+
+    try:
+        tmp = cache_temp_dir("ops", f".{final.name}.")
+    except DFlashError as exc:
+        return f"the {what} cannot be built: {exc}"
+    try:
+        build(tmp)
+    except Exception as exc:  # noqa: BLE001  (reported, not raised)
         shutil.rmtree(tmp, ignore_errors=True)
         reason = _failure_reason(exc)
-        _write_failure(record, reason, identity)
-        return f"the CPU kernels failed to build ({reason}); recorded in {record} (delete it to retry)"
-    except BaseException:  # Ctrl-C: not a failure to record; the partial build is removed
+        _write_failure(record, reason, compiler)
+        return f"the {what} failed to build ({reason}); recorded in {record} (delete it to retry)"
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
-        tmp.rename(final)  # another process may have finished first: keep its folder
+        tmp.rename(final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -207,3 +224,18 @@ def _load_cpu_library() -> str | None:
     except OSError:
         pass
     return None
+
+
+#: the op library's Python side: `kv_inject`'s schema (its CPU kernel: csrc/kv_inject.cpp) and CUDA kernel
+_LIBRARY = torch.library.Library("dflash_trt", "FRAGMENT")
+_LIBRARY.define("kv_inject(Tensor kv, Tensor k_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) cache, "
+                "Tensor rows, Tensor positions) -> ()")
+
+
+def _kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
+    from dflash_trt.ops.cuda import kv_inject_cuda
+
+    kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions)
+
+
+_LIBRARY.impl("kv_inject", _kv_inject_cuda, "CUDA")

@@ -1,4 +1,4 @@
-// KV injection (DFlash paper sec. 3.2; DFLASH.md sec. 2), fused for the CPU.
+// KV injection (DFlash paper sec. 3.2; DFLASH.md sec. 2), fused for the CPU (its CUDA twin: kv_inject.cu).
 //
 // The context tokens' fused target features H go through every drafter layer's OWN k_proj / v_proj
 // (one matrix product over the concatenated weights, done by the caller), and then, per layer and KV
@@ -104,9 +104,5 @@ void kv_inject(const at::Tensor& kv, const at::Tensor& k_norm, double eps, const
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
-  m.def("kv_inject(Tensor kv, Tensor k_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) cache, Tensor rows, "
-        "Tensor positions) -> ()");
-}
-
+// the schema is defined in Python (dflash_trt/ops/__init__.py), shared with the CUDA kernel (kv_inject.cu)
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("kv_inject", &kv_inject); }

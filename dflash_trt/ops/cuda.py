@@ -1,0 +1,225 @@
+"""dflash-trt's CUDA op library: the fused KV injection (csrc/kv_inject.cu) behind the torch op
+`torch.ops.dflash_trt.kv_inject` for CUDA tensors (its CPU kernel is csrc/kv_inject.cpp).
+
+The kernel is plain CUDA behind a C ABI (`dflash_kv_inject`, no torch headers), compiled with `nvcc` into
+a shared library and called through ctypes on torch's current stream; the same library is what a
+TensorRT plugin's enqueue would call (plugins/README.md). It is built on first use for the GPU's
+architecture (`sm_<major><minor>`, plus its PTX), ~10 s, into a temporary folder renamed at the end to
+`<cache>/ops/cuda-<key>/` (key: a hash of the source, the nvcc version and the architectures), so an
+interrupted build leaves nothing a later process would load. A failed build is recorded beside it
+(`<key>.failed`) like the CPU library's (`dflash_trt.ops`), for the same nvcc only.
+
+`compile_cuda_library` compiles for any architectures without a GPU (nvcc only); the test suite does
+that on a CPU-only machine and calls the C entry point's argument checks there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from dflash_trt.ops import CSRC, _compiler_identity, _read_failure, build_once
+
+SOURCE = CSRC / "kv_inject.cu"
+NAME = "dflash_trt_cuda_ops"
+#: `dflash_kv_inject`'s dtype codes (csrc/kv_inject.cu)
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def find_nvcc() -> str | None:
+    """The nvcc to build with: $CUDA_HOME/bin/nvcc (or $CUDA_PATH's), else `nvcc` on PATH; None if neither."""
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_flags(archs: list[str]) -> list[str]:
+    """nvcc's flags for a shared library with SASS for each of `archs` (e.g. ["90", "100"]) and the PTX of
+    the newest (so a newer GPU can JIT it)."""
+    flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17"]
+    for arch in archs:
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    newest = max(archs, key=int)
+    return flags + ["-gencode", f"arch=compute_{newest},code=compute_{newest}"]
+
+
+def compile_cuda_library(out: str | Path, archs: list[str], nvcc: str | None = None) -> Path:
+    """Compile csrc/kv_inject.cu into the shared library `out` for the GPU architectures `archs`
+    (compute capabilities without the dot: "90" for H100/H200, "100" for B200). Needs nvcc, not a GPU.
+
+    Raises:
+        FileNotFoundError: no nvcc (`find_nvcc`).
+        RuntimeError: nvcc failed; the message holds its first `error` line and the command.
+    """
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("building the CUDA kernels needs nvcc: install the CUDA toolkit (or its PyPI "
+                                "wheels) and put nvcc on PATH, or set CUDA_HOME")
+    if not archs or not all(a.isdigit() for a in archs):
+        raise ValueError(f"archs must be compute capabilities without the dot, e.g. ['90'], got {archs!r}")
+    cmd = [nvcc, *nvcc_flags(archs), str(SOURCE), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln), lines[-1] if lines else f"exit status {proc.returncode}")
+        raise RuntimeError(f"nvcc failed: {first[:300]} (command: {' '.join(cmd)})")
+    return Path(out)
+
+
+def open_library(path: str | Path) -> ctypes.CDLL:
+    """Load a library `compile_cuda_library` wrote and declare its C entry points' types."""
+    lib = ctypes.CDLL(str(path))
+    i64 = ctypes.c_int64
+    lib.dflash_kv_inject.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     i64, i64, i64, i64, i64, i64, i64, ctypes.c_void_p]
+    lib.dflash_kv_inject.restype = ctypes.c_int
+    lib.dflash_cuda_error_string.argtypes = [ctypes.c_int]
+    lib.dflash_cuda_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+def _nvcc_version(nvcc: str) -> str:
+    try:
+        return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@functools.cache
+def _library(arch: str) -> ctypes.CDLL:
+    """The CUDA library for architecture `arch`, built once (see the module docstring).
+
+    Raises:
+        ConfigError: no nvcc, the cache cannot be written, or the build failed (now or earlier).
+    """
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.models.default import cache_dir
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise ConfigError("the CUDA kernels need nvcc to build (~10 s, once): install the CUDA toolkit and put "
+                          "nvcc on PATH (or set CUDA_HOME), or run without --cuda-kernels")
+    key = hashlib.sha256(SOURCE.read_bytes() + _nvcc_version(nvcc).encode() + arch.encode()).hexdigest()[:16]
+    final = cache_dir() / "ops" / f"cuda-{key}"
+    lib = final / f"{NAME}.so"
+    if lib.is_file():
+        return open_library(lib)
+    record = final.with_name(final.name + ".failed")
+    identity = _compiler_identity(nvcc)
+    earlier = _read_failure(record, identity)
+    if earlier is not None:
+        raise ConfigError(f"the CUDA kernels failed to build earlier with {nvcc} ({earlier}); delete {record} to retry")
+
+    def build(tmp: Path) -> None:
+        print(f"dflash-trt: building the CUDA kernels for sm_{arch} (once, ~10 s)...", file=sys.stderr, flush=True)
+        compile_cuda_library(tmp / f"{NAME}.so", [arch], nvcc)
+
+    why = build_once(final, record, identity, "CUDA kernels", build)
+    if why is not None:
+        raise ConfigError(why)
+    return open_library(lib)
+
+
+def device_arch(device: torch.device | str) -> str:
+    """The compute capability of a CUDA device without the dot ("90" on an H200)."""
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    return f"{major}{minor}"
+
+
+def require_cuda_kernels(device: torch.device | str) -> None:
+    """Build/load the CUDA library for `device`'s GPU, or raise ConfigError saying why it cannot run.
+
+    Raises:
+        ConfigError: `device` is not a CUDA device, CUDA is not available, or the library cannot be built.
+    """
+    from dflash_trt.errors import ConfigError
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise ConfigError(f"the CUDA kernels need a CUDA device (got {device}, CUDA available: "
+                          f"{torch.cuda.is_available()}); run without --cuda-kernels")
+    _library(device_arch(dev))
+
+
+def kv_inject_cuda(kv: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                   cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> None:
+    """`torch.ops.dflash_trt.kv_inject` on CUDA tensors (registered for the CUDA dispatch key in
+    `dflash_trt.ops`): k_norm + RoPE of every drafter layer's context K and the cache write of K and V.
+
+    Args: as the CPU op (csrc/kv_inject.cpp), on one CUDA device, with kv, k_norm and cache in the same
+        dtype (float32, float16 or bfloat16): kv [n, c, L * 2 * H * D], k_norm [L, D], cos/sin float32
+        [n, c, D], cache [2, L, B, H, cap, D] (written in place), rows int64 [n], positions int64 [n, c].
+    Raises:
+        RuntimeError: a dtype, device, shape or layout the kernel does not take (names it), or a CUDA
+            launch error. A row or position outside the cache is a device-side assertion (asynchronous,
+            as in torch's own indexing).
+        ConfigError: the library cannot be built here.
+    """
+    tensors = {"kv": kv, "k_norm": k_norm, "cos": cos, "sin": sin, "cache": cache, "rows": rows,
+               "positions": positions}
+    dev = cache.device
+    for name, t in tensors.items():
+        if t.device != dev:
+            raise RuntimeError(f"kv_inject: {name} is on {t.device}, the cache on {dev}: every tensor must be on "
+                               "the same device")
+        if not t.is_contiguous():
+            raise RuntimeError(f"kv_inject: {name} must be contiguous")
+    if cache.dtype not in DTYPE_CODES or kv.dtype != cache.dtype or k_norm.dtype != cache.dtype:
+        raise RuntimeError(f"kv_inject: kv, k_norm and cache must share one dtype of float32, float16 or bfloat16, "
+                           f"got {kv.dtype}, {k_norm.dtype} and {cache.dtype}")
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise RuntimeError(f"kv_inject: cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    if rows.dtype != torch.int64 or positions.dtype != torch.int64:
+        raise RuntimeError(f"kv_inject: rows and positions must be int64, got {rows.dtype} and {positions.dtype}")
+    if cache.dim() != 6 or cache.shape[0] != 2:
+        raise RuntimeError(f"kv_inject: cache must be [2, L, B, H, cap, D], got {list(cache.shape)}")
+    _, L, B, H, cap, D = cache.shape
+    if positions.dim() != 2:
+        raise RuntimeError(f"kv_inject: positions must be [n, c], got {list(positions.shape)}")
+    n, c = positions.shape
+    expect = {"kv": (kv, [n, c, L * 2 * H * D]), "k_norm": (k_norm, [L, D]), "cos": (cos, [n, c, D]),
+              "sin": (sin, [n, c, D]), "rows": (rows, [n])}
+    for name, (t, shape) in expect.items():
+        if list(t.shape) != shape:
+            raise RuntimeError(f"kv_inject: {name} must be {shape}, got {list(t.shape)}")
+    lib = _library(device_arch(dev))
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        code = lib.dflash_kv_inject(DTYPE_CODES[cache.dtype], kv.data_ptr(), k_norm.data_ptr(), float(eps),
+                                    cos.data_ptr(), sin.data_ptr(), cache.data_ptr(), rows.data_ptr(),
+                                    positions.data_ptr(), n, c, L, B, H, cap, D, stream)
+    if code != 0:
+        raise RuntimeError(f"kv_inject: the CUDA launch failed: {lib.dflash_cuda_error_string(code).decode()} "
+                           f"(head_dim {D}, {L} layers, {H} KV heads, {n * c} tokens)")
+
+
+def resolve_cuda_kernels(mode: str, device: str) -> bool:
+    """Whether the drafter injects its context K/V with the CUDA kernel: `mode` "on" (then `device` must be
+    a CUDA device and the library is built here, before any weights load) or "off" (the PyTorch path).
+    Off by default until a GPU run has measured it against the PyTorch path (build_scripts/gpu_check.py).
+
+    Raises:
+        ConfigError: an unknown mode, or "on" where the kernel cannot run (names why).
+    """
+    from dflash_trt.errors import ConfigError
+
+    if mode not in ("on", "off"):
+        raise ConfigError(f"cuda_kernels must be on or off, got {mode!r}")
+    if mode == "off":
+        return False
+    if torch.device(device).type != "cuda":
+        raise ConfigError(f"--cuda-kernels on needs --device cuda (got {device}); on a CPU the fused injection is "
+                          "part of --cpu-kernels")
+    require_cuda_kernels(device)
+    return True
