@@ -33,6 +33,29 @@ def _require(cfg: dict, key: str, where: str) -> Any:
     return cfg[key]
 
 
+_NO_DEFAULT = object()
+
+
+def _int(value: Any, key: str, where: str, default: Any = _NO_DEFAULT) -> int:
+    """`value` of config.json field `key` as an int: JSON integers only (an integral float such as 16.0
+    too); None or absent -> `default` when one is given.
+
+    Raises:
+        ConfigError: a string, a fraction, a bool, a list... ("block_size must be an integer, got '16'"),
+            or None without a default (as `_require`).
+    """
+    if value is None:
+        if default is _NO_DEFAULT:
+            raise ConfigError(f"{where}: config.json has no '{key}'; add it (see the model's HF card)")
+        return default
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: config.json's '{key}' must be an integer, got {value!r} "
+                          f"({type(value).__name__}); fix it in config.json")
+    return value
+
+
 def _swap_hint(flag: str | None, want: str) -> str:
     """The fix a config of the wrong kind names: `want` (e.g. "the target model's folder") as `flag` (the
     caller's option, e.g. "--target", "SRC"); without `flag`, the pair of a command that takes both
@@ -117,24 +140,24 @@ class TargetConfig:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
             )
-        hidden = int(_require(cfg, "hidden_size", "target"))
-        heads = int(_require(cfg, "num_attention_heads", "target"))
+        hidden = _int(cfg.get("hidden_size"), "hidden_size", "target")
+        heads = _int(cfg.get("num_attention_heads"), "num_attention_heads", "target")
         theta, scaling = _rope_from_hf(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        kv_heads = _int(cfg.get("num_key_value_heads"), "num_key_value_heads", "target", heads)
         if heads % kv_heads:
             raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         return cls(
             model_type=model_type,
-            vocab_size=int(_require(cfg, "vocab_size", "target")),
+            vocab_size=_int(cfg.get("vocab_size"), "vocab_size", "target"),
             hidden_size=hidden,
-            intermediate_size=int(_require(cfg, "intermediate_size", "target")),
-            num_hidden_layers=int(_require(cfg, "num_hidden_layers", "target")),
+            intermediate_size=_int(cfg.get("intermediate_size"), "intermediate_size", "target"),
+            num_hidden_layers=_int(cfg.get("num_hidden_layers"), "num_hidden_layers", "target"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            head_dim=_int(cfg.get("head_dim"), "head_dim", "target", hidden // heads),
+            max_position_embeddings=_int(cfg.get("max_position_embeddings"), "max_position_embeddings", "target", 2048),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -241,28 +264,34 @@ class DrafterConfig:
         mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
         if mask is None:
             raise ConfigError("drafter config.json has no dflash_config.mask_token_id; add the mask token id")
-        hidden = int(_require(cfg, "hidden_size", "drafter"))
-        heads = int(_require(cfg, "num_attention_heads", "drafter"))
-        layers = int(_require(cfg, "num_hidden_layers", "drafter"))
+        hidden = _int(cfg.get("hidden_size"), "hidden_size", "drafter")
+        heads = _int(cfg.get("num_attention_heads"), "num_attention_heads", "drafter")
+        layers = _int(cfg.get("num_hidden_layers"), "num_hidden_layers", "drafter")
         theta, scaling = _rope_from_hf(cfg)
         layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * layers)
         if len(layer_types) != layers:
             raise ConfigError(f"drafter layer_types has {len(layer_types)} entries for {layers} layers")
         meta = cfg.get("dflash_trt") or {}
+        if not isinstance(layer_ids, (list, tuple)):
+            raise ConfigError(f"drafter: config.json's dflash_config.target_layer_ids must be a list of integers, got "
+                              f"{layer_ids!r}; fix it in config.json")
+        ids = tuple(_int(i, "dflash_config.target_layer_ids", "drafter") for i in layer_ids)
         return cls(
             hidden_size=hidden,
-            intermediate_size=int(_require(cfg, "intermediate_size", "drafter")),
+            intermediate_size=_int(cfg.get("intermediate_size"), "intermediate_size", "drafter"),
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            vocab_size=int(_require(cfg, "vocab_size", "drafter")),
-            block_size=int(cfg.get("block_size", dflash.get("block_size", 16))),
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in layer_ids),
-            num_target_layers=int(cfg.get("num_target_layers", 0) or 0),
-            target_hidden_size=int(dflash.get("target_hidden_size", meta.get("target_hidden_size", hidden))),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            num_key_value_heads=_int(cfg.get("num_key_value_heads"), "num_key_value_heads", "drafter", heads),
+            head_dim=_int(cfg.get("head_dim"), "head_dim", "drafter", hidden // heads),
+            vocab_size=_int(cfg.get("vocab_size"), "vocab_size", "drafter"),
+            block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", "drafter", 16),
+            mask_token_id=_int(mask, "dflash_config.mask_token_id", "drafter"),
+            target_layer_ids=ids,
+            num_target_layers=_int(cfg.get("num_target_layers"), "num_target_layers", "drafter", 0),
+            target_hidden_size=_int(dflash.get("target_hidden_size", meta.get("target_hidden_size")),
+                                    "dflash_config.target_hidden_size", "drafter", hidden),
+            max_position_embeddings=_int(cfg.get("max_position_embeddings"), "max_position_embeddings", "drafter",
+                                         32768),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -271,7 +300,7 @@ class DrafterConfig:
             sliding_window=cfg.get("sliding_window"),
             model_type=str(cfg.get("model_type", "qwen3")),
             trained=not bool(meta.get("untrained", False)),
-            draft_vocab_size=int(cfg["draft_vocab_size"]) if cfg.get("draft_vocab_size") else None,
+            draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", "drafter", None) or None,
         )
 
     @classmethod

@@ -109,7 +109,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         metrics.batch(results, seconds)
 
     scheduler = Scheduler(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens),
-                          max_batch_size, on_batch)
+                          max_batch_size, on_batch, lambda s: metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
 
     @asynccontextmanager
@@ -391,25 +391,56 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose Content-Length is over `limit` bytes gets a 413 with OpenAI's error
-    body before anything reads it. (A pure ASGI middleware: FastAPI's @app.middleware("http") wraps the
-    receive channel, and the endpoints would no longer see a client disconnect.)"""
+    """ASGI middleware: a request body over `limit` bytes gets a 413 with OpenAI's error body. A request with
+    a Content-Length is refused before anything reads it; one without (chunked transfer encoding) is read
+    here up to the limit and then handed on whole. (A pure ASGI middleware: FastAPI's
+    @app.middleware("http") wraps the receive channel, and the endpoints would no longer see a client
+    disconnect; after the body, `receive` is the server's own again.)"""
 
     def __init__(self, app, limit: int, context_len: int):
         self.app, self.limit, self.context_len = app, limit, context_len
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            size = dict(scope.get("headers", ())).get(b"content-length", b"")
-            if size.isdigit() and int(size) > self.limit:
-                from fastapi.responses import JSONResponse
+    async def refuse(self, scope, receive, send, what: str) -> None:
+        from fastapi.responses import JSONResponse
 
-                body = error_body(f"the request body is {int(size)} bytes, over this server's limit of {self.limit} "
-                                  f"bytes; a prompt must fit the target's context ({self.context_len} tokens) anyway",
-                                  code=413)
-                await JSONResponse(body, status_code=413)(scope, receive, send)
+        body = error_body(f"{what} this server's limit of {self.limit} bytes; a prompt must fit the target's "
+                          f"context ({self.context_len} tokens) anyway", code=413)
+        await JSONResponse(body, status_code=413)(scope, receive, send)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        size = dict(scope.get("headers", ())).get(b"content-length")
+        if size is not None:
+            if size.isdigit() and int(size) > self.limit:
+                await self.refuse(scope, receive, send, f"the request body is {int(size)} bytes, over")
                 return
-        await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
+        chunks, total = [], 0  # no Content-Length: count what arrives
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.limit:
+                await self.refuse(scope, receive, send, "the request body (chunked, no Content-Length) passed")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay():
+            nonlocal whole
+            if whole is not None:
+                message, whole = whole, None
+                return message
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def validation_message(errors: list[dict]) -> str:

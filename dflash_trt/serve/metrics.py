@@ -99,6 +99,12 @@ class ServerMetrics:
         self.accepted_tokens.inc(m.accepted_tokens)
         self.verify_steps.inc(m.verify_steps)
 
+    def cancelled_in_queue(self, queue_time_s: float) -> None:
+        """Record a sequence whose client left while it was queued: finished_reason "abort" (as an abort
+        during decoding is counted), and its queue time; no tokens, no latency."""
+        self._success.labels(**self._labels, finished_reason="abort").inc()
+        self.queue.observe(queue_time_s)
+
     def batch(self, results: list[GenerationResult], seconds: float) -> None:
         """Record one engine batch for GET /metrics."""
         drafted = sum(r.metrics.drafted_tokens for r in results)

@@ -139,11 +139,15 @@ class Scheduler:
         generate: callable(prompts, params_list, on_tokens) -> list[GenerationResult].
         max_batch_size: sequences per batch at most (>= 1).
         on_batch: called after each batch with (sequences, results, seconds) for the metrics.
+        on_cancelled: called with each sequence cancelled while it waited in the queue (its client left
+            before its batch began: it ends with no result and no tokens), for the metrics.
     """
 
     def __init__(self, generate, max_batch_size: int = 8,
-                 on_batch: Callable[[list[Sequence], list[GenerationResult], float], None] | None = None):
+                 on_batch: Callable[[list[Sequence], list[GenerationResult], float], None] | None = None,
+                 on_cancelled: Callable[[Sequence], None] | None = None):
         self._generate, self.max_batch_size, self._on_batch = generate, max_batch_size, on_batch
+        self._on_cancelled = on_cancelled
         self._queue: queue.Queue[Sequence | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
         self.running = 0
@@ -200,6 +204,8 @@ class Scheduler:
             s.queue_time_s = start - s.arrival
             if s.cancelled:
                 _done(s, None, None)
+                if self._on_cancelled is not None:
+                    self._on_cancelled(s)
             else:
                 live.append(s)
         if not live:

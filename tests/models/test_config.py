@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
@@ -60,3 +62,32 @@ def test_swapped_target_and_drafter_configs_are_named():
         DrafterConfig.from_hf_config(target, flag="SRC")
     with pytest.raises(ConfigError, match=r"not a target model's: give the target model's folder as --target$"):
         TargetConfig.from_hf_config(drafter, flag="--target")
+
+
+def test_fields_of_the_wrong_type_are_named():
+    """A config.json field that is not an integer (a string, a fraction, a bool) is refused naming the field and
+    what it holds, where int() once took "16" silently, truncated 16.5 and crashed on "abc"."""
+    drafter = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+               "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "block_size": 16,
+               "dflash_config": {"target_layer_ids": [1], "mask_token_id": 3}}
+    assert DrafterConfig.from_hf_config(drafter).block_size == 16
+    assert DrafterConfig.from_hf_config(dict(drafter, block_size=16.0)).block_size == 16  # integral: kept
+    assert DrafterConfig.from_hf_config({k: v for k, v in drafter.items() if k != "block_size"}).block_size == 16
+    for field, bad in (("block_size", "16"), ("block_size", 16.5), ("num_hidden_layers", True),
+                       ("hidden_size", "abc"), ("max_position_embeddings", [4096])):
+        with pytest.raises(ConfigError, match=rf"drafter: config.json's '{field}' must be an integer, got "
+                                              rf"{re.escape(repr(bad))}"):
+            DrafterConfig.from_hf_config(dict(drafter, **{field: bad}))
+    with pytest.raises(ConfigError, match=r"'dflash_config.mask_token_id' must be an integer, got '3'"):
+        DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": [1], "mask_token_id": "3"}))
+    with pytest.raises(ConfigError, match=r"'dflash_config.target_layer_ids' must be an integer, got 1.5"):
+        DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": [1.5], "mask_token_id": 3}))
+    with pytest.raises(ConfigError, match=r"target_layer_ids must be a list of integers, got '1, 2'"):
+        DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": "1, 2", "mask_token_id": 3}))
+    target = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 2}
+    assert TargetConfig.from_hf_config(dict(target, max_position_embeddings=None)).max_position_embeddings == 2048
+    with pytest.raises(ConfigError, match=r"target: config.json's 'vocab_size' must be an integer, got '10' \(str\)"):
+        TargetConfig.from_hf_config(dict(target, vocab_size="10"))
+    with pytest.raises(ConfigError, match="target: config.json has no 'hidden_size'"):
+        TargetConfig.from_hf_config(dict(target, hidden_size=None))

@@ -217,6 +217,18 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 400 and "could not be parsed" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", json={"prompt": "x" * (17 * 2**20)})
     assert r.status_code == 413 and "over this server's limit" in r.json()["error"]["message"]
+
+    def chunked(data: bytes, size: int = 2**20):  # a generator body: chunked transfer encoding, no Content-Length
+        for i in range(0, len(data), size):
+            yield data[i:i + size]
+
+    r = httpx.post(base + "/v1/completions", content=chunked(b'{"prompt": "' + b"x" * (17 * 2**20) + b'"}'),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "(chunked, no Content-Length) passed this server's limit of 16777216 bytes" in \
+        r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", content=chunked(json.dumps({"prompt": "hi", "max_tokens": 3}).encode(), 5),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     r = httpx.get(base + "/v1/nothing")
     assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/chat/completions")
@@ -323,3 +335,28 @@ def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
         httpx.post(base + "/v1/completions", timeout=3,
                    json={"prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
     aborted_then_serving(base, before, client)
+
+
+def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client):
+    """B is queued behind A's batch and its client leaves: B never runs and counts once as an abort; A's
+    answer is whole."""
+    base = server[0]
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    answers = {}
+
+    def long_request():
+        answers["a"] = client.completions.create(model=MODEL, prompt="Write a long story.", max_tokens=400,
+                                                 temperature=0, extra_body={"ignore_eos": True})
+
+    a = threading.Thread(target=long_request)
+    a.start()
+    deadline = time.time() + 60
+    while sample(prometheus(base), "trtllm_num_requests_running") < 1:
+        assert time.time() < deadline, "A did not start"
+        time.sleep(0.05)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", timeout=1, json={"prompt": "Hi", "max_tokens": 5, "temperature": 0})
+    a.join(120)
+    assert answers["a"].usage.completion_tokens == 400
+    aborted_then_serving(base, before, client)
+    assert sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before + 1
