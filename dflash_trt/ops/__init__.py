@@ -191,13 +191,20 @@ def _load_cpu_library() -> str | None:
     return build_once(final, record, identity, "CPU kernels", build)
 
 
+#: build failures of the machine, not the toolchain (a full disk, no memory, a killed compiler): not recorded
+TRANSIENT = re.compile(r"No space left on device|Cannot allocate memory|out of memory|Killed signal|"
+                       r"Resource temporarily unavailable|Disk quota exceeded")
+
+
 def build_once(final: Path, record: Path, compiler: dict, what: str, build) -> str | None:
     """Run `build(tmp)` in a new temporary folder of the cache and rename it to `final` at the end (another
     process may have finished first: its folder is kept), so an interrupted build leaves nothing a later
     process would load. Returns None on success (and removes a stale failure `record`), else one line
-    saying why: the cache cannot be written, or the build raised (a compiler error, a broken toolchain, a
-    full disk), which is then recorded in `record` for this `compiler` (`_write_failure`). Ctrl-C is not a
-    failure to record: the partial build is removed and it propagates. `what` names the library."""
+    saying why: the cache cannot be written, or the build raised: a compiler error or a broken toolchain
+    is then recorded in `record` for this `compiler` (`_write_failure`); a failure of the machine (an
+    OSError such as a full disk, no memory, a compiler killed: `TRANSIENT`) is not, so the next run
+    retries. Ctrl-C is not a failure to record: the partial build is removed and it propagates. `what`
+    names the library."""
     from dflash_trt.errors import DFlashError
     from dflash_trt.models.default import cache_temp_dir
 
@@ -210,6 +217,9 @@ def build_once(final: Path, record: Path, compiler: dict, what: str, build) -> s
     except Exception as exc:  # noqa: BLE001  (reported, not raised)
         shutil.rmtree(tmp, ignore_errors=True)
         reason = _failure_reason(exc)
+        if isinstance(exc, (OSError, MemoryError)) or TRANSIENT.search(str(exc)):
+            return (f"the {what} failed to build ({reason}); not recorded (a failure of the machine, not the "
+                    "compiler): fix that and rerun")
         _write_failure(record, reason, compiler)
         return f"the {what} failed to build ({reason}); recorded in {record} (delete it to retry)"
     except BaseException:

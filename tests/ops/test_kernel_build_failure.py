@@ -153,6 +153,26 @@ def test_an_interrupted_build_is_not_recorded(build, monkeypatch, tmp_path):
     assert not any(ops_dir.iterdir())  # no record, and the partial build folder is removed
 
 
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     RuntimeError("Error building extension: c++: fatal error: Killed signal terminated "
+                                                  "program cc1plus"),
+                                     RuntimeError("a.cpp: fatal error: error writing to /tmp/x.s: No space left on device")])
+def test_a_failure_of_the_machine_is_not_recorded(build, monkeypatch, tmp_path, failure):
+    """A full disk, or a compiler the kernel killed for memory, is not the compiler's fault: the next run
+    builds again once the machine is fixed."""
+    monkeypatch.setenv("CXX", broken_compiler(tmp_path / "bin"))
+
+    def failing(**kw):
+        raise failure
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", failing)
+    why, _ = build()
+    assert "not recorded (a failure of the machine, not the compiler): fix that and rerun" in why
+    assert not record_path(tmp_path).exists()
+    ops_dir = tmp_path / "cache" / "ops"
+    assert not any(ops_dir.iterdir())  # nor a partial build folder
+
+
 def test_a_missing_compiler_is_not_recorded_and_wins_over_a_record(build, monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", broken_compiler(tmp_path / "bin"))
     assert build()[1] == 1
