@@ -398,6 +398,16 @@ cuda_kernels_option = click.option(
          "cache write of every drafter layer in one launch; built with nvcc on first use, ~10 s). Off by default "
          "until measured on a GPU.")
 
+def tp_size_option(command: str, who_answers: str):
+    """--tp-size of `generate` and `serve` (`load_models`: > 1 joins the process group torchrun describes);
+    `who_answers` ends its help (e.g. "rank 0 prints")."""
+    return click.option(
+        "--tp-size", default=1, show_default=True, type=click.IntRange(1, 64),
+        help=f"Tensor parallelism: the target split over this many processes, launched by torchrun (`torchrun "
+             f"--nproc-per-node N $(which dflash-trt) {command} --tp-size N ...`; gloo on a CPU, NCCL on GPUs); "
+             f"{who_answers}.")
+
+
 #: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(
     "--threads", default=None, type=click.IntRange(1),

@@ -8,7 +8,7 @@ import sys
 import click
 
 from dflash_trt.cli.common import (SEED_RANGE, max_tokens_option, model_options, temperature_option, top_k_option,
-                                   top_p_option)
+                                   top_p_option, tp_size_option)
 from dflash_trt.text import count, final_text, text_to_stream
 
 
@@ -42,10 +42,7 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--seed", default=None, type=SEED_RANGE,
               help="Per-request RNG seed for sampling (a 64-bit integer); unset: a random one.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
-@click.option("--tp-size", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Tensor parallelism: the target split over this many processes, launched by torchrun "
-                   "(`torchrun --nproc-per-node N $(which dflash-trt) generate --tp-size N ...`; gloo on a CPU, NCCL on "
-                   "GPUs); rank 0 prints.")
+@tp_size_option("generate", "rank 0 prints")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,

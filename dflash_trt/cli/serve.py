@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import model_options
+from dflash_trt.cli.common import model_options, tp_size_option
 
 
 def check_port(host: str, port: int) -> None:
@@ -44,9 +44,10 @@ def check_port(host: str, port: int) -> None:
               help="Sequences decoded together at most; requests waiting when a batch ends form the next one.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
+@tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, log_level):
+          max_batch_size, log_level, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
@@ -72,13 +73,22 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
                        fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
                        cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
-                       prompt_lookup=prompt_lookup, max_concurrency=max_concurrency)
+                       prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,
+                       **({"tp_size": tp_size} if tp_size > 1 else {}))
+    if tp_size > 1:
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:  # a follower: decodes rank 0's batches in lockstep, answers nothing itself
+            from dflash_trt.serve.lockstep import follow
+
+            follow(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens))
+            return
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     from pathlib import Path
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
-    app = create_app(pipe, name, mode, max_batch_size)
+    app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"

@@ -75,7 +75,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
 
 
-def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8):
+def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -83,6 +83,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         model_name: the name clients pass as `model` (GET /v1/models lists it); a request may also omit it.
         mode: "dflash" (speculative) or "ar" (the target alone).
         max_batch_size: sequences decoded together at most (static batches, `Scheduler`).
+        lockstep: rank 0 of a tensor-parallel target: every batch and decision is broadcast to the other
+            ranks, which run `dflash_trt.serve.lockstep.follow` (stopped at the app's shutdown).
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -108,14 +110,24 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             metrics.finished(r, s.queue_time_s)
         metrics.batch(results, seconds)
 
-    scheduler = Scheduler(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens),
-                          max_batch_size, on_batch, lambda s: metrics.cancelled_in_queue(s.queue_time_s))
+    def generate(prompts, params, on_tokens):
+        return pipe.engine.generate(prompts, params, mode, on_tokens)
+
+    if lockstep:
+        from dflash_trt.serve.lockstep import leader
+
+        generate = leader(generate)
+    scheduler = Scheduler(generate, max_batch_size, on_batch, lambda s: metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         scheduler.close()
+        if lockstep:
+            from dflash_trt.serve.lockstep import stop_followers
+
+            stop_followers()
 
     app = FastAPI(title="dflash-trt", version=dflash_trt.__version__, lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics

@@ -41,6 +41,20 @@ def test_help_lists_the_endpoints(monkeypatch, capsys):
         assert word in out
 
 
+def wait_until_healthy(proc: subprocess.Popen, base: str, seconds: float = 300) -> None:
+    """Until GET base/health answers 200; fails with the server's stderr if it exits first."""
+    deadline = time.time() + seconds
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline, "the server did not come up"
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 def test_serve_answers_over_http_and_stops_on_sigint():
     from openai import OpenAI
@@ -53,16 +67,7 @@ def test_serve_answers_over_http_and_stops_on_sigint():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 300
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.5)
+        wait_until_healthy(proc, base)
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}],
                                            max_tokens=24, temperature=0)

@@ -1,0 +1,91 @@
+"""`dflash-trt serve --tp-size 2` under torchrun (gloo on this CPU): rank 0 answers over real HTTP while
+rank 1 decodes every batch with it in lockstep (`dflash_trt.serve.lockstep`). Greedy answers are the
+target's own greedy output; stop strings, seeded and unseeded sampling, a bad request and streaming all
+keep the ranks together (a rank out of step would hang its collectives); Ctrl-C stops every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.runtime.test_tensor_parallel import tiny_qwen3  # noqa: F401  (a fixture)
+from tests.serve.test_openai_server import free_port
+from tests.serve.test_serve_cli import wait_until_healthy
+
+PROMPT = [1, 520, 3011, 44, 7]
+
+
+@pytest.fixture(scope="module")
+def tp_server(tiny_qwen3):  # noqa: F811
+    target, drafter = tiny_qwen3
+    beside = Path(sys.executable).parent / "dflash-trt"
+    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                             str(free_port()), exe, "serve", "--tp-size", "2", "--target", str(target), "--drafter",
+                             str(drafter), "--port", str(port), "--threads", "1", "--served-model-name", "tiny",
+                             "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    wait_until_healthy(proc, base)
+    yield base, proc, target, drafter
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def completion(base, **body):
+    r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": PROMPT, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_answers_are_the_targets_and_ranks_stay_in_step(tp_server):
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    base, _, target, drafter = tp_server
+    one = load_pipeline(str(target), str(drafter))
+    from dflash_trt.text import final_text
+
+    [ref] = one.generate([PROMPT], SamplingParams(max_tokens=10, ignore_eos=True), mode="ar")
+    text = final_text(ref.text, ref.finish_reason)
+    greedy = completion(base, max_tokens=10, temperature=0, ignore_eos=True)
+    assert greedy["choices"][0]["text"] == text  # the target's greedy output, as on one process (tests/runtime)
+    stop = text[len(text) // 2:][:3]
+    assert stop.strip()
+    cut = completion(base, max_tokens=10, temperature=0, ignore_eos=True, stop=stop)["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["text"] == text[:text.index(stop)]
+    seeded = [completion(base, max_tokens=8, temperature=1.0, seed=7, ignore_eos=True)["choices"][0]["text"]
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    unseeded = completion(base, max_tokens=8, temperature=1.0, n=2, ignore_eos=True)
+    assert [c["metrics"]["completion_tokens"] for c in unseeded["choices"]] == [8, 8]
+    bad = httpx.post(base + "/v1/completions", json={"prompt": [5, 10**9]}, timeout=60)
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+    with httpx.stream("POST", base + "/v1/completions", timeout=120,
+                      json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+                            "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
+    assert completion(base, max_tokens=10, temperature=0, ignore_eos=True)["choices"][0]["text"] == text
+
+
+def test_ctrl_c_stops_every_rank(tp_server):
+    base, proc, _, _ = tp_server
+    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: torchrun and both ranks
+    try:
+        proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("a rank did not stop on Ctrl-C")
+    with pytest.raises(httpx.TransportError):
+        httpx.get(base + "/health", timeout=2)
