@@ -19,7 +19,7 @@ import torch
 
 from dflash_trt.compat import check_compatible
 from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
-from dflash_trt.errors import ConfigError
+from dflash_trt.errors import ConfigError, InvalidRequestError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.ops.cuda import resolve_cuda_kernels
 from dflash_trt.ops.packed_linear import resolve_cpu_kernels
@@ -72,7 +72,6 @@ def load_tokenizer(path: Path):
 def check_text(text, name: str) -> None:
     """Raises InvalidRequestError when `text` (the argument `name`) is not a str a tokenizer takes (the
     tokenizer's own error is a TypeError naming none of it)."""
-    from dflash_trt.errors import InvalidRequestError
     from dflash_trt.text import invalid_unicode
 
     if not isinstance(text, str):
@@ -113,7 +112,17 @@ class Pipeline:
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
-        """Text of token ids (special tokens such as EOS left out, spacing as the tokenizer writes it)."""
+        """Text of token ids (special tokens such as EOS left out, spacing as the tokenizer writes it).
+
+        Raises:
+            InvalidRequestError: an id outside the vocabulary [0, the target's vocab_size) (the tokenizer
+                itself decodes one to '' silently).
+        """
+        vocab = self.engine.target.config.vocab_size if self.engine is not None else len(self.tokenizer)
+        if len(ids) and (min(ids) < 0 or max(ids) >= vocab):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab}); decode the ids a "
+                                      "generate call returned, or encode() gave")
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,

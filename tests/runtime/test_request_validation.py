@@ -149,6 +149,10 @@ def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
         with pytest.raises(InvalidRequestError) as exc:
             method([1, 2])
         assert str(exc.value) == f"{name} must be a str, got list"
+    assert pipe.decode(pipe.encode("Hi there")) == "Hi there" and pipe.decode([]) == ""
+    for ids, bad in (([5, 10**9], 10**9), ([-1], -1), ([len(pipe.tokenizer)], len(pipe.tokenizer))):
+        with pytest.raises(InvalidRequestError, match=rf"token id {bad} is outside the vocabulary \[0, 49152\)"):
+            pipe.decode(ids)
 
 
 def test_an_empty_params_list_is_zero_params_not_the_default(engine):
