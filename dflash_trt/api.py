@@ -21,7 +21,7 @@ from dflash_trt.compat import check_compatible
 from dflash_trt.config import DrafterConfig, TargetConfig, read_config_json
 from dflash_trt.errors import ConfigError, InvalidRequestError
 from dflash_trt.models.target import TargetModel
-from dflash_trt.ops.cuda import resolve_cuda_kernels
+from dflash_trt.ops.cuda import require_cuda_kernels, resolve_cuda_kernels
 from dflash_trt.ops.packed_linear import resolve_cpu_kernels
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer, check_draft_len, check_prompt_lookup
@@ -199,6 +199,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
     check_load_args(target, drafter, block_size, max_draft_len)
     torch_dtype = parse_dtype(dtype)
+    check_device(device)  # these first: before a default model is converted or anything is built
+    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     target_path = Path(target) if target is not None else default_target_path()
     tcfg = TargetConfig.from_pretrained(target_path)
     drafter_path = None
@@ -211,9 +213,9 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         check_compatible(tcfg, dcfg)
         # before any weights load
         check_prompt_lookup(prompt_lookup, check_draft_len(block_size or dcfg.block_size, max_draft_len))
-    check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
-    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
+    if fused_cuda:
+        require_cuda_kernels(device)
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     rank = None
@@ -273,6 +275,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     from dflash_trt.build.manifest import load_manifest
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
+    check_device(device)
+    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     manifest = load_manifest(bundle)  # before Path(): an empty path is not the current folder
     root = Path(bundle)
     torch_dtype = parse_dtype(dtype)
@@ -280,9 +284,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     drafter_path = root / manifest["models"]["drafter"]["path"]
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
-    check_device(device)
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
-    fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
+    if fused_cuda:
+        require_cuda_kernels(device)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     proposer = None
     if load_drafter_model:

@@ -73,7 +73,9 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                        warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import ConfigError, InvalidRequestError
+    from dflash_trt.models.checkpoints import check_device
     from dflash_trt.models.default import default_target_path, drafter_required
+    from dflash_trt.ops.cuda import resolve_cuda_kernels
     from dflash_trt.runtime.sampling import SamplingParams
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
@@ -113,6 +115,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     seed_given = click.get_current_context().get_parameter_source("seed") != click.core.ParameterSource.DEFAULT
     warn_sampling_unused(temperature, seed=seed if seed_given else None)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size)
+    check_device(device)  # before the default model is converted and the prompts tokenized
+    resolve_cuda_kernels(cuda_kernels, device)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,
                             prompt_lookup, max_concurrency)
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

@@ -58,22 +58,34 @@ def compile_cuda_library(out: str | Path, archs: list[str], nvcc: str | None = N
     (compute capabilities without the dot: "90" for H100/H200, "100" for B200). Needs nvcc, not a GPU.
 
     Raises:
+        ValueError: `archs` is not a non-empty list of digit strings.
+        OSError: `out` cannot be written (a folder, a missing or unwritable parent folder): checked first.
         FileNotFoundError: no nvcc (`find_nvcc`).
         RuntimeError: nvcc failed; the message holds its first `error` line and the command.
     """
+    if (not isinstance(archs, (list, tuple)) or not archs
+            or not all(isinstance(a, str) and a.isascii() and a.isdigit() for a in archs)):
+        raise ValueError(f"archs must be a list of compute capabilities without the dot, as strings, e.g. ['90'] "
+                         f"(H100/H200) or ['90', '100'], got {archs!r}")
+    out = Path(out)
+    folder = out.parent
+    if out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        why = ("is a folder" if out.is_dir() else "is in a folder that does not exist" if not folder.exists()
+               else "is under a file" if not folder.is_dir() else "is in a folder this process cannot write")
+        raise OSError(f"cannot write the CUDA library to {out}: it {why}; give a file path in a writable folder")
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise FileNotFoundError("building the CUDA kernels needs nvcc: install the CUDA toolkit (or its PyPI "
                                 "wheels) and put nvcc on PATH, or set CUDA_HOME")
-    if not archs or not all(a.isdigit() for a in archs):
-        raise ValueError(f"archs must be compute capabilities without the dot, e.g. ['90'], got {archs!r}")
-    cmd = [nvcc, *nvcc_flags(archs), str(SOURCE), "-o", str(out)]
+    cmd = [nvcc, *nvcc_flags(list(archs)), str(SOURCE), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         first = next((ln for ln in lines if "error" in ln), lines[-1] if lines else f"exit status {proc.returncode}")
-        raise RuntimeError(f"nvcc failed: {first[:300]} (command: {' '.join(cmd)})")
-    return Path(out)
+        hint = (f"; `{nvcc} --list-gpu-arch` lists the architectures it compiles for"
+                if "Unsupported gpu architecture" in first else "")
+        raise RuntimeError(f"nvcc failed: {first[:300]}{hint} (command: {' '.join(cmd)})")
+    return out
 
 
 def open_library(path: str | Path) -> ctypes.CDLL:
@@ -206,8 +218,9 @@ def kv_inject_cuda(kv: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torc
 
 def resolve_cuda_kernels(mode: str, device: str) -> bool:
     """Whether the drafter injects its context K/V with the CUDA kernel: `mode` "on" (then `device` must be
-    a CUDA device and the library is built here, before any weights load) or "off" (the PyTorch path).
-    Off by default until a GPU run has measured it against the PyTorch path (build_scripts/gpu_check.py).
+    a CUDA device, and CUDA available) or "off" (the PyTorch path). Cheap: the loaders call it first, and
+    `require_cuda_kernels` (the build) later, before any weights load. Off by default until a GPU run has
+    measured it against the PyTorch path (build_scripts/gpu_check_kv_inject.sh).
 
     Raises:
         ConfigError: an unknown mode, or "on" where the kernel cannot run (names why).
@@ -221,5 +234,7 @@ def resolve_cuda_kernels(mode: str, device: str) -> bool:
     if torch.device(device).type != "cuda":
         raise ConfigError(f"--cuda-kernels on needs --device cuda (got {device}); on a CPU the fused injection is "
                           "part of --cpu-kernels")
-    require_cuda_kernels(device)
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--cuda-kernels on needs a CUDA GPU, and torch sees none (device {device}); run without "
+                          "--cuda-kernels")
     return True

@@ -31,6 +31,7 @@ from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, Pro
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+from dflash_trt.text import count
 
 #: OpenAI's default max_tokens for /v1/completions.
 COMPLETIONS_MAX_TOKENS = 16
@@ -44,6 +45,11 @@ MAX_BODY_BYTES = 16 * 2**20
 
 class ModelNotFound(DFlashError):
     """The request names a model this server does not serve (HTTP 404)."""
+
+
+#: the status logged for a request whose client disconnected before its answer (nginx's 499 "client closed
+#: request"; no client receives it)
+CLIENT_CLOSED = 499
 
 
 class ClientGone(Exception):
@@ -138,6 +144,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     async def _invalid(request, exc: RequestValidationError):
         errors = exc.errors()
         loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+        if errors and errors[0].get("type") == "json_invalid":
+            loc = []  # its loc is the character position, not a field
         return JSONResponse(error_body(validation_message(errors), param=loc[0] if loc else None), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -157,6 +165,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         status, body = _status_of(exc)
         return JSONResponse(body, status_code=status)
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request, exc: ClientGone):  # a normal abort: no traceback in the log (the handler of
+        return Response(status_code=CLIENT_CLOSED)       # Exception re-raises to uvicorn); nobody reads this
+
     @app.exception_handler(DFlashError)
     async def _dflash_error(request, exc: DFlashError):
         status, body = _status_of(exc)
@@ -173,8 +185,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise PromptTooLongError(f"{what} is {len(ids)} tokens; the target's context is {context_len} tokens and "
                                      f"at least one must be left to generate: shorten it to at most {context_len - 1}")
         if max_tokens is not None and max_tokens > room:
-            raise InvalidRequestError(f"{what} is {len(ids)} tokens and max_tokens is {max_tokens}: {len(ids) + max_tokens} "
-                                      f"> the target's context of {context_len} tokens; ask for at most {room} tokens")
+            raise InvalidRequestError(f"{what} is {count(len(ids), 'token')} and max_tokens is {max_tokens}: "
+                                      f"{len(ids) + max_tokens} > the target's context of {context_len} tokens; ask "
+                                      f"for at most {room} tokens")
         return room if max_tokens is None else max_tokens
 
     def encode_text(text: str, what: str) -> list[int]:
@@ -403,11 +416,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets a 413 with OpenAI's error body. A request with
-    a Content-Length is refused before anything reads it; one without (chunked transfer encoding) is read
-    here up to the limit and then handed on whole. (A pure ASGI middleware: FastAPI's
-    @app.middleware("http") wraps the receive channel, and the endpoints would no longer see a client
-    disconnect; after the body, `receive` is the server's own again.)"""
+    """ASGI middleware: a request body over `limit` bytes gets a 413 with OpenAI's error body. A request whose
+    Content-Length says so is refused before anything reads it; every other body is read here, counted up
+    to the limit (chunked transfer encoding, with or without a Content-Length beside it), and handed on
+    whole. (A pure ASGI middleware: FastAPI's @app.middleware("http") wraps the receive channel, and the
+    endpoints would no longer see a client disconnect; after the body, `receive` is the server's own.)"""
 
     def __init__(self, app, limit: int, context_len: int):
         self.app, self.limit, self.context_len = app, limit, context_len
@@ -424,13 +437,12 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         size = dict(scope.get("headers", ())).get(b"content-length")
-        if size is not None:
-            if size.isdigit() and int(size) > self.limit:
-                await self.refuse(scope, receive, send, f"the request body is {int(size)} bytes, over")
-                return
-            await self.app(scope, receive, send)
+        if size is not None and size.isdigit() and int(size) > self.limit:
+            await self.refuse(scope, receive, send, f"the request body is {int(size)} bytes, over")
             return
-        chunks, total = [], 0  # no Content-Length: count what arrives
+        # count what arrives whatever the headers say (a Transfer-Encoding: chunked beside a small
+        # Content-Length is read chunked by the server)
+        chunks, total = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left before sending it all
@@ -438,7 +450,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > self.limit:
-                await self.refuse(scope, receive, send, "the request body (chunked, no Content-Length) passed")
+                await self.refuse(scope, receive, send, "the request body passed")
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

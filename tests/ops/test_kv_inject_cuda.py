@@ -116,6 +116,23 @@ def test_a_failed_build_is_recorded_and_named(tmp_path, monkeypatch):
         build("90")
 
 
+def test_bad_archs_and_outputs_are_named_before_compiling(tmp_path):
+    for archs in ("90", [90], ["9.0"], [], ["sm_90"], ["\u0669\u0660"], None):
+        with pytest.raises(ValueError, match=r"archs must be a list of compute capabilities .*got"):
+            cuda_ops.compile_cuda_library(tmp_path / "x.so", archs)
+    (tmp_path / "file").write_text("")
+    for out, why in ((tmp_path, "is a folder"), (tmp_path / "missing" / "x.so", "does not exist"),
+                     (tmp_path / "file" / "x.so", "does not exist|is under a file")):
+        with pytest.raises(OSError, match=rf"cannot write the CUDA library to .*: it .*({why})"):
+            cuda_ops.compile_cuda_library(out, ["90"])
+
+
+@needs_nvcc
+def test_an_architecture_nvcc_does_not_know_is_named_with_the_list(tmp_path):
+    with pytest.raises(RuntimeError, match=r"Unsupported gpu architecture 'compute_35'.*--list-gpu-arch` lists"):
+        cuda_ops.compile_cuda_library(tmp_path / "x.so", ["35"])
+
+
 def test_no_nvcc_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
@@ -154,11 +171,16 @@ def test_python_side_names_bad_tensors():
             cuda_ops.kv_inject_cuda(**{**good, name: value})
 
 
-def test_cli_refuses_cuda_kernels_on_a_cpu(monkeypatch, capsys):
-    """One error line, before any weights load."""
-    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "2", "--cuda-kernels", "on")
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi", "--max-tokens", "2"], ["serve"],
+                                     ["bench", "--num-prompts", "1"]])
+def test_cli_refuses_cuda_kernels_on_a_cpu(monkeypatch, capsys, tmp_path, command):
+    """One error line, before anything is built or converted (a fresh cache stays empty) or a dataset read."""
+    monkeypatch.setenv("DFLASH_TRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(monkeypatch, capsys, *command, "--cuda-kernels", "on")
     assert code == 1 and err.count("\n") == 1, err
     assert err.startswith("error: --cuda-kernels on needs --device cuda (got cpu)")
+    assert list(tmp_path.iterdir()) == []  # no cache, no bench output
 
 
 # ---- on a CUDA GPU ------------------------------------------------------------------------------------------

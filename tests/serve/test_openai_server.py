@@ -5,6 +5,7 @@ token against the runtime's autoregressive output; metrics by exact counts."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -205,6 +206,7 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] is None  # not the character position
     r = httpx.post(base + "/v1/completions", content=b"hello")
     assert r.status_code == 400 and "not a JSON object" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "logprobs": 0})
@@ -224,8 +226,18 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
 
     r = httpx.post(base + "/v1/completions", content=chunked(b'{"prompt": "' + b"x" * (17 * 2**20) + b'"}'),
                    headers={"content-type": "application/json"})
-    assert r.status_code == 413 and "(chunked, no Content-Length) passed this server's limit of 16777216 bytes" in \
-        r.json()["error"]["message"]
+    assert r.status_code == 413 and "passed this server's limit of 16777216 bytes" in r.json()["error"]["message"]
+    # a small Content-Length beside Transfer-Encoding: chunked: the server reads the chunks, so they are counted
+    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(20):
+                sock.sendall(b"100000\r\n" + b"x" * 2**20 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before the rest
+        reply = sock.recv(65536).decode(errors="replace")
+    assert reply.startswith("HTTP/1.1 413") and "passed this server's limit" in reply, reply[:300]
     r = httpx.post(base + "/v1/completions", content=chunked(json.dumps({"prompt": "hi", "max_tokens": 3}).encode(), 5),
                    headers={"content-type": "application/json"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
@@ -328,13 +340,33 @@ def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smo
     assert one.choices[0].text == "" and one.choices[0].finish_reason == "stop"
 
 
+class Records(logging.Handler):
+    """The records a logger emits while installed (`with Records("uvicorn.error") as r: ...; r.records`)."""
+
+    def __init__(self, name: str):
+        super().__init__(logging.DEBUG)
+        self.logger, self.records = logging.getLogger(name), []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+
+
 def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
     base = server[0]
     before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(base + "/v1/completions", timeout=3,
-                   json={"prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
-    aborted_then_serving(base, before, client)
+    with Records("uvicorn.error") as log:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/v1/completions", timeout=3,
+                       json={"prompt": "Write a long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
+        aborted_then_serving(base, before, client)
+    assert [r.getMessage() for r in log.records if r.levelno >= logging.WARNING] == []  # a normal abort: no traceback
 
 
 def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client):
