@@ -27,32 +27,27 @@ def _as_dict(hf_config: Any) -> dict:
     raise ConfigError(f"expected a config.json dict or a transformers PretrainedConfig, got {type(hf_config)!r}")
 
 
-def _require(cfg: dict, key: str, where: str) -> Any:
-    if cfg.get(key) is None:
-        raise ConfigError(f"{where}: config.json has no '{key}'; add it (see the model's HF card)")
-    return cfg[key]
-
-
 _NO_DEFAULT = object()
 
 
-def _int(value: Any, key: str, where: str, default: Any = _NO_DEFAULT) -> int:
+def _int(value: Any, key: str, where: str, default: Any = _NO_DEFAULT, minimum: int | None = None) -> int:
     """`value` of config.json field `key` as an int: JSON integers only (an integral float such as 16.0
-    too); None or absent -> `default` when one is given.
+    too); None or absent -> `default` when one is given. `minimum`: the smallest value taken.
 
     Raises:
         ConfigError: a string, a fraction, a bool, a list... ("block_size must be an integer, got '16'"),
-            or None without a default (as `_require`).
+            a value under `minimum`, or None without a default (as `_require`).
     """
     if value is None:
         if default is _NO_DEFAULT:
-            raise ConfigError(f"{where}: config.json has no '{key}'; add it (see the model's HF card)")
+            raise ConfigError(f"{where} has no '{key}'; add it (see the model's HF card)")
         return default
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: config.json's '{key}' must be an integer, got {value!r} "
-                          f"({type(value).__name__}); fix it in config.json")
+        raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r} ({type(value).__name__}); fix it there")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: '{key}' must be at least {minimum}, got {value}; fix it there")
     return value
 
 
@@ -65,22 +60,72 @@ def _swap_hint(flag: str | None, want: str) -> str:
     return f"give {want} as {flag}"
 
 
-def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
+#: the fields each rope scaling type needs (dflash_trt.models.layers.RotaryEmbedding reads them)
+ROPE_REQUIRED = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _float(value: Any, key: str, where: str, default: Any = _NO_DEFAULT) -> float:
+    """`value` of config.json field `key` as a float: a JSON number (not a bool); None or absent ->
+    `default` when one is given.
+
+    Raises:
+        ConfigError: a string, a bool, a list... naming the field, or None without a default.
+    """
+    if value is None:
+        if default is _NO_DEFAULT:
+            raise ConfigError(f"{where} has no '{key}'; add it (see the model's HF card)")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: '{key}' must be a number, got {value!r} ({type(value).__name__}); fix it there")
+    return float(value)
+
+
+def _bool(value: Any, key: str, where: str, default: bool) -> bool:
+    """`value` of config.json field `key`: JSON true / false; None or absent -> `default`.
+
+    Raises:
+        ConfigError: anything else ("no", 0, "false") naming the field.
+    """
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: '{key}' must be true or false, got {value!r} ({type(value).__name__}); fix it "
+                          "there")
+    return value
+
+
+def _rope_from_hf(cfg: dict, where: str = "target config.json") -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from either transformers<5 (`rope_theta`, `rope_scaling`) or
-    transformers>=5 (`rope_parameters`) config layouts. rope_scaling is None for plain RoPE."""
+    transformers>=5 (`rope_parameters`) config layouts. rope_scaling is None for plain RoPE.
+
+    Raises:
+        ConfigError: rope_theta not a number, rope_scaling not an object, an unsupported rope type, or a
+            field its type needs missing or not a number (`ROPE_REQUIRED`).
+    """
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping) and "rope_theta" in params:
-        theta = float(params["rope_theta"])
+        theta = _float(params["rope_theta"], "rope_parameters.rope_theta", where)
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        key = "rope_parameters"
     else:
-        theta = float(cfg.get("rope_theta", 10000.0))
-        scaling = dict(cfg["rope_scaling"]) if cfg.get("rope_scaling") else None
+        theta = _float(cfg.get("rope_theta"), "rope_theta", where, 10000.0)
+        raw, key = cfg.get("rope_scaling"), "rope_scaling"
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: 'rope_scaling' must be an object such as {{\"rope_type\": \"linear\", "
+                              f"\"factor\": 2.0}} or null, got {raw!r}; fix it there")
+        scaling = dict(raw) if raw else None
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(
                 f"rope scaling type '{rope_type}' is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
+        for field in ROPE_REQUIRED.get(rope_type, ()):
+            _float(scaling.get(field), f"{key}.{field}", where)  # present and a number
+        for field in ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow"):
+            if scaling.get(field) is not None:
+                _float(scaling[field], f"{key}.{field}", where)
         scaling["rope_type"] = rope_type
         scaling.pop("type", None)
         if rope_type == "default":
@@ -121,17 +166,19 @@ class TargetConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, flag: str | None = None) -> "TargetConfig":
+    def from_hf_config(cls, hf_config: Any, flag: str | None = None, source: str | None = None) -> "TargetConfig":
         """Build from a config.json dict or a `transformers.PretrainedConfig`.
 
         `flag`: the option that gave the folder (e.g. "--target"), named by the fix when the config is a
-        drafter's; None: a command with both --target and --drafter (the two may be swapped).
+        drafter's; None: a command with both --target and --drafter (the two may be swapped). `source`:
+        the config.json path the messages name (default "target config.json").
 
         Raises:
             ConfigError: a DFlash drafter's config (swapped folders), unsupported model_type / rope type,
-                or a required field is missing.
+                a required field missing, or a field of the wrong type or range (named).
         """
         cfg = _as_dict(hf_config)
+        where = source or "target config.json"
         model_type = cfg.get("model_type")
         if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or ()):
             raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: "
@@ -140,30 +187,33 @@ class TargetConfig:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
             )
-        hidden = _int(cfg.get("hidden_size"), "hidden_size", "target")
-        heads = _int(cfg.get("num_attention_heads"), "num_attention_heads", "target")
-        theta, scaling = _rope_from_hf(cfg)
+        def size(key: str, default: Any = _NO_DEFAULT) -> int:
+            return _int(cfg.get(key), key, where, default, minimum=1)
+
+        hidden = size("hidden_size")
+        heads = size("num_attention_heads")
+        theta, scaling = _rope_from_hf(cfg, where)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
-        kv_heads = _int(cfg.get("num_key_value_heads"), "num_key_value_heads", "target", heads)
+        kv_heads = size("num_key_value_heads", heads)
         if heads % kv_heads:
             raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         return cls(
             model_type=model_type,
-            vocab_size=_int(cfg.get("vocab_size"), "vocab_size", "target"),
+            vocab_size=size("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=_int(cfg.get("intermediate_size"), "intermediate_size", "target"),
-            num_hidden_layers=_int(cfg.get("num_hidden_layers"), "num_hidden_layers", "target"),
+            intermediate_size=size("intermediate_size"),
+            num_hidden_layers=size("num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=_int(cfg.get("head_dim"), "head_dim", "target", hidden // heads),
-            max_position_embeddings=_int(cfg.get("max_position_embeddings"), "max_position_embeddings", "target", 2048),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            head_dim=size("head_dim", hidden // heads),
+            max_position_embeddings=size("max_position_embeddings", 2048),
+            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            tie_word_embeddings=_bool(cfg.get("tie_word_embeddings"), "tie_word_embeddings", where, False),
+            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False),
+            mlp_bias=_bool(cfg.get("mlp_bias"), "mlp_bias", where, False),
             qk_norm=model_type == "qwen3",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
@@ -173,7 +223,7 @@ class TargetConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path, flag: str | None = None) -> "TargetConfig":
         """`from_hf_config` of `path`/config.json (`flag` as there)."""
-        return cls.from_hf_config(read_config_json(path), flag)
+        return cls.from_hf_config(read_config_json(path), flag, str(Path(path) / "config.json"))
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -239,18 +289,25 @@ class DrafterConfig:
     draft_vocab_size: int | None = None
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, flag: str | None = None) -> "DrafterConfig":
+    def from_hf_config(cls, hf_config: Any, flag: str | None = None, source: str | None = None) -> "DrafterConfig":
         """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`).
 
         `flag`: the option that gave the folder (e.g. "SRC", "--init"), named by the fix when the config
         is a model's; None: a command with both --target and --drafter (the two may be swapped).
+        `source`: the config.json path the messages name (default "drafter config.json").
 
         Raises:
             ConfigError: a model's config without dflash_config (swapped folders), missing
-                dflash_config.target_layer_ids / mask_token_id, or wrong shapes.
+                dflash_config.target_layer_ids / mask_token_id, wrong shapes, or a field of the wrong type
+                or range (named).
         """
         cfg = _as_dict(hf_config)
-        dflash = dict(cfg.get("dflash_config") or {})
+        where = source or "drafter config.json"
+        raw = cfg.get("dflash_config")
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: 'dflash_config' must be an object such as {{\"target_layer_ids\": [1, 8], "
+                              f"\"mask_token_id\": 0}}, got {raw!r}; fix it there")
+        dflash = dict(raw or {})
         layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
         if layer_ids is None:
             arch = ", ".join(cfg.get("architectures") or ())
@@ -264,49 +321,56 @@ class DrafterConfig:
         mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
         if mask is None:
             raise ConfigError("drafter config.json has no dflash_config.mask_token_id; add the mask token id")
-        hidden = _int(cfg.get("hidden_size"), "hidden_size", "drafter")
-        heads = _int(cfg.get("num_attention_heads"), "num_attention_heads", "drafter")
-        layers = _int(cfg.get("num_hidden_layers"), "num_hidden_layers", "drafter")
-        theta, scaling = _rope_from_hf(cfg)
-        layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * layers)
+        def size(key: str, default: Any = _NO_DEFAULT) -> int:
+            return _int(cfg.get(key), key, where, default, minimum=1)
+
+        hidden = size("hidden_size")
+        heads = size("num_attention_heads")
+        layers = size("num_hidden_layers")
+        theta, scaling = _rope_from_hf(cfg, where)
+        raw_types = cfg.get("layer_types")
+        if raw_types is not None and (not isinstance(raw_types, (list, tuple))
+                                      or not all(isinstance(t, str) for t in raw_types)):
+            raise ConfigError(f"{where}: 'layer_types' must be a list of one string per layer (e.g. "
+                              f"[\"full_attention\"]), got {raw_types!r}; fix it there")
+        layer_types = tuple(raw_types or ("full_attention",) * layers)
         if len(layer_types) != layers:
             raise ConfigError(f"drafter layer_types has {len(layer_types)} entries for {layers} layers")
         meta = cfg.get("dflash_trt") or {}
         if not isinstance(layer_ids, (list, tuple)):
-            raise ConfigError(f"drafter: config.json's dflash_config.target_layer_ids must be a list of integers, got "
-                              f"{layer_ids!r}; fix it in config.json")
-        ids = tuple(_int(i, "dflash_config.target_layer_ids", "drafter") for i in layer_ids)
+            raise ConfigError(f"{where}: 'dflash_config.target_layer_ids' must be a list of integers, got "
+                              f"{layer_ids!r}; fix it there")
+        ids = tuple(_int(i, "dflash_config.target_layer_ids", where) for i in layer_ids)
         return cls(
             hidden_size=hidden,
-            intermediate_size=_int(cfg.get("intermediate_size"), "intermediate_size", "drafter"),
+            intermediate_size=size("intermediate_size"),
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=_int(cfg.get("num_key_value_heads"), "num_key_value_heads", "drafter", heads),
-            head_dim=_int(cfg.get("head_dim"), "head_dim", "drafter", hidden // heads),
-            vocab_size=_int(cfg.get("vocab_size"), "vocab_size", "drafter"),
-            block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", "drafter", 16),
-            mask_token_id=_int(mask, "dflash_config.mask_token_id", "drafter"),
+            num_key_value_heads=size("num_key_value_heads", heads),
+            head_dim=size("head_dim", hidden // heads),
+            vocab_size=size("vocab_size"),
+            block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", where, 16, minimum=1),
+            mask_token_id=_int(mask, "dflash_config.mask_token_id", where),
             target_layer_ids=ids,
-            num_target_layers=_int(cfg.get("num_target_layers"), "num_target_layers", "drafter", 0),
+            num_target_layers=_int(cfg.get("num_target_layers"), "num_target_layers", where, 0),
             target_hidden_size=_int(dflash.get("target_hidden_size", meta.get("target_hidden_size")),
-                                    "dflash_config.target_hidden_size", "drafter", hidden),
-            max_position_embeddings=_int(cfg.get("max_position_embeddings"), "max_position_embeddings", "drafter",
-                                         32768),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                                    "dflash_config.target_hidden_size", where, hidden),
+            max_position_embeddings=size("max_position_embeddings", 32768),
+            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
-            attention_bias=bool(cfg.get("attention_bias", False)),
+            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False),
             layer_types=layer_types,
-            sliding_window=cfg.get("sliding_window"),
+            sliding_window=_int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1),
             model_type=str(cfg.get("model_type", "qwen3")),
             trained=not bool(meta.get("untrained", False)),
-            draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", "drafter", None) or None,
+            draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", where, None) or None,
         )
 
     @classmethod
     def from_pretrained(cls, path: str | Path, flag: str | None = None) -> "DrafterConfig":
         """`from_hf_config` of `path`/config.json (`flag` as there)."""
-        return cls.from_hf_config(read_config_json(path), flag)
+        return cls.from_hf_config(read_config_json(path), flag, str(Path(path) / "config.json"))
 
     @property
     def fc_in_features(self) -> int:

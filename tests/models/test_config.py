@@ -75,19 +75,61 @@ def test_fields_of_the_wrong_type_are_named():
     assert DrafterConfig.from_hf_config({k: v for k, v in drafter.items() if k != "block_size"}).block_size == 16
     for field, bad in (("block_size", "16"), ("block_size", 16.5), ("num_hidden_layers", True),
                        ("hidden_size", "abc"), ("max_position_embeddings", [4096])):
-        with pytest.raises(ConfigError, match=rf"drafter: config.json's '{field}' must be an integer, got "
+        with pytest.raises(ConfigError, match=rf"drafter config.json: '{field}' must be an integer, got "
                                               rf"{re.escape(repr(bad))}"):
             DrafterConfig.from_hf_config(dict(drafter, **{field: bad}))
     with pytest.raises(ConfigError, match=r"'dflash_config.mask_token_id' must be an integer, got '3'"):
         DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": [1], "mask_token_id": "3"}))
     with pytest.raises(ConfigError, match=r"'dflash_config.target_layer_ids' must be an integer, got 1.5"):
         DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": [1.5], "mask_token_id": 3}))
-    with pytest.raises(ConfigError, match=r"target_layer_ids must be a list of integers, got '1, 2'"):
+    with pytest.raises(ConfigError, match=r"target_layer_ids' must be a list of integers, got '1, 2'"):
         DrafterConfig.from_hf_config(dict(drafter, dflash_config={"target_layer_ids": "1, 2", "mask_token_id": 3}))
     target = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
               "num_hidden_layers": 2, "num_attention_heads": 2}
     assert TargetConfig.from_hf_config(dict(target, max_position_embeddings=None)).max_position_embeddings == 2048
-    with pytest.raises(ConfigError, match=r"target: config.json's 'vocab_size' must be an integer, got '10' \(str\)"):
+    with pytest.raises(ConfigError, match=r"target config.json: 'vocab_size' must be an integer, got '10' \(str\)"):
         TargetConfig.from_hf_config(dict(target, vocab_size="10"))
-    with pytest.raises(ConfigError, match="target: config.json has no 'hidden_size'"):
+    with pytest.raises(ConfigError, match="target config.json has no 'hidden_size'"):
         TargetConfig.from_hf_config(dict(target, hidden_size=None))
+
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"dflash_config": "x"}, "'dflash_config' must be an object"),
+    ({"rope_theta": None}, None),  # absent: the default 10000
+    ({"rope_theta": "1e6"}, "'rope_theta' must be a number, got '1e6'"),
+    ({"num_attention_heads": 0}, "'num_attention_heads' must be at least 1, got 0"),
+    ({"head_dim": -64}, "'head_dim' must be at least 1, got -64"),
+    ({"rope_scaling": "yarn"}, "'rope_scaling' must be an object"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "has no 'rope_scaling.factor'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "abc"}}, "'rope_scaling.factor' must be a number, got 'abc'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "has no 'rope_scaling.low_freq_factor'"),
+    ({"layer_types": "full_attention"}, "'layer_types' must be a list of one string per layer"),
+    ({"attention_bias": "no"}, "'attention_bias' must be true or false, got 'no' (str)"),
+    ({"sliding_window": 0}, "'sliding_window' must be at least 1, got 0"),
+    ({"rms_norm_eps": [1e-6]}, "'rms_norm_eps' must be a number"),
+])
+def test_drafter_fields_of_the_wrong_shape_are_named(tmp_path, change, words):
+    """Each once crashed with a traceback (ZeroDivisionError, KeyError: 'factor', float(None), ...) or was
+    misread ("no" as true, a string as its characters); from_pretrained names the file."""
+    import json
+
+    drafter = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+               "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "dflash_config": {"target_layer_ids": [1], "mask_token_id": 3}}
+    (tmp_path / "config.json").write_text(json.dumps({**drafter, **change}))
+    if words is None:
+        assert DrafterConfig.from_pretrained(tmp_path).rope_theta == 10000.0
+        return
+    with pytest.raises(ConfigError) as exc:
+        DrafterConfig.from_pretrained(tmp_path)
+    assert str(exc.value).startswith(str(tmp_path / "config.json")) and words in str(exc.value), str(exc.value)
+
+
+def test_target_booleans_are_json_booleans():
+    target = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 2}
+    assert TargetConfig.from_hf_config(dict(target, tie_word_embeddings=True)).tie_word_embeddings is True
+    with pytest.raises(ConfigError, match=r"target config.json: 'tie_word_embeddings' must be true or false, got "
+                                          r"'false' \(str\)"):
+        TargetConfig.from_hf_config(dict(target, tie_word_embeddings="false"))
