@@ -93,3 +93,8 @@ def test_torchrun_without_a_matching_tp_size_is_refused(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "3")
     code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", "Hi", "--max-tokens", "2")
     assert code == 2 and "one of 3 processes started by torchrun, but --tp-size is 1: pass --tp-size 3" in err
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--port", str(free_port()))
+    assert code == 2 and "one of 3 processes started by torchrun, but --tp-size is 1: pass --tp-size 3" in err
+    monkeypatch.delenv("WORLD_SIZE")
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--tp-size", "3", "--port", str(free_port()))
+    assert code == 2 and "--tp-size 3 runs one process per rank: launch it with torchrun --nproc-per-node 3" in err
