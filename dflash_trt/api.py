@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,19 +113,33 @@ class Pipeline:
         check_text(text, "text")
         return list(self.tokenizer(text)["input_ids"])
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids) -> str:
         """Text of token ids (special tokens such as EOS left out, spacing as the tokenizer writes it).
 
+        `ids`: a flat sequence of token ids: a list or tuple of ints, or a 1-D integer numpy array or torch
+        tensor (e.g. a `GenerationResult.token_ids`).
+
         Raises:
-            InvalidRequestError: an id outside the vocabulary [0, the target's vocab_size) (the tokenizer
-                itself decodes one to '' silently).
+            InvalidRequestError: `ids` is not such a sequence (names what it is), or holds an id outside
+                the vocabulary [0, the target's vocab_size) (the tokenizer itself decodes one to '' silently).
         """
+        if hasattr(ids, "tolist") and hasattr(ids, "ndim"):  # numpy array, torch tensor
+            if ids.ndim != 1 or not str(ids.dtype).removeprefix("torch.").startswith(("int", "uint")):
+                raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got a {ids.ndim}-D "
+                                          f"{type(ids).__name__} of {ids.dtype} with shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        if not isinstance(ids, (list, tuple)):
+            raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got {type(ids).__name__}")
+        odd = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if odd is not None:
+            raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got a {type(ids).__name__} "
+                                      f"holding {odd!r} ({type(odd).__name__})")
         vocab = self.engine.target.config.vocab_size if self.engine is not None else len(self.tokenizer)
-        if len(ids) and (min(ids) < 0 or max(ids) >= vocab):
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab}); decode the ids a "
                                       "generate call returned, or encode() gave")
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:

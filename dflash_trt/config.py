@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,14 +18,17 @@ from dflash_trt.errors import ConfigError
 
 SUPPORTED_TARGET_TYPES = ("llama", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+#: a drafter layer's attention: non-causal over context + block, or causal and windowed
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def _as_dict(hf_config: Any) -> dict:
+def _as_dict(hf_config: Any, where: str) -> dict:
     if isinstance(hf_config, Mapping):
         return dict(hf_config)
     if hasattr(hf_config, "to_dict"):
         return hf_config.to_dict()
-    raise ConfigError(f"expected a config.json dict or a transformers PretrainedConfig, got {type(hf_config)!r}")
+    raise ConfigError(f"{where} must hold one JSON object (a config.json dict or a transformers PretrainedConfig), "
+                      f"got {type(hf_config).__name__}")
 
 
 _NO_DEFAULT = object()
@@ -65,12 +69,13 @@ ROPE_REQUIRED = {"linear": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
-def _float(value: Any, key: str, where: str, default: Any = _NO_DEFAULT) -> float:
+def _float(value: Any, key: str, where: str, default: Any = _NO_DEFAULT, positive: bool = False) -> float:
     """`value` of config.json field `key` as a float: a JSON number (not a bool); None or absent ->
-    `default` when one is given.
+    `default` when one is given. `positive`: a finite number > 0 only (NaN, inf, 0 and below refused).
 
     Raises:
-        ConfigError: a string, a bool, a list... naming the field, or None without a default.
+        ConfigError: a string, a bool, a list... naming the field, a value `positive` refuses, or None
+            without a default.
     """
     if value is None:
         if default is _NO_DEFAULT:
@@ -78,6 +83,8 @@ def _float(value: Any, key: str, where: str, default: Any = _NO_DEFAULT) -> floa
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: '{key}' must be a number, got {value!r} ({type(value).__name__}); fix it there")
+    if positive and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{where}: '{key}' must be a finite number > 0, got {value!r}; fix it there")
     return float(value)
 
 
@@ -105,11 +112,11 @@ def _rope_from_hf(cfg: dict, where: str = "target config.json") -> tuple[float, 
     """
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping) and "rope_theta" in params:
-        theta = _float(params["rope_theta"], "rope_parameters.rope_theta", where)
+        theta = _float(params["rope_theta"], "rope_parameters.rope_theta", where, positive=True)
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         key = "rope_parameters"
     else:
-        theta = _float(cfg.get("rope_theta"), "rope_theta", where, 10000.0)
+        theta = _float(cfg.get("rope_theta"), "rope_theta", where, 10000.0, positive=True)
         raw, key = cfg.get("rope_scaling"), "rope_scaling"
         if raw is not None and not isinstance(raw, Mapping):
             raise ConfigError(f"{where}: 'rope_scaling' must be an object such as {{\"rope_type\": \"linear\", "
@@ -118,14 +125,13 @@ def _rope_from_hf(cfg: dict, where: str = "target config.json") -> tuple[float, 
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ConfigError(
-                f"rope scaling type '{rope_type}' is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
+            raise ConfigError(f"{where}: rope scaling type '{rope_type}' is not supported; supported: "
+                              f"{', '.join(SUPPORTED_ROPE_TYPES)}")
         for field in ROPE_REQUIRED.get(rope_type, ()):
-            _float(scaling.get(field), f"{key}.{field}", where)  # present and a number
+            _float(scaling.get(field), f"{key}.{field}", where, positive=True)  # present, a number > 0
         for field in ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow"):
             if scaling.get(field) is not None:
-                _float(scaling[field], f"{key}.{field}", where)
+                _float(scaling[field], f"{key}.{field}", where, positive=True)
         scaling["rope_type"] = rope_type
         scaling.pop("type", None)
         if rope_type == "default":
@@ -177,8 +183,8 @@ class TargetConfig:
             ConfigError: a DFlash drafter's config (swapped folders), unsupported model_type / rope type,
                 a required field missing, or a field of the wrong type or range (named).
         """
-        cfg = _as_dict(hf_config)
         where = source or "target config.json"
+        cfg = _as_dict(hf_config, where)
         model_type = cfg.get("model_type")
         if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or ()):
             raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: "
@@ -208,7 +214,7 @@ class TargetConfig:
             num_key_value_heads=kv_heads,
             head_dim=size("head_dim", hidden // heads),
             max_position_embeddings=size("max_position_embeddings", 2048),
-            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6),
+            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6, positive=True),
             rope_theta=theta,
             rope_scaling=scaling,
             tie_word_embeddings=_bool(cfg.get("tie_word_embeddings"), "tie_word_embeddings", where, False),
@@ -301,8 +307,8 @@ class DrafterConfig:
                 dflash_config.target_layer_ids / mask_token_id, wrong shapes, or a field of the wrong type
                 or range (named).
         """
-        cfg = _as_dict(hf_config)
         where = source or "drafter config.json"
+        cfg = _as_dict(hf_config, where)
         raw = cfg.get("dflash_config")
         if raw is not None and not isinstance(raw, Mapping):
             raise ConfigError(f"{where}: 'dflash_config' must be an object such as {{\"target_layer_ids\": [1, 8], "
@@ -314,13 +320,11 @@ class DrafterConfig:
             if not dflash and arch and "DFlashDraftModel" not in arch:
                 raise ConfigError(f"this config.json is a {arch} model's, not a DFlash drafter's (no dflash_config): "
                                   + _swap_hint(flag, "a DFlash drafter's folder"))
-            raise ConfigError(
-                "drafter config.json has no dflash_config.target_layer_ids; add the target layers whose "
-                "hidden states feed the drafter"
-            )
+            raise ConfigError(f"{where} has no dflash_config.target_layer_ids; add the target layers whose hidden "
+                              "states feed the drafter")
         mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
         if mask is None:
-            raise ConfigError("drafter config.json has no dflash_config.mask_token_id; add the mask token id")
+            raise ConfigError(f"{where} has no dflash_config.mask_token_id; add the mask token id")
         def size(key: str, default: Any = _NO_DEFAULT) -> int:
             return _int(cfg.get(key), key, where, default, minimum=1)
 
@@ -335,8 +339,16 @@ class DrafterConfig:
                               f"[\"full_attention\"]), got {raw_types!r}; fix it there")
         layer_types = tuple(raw_types or ("full_attention",) * layers)
         if len(layer_types) != layers:
-            raise ConfigError(f"drafter layer_types has {len(layer_types)} entries for {layers} layers")
+            raise ConfigError(f"{where}: 'layer_types' has {len(layer_types)} entries for {layers} layers; give one "
+                              "per layer")
+        unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ConfigError(f"{where}: 'layer_types' holds {', '.join(map(repr, unknown))}; each must be one of "
+                              f"{', '.join(LAYER_TYPES)}")
         meta = cfg.get("dflash_trt") or {}
+        if not isinstance(meta, Mapping):
+            raise ConfigError(f"{where}: 'dflash_trt' (dflash-trt's own notes) must be an object, got {meta!r}; fix it "
+                              "there or remove it")
         if not isinstance(layer_ids, (list, tuple)):
             raise ConfigError(f"{where}: 'dflash_config.target_layer_ids' must be a list of integers, got "
                               f"{layer_ids!r}; fix it there")
@@ -356,7 +368,7 @@ class DrafterConfig:
             target_hidden_size=_int(dflash.get("target_hidden_size", meta.get("target_hidden_size")),
                                     "dflash_config.target_hidden_size", where, hidden),
             max_position_embeddings=size("max_position_embeddings", 32768),
-            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6),
+            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6, positive=True),
             rope_theta=theta,
             rope_scaling=scaling,
             attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False),
@@ -364,7 +376,7 @@ class DrafterConfig:
             sliding_window=_int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1),
             model_type=str(cfg.get("model_type", "qwen3")),
             trained=not bool(meta.get("untrained", False)),
-            draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", where, None) or None,
+            draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", where, None, minimum=1),
         )
 
     @classmethod

@@ -79,8 +79,13 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
         import torch.distributed as dist
 
         if dist.get_rank() != 0:  # a follower: decodes rank 0's batches in lockstep, answers nothing itself
+            import signal
+
             from dflash_trt.serve.lockstep import follow
 
+            # Ctrl-C reaches every rank: a follower stays until rank 0 has shut down (aborting what it was
+            # decoding with it) and sends the stop; torchrun kills it if rank 0 is gone
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             follow(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens))
             return
     warn_block_size(pipe)
@@ -94,4 +99,13 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"
     print(f"serving {name!r} ({pipe.target_path}, {what}) on {where} (OpenAI API under /v1)", file=sys.stderr,
           flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # Ctrl-C / SIGTERM: running and queued requests end now ("abort"),
+            app.state.scheduler.abort_all()  # so the graceful shutdown waits for no long stream
+            super().handle_exit(sig, frame)
+
+    try:
+        Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower())).run()
+    except KeyboardInterrupt:  # re-raised by uvicorn after its graceful shutdown (as uvicorn.run swallows it)
+        pass

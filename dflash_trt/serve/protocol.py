@@ -117,6 +117,8 @@ class _Request(BaseModel):
             raise InvalidRequestError(f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})")
         stops = tuple(dict.fromkeys(extra if self.ignore_eos else (*eos_token_ids, *extra)))
         seed = None if self.seed is None else self.seed + seed_offset
+        if seed is not None and seed >= 2**64:  # wrapped: a valid seed gives n valid choice seeds
+            seed -= 2**64 + 2**63
         return SamplingParams(temperature=self.temperature, top_k=0 if self.top_k == -1 else self.top_k,
                               top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops, seed=seed)
 

@@ -165,15 +165,20 @@ class Scheduler:
         for s in seqs:
             self._queue.put(s)
 
-    def close(self) -> None:
-        """Stop the thread: the batch in progress and the queued sequences are aborted (finish_reason
-        "abort" at their next tokens), then the thread ends (a server shutting down waits for no generation)."""
+    def abort_all(self) -> None:
+        """Abort the batch in progress and the queued sequences (finish_reason "abort" at their next tokens;
+        queued ones end before they start); returns at once (safe in a signal handler). New ones still run."""
         for s in self._live:
             s.cancelled = True
         with self._queue.mutex:
             for s in self._queue.queue:
                 if s is not None:
                     s.cancelled = True
+
+    def close(self) -> None:
+        """Stop the thread: the batch in progress and the queued sequences are aborted (`abort_all`), then
+        the thread ends (a server shutting down waits for no generation)."""
+        self.abort_all()
         self._queue.put(None)
         self._thread.join(timeout=60)
 

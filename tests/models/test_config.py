@@ -108,6 +108,16 @@ def test_fields_of_the_wrong_type_are_named():
     ({"attention_bias": "no"}, "'attention_bias' must be true or false, got 'no' (str)"),
     ({"sliding_window": 0}, "'sliding_window' must be at least 1, got 0"),
     ({"rms_norm_eps": [1e-6]}, "'rms_norm_eps' must be a number"),
+    ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' must be a finite number > 0, got nan"),
+    ({"rms_norm_eps": -1e-5}, "'rms_norm_eps' must be a finite number > 0, got -1e-05"),
+    ({"rope_theta": 0}, "'rope_theta' must be a finite number > 0, got 0"),
+    ({"rope_scaling": {"type": "linear", "factor": 0}}, "'rope_scaling.factor' must be a finite number > 0"),
+    ({"rope_scaling": {"rope_type": "xyz"}}, "rope scaling type 'xyz' is not supported"),
+    ({"layer_types": ["foo", "bar"]}, "'layer_types' has 2 entries for 1 layers"),
+    ({"layer_types": ["foo"]}, "'layer_types' holds 'foo'; each must be one of full_attention, sliding_attention"),
+    ({"draft_vocab_size": -5}, "'draft_vocab_size' must be at least 1, got -5"),
+    ({"dflash_trt": "x"}, "'dflash_trt' (dflash-trt's own notes) must be an object"),
+    ({"dflash_config": {"target_layer_ids": [1]}}, "has no dflash_config.mask_token_id"),
 ])
 def test_drafter_fields_of_the_wrong_shape_are_named(tmp_path, change, words):
     """Each once crashed with a traceback (ZeroDivisionError, KeyError: 'factor', float(None), ...) or was
@@ -117,7 +127,7 @@ def test_drafter_fields_of_the_wrong_shape_are_named(tmp_path, change, words):
     drafter = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
                "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                "dflash_config": {"target_layer_ids": [1], "mask_token_id": 3}}
-    (tmp_path / "config.json").write_text(json.dumps({**drafter, **change}))
+    (tmp_path / "config.json").write_text(json.dumps({**drafter, **change}))  # NaN as JSON's NaN
     if words is None:
         assert DrafterConfig.from_pretrained(tmp_path).rope_theta == 10000.0
         return
@@ -133,3 +143,9 @@ def test_target_booleans_are_json_booleans():
     with pytest.raises(ConfigError, match=r"target config.json: 'tie_word_embeddings' must be true or false, got "
                                           r"'false' \(str\)"):
         TargetConfig.from_hf_config(dict(target, tie_word_embeddings="false"))
+
+
+def test_a_config_that_is_not_an_object_is_named(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"config.json must hold one JSON object .*got list"):
+        DrafterConfig.from_pretrained(tmp_path)

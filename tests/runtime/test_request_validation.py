@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -150,6 +151,18 @@ def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
             method([1, 2])
         assert str(exc.value) == f"{name} must be a str, got list"
     assert pipe.decode(pipe.encode("Hi there")) == "Hi there" and pipe.decode([]) == ""
+    ids = pipe.encode("Hi there")
+    for same in (tuple(ids), np.array(ids), torch.tensor(ids), [np.int64(t) for t in ids]):
+        assert pipe.decode(same) == "Hi there"
+    for odd, words in ((np.array([ids]), "got a 2-D ndarray of int64 with shape (1, 2)"),
+                       (torch.tensor([ids]), "got a 2-D Tensor of torch.int64 with shape (1, 2)"),
+                       (torch.tensor([1.0, 2.0]), "got a 1-D Tensor of torch.float32"),
+                       ([ids], "got a list holding [" ), (["a", "b"], "got a list holding 'a' (str)"),
+                       ([True, False], "got a list holding True (bool)"), (None, "got NoneType"), (5, "got int"),
+                       ([1.0], "got a list holding 1.0 (float)")):
+        with pytest.raises(InvalidRequestError, match="ids must be a flat sequence of integer token ids, "
+                                                      + re.escape(words)):
+            pipe.decode(odd)
     for ids, bad in (([5, 10**9], 10**9), ([-1], -1), ([len(pipe.tokenizer)], len(pipe.tokenizer))):
         with pytest.raises(InvalidRequestError, match=rf"token id {bad} is outside the vocabulary \[0, 49152\)"):
             pipe.decode(ids)

@@ -262,6 +262,13 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     r = httpx.post(base + "/v1/completions", content=chunked(json.dumps({"prompt": "hi", "max_tokens": 3}).encode(), 5),
                    headers={"content-type": "application/json"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    top = {"prompt": "hi", "max_tokens": 2, "n": 2, "seed": 2**64 - 1, "temperature": 1}  # choice 1: seed wrapped
+    texts = []
+    for _ in range(2):
+        r = httpx.post(base + "/v1/completions", json=top)
+        assert r.status_code == 200, r.text
+        texts.append([c["text"] for c in r.json()["choices"]])
+    assert texts[0] == texts[1]  # reproducible
     r = httpx.get(base + "/v1/nothing")
     assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/chat/completions")

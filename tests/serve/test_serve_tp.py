@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -79,13 +81,37 @@ def test_answers_are_the_targets_and_ranks_stay_in_step(tp_server):
     assert completion(base, max_tokens=10, temperature=0, ignore_eos=True)["choices"][0]["text"] == text
 
 
-def test_ctrl_c_stops_every_rank(tp_server):
+def test_ctrl_c_stops_every_rank_even_mid_generation(tp_server):
+    """Ctrl-C while a stream is being decoded: the followers stay until rank 0 has aborted it (a clean end
+    of the stream, not a collective failing on a dead peer), then every process exits."""
     base, proc, _, _ = tp_server
+    body = {"prompt": PROMPT, "max_tokens": 240, "temperature": 0, "ignore_eos": True, "stream": True, "n": 4}
+    seen: list[str] = []
+
+    def stream():
+        try:
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    seen.append(line)
+        except httpx.TransportError:
+            seen.append("transport error")
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    deadline = time.time() + 120
+    while not any(line.startswith("data: {") for line in seen):
+        assert time.time() < deadline, "the stream did not start"
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: torchrun and both ranks
     try:
-        proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("a rank did not stop on Ctrl-C")
+    reader.join(30)
+    text = "\n".join(seen)
+    assert "generation failed" not in text and "Connection closed by peer" not in text, text[-2000:]
+    assert [line for line in seen if line][-1] == "data: [DONE]" and '"finish_reason":"abort"' in text.replace(" ", ""), text[-2000:]
+    assert "Exception in ASGI application" not in err and "lockstep" not in err, err[-3000:]  # no traceback
     with pytest.raises(httpx.TransportError):
         httpx.get(base + "/health", timeout=2)
