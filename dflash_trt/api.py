@@ -130,16 +130,20 @@ class Pipeline:
             ids = ids.tolist()
         if not isinstance(ids, (list, tuple)):
             raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got {type(ids).__name__}")
-        odd = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
-        if odd is not None:
-            raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got a {type(ids).__name__} "
-                                      f"holding {odd!r} ({type(odd).__name__})")
+        if not all(type(t) is int for t in ids):  # the fast check passes engine output (serve decodes every step)
+            odd = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+            if odd is not None:
+                raise InvalidRequestError(f"ids must be a flat sequence of integer token ids, got a "
+                                          f"{type(ids).__name__} holding {odd!r} ({type(odd).__name__})")
+            ids = [int(t) for t in ids]  # numpy integers
+        elif type(ids) is tuple:
+            ids = list(ids)
         vocab = self.engine.target.config.vocab_size if self.engine is not None else len(self.tokenizer)
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab}); decode the ids a "
                                       "generate call returned, or encode() gave")
-        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:
