@@ -41,7 +41,8 @@ def check_port(host: str, port: int) -> None:
 @click.option("--served-model-name", default=None,
               help="The model name clients pass as `model` (default: the bundle's or the target folder's name).")
 @click.option("--max-batch-size", default=8, show_default=True, type=click.IntRange(1, 256),
-              help="Sequences decoded together at most; requests waiting when a batch ends form the next one.")
+              help="Sequences decoded together at most (in-flight batching: waiting requests join the running "
+                   "batch between decode steps).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
@@ -78,15 +79,16 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     if tp_size > 1:
         import torch.distributed as dist
 
-        if dist.get_rank() != 0:  # a follower: decodes rank 0's batches in lockstep, answers nothing itself
+        if dist.get_rank() != 0:  # a follower: runs rank 0's batch operations in lockstep, answers nothing itself
             import signal
 
+            from dflash_trt.runtime.engine import DecodeBatch
             from dflash_trt.serve.lockstep import follow
 
             # Ctrl-C reaches every rank: a follower stays until rank 0 has shut down (aborting what it was
             # decoding with it) and sends the stop; torchrun kills it if rank 0 is gone
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            follow(lambda prompts, params, on_tokens: pipe.engine.generate(prompts, params, mode, on_tokens))
+            follow(lambda: DecodeBatch(pipe.engine, mode))
             return
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)

@@ -10,7 +10,9 @@ them. Autoregressive mode ("ar") is the same loop with no drafter
 and blocks of one token: the baseline every speedup is measured against.
 
 Requests of different lengths decode together with ragged acceptance; each request has its own
-RNG, so its output does not depend on what else is in the batch.
+RNG, so its output does not depend on what else is in the batch. `DecodeBatch` holds such a batch
+between steps, so that requests can join it while it runs (in-flight batching: the server's
+scheduler); `Engine.generate` is one batch run to its end.
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ class _Request:
     finish_reason: str | None = None
     start: int = 0  # absolute position of `out[-1]` = committed target KV length
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    index: int = 0
+    index: int = 0  # request id in its DecodeBatch (= prompt index for Engine.generate)
+    call_index: int = 0  # its prompt's index in the add() call that brought it (on_tokens' first argument)
     on_tokens: Callable[[int, list[int]], str | None] | None = None
     ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
+    t0: float = 0.0  # time.perf_counter() when its prefill began
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
@@ -99,7 +103,7 @@ class _Request:
                 taken = n
                 break
         if self.on_tokens is not None:
-            reason = self.on_tokens(self.index, tokens[:taken])
+            reason = self.on_tokens(self.call_index, tokens[:taken])
             if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
                 self.finish_reason = reason
         return taken
@@ -187,10 +191,19 @@ class Engine:
             InvalidRequestError, PromptTooLongError: bad request (nothing is generated).
             DFlashError: mode "dflash" without a drafter; non-finite target logits.
         """
-        if mode not in MODES:
-            raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "dflash" and self.proposer is None:
-            raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
+        batch = DecodeBatch(self, mode)
+        reqs = self._requests(prompts, params)
+        if not reqs:
+            return []
+        with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
+            ids = batch._add(reqs, on_tokens)
+            while batch.active:
+                batch.step()
+        done = dict(batch.take_finished())
+        return [done[i] for i in ids]
+
+    def _requests(self, prompts, params) -> list[_Request]:
+        """Validated `_Request`s of `generate`'s prompts and params (nothing is run)."""
         prompts = _token_id_lists(prompts)
         params = SamplingParams() if params is None else params  # [] is 0 params, not the default
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -200,55 +213,7 @@ class Engine:
             if not isinstance(sp, SamplingParams):
                 raise InvalidRequestError(f"params must be a SamplingParams or a list of them (one per prompt), got "
                                           f"{type(sp).__name__}; e.g. SamplingParams(max_tokens=64)")
-        reqs = [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
-        for i, r in enumerate(reqs):
-            r.index, r.on_tokens = i, on_tokens
-        if not reqs:
-            return []
-        with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
-            return self._generate(reqs, mode)
-
-    def _generate(self, reqs: list[_Request], mode: str) -> list[GenerationResult]:
-        t0 = time.perf_counter()
-        block = self.proposer.block_size if mode == "dflash" else 1
-        capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), self.context_len) + block + 1
-        cache = self.target.new_cache(len(reqs), capacity)
-        if mode == "dflash":
-            self.proposer.reset(len(reqs), capacity)
-            if self.proposer.prompt_lookup:
-                for r in reqs:
-                    r.ngrams = NgramIndex(r.prompt)
-        with self._phase("prefill"):
-            self._prefill(reqs, cache, mode)
-        ttft = time.perf_counter() - t0
-        for r in reqs:
-            r.metrics.time_to_first_token_s = ttft
-            r.metrics.prompt_tokens = len(r.prompt)
-            if r.finish_reason:
-                r.metrics.total_time_s = ttft
-        slots = list(range(len(reqs)))  # request index held by each cache row
-        while True:
-            active = [i for i, r in enumerate(reqs) if not r.finish_reason]
-            if not active:
-                break
-            if active != slots:  # drop finished requests' rows once, not a gather per layer per step
-                keep = [slots.index(i) for i in active]
-                cache.keep_rows(keep)
-                if mode == "dflash":
-                    self.proposer.cache.keep_rows(keep)
-                slots = active
-            self._step(reqs, active, cache, mode, block)
-            if self.phase_timer is not None:
-                self.phase_timer.steps += 1
-            now = time.perf_counter() - t0
-            for i in active:
-                if reqs[i].finish_reason:
-                    reqs[i].metrics.total_time_s = now
-        results = []
-        for r in reqs:
-            r.metrics.completion_tokens = len(r.out)
-            results.append(GenerationResult(r.out, r.finish_reason, r.metrics))
-        return results
+        return [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
 
     def _feature_ids(self, mode: str) -> tuple[int, ...]:
         if mode == "dflash":
@@ -272,7 +237,7 @@ class Engine:
         if mode == "dflash":
             self.proposer.add_context(out.features, positions, None)
         elif self.feature_sink is not None:
-            self.feature_sink.record(list(range(len(reqs))), out.features, positions, lens)
+            self.feature_sink.record([r.index for r in reqs], out.features, positions, lens)
         argmax = greedy_tokens(out.logits[:, 0]).tolist()  # one device sync for the whole batch
         for i, r in enumerate(reqs):
             r.start = lens[i]
@@ -280,8 +245,9 @@ class Engine:
             tok = argmax[i] if r.params.greedy else sample(probs_from_logits(out.logits[i, 0], r.params), r.generator)
             r.emit([tok])
 
-    def _step(self, reqs: list[_Request], active: list[int], cache, mode: str, block: int) -> None:
-        batch = [reqs[i] for i in active]
+    def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
+        """One decode step of every request of `batch` (cache row j holds batch[j]): draft, one target
+        forward, accept, KV injection."""
         rows = None  # the caches hold exactly the active requests, in order
         dev = self.device
         last = torch.tensor([r.out[-1] for r in batch], device=dev)
@@ -322,7 +288,7 @@ class Engine:
                 out = self.target(tokens, starts[:, None] + node_depths(tree), cache, max_start + step, rows,
                                   feature_ids, with_logits=False, slots=positions, attn_mask=mask)
         if mode == "ar" and self.feature_sink is not None:
-            self.feature_sink.record(list(active), out.features, positions, [1] * len(active))
+            self.feature_sink.record([r.index for r in batch], out.features, positions, [1] * len(batch))
         with self._phase("logits_and_accept"):
             kept_nodes = self._accept(batch, lens, tokens, drafts, out.hidden, cache, mode, tree)
         if inject:
@@ -468,3 +434,152 @@ class Engine:
             return step
         rate = m.accepted_per_position[c - 1] / m.verify_steps if m.verify_steps and m.accepted_per_position else 0.0
         return c if rate <= LAZY_MAX_ACCEPT_RATE else step
+
+
+@dataclass
+class StepStats:
+    """One decode step of a `DecodeBatch` (one target forward over its requests), for iteration stats.
+
+    requests: requests in the step; requests_with_drafts: those that verified drafts in it;
+    drafted_tokens / accepted_tokens: drafts verified / accepted, summed over them; emitted_tokens:
+    tokens the step added to their outputs (accepted drafts + one target token each, fewer where a
+    request stopped); seconds: its wall time."""
+
+    requests: int = 0
+    requests_with_drafts: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    seconds: float = 0.0
+
+
+class DecodeBatch:
+    """Requests decoding together, to which new requests can be added between steps (in-flight
+    batching, as TensorRT-LLM's batch manager does): `add` prefills the new requests on their own
+    and appends their rows to the batch's target KV cache and drafter context cache; `step` runs one
+    decode step (draft -> verify -> commit, `Engine.generate`'s step) of every unfinished request.
+    A request's output does not depend on what else is in the batch or when it joined (each has its
+    own RNG; greedy rows are computed independently), except that more requests than the proposer's
+    `max_concurrency` make the step autoregressive (same greedy tokens, other samples).
+
+    `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
+    time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
+
+    Args:
+        engine: the Engine.
+        mode: "dflash" or "ar".
+    Raises:
+        InvalidRequestError: an unknown mode. DFlashError: mode "dflash" without a drafter.
+    """
+
+    def __init__(self, engine: Engine, mode: str = "dflash"):
+        if mode not in MODES:
+            raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "dflash" and engine.proposer is None:
+            raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
+        self.engine, self.mode = engine, mode
+        self.block = engine.proposer.block_size if mode == "dflash" else 1
+        #: unfinished requests, and finished ones until the next step drops them: cache row j holds live[j]
+        self.live: list[_Request] = []
+        self.cache = None
+        self._drafter_cache = None
+        self._added: list[_Request] = []  # every request not yet returned by take_finished
+        self._next_id = 0
+
+    @property
+    def active(self) -> int:
+        """Requests not finished yet."""
+        return sum(1 for r in self.live if not r.finish_reason)
+
+    def add(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+            on_tokens: Callable[[int, list[int]], str | None] | None = None) -> list[int]:
+        """Prefill new requests and add them to the batch; each has emitted its first token on return.
+
+        Args / errors as `Engine.generate` (prompts: n lists of token ids; params: one SamplingParams
+        or one per prompt; on_tokens(k, new_ids) -> finish reason or None, where k is the prompt's
+        index in THIS call, at every later step too). A request that fails to prefill (bad request,
+        non-finite logits) raises here and leaves the batch as it was.
+        Returns:
+            the n request ids (unique in this batch, increasing: 0, 1, ... in the order added), as
+            `take_finished` names them.
+        """
+        reqs = self.engine._requests(prompts, params)
+        return self._add(reqs, on_tokens) if reqs else []
+
+    def _add(self, reqs: list[_Request], on_tokens) -> list[int]:
+        eng, mode = self.engine, self.mode
+        ids = list(range(self._next_id, self._next_id + len(reqs)))
+        for k, (i, r) in enumerate(zip(ids, reqs)):
+            r.index, r.call_index, r.on_tokens = i, k, on_tokens
+        t0 = time.perf_counter()
+        capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), eng.context_len) + self.block + 1
+        cache = eng.target.new_cache(len(reqs), capacity)
+        drafter_cache = None
+        if mode == "dflash":
+            drafter_cache = eng.proposer.cache = eng.proposer.drafter.new_cache(len(reqs), capacity)
+            if eng.proposer.prompt_lookup:
+                for r in reqs:
+                    r.ngrams = NgramIndex(r.prompt)
+        with eng._phase("prefill"):
+            eng._prefill(reqs, cache, mode)
+        ttft = time.perf_counter() - t0
+        for r in reqs:
+            r.t0 = t0
+            r.metrics.time_to_first_token_s = ttft
+            r.metrics.prompt_tokens = len(r.prompt)
+            if r.finish_reason:
+                r.metrics.total_time_s = ttft
+        if self.cache is None:
+            self.cache, self._drafter_cache = cache, drafter_cache
+        else:
+            self.cache.append_rows(cache)
+            if drafter_cache is not None:
+                self._drafter_cache.append_rows(drafter_cache)
+        self.live.extend(reqs)
+        self._added.extend(reqs)
+        self._next_id += len(reqs)
+        return ids
+
+    def step(self) -> StepStats:
+        """One decode step of every unfinished request (none: nothing happens). Finished requests'
+        cache rows are dropped first (one copy of the buffers, not a gather per layer per step).
+
+        Raises:
+            DFlashError: non-finite target logits; whatever an `on_tokens` callback raises. The batch
+            is then in an undefined state: drop it.
+        """
+        eng, mode = self.engine, self.mode
+        if any(r.finish_reason for r in self.live):
+            keep = [j for j, r in enumerate(self.live) if not r.finish_reason]
+            self.cache.keep_rows(keep)
+            if self._drafter_cache is not None:
+                self._drafter_cache.keep_rows(keep)
+            self.live = [self.live[j] for j in keep]
+        if not self.live:
+            return StepStats()
+        t = time.perf_counter()
+        before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
+        if mode == "dflash":
+            eng.proposer.cache = self._drafter_cache
+        eng._step(self.live, self.cache, mode, self.block)
+        if eng.phase_timer is not None:
+            eng.phase_timer.steps += 1
+        now = time.perf_counter()
+        for r in self.live:
+            if r.finish_reason:
+                r.metrics.total_time_s = now - r.t0
+        return StepStats(len(self.live),
+                         sum(1 for r, b in zip(self.live, before) if r.metrics.drafted_tokens > b[0]),
+                         sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
+                         sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
+                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t)
+
+    def take_finished(self) -> list[tuple[int, GenerationResult]]:
+        """(request id, GenerationResult) of the requests finished since the last call, in the order added."""
+        done, self._added = ([r for r in self._added if r.finish_reason],
+                             [r for r in self._added if not r.finish_reason])
+        out = []
+        for r in done:
+            r.metrics.completion_tokens = len(r.out)
+            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics)))
+        return out

@@ -56,6 +56,24 @@ class KVCache:
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
 
+    def append_rows(self, other: KVCache) -> None:
+        """Append the rows of `other` (same layers, heads, head_dim, dtype and device) after this cache's
+        rows, with their lengths: a request joining a running batch. The capacity becomes the larger of
+        the two (slots past a row's own capacity are zeros, never read before written).
+
+        Raises:
+            ValueError: `other` has another layout (layers, KV heads, head_dim, dtype or device)."""
+        a, b = self.buffer, other.buffer
+        if a.shape[:2] + a.shape[3:4] + a.shape[5:] != b.shape[:2] + b.shape[3:4] + b.shape[5:] \
+                or a.dtype != b.dtype or a.device != b.device:
+            raise ValueError(f"cannot append a KV cache of shape {tuple(b.shape)} {b.dtype} on {b.device} to one of "
+                             f"{tuple(a.shape)} {a.dtype} on {a.device}")
+        capacity = max(self.capacity, other.capacity)
+        self._set_buffer(torch.cat([_with_capacity(a, capacity), _with_capacity(b, capacity)], dim=2))
+        self.lengths = self.lengths + other.lengths
+        self.batch += other.batch
+        self.capacity = capacity
+
     def move(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of slots `src` of `row` to slots `dst` in every layer (the accepted path of a
         draft tree to consecutive positions). The sources are read before any destination is
@@ -79,3 +97,12 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
+
+
+def _with_capacity(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A [2, layers, batch, heads, capacity, head_dim] buffer with `capacity` slots (zeros added at the end)."""
+    if buffer.shape[4] == capacity:
+        return buffer
+    out = buffer.new_zeros(buffer.shape[:4] + (capacity,) + buffer.shape[5:])
+    out[:, :, :, :, : buffer.shape[4]] = buffer
+    return out

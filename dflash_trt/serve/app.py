@@ -28,6 +28,7 @@ from typing import Any
 from starlette.requests import Request
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
@@ -88,8 +89,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         pipe: the loaded pipeline (target, drafter, tokenizer).
         model_name: the name clients pass as `model` (GET /v1/models lists it); a request may also omit it.
         mode: "dflash" (speculative) or "ar" (the target alone).
-        max_batch_size: sequences decoded together at most (static batches, `Scheduler`).
-        lockstep: rank 0 of a tensor-parallel target: every batch and decision is broadcast to the other
+        max_batch_size: sequences decoded together at most (in-flight batching, `Scheduler`).
+        lockstep: rank 0 of a tensor-parallel target: every batch operation and decision is broadcast to the other
             ranks, which run `dflash_trt.serve.lockstep.follow` (stopped at the app's shutdown).
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
@@ -111,19 +112,16 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     metrics: ServerMetrics | None = None
 
-    def on_batch(seqs, results, seconds):
-        for s, r in zip(seqs, results):
-            metrics.finished(r, s.queue_time_s)
-        metrics.batch(results, seconds)
-
-    def generate(prompts, params, on_tokens):
-        return pipe.engine.generate(prompts, params, mode, on_tokens)
+    def open_batch():
+        return DecodeBatch(pipe.engine, mode)
 
     if lockstep:
         from dflash_trt.serve.lockstep import leader
 
-        generate = leader(generate)
-    scheduler = Scheduler(generate, max_batch_size, on_batch, lambda s: metrics.cancelled_in_queue(s.queue_time_s))
+        open_batch = leader(open_batch)
+    scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
+                          lambda s, r: metrics.finished(r, s.queue_time_s),
+                          lambda s: metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
 
     @asynccontextmanager

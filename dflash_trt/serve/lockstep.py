@@ -1,20 +1,23 @@
-"""Serving a tensor-parallel target: every rank runs the same `generate` calls in lockstep (SPMD).
+"""Serving a tensor-parallel target: every rank runs the same batch operations in lockstep (SPMD).
 
 Under `torchrun ... dflash-trt serve --tp-size N` each rank holds its slice of the target
 (`dflash_trt.runtime.tensor_parallel`), whose forward passes are collectives: every rank must run the
-same batches through the same decode steps. Rank 0 serves HTTP; its generation thread's calls go through
-`leader(generate)`, which broadcasts each batch (prompts, and sampling parameters with a seed drawn on
-rank 0 where the request gave none) and then, at every `on_tokens` call, the decision rank 0's callback
-made: None (go on), a finish reason (a stop string, a client gone: "stop" / "abort"), or an error marker
-when the callback itself failed. The other ranks run `follow(generate)`: they receive each batch, run it
-with a callback that returns rank 0's decisions, and so take the same steps; their results are dropped
-(rank 0 answers). `stop_followers` ends their loop when the server shuts down.
+same prefills and decode steps. Rank 0 serves HTTP; its scheduler's in-flight batches
+(`dflash_trt.runtime.engine.DecodeBatch`) come from `leader(open_batch)`, which broadcasts each operation
+before running it: a new batch, the sequences added to it (prompts, and sampling parameters with a seed
+drawn on rank 0 where the request gave none), each decode step, and, at every `on_tokens` call, the
+decision rank 0's callback made: None (go on), a finish reason (a stop string, a client gone: "stop" /
+"abort"), or an error marker when the callback itself failed. The other ranks run `follow(open_batch)`:
+they apply each operation to their own batch with a callback that returns rank 0's decisions, and so
+take the same steps; their results are dropped (rank 0 answers). `stop_followers` ends their loop when
+the server shuts down.
 
 The engine is deterministic given its inputs and these decisions (the row-parallel sums are added in
-rank order), so a request that fails does so at the same point on every rank, and the scheduler's rerun
-of a failed batch request by request (`dflash_trt.serve.scheduler`) is followed call by call. A failure
-on one rank only (e.g. out of memory on one GPU) is not recoverable: the collectives then fail or time
-out (torch.distributed's timeout), and the server must be restarted.
+rank order), so a request that fails does so at the same point on every rank, and the scheduler's
+recovery (`dflash_trt.serve.scheduler`: failed sequences added again one at a time, a failed batch's
+sequences rerun alone in new batches) is followed operation by operation. A failure on one rank only
+(e.g. out of memory on one GPU) is not recoverable: the collectives then fail or time out
+(torch.distributed's timeout), and the server must be restarted.
 """
 
 from __future__ import annotations
@@ -43,51 +46,79 @@ def broadcast(obj=None, group=None):
     return box[0]
 
 
-def leader(generate: Callable, group=None) -> Callable:
-    """Rank 0's `generate(prompts, params_list, on_tokens)` (the scheduler's): the same call, with the batch
-    and every on_tokens decision broadcast to the followers first. Sampling requests without a seed get one
-    drawn here (as the engine would draw one), so every rank samples the same tokens."""
+class _LeaderBatch:
+    """Rank 0's DecodeBatch: each operation is broadcast before it runs (see the module docstring)."""
 
-    def run(prompts: list[list[int]], params: list, on_tokens: Callable):
+    def __init__(self, batch, group):
+        self._batch, self._group = batch, group
+
+    @property
+    def active(self) -> int:
+        return self._batch.active
+
+    def add(self, prompts: list[list[int]], params: list, on_tokens: Callable) -> list[int]:
         params = [p if p.seed is not None else replace(p, seed=secrets.randbits(62)) for p in params]
-        broadcast(("batch", prompts, params), group)
+        broadcast(("add", prompts, params), self._group)
+        return self._batch.add(prompts, params, self._deciding(on_tokens))
 
+    def step(self):
+        broadcast(("step",), self._group)
+        return self._batch.step()
+
+    def take_finished(self):
+        return self._batch.take_finished()
+
+    def _deciding(self, on_tokens: Callable) -> Callable:
         def decide(index: int, ids: list[int]):
             try:
                 reason = on_tokens(index, ids)
             except BaseException:
-                broadcast(CALLBACK_FAILED, group)
+                broadcast(CALLBACK_FAILED, self._group)
                 raise
-            broadcast(reason, group)
+            broadcast(reason, self._group)
             return reason
 
-        return generate(prompts, params, decide)
-
-    return run
+        return decide
 
 
-def follow(generate: Callable, group=None) -> int:
-    """A follower rank's loop: run every batch rank 0 runs, with rank 0's decisions, until `stop_followers`.
-    An error a batch raises here was raised on rank 0 at the same point (which answers it): it is dropped
-    and the loop goes on. Returns the number of batches run."""
-    batches = 0
+def leader(open_batch: Callable, group=None) -> Callable:
+    """Rank 0's `open_batch()` (the scheduler's): a new batch, announced to the followers, whose `add` and
+    `step` are broadcast before they run, and whose on_tokens decisions are broadcast as they are made.
+    Sampling requests without a seed get one drawn here (as the engine would draw one), so every rank
+    samples the same tokens."""
+
+    def open_leader_batch():
+        broadcast(("open",), group)
+        return _LeaderBatch(open_batch(), group)
+
+    return open_leader_batch
+
+
+def follow(open_batch: Callable, group=None) -> int:
+    """A follower rank's loop: apply every batch operation rank 0 runs, with rank 0's decisions, until
+    `stop_followers`. An error an operation raises here was raised on rank 0 at the same point (which
+    answers it): it is dropped and the loop goes on. Returns the number of batches opened."""
+
+    def decide(index: int, ids: list[int]):
+        reason = broadcast(None, group)
+        if reason == CALLBACK_FAILED:
+            raise LeaderCallbackFailed("rank 0's on_tokens callback failed at this step")
+        return reason
+
+    batch, batches = None, 0
     while True:
         message = broadcast(None, group)
         if message == STOP:
             return batches
-        _, prompts, params = message
-
-        def decide(index: int, ids: list[int]):
-            reason = broadcast(None, group)
-            if reason == CALLBACK_FAILED:
-                raise LeaderCallbackFailed("rank 0's on_tokens callback failed at this step")
-            return reason
-
         try:
-            generate(prompts, params, decide)
-        except Exception:  # noqa: BLE001 - rank 0 raised it too, at the same step, and answers it
+            if message[0] == "open":
+                batch, batches = open_batch(), batches + 1
+            elif message[0] == "add":
+                batch.add(message[1], message[2], decide)
+            else:
+                batch.step()
+        except Exception:  # noqa: BLE001 - rank 0 raised it too, at the same point, and answers it
             pass
-        batches += 1
 
 
 def stop_followers(group=None) -> None:

@@ -10,10 +10,11 @@
   `trtllm_spec_decode_num_verify_steps_total`; acceptance length = (generation tokens - requests) /
   verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
-- `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per engine batch here
-  (`iter`, `iterLatencyMS`, `numActiveRequests`, `numQueuedRequests`, `specDecodingStats` with
-  `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`, `acceptanceLength`), the
-  last MAX_ITER_STATS batches, each returned once (trtllm-serve drains its queue the same way).
+- `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
+  in-flight batch (`iter`, `iterLatencyMS`, `numActiveRequests`, `numQueuedRequests`,
+  `specDecodingStats` with `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`,
+  `acceptanceLength`: tokens emitted per request in that step), the last MAX_ITER_STATS steps, each
+  returned once (trtllm-serve drains its queue the same way).
 
 Every metric counts sequences (choices): a request with n = 2 counts twice.
 """
@@ -25,9 +26,10 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
+from dflash_trt.runtime.engine import StepStats
 from dflash_trt.runtime.stats import GenerationResult
 
-#: Batches kept for GET /metrics between two reads.
+#: Iterations (decode steps) kept for GET /metrics between two reads.
 MAX_ITER_STATS = 1000
 ENGINE_TYPE = "dflash-trt"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -77,7 +79,7 @@ class ServerMetrics:
                                   "Target forward passes after prefill, summed over requests.")
         Gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.", names,
               registry=r).labels(**labels).set_function(running)
-        Gauge("trtllm_num_requests_waiting", "Sequences queued for the next batch.", names,
+        Gauge("trtllm_num_requests_waiting", "Sequences queued, not yet in the batch.", names,
               registry=r).labels(**labels).set_function(waiting)
         self._waiting = waiting
         self._iters: collections.deque[dict] = collections.deque(maxlen=MAX_ITER_STATS)
@@ -85,7 +87,7 @@ class ServerMetrics:
         self._lock = threading.Lock()
 
     def finished(self, result: GenerationResult, queue_time_s: float) -> None:
-        """Record one finished sequence (queue time: seconds from arrival to its batch's start)."""
+        """Record one finished sequence (queue time: seconds from its arrival to its prefill)."""
         m = result.metrics
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
         self.e2e.observe(queue_time_s + m.total_time_s)
@@ -105,25 +107,22 @@ class ServerMetrics:
         self._success.labels(**self._labels, finished_reason="abort").inc()
         self.queue.observe(queue_time_s)
 
-    def batch(self, results: list[GenerationResult], seconds: float) -> None:
-        """Record one engine batch for GET /metrics."""
-        drafted = sum(r.metrics.drafted_tokens for r in results)
-        steps = sum(r.metrics.verify_steps for r in results)
-        decoded = sum(max(r.metrics.completion_tokens - 1, 0) for r in results)
+    def iteration(self, step: StepStats) -> None:
+        """Record one decode step of the engine's batch (`DecodeBatch.step`) for GET /metrics."""
         with self._lock:
             self._iter += 1
             self._iters.append({
-                "iter": self._iter, "iterLatencyMS": seconds * 1000.0, "numActiveRequests": len(results),
+                "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.requests,
                 "numQueuedRequests": self._waiting(),
                 "specDecodingStats": {
-                    "numDraftTokens": drafted, "numAcceptedTokens": sum(r.metrics.accepted_tokens for r in results),
-                    "numRequestsWithDraftTokens": sum(1 for r in results if r.metrics.drafted_tokens),
-                    "acceptanceLength": decoded / steps if steps else 1.0,
+                    "numDraftTokens": step.drafted_tokens, "numAcceptedTokens": step.accepted_tokens,
+                    "numRequestsWithDraftTokens": step.requests_with_drafts,
+                    "acceptanceLength": step.emitted_tokens / step.requests if step.requests else 1.0,
                 },
             })
 
     def iteration_stats(self) -> list[dict]:
-        """The batches recorded since the last call (and forgets them)."""
+        """The iterations recorded since the last call (and forgets them)."""
         with self._lock:
             out = list(self._iters)
             self._iters.clear()

@@ -1,11 +1,14 @@
-"""The server's one generation thread: requests queue, and whatever is waiting when the engine is free
-decodes together as one batch (static batching, up to `max_batch_size` sequences).
+"""The server's one generation thread, with in-flight batching: queued requests join the running batch
+between two decode steps (up to `max_batch_size` sequences), as TensorRT-LLM's batch manager schedules.
 
-The engine is synchronous and runs one batch at a time; a request that arrives while a batch runs
-waits for the next one (its queue time is measured). Each sequence streams its tokens through its
-own `Sequence.on_tokens`, which runs on this thread: it detokenizes, checks stop strings, and hands
+The engine is synchronous; this thread alternates between admitting what is queued (a prefill of the
+new sequences, `DecodeBatch.add`, whose rows join the batch's KV caches) and one decode step of every
+sequence in the batch (`DecodeBatch.step`), so a request arriving mid-generation waits at most one
+step, not for the whole batch (its queue time is measured). Each sequence streams its tokens through
+its own `Sequence.on_tokens`, which runs on this thread: it detokenizes, checks stop strings, and hands
 text to the HTTP side (`dflash_trt.serve.app`) with a thread-safe callback. One bad request does not
-fail the others of its batch: a batch that raises is rerun one sequence at a time (except streams
+fail the others: sequences whose prefill raises are added again one at a time, and when a decode step
+raises, the batch is dropped and each of its sequences is rerun alone from its prompt (except streams
 that already sent text, which get the error), so only the failing one gets the error.
 """
 
@@ -18,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dflash_trt.runtime.engine import StepStats
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult
 from dflash_trt.text import final_text, text_to_stream
@@ -132,27 +136,34 @@ def _done(seq: Sequence, result: GenerationResult | None, error: BaseException |
 
 
 class Scheduler:
-    """Runs `generate(prompts, params, on_tokens)` (a `Pipeline.generate` with its mode bound) on one
-    thread over batches of queued sequences.
+    """In-flight batching of queued sequences on one thread.
 
     Args:
-        generate: callable(prompts, params_list, on_tokens) -> list[GenerationResult].
-        max_batch_size: sequences per batch at most (>= 1).
-        on_batch: called after each batch with (sequences, results, seconds) for the metrics.
+        open_batch: callable() -> a new, empty `dflash_trt.runtime.engine.DecodeBatch` (or an object with
+            its `add`, `step`, `take_finished` and `active`: `dflash_trt.serve.lockstep.leader`).
+        max_batch_size: sequences in the batch at most (>= 1).
+        on_step: called after each decode step with its `StepStats` (the iteration stats).
+        on_finished: called with (sequence, result) as each sequence finishes (the request metrics).
         on_cancelled: called with each sequence cancelled while it waited in the queue (its client left
-            before its batch began: it ends with no result and no tokens), for the metrics.
+            before it joined a batch: it ends with no result and no tokens), for the metrics.
     """
 
-    def __init__(self, generate, max_batch_size: int = 8,
-                 on_batch: Callable[[list[Sequence], list[GenerationResult], float], None] | None = None,
+    def __init__(self, open_batch: Callable, max_batch_size: int = 8,
+                 on_step: Callable[[StepStats], None] | None = None,
+                 on_finished: Callable[[Sequence, GenerationResult], None] | None = None,
                  on_cancelled: Callable[[Sequence], None] | None = None):
-        self._generate, self.max_batch_size, self._on_batch = generate, max_batch_size, on_batch
-        self._on_cancelled = on_cancelled
+        self._open_batch, self.max_batch_size = open_batch, max_batch_size
+        self._on_step, self._on_finished, self._on_cancelled = on_step, on_finished, on_cancelled
         self._queue: queue.Queue[Sequence | None] = queue.Queue()
+        self._batch = None
+        self._seqs: dict[int, Sequence] = {}  # request id in self._batch -> its sequence
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
-        self.running = 0
-        self._live: list[Sequence] = []  # the batch being decoded
         self._thread.start()
+
+    @property
+    def running(self) -> int:
+        """Sequences in the batch being decoded."""
+        return len(self._seqs)
 
     @property
     def waiting(self) -> int:
@@ -160,15 +171,15 @@ class Scheduler:
         return self._queue.qsize()
 
     def submit(self, seqs: list[Sequence]) -> None:
-        """Queue sequences (the choices of one request are queued together, so they share a batch when
-        they fit)."""
+        """Queue sequences (the choices of one request are queued together, so they join a batch
+        together when they fit)."""
         for s in seqs:
             self._queue.put(s)
 
     def abort_all(self) -> None:
-        """Abort the batch in progress and the queued sequences (finish_reason "abort" at their next tokens;
+        """Abort the sequences being decoded and the queued ones (finish_reason "abort" at their next tokens;
         queued ones end before they start); returns at once (safe in a signal handler). New ones still run."""
-        for s in self._live:
+        for s in list(self._seqs.values()):
             s.cancelled = True
         with self._queue.mutex:
             for s in self._queue.queue:
@@ -176,68 +187,121 @@ class Scheduler:
                     s.cancelled = True
 
     def close(self) -> None:
-        """Stop the thread: the batch in progress and the queued sequences are aborted (`abort_all`), then
+        """Stop the thread: the sequences in progress and the queued ones are aborted (`abort_all`), then
         the thread ends (a server shutting down waits for no generation)."""
         self.abort_all()
         self._queue.put(None)
         self._thread.join(timeout=60)
 
     def _loop(self) -> None:
+        stopping = False
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch_size:
+            new = []
+            if not self._seqs:
+                if stopping:
+                    return
+                first = self._queue.get()  # idle: wait for work
+                if first is None:
+                    return
+                new.append(first)
+            while not stopping and len(self._seqs) + len(new) < self.max_batch_size:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self._queue.put(None)  # stop after this batch
-                    break
-                batch.append(nxt)
+                    stopping = True  # finish (abort) what runs, admit nothing more
+                else:
+                    new.append(nxt)
             try:
-                self._run(batch)
+                if new:
+                    self._admit(new)
+                if self._seqs:
+                    self._step()
             except Exception:  # noqa: BLE001 - a metrics callback failed: log it, keep serving
-                logger.exception("dflash-trt: recording a batch failed; the generation thread goes on")
+                logger.exception("dflash-trt: recording a step failed; the generation thread goes on")
 
-    def _run(self, batch: list[Sequence]) -> None:
-        start = time.perf_counter()
+    def _admit(self, new: list[Sequence]) -> None:
+        now = time.perf_counter()
         live = []
-        for s in batch:
-            s.queue_time_s = start - s.arrival
+        for s in new:
+            s.queue_time_s = now - s.arrival
             if s.cancelled:
                 _done(s, None, None)
                 if self._on_cancelled is not None:
                     self._on_cancelled(s)
             else:
                 live.append(s)
-        if not live:
-            return
-        self.running, self._live = len(live), live
+        if live:
+            self._join(live)
+
+    def _join(self, live: list[Sequence]) -> None:
+        """Prefill `live` into the running batch (a new one if none runs)."""
+        if self._batch is None:
+            self._batch = self._open_batch()
         try:
-            results = self._generate([s.prompt for s in live], [s.params for s in live],
-                                     lambda i, ids: live[i].on_tokens(ids))
+            ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
+                                  lambda k, ids: live[k].on_tokens(ids))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
-            if len(live) == 1:
-                _done(live[0], None, exc)
-                return
-            for s in live:  # find the request that fails; the others still get their answer
-                if s.sent_text:  # a stream already under way cannot start over
+            # the batch is as it was: add them one at a time, so that only a failing one gets the error
+            for s in live:
+                if len(live) == 1 or s.sent_text:  # a stream already under way cannot start over
                     _done(s, None, exc)
                 else:
                     s.restart()
-                    self._run([s])
+                    self._join([s])
+            self._drop_if_empty()
             return
-        finally:
-            self.running, self._live = 0, []
-        for s, r in zip(live, results):
+        self._seqs.update(zip(ids, live))
+        self._finish()
+
+    def _step(self) -> None:
+        try:
+            stats = self._batch.step()
+        except Exception as exc:  # noqa: BLE001 - the batch's state is undefined: rerun its sequences alone
+            seqs = list(self._seqs.values())
+            self._batch, self._seqs = None, {}
+            for s in seqs:
+                if len(seqs) == 1 or s.sent_text:
+                    _done(s, None, exc)
+                else:
+                    s.restart()
+                    self._run_alone(s)
+            return
+        self._finish()
+        if self._on_step is not None:
+            self._on_step(stats)
+
+    def _run_alone(self, s: Sequence) -> None:
+        """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""
+        self._batch = self._open_batch()
+        try:
+            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids: s.on_tokens(ids))
+            self._seqs[rid] = s
+            self._finish()
+            while self._seqs:
+                stats = self._batch.step()
+                self._finish()
+                if self._on_step is not None:
+                    self._on_step(stats)
+        except Exception as exc:  # noqa: BLE001 - this one is the failing request
+            _done(s, None, exc)
+            self._batch, self._seqs = None, {}
+
+    def _finish(self) -> None:
+        """Hand out the results of the sequences finished in the batch."""
+        for rid, r in self._batch.take_finished():
+            s = self._seqs.pop(rid)
             if s.text.stopped:  # a stop string: its text and tokens end there
                 r.text, r.finish_reason = s.text.text, "stop"
                 r.token_ids = r.token_ids[: s.text.used]
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
             _done(s, r, None)
-        if self._on_batch is not None:
-            self._on_batch(live, results, time.perf_counter() - start)
+            if self._on_finished is not None:
+                self._on_finished(s, r)
+        self._drop_if_empty()
+
+    def _drop_if_empty(self) -> None:
+        if not self._seqs:
+            self._batch = None  # its caches are freed; the next sequences open a new batch

@@ -22,7 +22,7 @@ target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [
 
 Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
 relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
-defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences per batch).
+defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most).
 
 Source of the backend API: Triton's python_backend README ("Decoupled mode", `TritonPythonModel`,
 `pb_utils.InferenceResponse`, `get_response_sender`).
@@ -114,6 +114,7 @@ class TritonPythonModel:
     """Triton's Python-backend entry point (decoupled). See the module docstring for tensors and parameters."""
 
     def initialize(self, args: dict) -> None:
+        from dflash_trt.runtime.engine import DecodeBatch
         from dflash_trt.serve.scheduler import Scheduler
 
         config = json.loads(args["model_config"])
@@ -121,8 +122,7 @@ class TritonPythonModel:
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
         mode = params.get("mode") or "dflash"
         engine = self.pipe.engine
-        self.scheduler = Scheduler(lambda prompts, sp, on_tokens: engine.generate(prompts, sp, mode, on_tokens),
-                                   int(params.get("max_batch_size") or 8))
+        self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode), int(params.get("max_batch_size") or 8))
         self._tokenizer_lock = threading.Lock()
 
     def _decode(self, ids: list[int]) -> str:

@@ -46,3 +46,69 @@ def test_keep_rows_drops_and_reorders_rows():
     cache.keep_rows([2, 0])
     assert cache.batch == 2 and cache.lengths == [3, 1]
     assert cache.k[0][0].unique().tolist() == [2.0] and cache.k[0][1].unique().tolist() == [0.0]
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_requests_joining_a_running_batch(engine, mode, temperature):
+    """In-flight batching: requests added between steps of a DecodeBatch (longer prompts and more
+    tokens than the rows already there: the caches grow) decode exactly as they do alone."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (4, 30, 2, 7, 12)]
+    params = [SamplingParams(temperature=temperature, max_tokens=m, seed=10 + i, ignore_eos=True)
+              for i, m in enumerate((6, 40, 1, 9, 25))]
+    alone = [engine.generate([p], [sp], mode)[0].token_ids for p, sp in zip(prompts, params)]
+    batch = DecodeBatch(engine, mode)
+    streamed: dict[int, list[int]] = {}
+
+    def streamer(k):
+        return lambda _, ids: streamed.setdefault(k, []).extend(ids)
+
+    joins = {0: [0], 2: [1, 2], 3: [3], 5: [4]}  # step -> prompts added before it
+    ids, done, steps = {}, {}, 0
+    while steps <= max(joins) or batch.active:
+        for k in joins.get(steps, []):
+            ids[k] = batch.add([prompts[k]], [params[k]], streamer(k))[0]
+        live = batch.active
+        stats = batch.step()
+        done.update(batch.take_finished())
+        assert stats.requests == live and stats.emitted_tokens >= live
+        steps += 1
+    assert sorted(ids.values()) == [0, 1, 2, 3, 4]
+    assert [done[ids[k]].token_ids for k in range(5)] == alone
+    assert [streamed[k] for k in range(5)] == alone
+    assert [done[ids[k]].metrics.completion_tokens for k in range(5)] == [6, 40, 1, 9, 25]
+    assert batch.take_finished() == [] and batch.active == 0
+
+
+def test_a_failed_add_leaves_the_batch_running(engine):
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    alone = engine.generate([[5, 6, 7]], sp)[0].token_ids
+    batch = DecodeBatch(engine)
+    (first,) = batch.add([[5, 6, 7]], sp)
+    batch.step()
+    with pytest.raises(InvalidRequestError, match="token ids must be in"):
+        batch.add([[1, 2], [500]], sp)
+    assert batch.cache.batch == 1 and len(batch.live) == 1
+    while batch.active:
+        batch.step()
+    assert dict(batch.take_finished())[first].token_ids == alone
+
+
+def test_append_rows_grows_the_capacity():
+    a, b = KVCache(2, 1, 1, 4, 2), KVCache(2, 2, 1, 6, 2)
+    a.k[1][0] = 1.0
+    a.set_length(0, 3)
+    b.v[0][1] = 2.0
+    b.set_length(1, 5)
+    a.append_rows(b)
+    assert (a.batch, a.capacity, a.lengths) == (3, 6, [3, 0, 5])
+    assert a.k[1][0, :, :4].unique().tolist() == [1.0] and a.k[1][0, :, 4:].unique().tolist() == [0.0]
+    assert a.v[0][2].unique().tolist() == [2.0] and a.v[0][1].unique().tolist() == [0.0]
+    with pytest.raises(ValueError, match="cannot append"):
+        a.append_rows(KVCache(3, 1, 1, 4, 2))

@@ -280,14 +280,19 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
 
 def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm2_pipeline):
     base, app = server
-    app.state.metrics.iteration_stats()  # forget earlier batches
+    deadline = time.time() + 60
+    while app.state.scheduler.running or app.state.scheduler.waiting:  # an earlier test's aborted request
+        assert time.time() < deadline, "the server did not become idle"
+        time.sleep(0.05)
+    app.state.metrics.iteration_stats()  # forget earlier iterations
     questions = ["Name a planet.", "Name a color.", "Name an animal."]
-    answers = {}
+    answers, tokens = {}, {}
 
     def ask(q):
         r = httpx.post(base + "/v1/chat/completions", timeout=120,
                        json={"messages": [{"role": "user", "content": q}], "max_tokens": 16, "temperature": 0})
         answers[q] = r.json()["choices"][0]["message"]["content"]
+        tokens[q] = r.json()["usage"]["completion_tokens"]
 
     threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
     for t in threads:
@@ -297,9 +302,13 @@ def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm
     for q in questions:
         ref, _ = ar_tokens(smollm2_pipeline, chat_ids(smollm2_pipeline, [{"role": "user", "content": q}]), 16)
         assert answers[q] == smollm2_pipeline.decode(ref)
-    stats = httpx.get(base + "/metrics").json()
-    assert sum(s["numActiveRequests"] for s in stats) == 3 and all(s["numActiveRequests"] <= 4 for s in stats)
-    assert httpx.get(base + "/metrics").json() == []  # each batch is returned once
+    stats = httpx.get(base + "/metrics").json()  # one entry per decode step of the in-flight batch
+    assert all(1 <= s["numActiveRequests"] <= 3 for s in stats)
+    assert max(s["numActiveRequests"] for s in stats) >= 2  # they arrive within ms, a 16-token answer takes longer
+    emitted = sum(s["specDecodingStats"]["acceptanceLength"] * s["numActiveRequests"] for s in stats)
+    assert round(emitted) == sum(tokens.values()) - 3  # every token but each first one (the prefill's)
+    assert [s["iter"] for s in stats] == list(range(stats[0]["iter"], stats[0]["iter"] + len(stats)))
+    assert httpx.get(base + "/metrics").json() == []  # each iteration is returned once
 
 
 def test_prometheus_counts_match_the_responses(server, client):
@@ -398,10 +407,11 @@ def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
 
 
 def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client):
-    """B is queued behind A's batch and its client leaves: B never runs and counts once as an abort; A's
-    answer is whole."""
-    base = server[0]
+    """B is queued behind A (a full batch: max_batch_size 1 here) and its client leaves: B never runs and
+    counts once as an abort; A's answer is whole."""
+    base, app = server
     before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    app.state.scheduler.max_batch_size = 1  # else B joins A's batch at once (in-flight batching)
     answers = {}
 
     def long_request():
@@ -410,13 +420,16 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
 
     a = threading.Thread(target=long_request)
     a.start()
-    deadline = time.time() + 60
-    while sample(prometheus(base), "trtllm_num_requests_running") < 1:
-        assert time.time() < deadline, "A did not start"
-        time.sleep(0.05)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(base + "/v1/completions", timeout=1, json={"prompt": "Hi", "max_tokens": 5, "temperature": 0})
-    a.join(120)
+    try:
+        deadline = time.time() + 60
+        while sample(prometheus(base), "trtllm_num_requests_running") < 1:
+            assert time.time() < deadline, "A did not start"
+            time.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/v1/completions", timeout=1, json={"prompt": "Hi", "max_tokens": 5, "temperature": 0})
+        a.join(120)
+    finally:
+        app.state.scheduler.max_batch_size = 4
     assert answers["a"].usage.completion_tokens == 400
     aborted_then_serving(base, before, client)
     assert sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before + 1

@@ -62,122 +62,170 @@ def test_half_a_character_waits_for_its_other_half():
     assert "".join(deltas) + rest == "Hello" and st.text == "Hello\ufffd"
 
 
-def test_a_failing_request_does_not_fail_its_batch():
-    calls = []
+class ScriptedBatch:
+    """A stand-in for `DecodeBatch` whose prompts say what happens (the scheduler's failure paths, which a
+    real model cannot be made to take on cue): [-1] is refused at add (as the engine refuses a bad token
+    id), [-2] raises at its first decode step (as non-finite logits do), [99] blocks its first step until
+    `gate` is set, [77] never ends by itself; any other prompt emits token 0 at its prefill and token 4
+    at its step ("Hello" + "."). Every add and step is logged in `log`."""
 
-    def generate(prompts, params, on_tokens):
-        calls.append(len(prompts))
+    def __init__(self, log, gate=None, started=None):
+        self.log, self.gate, self.started = log, gate, started
+        self.reqs = {}  # id -> [prompt, on_tokens, k, out, finish_reason]
+        self.next_id = 0
+
+    @property
+    def active(self):
+        return sum(1 for r in self.reqs.values() if r[4] is None)
+
+    def add(self, prompts, params, on_tokens):
+        self.log.append(("add", len(prompts)))
         if any(p == [-1] for p in prompts):
             raise InvalidRequestError("token id -1")
-        out = []
-        for i, p in enumerate(prompts):
-            on_tokens(i, [0, 4])
-            out.append(GenerationResult([0, 4], "length", RequestMetrics(completion_tokens=2)))
-        return out
+        ids = []
+        for k, p in enumerate(prompts):
+            self.reqs[self.next_id] = [p, on_tokens, k, [], None]
+            ids.append(self.next_id)
+            self.next_id += 1
+            self._emit(self.reqs[ids[-1]], 0)
+        return ids
 
-    gate, started, blocker_done = threading.Event(), threading.Event(), threading.Event()
+    def _emit(self, r, token):
+        r[3].append(token)
+        reason = r[1](r[2], [token])
+        if reason or (r[0] != [77] and len(r[3]) == 2):
+            r[4] = reason or "length"
 
-    def blocked_generate(prompts, params, on_tokens):
-        if prompts == [[99]]:
-            started.set()
-            gate.wait(10)  # hold the thread so the next three queue up as one batch
-            blocker_done.set()
-            return [GenerationResult([], "length", RequestMetrics())]
-        return generate(prompts, params, on_tokens)
+    def step(self):
+        self.log.append(("step", self.active))
+        for r in self.reqs.values():
+            if r[4] is None and r[0] == [99]:
+                self.started.set()
+                self.gate.wait(10)  # hold the thread so that the next sequences queue up together
+        for r in self.reqs.values():
+            if r[4] is None and r[0] == [-2]:
+                raise RuntimeError("NaN in the bad row's probabilities")
+        for r in self.reqs.values():
+            if r[4] is None:
+                self._emit(r, 4 if r[0] != [77] else 0)
 
-    done = {}
+    def take_finished(self):
+        done = [(i, r) for i, r in self.reqs.items() if r[4] is not None]
+        for i, _ in done:
+            del self.reqs[i]
+        return [(i, GenerationResult(list(r[3]), r[4], RequestMetrics(completion_tokens=len(r[3])))) for i, r in done]
+
+
+def scheduler(log, gate=None, started=None, max_batch_size=8):
+    return Scheduler(lambda: ScriptedBatch(log, gate, started), max_batch_size)
+
+
+def test_a_failing_request_does_not_fail_its_batch():
+    log, gate, started, done = [], threading.Event(), threading.Event(), {}
 
     def seq(prompt, name):
         return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
                         lambda r, e, name=name: done.__setitem__(name, (r, e)))
 
-    sched = Scheduler(blocked_generate, max_batch_size=8)
+    sched = scheduler(log, gate, started)
     sched.submit([seq([99], "blocker")])
     assert started.wait(10)
     sched.submit([seq([1], "a"), seq([-1], "bad"), seq([2], "b")])
     gate.set()
     wait_for(lambda: len(done) == 4)
     sched.close()
-    assert blocker_done.is_set()
-    assert calls == [3, 1, 1, 1]  # the batch of three, then each alone
-    assert done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
+    # the three join the running batch together; refused, they are added one at a time
+    assert log == [("add", 1), ("step", 1), ("add", 3), ("add", 1), ("add", 1), ("add", 1), ("step", 2)]
+    assert done["blocker"][0].text == "Hello." and done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
     assert done["bad"][0] is None and "token id -1" in str(done["bad"][1])
 
 
 def test_a_callback_that_raises_does_not_stop_the_thread():
-    def generate(prompts, params, on_tokens):
-        for i in range(len(prompts)):
-            on_tokens(i, [0])
-        return [GenerationResult([0], "length", RequestMetrics(completion_tokens=1)) for _ in prompts]
-
     def broken(result, error):
         raise ConnectionResetError("client gone")
 
     got = []
-    sched = Scheduler(generate, max_batch_size=1)
+    sched = scheduler([], max_batch_size=1)
     sched.submit([Sequence([1], SamplingParams(max_tokens=1), StopText(decode), lambda d: None, broken)])
     sched.submit([Sequence([2], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
                            lambda r, e: got.append((r.text, e)))])
     wait_for(lambda: got)
     sched.close()
-    assert got == [("Hello", None)]
+    assert got == [("Hello.", None)]
 
 
 def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
-    calls = []
-
-    def generate(prompts, params, on_tokens):
-        calls.append(len(prompts))
-        for i in range(len(prompts)):
-            on_tokens(i, [0])  # every row emits its first token (the prefill), then the batch fails
-        if any(p == [-1] for p in prompts):
-            raise RuntimeError("NaN in the bad row's probabilities")
-        for i in range(len(prompts)):
-            on_tokens(i, [4])
-        return [GenerationResult([0, 4], "length", RequestMetrics(completion_tokens=2)) for _ in prompts]
-
-    gate, started = threading.Event(), threading.Event()
-
-    def blocked(prompts, params, on_tokens):
-        if prompts == [[99]]:
-            started.set()
-            gate.wait(10)
-            return [GenerationResult([], "length", RequestMetrics())]
-        return generate(prompts, params, on_tokens)
-
+    log, gate, started = [], threading.Event(), threading.Event()
     done, streamed = {}, []
 
     def seq(prompt, name, on_text=None):
         return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), on_text,
                         lambda r, e, name=name: done.__setitem__(name, (r, e)))
 
-    sched = Scheduler(blocked, max_batch_size=8)
+    sched = scheduler(log, gate, started)
     sched.submit([seq([99], "blocker")])
     assert started.wait(10)
-    sched.submit([seq([1], "quiet"), seq([-1], "bad"), seq([2], "stream", streamed.append)])
+    sched.submit([seq([1], "quiet"), seq([-2], "bad"), seq([2], "stream", streamed.append)])
     gate.set()
     wait_for(lambda: len(done) == 4)
     sched.close()
-    assert calls == [3, 1, 1]  # the batch, then the quiet one and the bad one alone; the stream is not rerun
-    assert done["quiet"][0].text == "Hello." and done["quiet"][1] is None
+    # the batch of three fails at its step: the quiet one and the bad one rerun alone; the stream is not rerun
+    assert log == [("add", 1), ("step", 1), ("add", 3), ("step", 3), ("add", 1), ("step", 1), ("add", 1), ("step", 1)]
+    assert done["blocker"][0].text == "Hello." and done["quiet"][0].text == "Hello." and done["quiet"][1] is None
     assert "NaN" in str(done["bad"][1])
     assert streamed == ["Hello"] and "NaN" in str(done["stream"][1])
 
 
 def test_close_aborts_the_batch_in_progress():
-    started = threading.Event()
-
-    def endless(prompts, params, on_tokens):
-        started.set()
-        n = 0
-        while on_tokens(0, [0]) is None:  # a generation that only the scheduler can end
-            n += 1
-        return [GenerationResult([0] * (n + 1), "abort", RequestMetrics(completion_tokens=n + 1))]
-
-    got = []
-    sched = Scheduler(endless)
-    sched.submit([Sequence([1], SamplingParams(max_tokens=10**6), StopText(decode), None,
+    got, log = [], []
+    sched = scheduler(log)
+    sched.submit([Sequence([77], SamplingParams(max_tokens=10**6), StopText(decode), None,
                            lambda r, e: got.append((r.finish_reason, e)))])
-    assert started.wait(10)
+    wait_for(lambda: len(log) > 3)
     sched.close()
     assert got == [("abort", None)] and not sched._thread.is_alive()
+
+
+def test_a_request_joins_a_running_one_and_finishes_first(tmp_path):
+    """In-flight batching with a real engine: a short request submitted while a long one decodes joins
+    its batch at the next step and finishes while the long one still runs; both outputs equal their
+    requests decoded alone."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
+    from dflash_trt.runtime.engine import DecodeBatch, Engine
+    from dflash_trt.runtime.proposer import DFlashProposer
+    from tests.conftest import make_hf_model
+
+    _, folder = make_hf_model(tmp_path, "llama", vocab=96, seed=3)
+    target = load_target(folder)
+    drafter = load_drafter(init_drafter(new_drafter_config(TargetConfig.from_pretrained(folder), 1, 4, 95, [1, 3]),
+                                        tmp_path / "d", seed=1))
+    engine = Engine(target, DFlashProposer(drafter, target))
+    long_p, short_p = [5, 9, 13, 17], [40, 41]
+    long_sp = SamplingParams(max_tokens=120, ignore_eos=True)
+    short_sp = SamplingParams(temperature=1.0, seed=4, max_tokens=6, ignore_eos=True)
+    alone = [engine.generate([p], sp)[0].token_ids for p, sp in ((long_p, long_sp), (short_p, short_sp))]
+
+    def text(ids):
+        return " ".join(map(str, ids))
+
+    done, steps, order = {}, [], []
+    sched = Scheduler(lambda: DecodeBatch(engine), 8, on_step=steps.append)
+    short = Sequence(short_p, short_sp, StopText(text), None,
+                     lambda r, e: (done.__setitem__("short", (r, e)), order.append("short")))
+    submitted = []
+
+    def on_text(delta):
+        if not submitted and len(delta.split()) and len(sched._seqs) == 1:
+            submitted.append(True)
+            sched.submit([short])  # from the generation thread: it joins before the next step
+
+    sched.submit([Sequence(long_p, long_sp, StopText(text), on_text,
+                           lambda r, e: (done.__setitem__("long", (r, e)), order.append("long")))])
+    wait_for(lambda: len(done) == 2, timeout=60)
+    sched.close()
+    assert order == ["short", "long"]
+    assert done["long"][0].token_ids == alone[0] and done["short"][0].token_ids == alone[1]
+    assert done["long"][0].text == text(alone[0])
+    assert max(s.requests for s in steps) == 2 and steps[0].requests == 1
+    assert sum(s.emitted_tokens for s in steps) == 120 + 6 - 2  # all but the two prefill tokens

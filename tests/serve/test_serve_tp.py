@@ -81,6 +81,43 @@ def test_answers_are_the_targets_and_ranks_stay_in_step(tp_server):
     assert completion(base, max_tokens=10, temperature=0, ignore_eos=True)["choices"][0]["text"] == text
 
 
+def test_a_request_joins_the_running_batch_on_every_rank(tp_server):
+    """In-flight batching under lockstep: a short request sent while a long stream decodes joins its batch on
+    both ranks (the add is broadcast), returns first, and both answers are the target's greedy output."""
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+    from dflash_trt.text import final_text
+
+    base, _, target, drafter = tp_server
+    one = load_pipeline(str(target), str(drafter))
+    refs = [final_text(r.text, r.finish_reason) for r in
+            one.generate([PROMPT, PROMPT[:3]], [SamplingParams(max_tokens=n, ignore_eos=True) for n in (200, 10)],
+                         mode="ar")]
+    started, got, order = threading.Event(), {}, []
+
+    def long_stream():
+        with httpx.stream("POST", base + "/v1/completions", timeout=120,
+                          json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                                "stream": True}) as r:
+            parts = []
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    parts.extend(c["text"] for c in json.loads(line[6:])["choices"])
+                    started.set()
+        got["long"] = "".join(parts)
+        order.append("long")
+
+    reader = threading.Thread(target=long_stream)
+    reader.start()
+    assert started.wait(60)
+    r = httpx.post(base + "/v1/completions", timeout=120,
+                   json={"prompt": PROMPT[:3], "max_tokens": 10, "temperature": 0, "ignore_eos": True})
+    order.append("short")
+    reader.join(120)
+    assert order == ["short", "long"]
+    assert r.json()["choices"][0]["text"] == refs[1] and got["long"] == refs[0]
+
+
 def test_ctrl_c_stops_every_rank_even_mid_generation(tp_server):
     """Ctrl-C while a stream is being decoded: the followers stay until rank 0 has aborted it (a clean end
     of the stream, not a collective failing on a dead peer), then every process exits."""
