@@ -142,6 +142,9 @@ class Scheduler:
         open_batch: callable() -> a new, empty `dflash_trt.runtime.engine.DecodeBatch` (or an object with
             its `add`, `step`, `take_finished` and `active`: `dflash_trt.serve.lockstep.leader`).
         max_batch_size: sequences in the batch at most (>= 1).
+        in_flight: True: waiting sequences join the running batch between decode steps; False: static
+            batching (they wait until the batch has ended, then start the next one together), the
+            baseline `build_scripts/bench_inflight.py` measures against.
         on_step: called after each decode step with its `StepStats` (the iteration stats).
         on_finished: called with (sequence, result) as each sequence finishes (the request metrics).
         on_cancelled: called with each sequence cancelled while it waited in the queue (its client left
@@ -151,8 +154,8 @@ class Scheduler:
     def __init__(self, open_batch: Callable, max_batch_size: int = 8,
                  on_step: Callable[[StepStats], None] | None = None,
                  on_finished: Callable[[Sequence, GenerationResult], None] | None = None,
-                 on_cancelled: Callable[[Sequence], None] | None = None):
-        self._open_batch, self.max_batch_size = open_batch, max_batch_size
+                 on_cancelled: Callable[[Sequence], None] | None = None, in_flight: bool = True):
+        self._open_batch, self.max_batch_size, self.in_flight = open_batch, max_batch_size, in_flight
         self._on_step, self._on_finished, self._on_cancelled = on_step, on_finished, on_cancelled
         self._queue: queue.Queue[Sequence | None] = queue.Queue()
         self._batch = None
@@ -204,7 +207,8 @@ class Scheduler:
                 if first is None:
                     return
                 new.append(first)
-            while not stopping and len(self._seqs) + len(new) < self.max_batch_size:
+            while (not stopping and (self.in_flight or not self._seqs)
+                   and len(self._seqs) + len(new) < self.max_batch_size):
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
