@@ -152,15 +152,18 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     names = list(dsets)
-    modes = [m for m in next(iter(dsets.values()))["modes"] if m != "ar"] if dsets else []
+    baseline = any("speedup_vs_ar" in e for e in dsets.values())
+    modes = [m for m in next(iter(dsets.values()))["modes"] if m != "ar"] if dsets and baseline else []
     width = 0.8 / max(len(modes), 1)
     for j, mode in enumerate(modes):
         vals = [dsets[ds].get("speedup_vs_ar", {}).get(mode, 0) for ds in names]
         ax.bar([i + j * width for i in range(len(names))], vals, width, label=mode)
-    ax.axhline(1.0, color="gray", lw=1)
+    if modes:
+        ax.axhline(1.0, color="gray", lw=1)
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
     ax.set_ylabel("speedup vs ar (tokens/s ratio)")
-    _legend_or_note(ax, "only ar in this run: nothing to compare")
+    _legend_or_note(ax, "only ar in this run: nothing to compare" if baseline else
+                    "no ar mode in this run: no speedup to plot (add ar to --modes)")
     paths.append(_save(fig, out_dir / "speedup.png"))
     return paths
 

@@ -17,7 +17,7 @@ import torch
 
 from dflash_trt.bench.modes import ModeRun, ModeRunner
 from dflash_trt.errors import InvalidRequestError
-from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 
 DATASETS = ("mt-bench", "humaneval")
 
@@ -146,7 +146,7 @@ def run_benchmark(pipe, datasets: list[str], modes: list[str], num_prompts: int,
         timers = {m: PhaseTimer(pipe.engine.device) for m in modes if profile and m in ("dflash", "ar")}
         for g, lo in enumerate(range(0, len(ds_prompts), batch_size)):
             group = ds_prompts[lo : lo + batch_size]
-            group_params = [params if params.greedy else dataclasses.replace(params, seed=((params.seed or 0) + lo + j) % 2**64)
+            group_params = [params if params.greedy else dataclasses.replace(params, seed=offset_seed(params.seed or 0, lo + j))
                             for j in range(len(group))]
             order = modes[g % len(modes):] + modes[: g % len(modes)]
             runs = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -40,7 +41,8 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @click.option("--seed", default=None, type=SEED_RANGE,
-              help="Per-request RNG seed for sampling (a 64-bit integer); unset: a random one.")
+              help="RNG seed for sampling (a 64-bit integer): prompt i of --prompts-file samples with seed + i, so "
+                   "repeated prompts sample differently and each reproducibly; unset: a random one per prompt.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @tp_size_option("generate", "rank 0 prints")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
@@ -57,13 +59,14 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                                        warn_float16_on_cpu, warn_sampling_unused, warn_tree_unused,
                                        warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
-    from dflash_trt.runtime.sampling import SamplingParams
+    from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
     if sum(given) != 1:
         raise click.UsageError("give exactly one of --prompt, --chat, --prompts-file")
-    if prompt == "" or chat == "":
-        raise click.UsageError(f"{'--prompt' if prompt == '' else '--chat'} is empty; give some text")
+    for flag, text in (("--prompt", prompt), ("--chat", chat)):
+        if text is not None and not text.strip():  # as a prompts file's line is refused
+            raise click.UsageError(f"{flag} is {'empty' if text == '' else 'only whitespace'}; give some text")
     from dflash_trt.text import invalid_unicode
 
     for flag, text in (("--prompt", prompt), ("--chat", chat)):
@@ -120,9 +123,10 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             sys.stdout.flush()
             shown["text"] += new
 
+    plist = [dataclasses.replace(params, seed=offset_seed(seed, i)) for i in range(len(prompts))]
     for lo in range(0, len(prompts), batch_size):
         chunk = prompts[lo : lo + batch_size]
-        results = pipe.generate(chunk, params, mode, on_tokens if stream else None)
+        results = pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None)
         for j, res in enumerate(results):
             m = res.metrics
             text = final_text(res.text, res.finish_reason)

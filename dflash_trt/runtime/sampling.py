@@ -65,6 +65,16 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def offset_seed(seed: int | None, offset: int) -> int | None:
+    """`seed + offset` (offset >= 0) wrapped back into the seed range [-2**63, 2**64): the seed of the
+    offset-th prompt or choice of a seeded request, so that each one samples differently and reproducibly.
+    None (a random seed) stays None."""
+    if seed is None:
+        return None
+    seed += offset
+    return seed - 2**64 - 2**63 if seed >= 2**64 else seed
+
+
 def _integer(field: str, value, allowed: str) -> int:
     """`value` as a Python int when it is an integer (numpy's too) and not a bool, else InvalidRequestError."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

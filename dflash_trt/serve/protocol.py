@@ -16,7 +16,7 @@ from typing import Any, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from dflash_trt.errors import InvalidRequestError
-from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 
 #: Most stop strings per request (OpenAI allows 4).
 MAX_STOP_STRINGS = 4
@@ -116,11 +116,9 @@ class _Request(BaseModel):
         if bad is not None:
             raise InvalidRequestError(f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})")
         stops = tuple(dict.fromkeys(extra if self.ignore_eos else (*eos_token_ids, *extra)))
-        seed = None if self.seed is None else self.seed + seed_offset
-        if seed is not None and seed >= 2**64:  # wrapped: a valid seed gives n valid choice seeds
-            seed -= 2**64 + 2**63
         return SamplingParams(temperature=self.temperature, top_k=0 if self.top_k == -1 else self.top_k,
-                              top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops, seed=seed)
+                              top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops,
+                              seed=offset_seed(self.seed, seed_offset))
 
     def check_n(self, prompts: int = 1) -> None:
         """Raises InvalidRequestError: n < 1, or more than MAX_CHOICES choices in all."""

@@ -51,13 +51,14 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "DFlash drafte
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
+    marker = "o" if len(steps) < 2 else None  # a single logged step is a point: a line alone would not show it
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [h["loss"] for h in history], label="loss", color="tab:blue")
-    ax.plot(steps, [h["hard_ce"] for h in history], label="hard CE", color="tab:cyan", alpha=0.6)
+    ax.plot(steps, [h["loss"] for h in history], label="loss", color="tab:blue", marker=marker)
+    ax.plot(steps, [h["hard_ce"] for h in history], label="hard CE", color="tab:cyan", alpha=0.6, marker=marker)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("decay-weighted cross-entropy")
     ax2 = ax.twinx()
-    ax2.plot(steps, [1 + h["accepted"] for h in history], label="train anchor mean", color="tab:orange")
+    ax2.plot(steps, [1 + h["accepted"] for h in history], label="train anchor mean", color="tab:orange", marker=marker)
     if val_history:
         ax2.plot([v["step"] for v in val_history], [v["acceptance_length"] for v in val_history], marker="o",
                  label="held-out tau (teacher-forced decode)", color="tab:red")

@@ -102,6 +102,28 @@ def test_plots_of_an_ar_only_run_say_why_they_are_empty(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_speedup_plot_of_a_run_without_ar_says_so_and_draws_no_bars(tmp_path, monkeypatch):
+    import dflash_trt.bench.report as report
+
+    seen = {}
+    save = report._save
+
+    def record(fig, path):
+        ax = fig.axes[0]
+        seen[path.name] = ([t.get_text() for t in ax.texts], len(ax.patches))
+        return save(fig, path)
+
+    monkeypatch.setattr(report, "_save", record)
+    results = {"datasets": {"humaneval": {"modes": {"dflash": {"tau_per_prompt": [2.0],
+                                                               "acceptance_by_position": [0.5]}}}}}
+    report.plots(results, tmp_path)
+    assert seen["speedup.png"] == (["no ar mode in this run: no speedup to plot (add ar to --modes)"], 0)
+    results["datasets"]["humaneval"]["modes"]["ar"] = {}
+    results["datasets"]["humaneval"]["speedup_vs_ar"] = {"dflash": 1.5, "ar": 1.0}
+    report.plots(results, tmp_path)
+    assert seen["speedup.png"] == ([], 1)  # one bar: dflash over ar
+
+
 def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monkeypatch, capsys):
     """A bench can run for hours: an unwritable --out (or one whose results.json is a folder), an empty
     --dataset or a malformed --dataset file fails before any model loads (it used to fail after the run,

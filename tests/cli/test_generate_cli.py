@@ -74,6 +74,26 @@ def test_bad_paths_and_usage(monkeypatch, capsys, tmp_path):
     bad.write_text('{"prompt": "ok"}\n{not json\n')
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(bad))
     assert code == 1 and "bad.jsonl:2: not valid JSON" in err
+    for flag in ("--prompt", "--chat"):  # as a prompts file's blank line is refused
+        code, _, err = run_main(monkeypatch, capsys, "generate", flag, "  \t ")
+        assert code == 2 and f"{flag} is only whitespace; give some text" in err
+
+
+def test_prompts_of_a_file_sample_with_seed_plus_their_index(monkeypatch, capsys, tmp_path):
+    """--seed S: prompt i samples with seed S + i (a repeated prompt samples differently, each reproducibly),
+    so line 2 of a file with --seed 5 is that prompt alone with --seed 6."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time"}\n' * 2)
+    sampled = ("--max-tokens", "12", "--temperature", "1", "--json", "--batch-size", "1")
+    runs = []
+    for _ in range(2):
+        code, out, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(prompts), "--seed", "5", *sampled)
+        assert code == 0, err
+        runs.append([json.loads(line)["token_ids"] for line in out.strip().splitlines()])
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Once upon a time", "--seed", "6", *sampled)
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == runs[0][1]
 
 
 @pytest.mark.slow

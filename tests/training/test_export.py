@@ -236,3 +236,15 @@ def test_export_copies_only_drafter_files_and_names_the_rest(tmp_path, capsys):
     assert (dst / "training.json").read_bytes() == b'{"steps": 3}' and (dst / "loss.png").read_bytes() == b"png"
     code, out, err = _export_cli(capsys, src, dst, "--force")  # the copy holds only drafter files
     assert code == 0, err
+
+
+def test_loss_plot_of_one_logged_step_draws_its_points(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from dflash_trt.training.export import plot_loss
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    plot_loss([{"step": 4, "loss": 14.4, "hard_ce": 14.3, "accepted": 0.1}], tmp_path / "loss.png")
+    lines = figs[0].axes[0].get_lines() + figs[0].axes[1].get_lines()
+    assert [line.get_marker() for line in lines] == ["o", "o", "o"]  # one point each: visible only as a marker
