@@ -516,7 +516,8 @@ class DecodeBatch:
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
         if mode == "dflash":
-            drafter_cache = eng.proposer.cache = eng.proposer.drafter.new_cache(len(reqs), capacity)
+            eng.proposer.reset(len(reqs), capacity)  # a context cache for the new rows
+            drafter_cache = eng.proposer.cache
             if eng.proposer.prompt_lookup:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)
