@@ -89,14 +89,15 @@ def folder_bytes(path: Path) -> int:
 
 
 def preflight(opts: BuildOptions) -> dict:
-    """Every check that needs no weights: options, `dflash-trt check`, tensor-parallel divisibility, --out
-    (`check_out`). A warning also names engines that `build_engine.sh` wrote beside --out from an earlier
+    """Every check that needs no weights: options, `dflash-trt check`, unquantized inputs (`check_unquantized`),
+    tensor-parallel divisibility, --out (`check_out`). A warning also names engines that `build_engine.sh` wrote beside --out from an earlier
     bundle (OUT.engine, which this build leaves as they are).
 
     Returns:
         {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
     Raises:
-        ConfigError: a bad option; IncompatibleModelsError: `check` found errors (all listed).
+        ConfigError: a bad option, an already-quantized --target or --drafter (`check_unquantized`), a bad --out;
+            IncompatibleModelsError: `check` found errors (all listed).
     """
     from dflash_trt.build.quantize import DRAFTER_QUANT_FORMATS, import_modelopt, modelopt_config
     from dflash_trt.build.sharding import ShardSpec, check_divisible
@@ -123,6 +124,8 @@ def preflight(opts: BuildOptions) -> dict:
     errors = [f.message for f in findings if f.level == ERROR]
     if errors:
         raise IncompatibleModelsError("dflash-trt check failed, nothing was built:\n  - " + "\n  - ".join(errors))
+    for flag, folder in (("--target", opts.target), ("--drafter", opts.drafter)):
+        check_unquantized(flag, folder)
     target = TargetConfig.from_pretrained(opts.target)
     drafter = DrafterConfig.from_pretrained(opts.drafter)
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
@@ -135,6 +138,25 @@ def preflight(opts: BuildOptions) -> dict:
         warnings.append(f"{engines} holds TensorRT engines built from an earlier bundle at {opts.out}; once this "
                         f"build is done, rebuild them with {opts.out / 'trtllm_checkpoint' / 'build_engine.sh'}")
     return {"target": target, "drafter": drafter, "warnings": warnings}
+
+
+def check_unquantized(flag: str, folder: Path) -> None:
+    """A build quantizes (or copies) full-precision weights: a checkpoint that is already quantized (config.json
+    `quantization_config`, or an `hf_quant_config.json`: e.g. a bundle's own ModelOpt FP8 `trtllm/target`) would
+    be loaded by transformers without its scales, and the bundle would generate garbage. (`dflash-trt check` and
+    `generate` accept such folders: the runtime dequantizes them on load.)
+
+    Raises:
+        ConfigError: `folder` (given as `flag`) is quantized; names the marker and the fix.
+    """
+    from dflash_trt.config import read_config_json
+
+    markers = (["config.json quantization_config"] if read_config_json(folder).get("quantization_config") else []) + (
+        ["hf_quant_config.json"] if (Path(folder) / "hf_quant_config.json").is_file() else [])
+    if markers:
+        raise ConfigError(f"{flag} {folder} is an already-quantized checkpoint ({' and '.join(markers)}); build needs "
+                          f"the original unquantized checkpoint: give that as {flag} (a bundle's trtllm/ folders are "
+                          "quantized already and cannot be quantized again)")
 
 
 def check_out(opts: BuildOptions) -> Path | None:

@@ -293,3 +293,29 @@ def test_interrupted_build_leaves_an_existing_bundle(tmp_path, tiny_pair, calib_
     assert code == 130 and err.splitlines()[-1].endswith(
         f"nothing was written to {out} (what was there, a dflash-trt bundle, is unchanged)"), err
     assert load_manifest(out)["quantization"]["target"] == "fp8" and leftovers(tmp_path, "old") == []
+
+
+# --- 6. inputs that are quantized already --------------------------------------------------------------
+
+def test_an_already_quantized_target_or_drafter_is_refused(tmp_path, tiny_pair, tiny_bundle_fp8_tp3, monkeypatch,
+                                                           capsys):
+    """A bundle's own trtllm/target (ModelOpt FP8: quantization_config + hf_quant_config.json) as --target, or a
+    drafter with an hf_quant_config.json: transformers would load the float8 weights without their scales, so the
+    build (dry run or not) refuses it with one line naming the folder and the fix, and writes nothing."""
+    fp8_target = tiny_bundle_fp8_tp3 / "trtllm" / "target"
+    quant_drafter = tmp_path / "drafter-q"
+    shutil.copytree(tiny_pair[1], quant_drafter)
+    (quant_drafter / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "FP8"}}\n')
+    cases = [((fp8_target, tiny_pair[1]), "--target", fp8_target, "config.json quantization_config and hf_quant_config.json"),
+             ((tiny_pair[0], quant_drafter), "--drafter", quant_drafter, "hf_quant_config.json")]
+    for pair, flag, folder, markers in cases:
+        for extra in (("--dry-run",), ()):
+            code, stdout, err = run_main(monkeypatch, capsys, *build_args(pair, tmp_path / "out", "--quant", "nvfp4",
+                                                                          "--calib-size", "2", *extra))
+            assert code == 1 and "Traceback" not in err and "plan for" not in stdout, err
+            assert error_line(err) == (f"error: {flag} {folder} is an already-quantized checkpoint ({markers}); build "
+                                       f"needs the original unquantized checkpoint: give that as {flag} (a bundle's "
+                                       "trtllm/ folders are quantized already and cannot be quantized again)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter-q"]
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(fp8_target), "--drafter", str(tiny_pair[1]))
+    assert code == 0, err  # the runtime dequantizes it on load: `check` accepts it
