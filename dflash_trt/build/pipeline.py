@@ -4,7 +4,8 @@ The steps are `step_titles` (8 for every combination of options; the progress li
 `--dry-run` plan number them `[i/8]`). The bundle is written into a temporary sibling folder
 (`.NAME.building-*`) and renamed to `--out` only when every step succeeded, so a failed or
 interrupted (Ctrl-C: `BuildInterrupted`) build leaves no half-written bundle (and an existing bundle
-replaced with `--force` stays intact until the new one is complete).
+replaced with `--force` stays intact until the new one is complete). `--out` is checked again before that
+rename; what appeared there meanwhile and the checks refuse stays, and the bundle goes to `OUT.new` instead.
 
 Bundle layout (docs/build.md):
     NAME/manifest.json           schema version, models, quantization, tp, block size, ... sha256 of every file
@@ -221,6 +222,15 @@ def existing_out(out: Path) -> str | None:
     return existing(out, BUNDLE)
 
 
+def free_sibling(path: Path, suffix: str) -> Path:
+    """`path` with `suffix` added to its name (`NAME.new`), or `NAME.new-2`, `-3`, ... when that exists."""
+    candidate, n = path.with_name(path.name + suffix), 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}-{n}")
+    return candidate
+
+
 def step_titles(opts: BuildOptions) -> list[str]:
     """The build's steps, in order: the progress lines of a build print them as `[i/N] title`, the
     `--dry-run` plan numbers its lines the same way, for every combination of options."""
@@ -328,7 +338,9 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
 
     Raises:
         ConfigError / IncompatibleModelsError: found before anything is written.
-        BuildError: a step failed (the message names it); nothing was written to `opts.out`.
+        BuildError: a step failed (the message names it); nothing was written to `opts.out`. Or `opts.out` changed
+            while the build ran so that `check_out` now refuses it (e.g. a folder with files appeared there): it is
+            left as it is, and the complete bundle is moved to `OUT.new` (`free_sibling`), which the message names.
         BuildInterrupted (a KeyboardInterrupt): Ctrl-C; its one-line message says where, and that nothing
             was written to `opts.out` (what was there is unchanged), or, interrupted while the old --out
             was being removed, that the complete bundle is already there.
@@ -508,6 +520,16 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
             if part != RUNTIME_DRAFTER or reduced:
                 report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
         report.sizes["total"] = folder_bytes(root)
+        try:
+            check_out(opts)  # again: what is at --out may have changed while the build ran
+        except ConfigError as exc:
+            aside = publish_folder(root, free_sibling(out, ".new"))  # the bundle is complete: keep it, visibly
+            now = existing_out(opts.out)
+            why = (f"--out {opts.out} changed while the build ran: it is now {now}, which "
+                   + ("--force does not replace (only a dflash-trt bundle of its own files, or an empty folder)"
+                      if opts.force else "is not replaced without --force") if now else str(exc))
+            raise BuildError(f"{why}; it is left as it is, and the complete bundle is at {aside} (move it where you "
+                             "want it)") from exc
         publish_folder(root, out)  # readable modes; --force: the old --out (bundle or file) goes only now
         return f"({len(report.manifest['files'])} files hashed)"
 

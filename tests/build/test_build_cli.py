@@ -319,3 +319,41 @@ def test_an_already_quantized_target_or_drafter_is_refused(tmp_path, tiny_pair, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter-q"]
     code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(fp8_target), "--drafter", str(tiny_pair[1]))
     assert code == 0, err  # the runtime dequantizes it on load: `check` accepts it
+
+
+# --- 7. --out changed while the build ran ----------------------------------------------------------------
+
+def test_a_folder_that_appears_at_out_during_the_build_is_kept(tmp_path, tiny_pair, monkeypatch, capsys):
+    """--out is checked again before the move: a folder with a file created there while the build ran (no
+    --force; then with --force, which replaces only a bundle or an empty folder) stays as it is, and the
+    complete bundle goes to OUT.new (then OUT.new-2), named by the one error line."""
+    from dflash_trt.build import trtllm
+    from dflash_trt.build.manifest import load_manifest
+
+    out = tmp_path / "b"
+    write_serving_files = trtllm.write_serving_files
+
+    def user_writes_at_out(*args, **kwargs):  # step 6: someone creates --out with a file in it
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        return write_serving_files(*args, **kwargs)
+
+    monkeypatch.setattr(trtllm, "write_serving_files", user_writes_at_out)
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 1 and "Traceback" not in err and "bundle written" not in stdout, err
+    assert error_line(err) == (
+        f"error: --out {out} changed while the build ran: it is now a folder that is not a dflash-trt bundle (no bundle "
+        f"manifest.json), which is not replaced without --force; it is left as it is, and the complete bundle is at "
+        f"{tmp_path / 'b.new'} (move it where you want it)")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert load_manifest(tmp_path / "b.new")["name"] == "b"  # complete: every file verified
+
+    shutil.rmtree(out)
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--force"))
+    assert code == 1 and error_line(err) == (
+        f"error: --out {out} changed while the build ran: it is now a folder that is not a dflash-trt bundle (no bundle "
+        f"manifest.json), which --force does not replace (only a dflash-trt bundle of its own files, or an empty "
+        f"folder); it is left as it is, and the complete bundle is at {tmp_path / 'b.new-2'} (move it where you want "
+        "it)"), err
+    assert (out / "notes.txt").read_text() == "mine" and load_manifest(tmp_path / "b.new-2")["tp_size"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.new", "b.new-2"]  # no .b.building-* left
