@@ -23,9 +23,13 @@ Bundle layout (docs/build.md):
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,8 +95,9 @@ def folder_bytes(path: Path) -> int:
 
 def preflight(opts: BuildOptions) -> dict:
     """Every check that needs no weights: options, `dflash-trt check`, unquantized inputs (`check_unquantized`),
-    tensor-parallel divisibility, --out (`check_out`). A warning also names engines that `build_engine.sh` wrote beside --out from an earlier
-    bundle (OUT.engine, which this build leaves as they are).
+    tensor-parallel divisibility, --out (`check_out`). Warnings also name engines that `build_engine.sh` wrote
+    beside --out from an earlier bundle (OUT.engine, which this build leaves as they are), and the temporary
+    folders of builds of --out that did not finish (`stale_builds`: never removed here, one may still run).
 
     Returns:
         {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
@@ -138,7 +143,20 @@ def preflight(opts: BuildOptions) -> dict:
     if engines.exists():
         warnings.append(f"{engines} holds TensorRT engines built from an earlier bundle at {opts.out}; once this "
                         f"build is done, rebuild them with {opts.out / 'trtllm_checkpoint' / 'build_engine.sh'}")
+    stale = stale_builds(opts.out)
+    if stale:
+        warnings.append(f"{count(len(stale), 'unfinished build folder')} beside --out ({', '.join(map(str, stale))}): "
+                        "left by a build that was killed, or in use by one still running; if no build of "
+                        f"{opts.out} is running, remove {'it' if len(stale) == 1 else 'them'}")
     return {"target": target, "drafter": drafter, "warnings": warnings}
+
+
+def stale_builds(out: Path) -> list[Path]:
+    """The temporary folders of other builds of `out` beside it (`.NAME.building-*`, what `run_build` writes into;
+    a build killed with SIGKILL leaves its own), sorted."""
+    out = Path(out).resolve()
+    return sorted(p for p in out.parent.glob(f".{glob.escape(out.name)}.building-*") if p.is_dir()) \
+        if out.parent.is_dir() else []
 
 
 def check_unquantized(flag: str, folder: Path) -> None:
@@ -310,7 +328,37 @@ def dry_run(opts: BuildOptions, warn: Callable[[str], None] = print) -> list[str
 
 
 class BuildInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `run_build`; the message (one line) says where, and what is at `--out`."""
+    """Ctrl-C (or SIGTERM, `terminate_as_interrupt`) during `run_build`; the message (one line) says which, where,
+    and what is at `--out`. `terminated`: True for SIGTERM."""
+
+    def __init__(self, message: str, terminated: bool = False):
+        super().__init__(message)
+        self.terminated = terminated
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised by the SIGTERM handler of `terminate_as_interrupt`: the build cleans up as for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While in the block, SIGTERM (kill, timeout, docker stop, Slurm) raises `Terminated`, a KeyboardInterrupt,
+    so `run_build` removes its temporary folder as for Ctrl-C; further SIGTERMs are ignored while it cleans up.
+    The previous handler comes back on exit. Does nothing outside the main thread (Python runs signal handlers
+    there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup runs to its end
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class _Progress:
@@ -341,7 +389,8 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         BuildError: a step failed (the message names it); nothing was written to `opts.out`. Or `opts.out` changed
             while the build ran so that `check_out` now refuses it (e.g. a folder with files appeared there): it is
             left as it is, and the complete bundle is moved to `OUT.new` (`free_sibling`), which the message names.
-        BuildInterrupted (a KeyboardInterrupt): Ctrl-C; its one-line message says where, and that nothing
+        BuildInterrupted (a KeyboardInterrupt): Ctrl-C, or SIGTERM inside `terminate_as_interrupt` (`terminated`
+            True); its one-line message says which, where, and that nothing
             was written to `opts.out` (what was there is unchanged), or, interrupted while the old --out
             was being removed, that the complete bundle is already there.
     """
@@ -369,7 +418,8 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         published = tmp is not None and not tmp.exists()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise BuildInterrupted(_interrupted(opts, report, published)) from exc
+        terminated = isinstance(exc, Terminated)
+        raise BuildInterrupted(_interrupted(opts, report, published, terminated), terminated) from exc
     except BaseException as exc:
         if tmp is None:  # the checks failed, or --out's parent could not be made: nothing was written
             raise
@@ -384,16 +434,18 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
     return report
 
 
-def _interrupted(opts: BuildOptions, report: BuildReport, published: bool) -> str:
-    """The one-line message of a `BuildInterrupted`."""
+def _interrupted(opts: BuildOptions, report: BuildReport, published: bool, terminated: bool = False) -> str:
+    """The one-line message of a `BuildInterrupted` (`terminated`: by SIGTERM, not Ctrl-C)."""
     total = len(step_titles(opts))
+    how = "terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"
     where = (f"in step {len(report.steps) + 1}/{total} '{report.running}'" if report.running
              else f"after step {len(report.steps)}/{total}")
     if published:
-        return f"build interrupted (Ctrl-C) {where}, after the complete bundle was moved to {report.out}"
+        return f"build {how} {where}, after the complete bundle was moved to {report.out}"
     existing = existing_out(report.out)
     kept = f" (what was there, {existing}, is unchanged)" if existing else ""
-    return f"build interrupted (Ctrl-C) {where}; nothing was written to {report.out}{kept}"
+    return f"build {how} {where}; nothing was written to {report.out}{kept}"
+
 def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: BuildReport, step: _Progress,
                 log: Callable[[str], None]) -> None:
     """Steps 2 to the last of `step_titles(opts)` (`step` runs them): the bundle in `root`, then `root`

@@ -1,8 +1,9 @@
 """`dflash-trt build`: quantize, shard and package a target + drafter into a deployable bundle.
 
 Progress is one `[i/N] step` line per step (`dflash_trt.build.pipeline.step_titles`; `--dry-run` numbers
-its plan the same way). Ctrl-C exits 130 with one line saying where the build stopped and that nothing
-was written to --out (the bundle is built in a temporary folder beside it, renamed at the end).
+its plan the same way). Ctrl-C exits 130, SIGTERM (kill, timeout, docker stop, Slurm) 143, with one line
+saying where the build stopped and that nothing was written to --out (the bundle is built in a temporary
+folder beside it, renamed at the end; that folder is removed).
 stdout carries only the result line (or the --dry-run plan); progress, warnings and ModelOpt's own
 messages go to stderr.
 """
@@ -45,7 +46,8 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from rich.console import Console
     from rich.markup import escape
 
-    from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, run_build, summary_table
+    from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, Terminated, run_build, summary_table
+    from dflash_trt.build.pipeline import terminate_as_interrupt
     from dflash_trt.build.pipeline import dry_run as check_and_plan
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
@@ -71,13 +73,15 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
             click.echo(f"  {line}")
         return
     try:  # ModelOpt prints its own lines ("Inserted N quantizers", "current rank: ..."): stdout keeps the result only
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), terminate_as_interrupt():
             # soft_wrap: a long path stays whole (copy-paste, grep); markup off: '[...]' in a path is text
             report = run_build(opts, log=lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False))
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line, exit 130 (128 + SIGINT, as a shell reports it)
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (128 + the signal, as a shell says)
+        terminated = isinstance(exc, Terminated) or getattr(exc, "terminated", False)
+        how = "terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"
         click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
-                   f"build interrupted (Ctrl-C); nothing was written to {opts.out}", err=True)
-        sys.exit(130)
+                   f"build {how}; nothing was written to {opts.out}", err=True)
+        sys.exit(143 if terminated else 130)
     console.print(summary_table(report))
     q = shlex.quote(str(report.out))  # the commands copy-paste even with spaces in the path
     click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {q} --chat '...'; "

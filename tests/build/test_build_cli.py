@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -357,3 +358,60 @@ def test_a_folder_that_appears_at_out_during_the_build_is_kept(tmp_path, tiny_pa
         "it)"), err
     assert (out / "notes.txt").read_text() == "mine" and load_manifest(tmp_path / "b.new-2")["tp_size"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.new", "b.new-2"]  # no .b.building-* left
+
+
+# --- 8. SIGTERM, and the folders of builds that did not finish --------------------------------------------
+
+def test_sigterm_exits_143_with_one_line_and_removes_the_temporary_folder(tmp_path, tiny_pair):
+    """A real `dflash-trt build` process sent SIGTERM (kill, timeout, docker stop) once its step 2 starts:
+    exit 143, one last line saying so and that nothing was written, no `.NAME.building-*` left, no --out."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-c", "from dflash_trt.cli import main; main()",
+                             *build_args(tiny_pair, out, "--quant", "fp8", "--calib-size", "8")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("[2/8] "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, rest = proc.communicate(timeout=120)
+    lines = (''.join(seen) + rest).splitlines()
+    assert proc.returncode == 143, lines
+    assert re.fullmatch(rf"build terminated \(SIGTERM\) (in|after) step \d/8.*; nothing was written to {re.escape(str(out))}",
+                        lines[-1]), lines
+    assert "Traceback" not in rest and list(tmp_path.iterdir()) == []
+
+
+def test_terminate_as_interrupt_raises_in_the_block_only():
+    import signal
+
+    from dflash_trt.build.pipeline import Terminated, terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 1)  # let the handler run
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_unfinished_build_folders_beside_out_are_named_not_removed(tmp_path, tiny_pair, monkeypatch, capsys):
+    """`.NAME.building-*` beside --out (a build killed with SIGKILL, or one still running): the dry run and the
+    build warn, naming them; neither removes them (another build's is not touched)."""
+    stale = tmp_path / ".b.building-abc123"
+    stale.mkdir()
+    (stale / "rank0.safetensors").write_text("partial")
+    (tmp_path / ".other.building-x").mkdir()  # another --out's: not named
+    want = (f"warning: 1 unfinished build folder beside --out ({stale}): left by a build that was killed, or in use "
+            f"by one still running; if no build of {tmp_path / 'b'} is running, remove it")
+    for extra in (("--dry-run",), ()):
+        code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", *extra))
+        assert code == 0, err
+        assert [line for line in err.splitlines() if "unfinished build folder" in line] == [want], err
+    assert (stale / "rank0.safetensors").read_text() == "partial" and (tmp_path / ".other.building-x").is_dir()
+    assert (tmp_path / "b" / "manifest.json").is_file()
