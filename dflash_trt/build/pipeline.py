@@ -386,7 +386,8 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
 
     Raises:
         ConfigError / IncompatibleModelsError: found before anything is written.
-        BuildError: a step failed (the message names it); nothing was written to `opts.out`. Or `opts.out` changed
+        BuildError: a step failed (the message names it); nothing was written to `opts.out` (the parent folders of
+            it that the build created are removed again, as on Ctrl-C). Or `opts.out` changed
             while the build ran so that `check_out` now refuses it (e.g. a folder with files appeared there): it is
             left as it is, and the complete bundle is moved to `OUT.new` (`free_sibling`), which the message names.
         BuildInterrupted (a KeyboardInterrupt): Ctrl-C, or SIGTERM inside `terminate_as_interrupt` (`terminated`
@@ -399,6 +400,7 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
     step = _Progress(step_titles(opts), report, log)
     pre: dict = {}
     tmp = None
+    made: list[Path] = []  # the missing parent folders of --out this build creates, deepest first
 
     def check():
         pre.update(preflight(opts))
@@ -411,6 +413,10 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
 
     try:
         step(check)  # ConfigError / IncompatibleModelsError as they are: nothing is written yet
+        for parent in out.parents:
+            if parent.exists():
+                break
+            made.append(parent)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
         _build_into(tmp, out, opts, pre, report, step, log)  # its last step moves tmp to out
@@ -418,12 +424,15 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         published = tmp is not None and not tmp.exists()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
         terminated = isinstance(exc, Terminated)
         raise BuildInterrupted(_interrupted(opts, report, published, terminated), terminated) from exc
     except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
         if tmp is None:  # the checks failed, or --out's parent could not be made: nothing was written
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, BuildError) or not isinstance(exc, Exception):
             raise
         if isinstance(exc, DFlashError):
@@ -432,6 +441,17 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         raise BuildError(f"build failed {where}: {type(exc).__name__}: {exc}; nothing was written to "
                          f"{out}") from exc
     return report
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first: the parents of --out a failed build created) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty (the bundle went to OUT.new there, or someone wrote into it)
+            break
 
 
 def _interrupted(opts: BuildOptions, report: BuildReport, published: bool, terminated: bool = False) -> str:

@@ -131,13 +131,16 @@ def test_ctrl_c_exits_130_with_one_line_and_writes_nothing(tmp_path, tiny_pair, 
     from dflash_trt.build import trtllm
 
     monkeypatch.setattr(trtllm, "export_target_hf", interrupt)  # step 4
-    out = tmp_path / "engines" / "x"
+    out = tmp_path / "newp" / "a" / "b" / "x"
     code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
     assert code == 130, err
     assert err.splitlines()[-1] == (f"build interrupted (Ctrl-C) in step 4/8 'export unified HF target checkpoint'; "
                                     f"nothing was written to {out}")
     assert "Traceback" not in err and "bundle written" not in stdout
-    assert not out.exists() and leftovers(out.parent, "x") == []
+    assert list(tmp_path.iterdir()) == []  # nor the parent folders newp/a/b the build created
+    (tmp_path / "newp").mkdir()  # an existing parent stays, the ones below it go
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 130 and list(tmp_path.iterdir()) == [tmp_path / "newp"] and not any((tmp_path / "newp").iterdir())
 
     empty = tmp_path / "empty"  # --force over an empty folder: it stays as it was
     empty.mkdir()
