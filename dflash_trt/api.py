@@ -283,7 +283,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     `tree_topk`, `prompt_lookup`, `max_concurrency` and `cuda_kernels`: as in `load_pipeline`.
 
     Raises:
-        BundleError: missing bundle or manifest, newer manifest schema, missing or altered file.
+        BundleError: missing bundle or manifest, a manifest that is not what the build writes (edited: its models,
+            tokenizer or files entries missing or malformed), newer manifest schema, missing or altered file.
         IncompatibleModelsError, CheckpointError: as `load_pipeline`.
         ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off"); cpu_kernels
             or cuda_kernels "on" where the kernels cannot run.
@@ -292,7 +293,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from dflash_trt.build.manifest import load_manifest
+    from dflash_trt.build.manifest import bundle_folder, load_manifest
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
     check_device(device)
@@ -300,8 +301,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     manifest = load_manifest(bundle)  # before Path(): an empty path is not the current folder
     root = Path(bundle)
     torch_dtype = parse_dtype(dtype)
-    target_path = root / manifest["models"]["target"]["path"]
-    drafter_path = root / manifest["models"]["drafter"]["path"]
+    target_path = bundle_folder(root, manifest, "models.target.path")
+    drafter_path = bundle_folder(root, manifest, "models.drafter.path")
+    tokenizer_path = bundle_folder(root, manifest, "tokenizer.path")
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
@@ -315,7 +317,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size,
                                   max_draft_len=max_draft_len, draft_confidence=draft_confidence, tree_topk=tree_topk,
                                   prompt_lookup=prompt_lookup, max_concurrency=max_concurrency)
-    tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
+    tokenizer = load_tokenizer(tokenizer_path)
     if packed:
         use_cpu_kernels(model, proposer)
     if fused_cuda and proposer is not None:

@@ -2,8 +2,9 @@
 
 Written last by `dflash-trt build`; read and verified by `load_manifest` before the runtime loads a
 bundle (`dflash-trt generate --bundle`). Verification fails with a `BundleError` naming the file
-when a listed file is missing or its sha256 differs, and when the manifest comes from a newer schema
-than this dflash-trt understands. Files added to a bundle after the build are not checked.
+when a listed file is missing or its sha256 differs, when the manifest comes from a newer schema
+than this dflash-trt understands, and when it was edited into something the build does not write (not an
+object, `files` or a model path missing or malformed: `malformed`). Files added to a bundle after the build are not checked.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
     """Read a bundle's manifest and (by default) verify every listed file.
 
     Raises:
-        BundleError: an empty path, a file, no bundle / manifest, invalid JSON, newer schema, a missing file, or
-            a sha256 mismatch.
+        BundleError: an empty path, a file, no bundle / manifest, invalid JSON, not a JSON object, newer schema, a
+            malformed `files` table, a missing file, or a sha256 mismatch.
     """
     if not str(bundle).strip():  # Path("") is the current folder
         raise BundleError("the bundle path is empty; give the folder `dflash-trt build --out` wrote (e.g. "
@@ -92,6 +93,8 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise BundleError(f"{path}: not valid JSON ({exc}); rebuild the bundle") from exc
+    if not isinstance(manifest, dict):
+        raise malformed(root, f"a JSON {_json_kind(manifest)}, not an object")
     version = manifest.get("schema_version")
     if manifest.get("kind") != KIND or not isinstance(version, int):
         raise BundleError(f"{path}: not a dflash-trt bundle manifest (kind/schema_version missing)")
@@ -103,6 +106,32 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
     if verify:
         verify_files(root, manifest)
     return manifest
+
+
+def _json_kind(value) -> str:
+    """How JSON names the type of a decoded value: "array", "string", "number", "object", ..."""
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", dict: "object"}.get(
+        type(value), "null")
+
+
+def malformed(root: Path, what: str) -> BundleError:
+    """The error for a bundle manifest that is JSON but not what `dflash-trt build` writes (edited by hand)."""
+    return BundleError(f"{Path(root) / MANIFEST_NAME}: {what}; rebuild the bundle (dflash-trt build --out NEW_FOLDER)")
+
+
+def bundle_folder(root: str | Path, manifest: dict, key: str) -> Path:
+    """`root` / the folder the manifest records at the dotted `key` (e.g. "models.target.path").
+
+    Raises:
+        BundleError: that entry is missing, not a string, or not a relative path inside the bundle.
+    """
+    value = manifest
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if not isinstance(value, str) or not value.strip() or Path(value).is_absolute() or ".." in Path(value).parts:
+        got = "missing" if value is None else f"{json.dumps(value)[:60]}"
+        raise malformed(root, f"{key} is {got}, not a folder path inside the bundle")
+    return Path(root) / value
 
 
 def enclosing_bundle(path: str | Path) -> Path | None:
@@ -122,10 +151,15 @@ def verify_files(root: Path, manifest: dict) -> None:
     """Check that every file listed in the manifest exists with its recorded sha256.
 
     Raises:
-        BundleError: listing every missing or altered file.
+        BundleError: listing every missing or altered file; `files` missing or not {path: {sha256, ...}}.
     """
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
+                                              for e in files.values()):
+        got = "missing" if files is None else f"a JSON {_json_kind(files)}"
+        raise malformed(root, f"files is {got}, not a table of {{path: {{sha256, bytes}}}}")
     problems = []
-    for rel, entry in manifest.get("files", {}).items():
+    for rel, entry in files.items():
         p = root / rel
         if not p.is_file():
             problems.append(f"missing file {rel}")

@@ -147,6 +147,39 @@ def test_not_a_bundle(tmp_path):
                               "engines/my-bundle)")
 
 
+def edit_manifest(bundle, edit):
+    m = json.loads((bundle / "manifest.json").read_text())
+    m = edit(m)
+    (bundle / "manifest.json").write_text(json.dumps(m))
+
+
+def test_a_hand_edited_manifest_is_a_bundle_error(bundle, monkeypatch, capsys):
+    """A manifest.json that is JSON but not what the build writes: one BundleError naming the entry and saying
+    to rebuild (they were a KeyError, AttributeError or TypeError traceback in generate / serve --bundle)."""
+    from dflash_trt.api import load_bundle
+    from tests.conftest import run_main
+
+    original = (bundle / "manifest.json").read_text()
+    where = bundle / "manifest.json"
+    fix = "; rebuild the bundle (dflash-trt build --out NEW_FOLDER)"
+    cases = [(lambda m: {k: v for k, v in m.items() if k != "models"}, "models.target.path is missing, not a folder "
+              "path inside the bundle"),
+             (lambda m: {**m, "files": []}, "files is a JSON array, not a table of {path: {sha256, bytes}}"),
+             (lambda m: [1, 2], "a JSON array, not an object"),
+             (lambda m: {**m, "models": {**m["models"], "target": {**m["models"]["target"], "path": 123}}},
+              "models.target.path is 123, not a folder path inside the bundle"),
+             (lambda m: {**m, "tokenizer": {"path": "../../elsewhere"}},
+              'tokenizer.path is "../../elsewhere", not a folder path inside the bundle')]
+    for edit, what in cases:
+        where.write_text(original)
+        edit_manifest(bundle, edit)
+        with pytest.raises(BundleError) as exc:
+            load_bundle(bundle)
+        assert str(exc.value) == f"{where}: {what}{fix}"
+        code, _, err = run_main(monkeypatch, capsys, "generate", "--bundle", str(bundle), "--prompt", "hi")
+        assert code == 1 and err.strip() == f"error: {where}: {what}{fix}" and "Traceback" not in err
+
+
 def test_incompatible_models_inside_a_rehashed_bundle(bundle):
     from dflash_trt.api import load_bundle
 
