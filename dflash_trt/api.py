@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numbers
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,8 @@ class Pipeline:
     tokenizer: Any
     target_path: Path
     drafter_path: Path | None
+    #: one-line warnings from loading (`load_bundle`: bundle files altered or missing that it does not load)
+    warnings: list[str] = field(default_factory=list)
 
     def encode_chat(self, message: str) -> list[int]:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
@@ -268,7 +270,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
                 device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
                 tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
                 max_concurrency: int | str | None = "auto", cuda_kernels: str = "off") -> Pipeline:
-    """Load a `dflash-trt build` bundle: verify its manifest (sha256 of every file), then load the target
+    """Load a `dflash-trt build` bundle: verify its manifest (the sha256 of every file of the folders it loads;
+    any other file altered or missing since the build, e.g. a tuned trtllm/serve.yaml, is named in the
+    one line of the returned Pipeline's `warnings`), then load the target
     from `trtllm/target` and the drafter from the manifest's drafter path: `trtllm/drafter`, or
     `runtime/drafter` for a reduced-vocabulary drafter (kept as given, d2t included; `trtllm/drafter`
     then holds the full-vocabulary variant TensorRT-LLM loads).
@@ -284,7 +288,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     Raises:
         BundleError: missing bundle or manifest, a manifest that is not what the build writes (edited: its models,
-            tokenizer or files entries missing or malformed), newer manifest schema, missing or altered file.
+            tokenizer or files entries missing or malformed), newer manifest schema, a missing or altered file in
+            the target, drafter or tokenizer folder.
         IncompatibleModelsError, CheckpointError: as `load_pipeline`.
         ConfigError: fp8_matmul "on" for a bundle whose target is not FP8 (use "auto" or "off"); cpu_kernels
             or cuda_kernels "on" where the kernels cannot run.
@@ -293,17 +298,20 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from dflash_trt.build.manifest import bundle_folder, load_manifest
+    from dflash_trt.build.manifest import bundle_folder, load_manifest, verify_files
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
     check_device(device)
     fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
-    manifest = load_manifest(bundle)  # before Path(): an empty path is not the current folder
+    manifest = load_manifest(bundle, verify=False)  # before Path(): an empty path is not the current folder
     root = Path(bundle)
     torch_dtype = parse_dtype(dtype)
     target_path = bundle_folder(root, manifest, "models.target.path")
     drafter_path = bundle_folder(root, manifest, "models.drafter.path")
     tokenizer_path = bundle_folder(root, manifest, "tokenizer.path")
+    unloaded = verify_files(root, manifest, loaded=[target_path, drafter_path, tokenizer_path])
+    notes = [f"bundle {root}: {', '.join(unloaded)} since the build; dflash-trt does not load "
+             f"{'this file' if len(unloaded) == 1 else 'these files'}, and what it loads is verified"] if unloaded else []
     tcfg = TargetConfig.from_pretrained(target_path)
     check_compatible(tcfg, DrafterConfig.from_pretrained(drafter_path))
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
@@ -323,4 +331,4 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     if fused_cuda and proposer is not None:
         proposer.drafter.use_fused_injection()
     engine = Engine(model, proposer, stop_token_ids(target_path, tcfg))
-    return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None)
+    return Pipeline(engine, tokenizer, target_path, drafter_path if load_drafter_model else None, notes)

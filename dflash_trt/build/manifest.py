@@ -2,7 +2,7 @@
 
 Written last by `dflash-trt build`; read and verified by `load_manifest` before the runtime loads a
 bundle (`dflash-trt generate --bundle`). Verification fails with a `BundleError` naming the file
-when a listed file is missing or its sha256 differs, when the manifest comes from a newer schema
+when a listed file is missing or its sha256 differs (`load_bundle`: a file it loads; the others only warn), when the manifest comes from a newer schema
 than this dflash-trt understands, and when it was edited into something the build does not write (not an
 object, `files` or a model path missing or malformed: `malformed`). Files added to a bundle after the build are not checked.
 """
@@ -147,27 +147,37 @@ def enclosing_bundle(path: str | Path) -> Path | None:
     return None
 
 
-def verify_files(root: Path, manifest: dict) -> None:
+def verify_files(root: Path, manifest: dict, loaded: list[Path] | None = None) -> list[str]:
     """Check that every file listed in the manifest exists with its recorded sha256.
 
+    `loaded`: the folders under `root` whose files the caller loads (`dflash_trt.api.load_bundle`: the target,
+    drafter and tokenizer folders); problems there raise, those of other files (a tuned trtllm/serve.yaml) are
+    returned ("altered trtllm/serve.yaml", "missing ...") for a warning. None: every file raises.
+
     Raises:
-        BundleError: listing every missing or altered file; `files` missing or not {path: {sha256, ...}}.
+        BundleError: listing every missing or altered file (in `loaded`); `files` missing or not {path: {sha256,
+            ...}}.
     """
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
                                               for e in files.values()):
         got = "missing" if files is None else f"a JSON {_json_kind(files)}"
         raise malformed(root, f"files is {got}, not a table of {{path: {{sha256, bytes}}}}")
-    problems = []
+    strict = None if loaded is None else [Path(f).relative_to(root).as_posix() for f in loaded]
+    problems, others = [], []
     for rel, entry in files.items():
         p = root / rel
+        mine = strict is None or any(rel.startswith(f"{folder}/") for folder in strict)
         if not p.is_file():
-            problems.append(f"missing file {rel}")
+            (problems if mine else others).append(f"missing file {rel}" if mine else f"missing {rel}")
         elif sha256_file(p) != entry["sha256"]:
-            problems.append(f"altered file {rel} (sha256 {sha256_file(p)[:12]}... != manifest {entry['sha256'][:12]}...)")
+            (problems if mine else others).append(
+                f"altered file {rel} (sha256 {sha256_file(p)[:12]}... != manifest {entry['sha256'][:12]}...)" if mine
+                else f"altered {rel}")
     if problems:
         altered = any(x.startswith("altered") for x in problems)
         raise BundleError(f"bundle {root} failed verification: " + "; ".join(problems)
                           + ". Restore the files, or rebuild: `dflash-trt build --out NEW_FOLDER`"
                           + (" (`build --force` over this bundle keeps edited files: move them away first)"
                              if altered else ""))
+    return others

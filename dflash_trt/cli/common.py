@@ -72,7 +72,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
     `serve` load it; `drafting` False loads no drafter (mode "ar"); `options` go to `load_pipeline` /
     `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, cuda_kernels, tree_topk,
     prompt_lookup, max_concurrency; tp_size for `load_pipeline` only: > 1 joins the process group torchrun
-    describes, `dflash_trt.runtime.tensor_parallel.init_from_env`).
+    describes, `dflash_trt.runtime.tensor_parallel.init_from_env`). The Pipeline's `warnings` go to stderr.
 
     Raises:
         click.UsageError: --bundle with --target or --drafter; --tp-size > 1 with --bundle or outside torchrun.
@@ -99,7 +99,10 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
         from dflash_trt.api import load_bundle
 
-        return load_bundle(bundle, dtype, block_size, load_drafter_model=drafting, **options)
+        pipe = load_bundle(bundle, dtype, block_size, load_drafter_model=drafting, **options)
+        for line in pipe.warnings:
+            click.echo(f"warning: {line}", err=True)
+        return pipe
     from dflash_trt.api import load_pipeline
 
     target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")

@@ -195,11 +195,38 @@ def test_incompatible_models_inside_a_rehashed_bundle(bundle):
 
 
 def test_cli_reports_a_broken_bundle_without_traceback(bundle):
-    (bundle / "trtllm/serve.yaml").write_text("tampered: true\n")
+    cfg = bundle / "trtllm/target/generation_config.json"
+    cfg.write_text(cfg.read_text().replace("}", ', "temperature": 0.5}', 1))
     r = subprocess.run([sys.executable, "-c", "from dflash_trt.cli import main; main()", "generate", "--bundle",
                         str(bundle), "--prompt", "hi"], capture_output=True, text=True)
-    assert r.returncode == 1 and "error: bundle" in r.stderr and "altered file trtllm/serve.yaml" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 1 and "error: bundle" in r.stderr
+    assert "altered file trtllm/target/generation_config.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_files_the_runtime_does_not_load_may_change(bundle, monkeypatch, capsys):
+    """A tuned trtllm/serve.yaml (free_gpu_memory_fraction), a deleted Triton config: generate --bundle runs the
+    verified models and warns in one line naming those files; a loaded file altered still fails."""
+    from dflash_trt.api import load_bundle
+    from tests.conftest import run_main
+
+    serve = bundle / "trtllm/serve.yaml"
+    serve.write_text(serve.read_text().replace("free_gpu_memory_fraction: 0.85", "free_gpu_memory_fraction: 0.6"))
+    assert "0.6" in serve.read_text()
+    (bundle / "triton/dflash/config.pbtxt").unlink()
+    want = (f"bundle {bundle}: missing triton/dflash/config.pbtxt, altered trtllm/serve.yaml since the build; dflash-trt "
+            "does not load these files, and what it loads is verified")
+    assert load_bundle(bundle, load_drafter_model=False).warnings == [want]
+    code, stdout, err = run_main(monkeypatch, capsys, "generate", "--bundle", str(bundle), "--prompt", "hi",
+                                 "--max-tokens", "2")
+    assert code == 0 and f"warning: {want}" in err.splitlines() and stdout.strip(), err
+    with pytest.raises(BundleError, match="failed verification: missing file triton/dflash/config.pbtxt"):
+        load_manifest(bundle)  # the manifest itself still checks every file
+    weights = bundle / "runtime/drafter/model.safetensors"
+    if not weights.is_file():
+        weights = bundle / "trtllm/drafter/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(BundleError, match=f"failed verification: altered file {weights.relative_to(bundle)}"):
+        load_bundle(bundle)
 
 
 def leftovers(parent, name):
