@@ -202,17 +202,22 @@ def check_out(opts: BuildOptions) -> Path | None:
 
 def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
     """The `--calib-prompts` items the build calibrates on, and a warning when the file holds fewer than
-    `--calib-size` (it then calibrates on all of them).
+    `--calib-size` (it then calibrates on all of them) or when it is given but nothing is calibrated (the build
+    and `--dry-run` both warn through this).
 
     Returns:
-        (None, None) when the build does not calibrate or uses the built-in corpus; else (the first
-        `--calib-size` prompts of the file, `quantize.read_calibration_jsonl`, the warning or None).
+        (None, None) when the build uses the built-in corpus or does not calibrate (with --calib-prompts: (None,
+        the warning that it is not used)); else (the first `--calib-size` prompts of the file,
+        `quantize.read_calibration_jsonl`, the warning or None).
     Raises:
         ConfigError: the file is an evaluation set, unreadable, malformed or empty.
     """
     from dflash_trt.build.quantize import read_calibration_jsonl
 
-    if opts.calib_prompts is None or not opts.calibrates:
+    if opts.calib_prompts is not None and not opts.calibrates:
+        return None, (f"--calib-prompts {opts.calib_prompts} is not used: nothing is quantized (give --quant, "
+                      "--kv-cache-dtype fp8 or --drafter-quant fp8 to calibrate)")
+    if opts.calib_prompts is None:
         return None, None
     items = read_calibration_jsonl(opts.calib_prompts, opts.calib_size)
     warning = None
@@ -321,9 +326,6 @@ def dry_run(opts: BuildOptions, warn: Callable[[str], None] = print) -> list[str
     items, warning = calibration_prompts(opts)  # the loader the real build uses
     if warning:
         warn(warning)
-    if opts.calib_prompts is not None and not opts.calibrates:
-        warn(f"--calib-prompts {opts.calib_prompts} is not used: nothing is quantized (give --quant, "
-             "--kv-cache-dtype fp8 or --drafter-quant fp8 to calibrate)")
     return numbered(plan(opts, pre, None if items is None else len(items)))
 
 
@@ -488,11 +490,11 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
     def load_and_quantize():
         model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval().to(opts.device)
         state["calib"] = []
+        items, warning = calibration_prompts(opts)
+        if warning:
+            log(f"warning: {warning}")
         if opts.calibrates:
             tok = AutoTokenizer.from_pretrained(str(opts.target))
-            items, warning = calibration_prompts(opts)
-            if warning:
-                log(f"warning: {warning}")
             state["calib"] = (calibration_token_ids(tok, opts.calib_size) if items is None
                               else tokenized_prompts(tok, items))
         state["model"] = quantize_model(model, opts.quant, opts.kv_cache_dtype, hf_forward_loop(state["calib"]))
@@ -564,8 +566,10 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
             "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,
                              "trtllm_checkpoint": state.get("trt_quant"),
                              # num_prompts: the prompts calibrated on (fewer than --calib-size when the file
-                             # holds fewer); requested: --calib-size (None: nothing was calibrated)
-                             "calibration": {"source": str(Path(opts.calib_prompts).resolve()) if opts.calib_prompts
+                             # holds fewer); source, requested: the prompts, --calib-size (None: nothing was
+                             # calibrated)
+                             "calibration": {"source": None if not opts.calibrates else
+                                             str(Path(opts.calib_prompts).resolve()) if opts.calib_prompts
                                              else "built-in corpus",
                                              "num_prompts": len(state.get("calib", [])),
                                              "requested": opts.calib_size if opts.calibrates else None}},

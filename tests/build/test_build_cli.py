@@ -82,6 +82,21 @@ def test_calib_size_above_the_file_dry_run(tmp_path, tiny_pair, monkeypatch, cap
     assert not (tmp_path / "b").exists()
 
 
+def test_calib_prompts_with_nothing_to_calibrate_warns_and_records_no_source(tmp_path, tiny_pair, monkeypatch, capsys):
+    """--calib-prompts with --quant none (no FP8 KV cache or drafter): the dry run and the build give the same one
+    warning, and the manifest records no calibration source (it said the file, with 0 prompts)."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 3)
+    want = (f"warning: --calib-prompts {prompts} is not used: nothing is quantized (give --quant, --kv-cache-dtype "
+            "fp8 or --drafter-quant fp8 to calibrate)")
+    for extra in (("--dry-run",), ()):
+        code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--calib-prompts",
+                                                                 str(prompts), *extra))
+        assert code == 0 and [line for line in err.splitlines() if "--calib-prompts" in line] == [want], err
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["quantization"]["calibration"] == {"source": None, "num_prompts": 0, "requested": None}
+    assert "Calibration" not in (tmp_path / "b" / "README.md").read_text()
+
+
 # --- 2. the dry run checks --out as the build does -------------------------------------------------------
 
 def test_dry_run_checks_out_as_the_build_does(tmp_path, tiny_pair, monkeypatch, capsys):
