@@ -138,6 +138,11 @@ LAUNCH_SH = """#!/usr/bin/env bash
 # {gpus}
 set -euo pipefail
 cd "$(dirname "$0")"
+if ! command -v trtllm-serve >/dev/null; then
+    echo "trtllm-serve not found: install TensorRT-LLM >= 1.3.0rc (pip install tensorrt_llm; DFlash needs its" \
+         "PyTorch backend), or serve this bundle with dflash-trt serve --bundle $(dirname "$PWD")" >&2
+    exit 127
+fi
 exec trtllm-serve ./target --config {config} --host "${{HOST:-0.0.0.0}}" --port "${{PORT:-8000}}" "$@"
 """
 
@@ -147,10 +152,16 @@ LLM_EXAMPLE = '''"""Run this bundle with the tensorrt_llm.LLM API (PyTorch backe
 
 The settings are serve.yaml's (dflash-trt build writes both from the same config).
 """
+import sys
 from pathlib import Path
 
-from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import DFlashDecodingConfig, KvCacheConfig
+try:
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.llmapi import DFlashDecodingConfig, KvCacheConfig
+except ImportError as exc:
+    sys.exit(f"llm_api_example.py: cannot import TensorRT-LLM ({{exc}}); install TensorRT-LLM >= 1.3.0rc (pip install "
+             "tensorrt_llm; DFlash needs its PyTorch backend), or run this bundle with dflash-trt generate --bundle "
+             f"{{Path(__file__).resolve().parent.parent}}")
 
 here = Path(__file__).resolve().parent
 spec = DFlashDecodingConfig(

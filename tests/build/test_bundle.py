@@ -1,5 +1,6 @@
 """Bundles: layout, manifest verification errors, atomic builds, and lossless DFlash on quantized bundles."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -93,6 +94,24 @@ def test_build_engine_sh_writes_the_engine_outside_the_bundle(tiny_bundle_fp8_tp
     r = subprocess.run(["bash", script], cwd=tmp_path, env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True,
                        text=True)
     assert r.returncode == 127 and r.stderr.startswith("trtllm-build not found: install TensorRT-LLM 1.2.x - "), r
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="TensorRT-LLM is installed here")
+def test_serving_files_name_the_install_when_tensorrt_llm_is_missing(tiny_bundle_fp8_tp3, tmp_path):
+    """launch.sh without trtllm-serve on PATH, llm_api_example.py without tensorrt_llm: one line naming the install
+    (and our runtime), not `exec: trtllm-serve: not found` or a ModuleNotFoundError traceback."""
+    b = tiny_bundle_fp8_tp3.resolve()
+    r = subprocess.run(["bash", str(b / "trtllm/launch.sh")], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 127 and r.stderr == (
+        "trtllm-serve not found: install TensorRT-LLM >= 1.3.0rc (pip install tensorrt_llm; DFlash needs its PyTorch "
+        f"backend), or serve this bundle with dflash-trt serve --bundle {b}\n"), r
+    r = subprocess.run([sys.executable, str(b / "trtllm/llm_api_example.py")], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and r.stderr == (
+        "llm_api_example.py: cannot import TensorRT-LLM (No module named 'tensorrt_llm'); install TensorRT-LLM >= "
+        "1.3.0rc (pip install tensorrt_llm; DFlash needs its PyTorch backend), or run this bundle with dflash-trt "
+        f"generate --bundle {b}\n"), r
 
 
 def test_missing_file(bundle):
