@@ -549,7 +549,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         # sources as absolute paths: the record is read from the bundle's folder, or on another machine
         tok_file = root / "trtllm" / "target" / "tokenizer.json"
         fields = {
-            "name": opts.out.name,
+            "name": out.name,  # the folder itself: a symlinked --out names the folder it points to
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {
                 "target": {"source": str(Path(opts.target).resolve()), "architecture": (tcfg.architectures or ("?",))[0],

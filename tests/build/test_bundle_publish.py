@@ -217,3 +217,15 @@ def test_sources_are_recorded_as_absolute_paths(tmp_path, tiny_pair, monkeypatch
     assert manifest["quantization"]["calibration"]["source"] == str((tmp_path / "calib.jsonl").resolve())
     readme = (tmp_path / "b" / "README.md").read_text()
     assert f"with the DFlash drafter `{(tmp_path / 'd1').resolve()}`" in readme and "`../d1`" not in readme
+
+
+def test_a_symlinked_out_names_the_folder_it_points_to(tmp_path, tiny_pair):
+    """`build --out linkb --force` with linkb -> b-none: the bundle is written into b-none (the link stays a link
+    to it), and manifest.json and README.md name it b-none, not linkb."""
+    real = tmp_path / "b-none"
+    build_bundle(*tiny_pair, real)
+    (tmp_path / "linkb").symlink_to("b-none")
+    report = build_bundle(*tiny_pair, tmp_path / "linkb", force=True)
+    assert report.out == real and (tmp_path / "linkb").is_symlink() and (tmp_path / "linkb").resolve() == real
+    assert load_manifest(real)["name"] == "b-none"
+    assert (real / "README.md").read_text().startswith("# dflash-trt bundle b-none\n")
