@@ -7,8 +7,10 @@ runs Triton's Python-backend stub). The model is decoupled: with `stream` true i
 per text delta, then a final one with the statistics; otherwise one response. Requests that arrive
 together decode as one batch (`dflash_trt.serve.scheduler`). Tensor names follow the TensorRT-LLM
 backend's ensemble (`text_input`, `max_tokens`, `temperature`, `top_p`, `top_k`, `random_seed`,
-`stream`, `stop_words` -> `text_output`), so its clients and Triton's `/v2/models/NAME/generate` and
-`/generate_stream` endpoints work unchanged:
+`stream`, `stop_words` -> `text_output`), so requests to Triton's `/v2/models/NAME/generate` and
+`/generate_stream` endpoints written for that ensemble work here. Its tensor clients (`/infer`, gRPC)
+need one change: the ensemble has `max_batch_size` > 0, so they send shapes [batch, 1]; this model has
+`max_batch_size: 0` (Triton does not batch: the scheduler does) and takes shape [1] per request:
 
     curl -X POST localhost:8000/v2/models/dflash/generate \\
          -d '{"text_input": "What is the capital of France?", "apply_chat_template": true, "max_tokens": 32}'
