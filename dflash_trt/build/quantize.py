@@ -196,7 +196,8 @@ def read_calibration_jsonl(path: str | Path, n: int) -> list:
     the training loader (`training.prompts.load_prompts_jsonl`): plain strings or message lists.
 
     Raises:
-        ConfigError: the file is an evaluation set (MT-Bench, HumanEval), unreadable, malformed, or empty.
+        ConfigError: the file is an evaluation set (MT-Bench, HumanEval), missing, a folder, unreadable, malformed,
+            or empty.
     """
     from dflash_trt.training.prompts import load_prompts_jsonl
 
@@ -205,7 +206,8 @@ def read_calibration_jsonl(path: str | Path, n: int) -> list:
         raise ConfigError(f"{path}: looks like an evaluation set; calibrate on training-style prompts, never on "
                           "MT-Bench or HumanEval (their figures would no longer be honest)")
     if not path.is_file():
-        raise ConfigError(f"cannot read --calib-prompts {path}: no such file; give an existing JSONL file of "
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise ConfigError(f"cannot read --calib-prompts {path}: {what}; give an existing JSONL file of "
                           '{"prompt": ...} or {"messages": [...]} lines')
     try:
         items = load_prompts_jsonl(path)[:n]

@@ -204,7 +204,12 @@ def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny)
     untrained, err = err[: err.index("error: ")], err[err.index("error: "):]  # check's warning first (wrapped)
     assert untrained.startswith("warning: untrained: the drafter's config.json marks it untrained"), untrained
     assert one_error_line(code, err), err
-    assert "cannot read --calib-prompts" in err and "give an existing JSONL file" in err
+    assert "cannot read --calib-prompts" in err and "no such file; give an existing JSONL file" in err
+    code, _, err = run_main(monkeypatch, capsys, *args, str(tmp_path))  # a folder: said so, not "no such file"
+    err = err[err.index("error: "):]
+    assert one_error_line(code, err) and " ".join(err.split()) == (
+        f'error: cannot read --calib-prompts {tmp_path}: a folder, not a file; give an existing JSONL file of '
+        '{"prompt": ...} or {"messages": [...]} lines'), err
     bad = tmp_path / "calib.jsonl"
     bad.write_text('{"prompt": "ok"}\n{not json\n')
     code, _, err = run_main(monkeypatch, capsys, *args, str(bad))
