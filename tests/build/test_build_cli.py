@@ -1,5 +1,6 @@
 """`dflash-trt build` as a command: calibration count, --out checks in the dry run, Ctrl-C, the step
-numbering of the progress lines and of the plan, and llm_api_example.py against serve.yaml.
+numbering of the progress lines and of the plan, llm_api_example.py against serve.yaml, already-quantized
+inputs, an --out that changes during the build, SIGTERM and unfinished build folders.
 
 One tiny build (module fixture `calib_bundle`) serves the calibration, numbering and example tests;
 the Ctrl-C tests stop tiny builds part way."""
