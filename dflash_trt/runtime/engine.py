@@ -239,11 +239,14 @@ class Engine:
         elif self.feature_sink is not None:
             self.feature_sink.record([r.index for r in reqs], out.features, positions, lens)
         argmax = greedy_tokens(out.logits[:, 0]).tolist()  # one device sync for the whole batch
+        # every row's token before any is emitted: a row whose sampling fails fails the call before any
+        # other row's caller has been sent a token (so the others can be rerun)
+        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(out.logits[i, 0], r.params), r.generator)
+                for i, r in enumerate(reqs)]
         for i, r in enumerate(reqs):
             r.start = lens[i]
             cache.set_length(i, lens[i])
-            tok = argmax[i] if r.params.greedy else sample(probs_from_logits(out.logits[i, 0], r.params), r.generator)
-            r.emit([tok])
+            r.emit([toks[i]])
 
     def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
         """One decode step of every request of `batch` (cache row j holds batch[j]): draft, one target
@@ -334,13 +337,14 @@ class Engine:
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
         s_probs = self._sampling_probs(sampled, batch, lens, hidden) if sampled else {}
         token_rows = tokens.tolist()  # one device sync, not one per row
+        for j, r in enumerate(batch):  # every verdict before any row emits (a failing row emits nothing anywhere)
+            if not r.params.greedy:
+                kj = lens[j]
+                q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
+                verdict[j] = speculative_sample(tokens[j, 1 : kj + 1], q, s_probs[j], r.generator)
         for j, r in enumerate(batch):
             kj = lens[j]
-            if r.params.greedy:
-                acc, nxt = verdict[j]
-            else:
-                q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
-                acc, nxt = speculative_sample(tokens[j, 1 : kj + 1], q, s_probs[j], r.generator)
+            acc, nxt = verdict[j]
             path = paths.get(j)
             taken = r.emit((token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt])
             m = r.metrics

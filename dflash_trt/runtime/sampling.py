@@ -120,12 +120,15 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     whose mass reaches top_p (the token that crosses it included; the most likely token always, also
     for a top_p that rounds to 0 in float32). Requires temperature > 0; below LOW_TEMPERATURE the logits
     are shifted by their maximum first, so that logits / temperature cannot overflow to inf (the
-    softmax of inf - inf is NaN): the distribution is the same, concentrated on the top token(s).
+    softmax of inf - inf is NaN): the distribution is the same, concentrated on the top token(s); a
+    temperature below 1.2e-38 (float32's smallest normal) is computed as 1.2e-38.
     """
     scores = logits.float()
     if params.temperature < LOW_TEMPERATURE:
         scores = scores - scores.max(-1, keepdim=True).values
-    scores = scores / params.temperature
+    # a temperature below float32's smallest normal number would round to 0 here (0 / 0 = NaN at the top
+    # token): it is taken as that number, whose distribution is the same in float32 (the top token(s))
+    scores = scores / max(params.temperature, torch.finfo(torch.float32).tiny)
     vocab = scores.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]

@@ -120,8 +120,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
         open_batch = leader(open_batch)
     scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
-                          lambda s, r: metrics.finished(r, s.queue_time_s),
-                          lambda s: metrics.cancelled_in_queue(s.queue_time_s))
+                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s),
+                          lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
 
     @asynccontextmanager
@@ -307,11 +307,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
         seq = Sequence([0], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
-                       lambda r, e: loop.call_soon_threadsafe(done.set_result, e))
+                       lambda r, e: loop.call_soon_threadsafe(done.set_result, (r, e)), internal=True)
         scheduler.submit([seq])
-        error = await done
+        result, error = await done
         if error is not None:
             return JSONResponse(error_body(f"generation failed: {error}", kind="server_error"), status_code=503)
+        if result.finish_reason == "abort":
+            return JSONResponse(error_body("no generation: the server is shutting down", kind="server_error"),
+                                status_code=503)
         return Response(status_code=200)
 
     @app.get("/version")

@@ -23,7 +23,7 @@ from typing import Callable
 
 from dflash_trt.runtime.engine import StepStats
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.runtime.stats import GenerationResult
+from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.text import final_text, text_to_stream
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,9 @@ class Sequence:
     """One choice to generate: a tokenized prompt and its params, with callbacks run on the generation
     thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded; `on_done(result, error)` once, with
     the GenerationResult (its `text` the final text, stop strings applied) or the exception.
-    `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort"."""
+    `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
+    still queued ends with it and no tokens). `internal`: a server probe (/health_generate), left out of
+    the request metrics."""
 
     prompt: list[int]
     params: SamplingParams
@@ -108,6 +110,7 @@ class Sequence:
     queue_time_s: float = 0.0
     sent_text: bool = False  # text went to the client: the sequence cannot be rerun from the start
     cancelled: bool = False
+    internal: bool = False
 
     def on_tokens(self, ids: list[int]) -> str | None:
         if self.cancelled:
@@ -230,8 +233,8 @@ class Scheduler:
         live = []
         for s in new:
             s.queue_time_s = now - s.arrival
-            if s.cancelled:
-                _done(s, None, None)
+            if s.cancelled:  # ends as an abort with no tokens (its client left, or the server is stopping)
+                _done(s, GenerationResult([], "abort", RequestMetrics(), text=""), None)
                 if self._on_cancelled is not None:
                     self._on_cancelled(s)
             else:

@@ -112,3 +112,21 @@ def test_append_rows_grows_the_capacity():
     assert a.v[0][2].unique().tolist() == [2.0] and a.v[0][1].unique().tolist() == [0.0]
     with pytest.raises(ValueError, match="cannot append"):
         a.append_rows(KVCache(3, 1, 1, 4, 2))
+
+
+def test_a_row_failing_at_prefill_sends_no_token_of_any_row(engine, monkeypatch):
+    """The first tokens of every new row are chosen before any is emitted: when one row's sampling fails
+    (NaN probabilities), no caller has been sent a token, so the server can rerun the others alone."""
+    import dflash_trt.runtime.engine as engine_module
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    def failing(probs, generator):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+
+    monkeypatch.setattr(engine_module, "sample", failing)
+    sent = []
+    batch = DecodeBatch(engine)
+    with pytest.raises(RuntimeError, match="nan"):
+        batch.add([[5, 6], [7, 8]], [SamplingParams(max_tokens=4), SamplingParams(temperature=1.0, max_tokens=4)],
+                  lambda k, ids: sent.append((k, ids)))
+    assert sent == [] and batch.cache is None

@@ -11,7 +11,7 @@ from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
 def test_tiny_temperature_and_top_p_give_the_top_token():
     torch.manual_seed(0)
     logits = torch.randn(3, 100) * 8
-    for temperature, top_p in ((1e-40, 1.0), (1e-45, 1.0), (0.8, 1e-300), (1e-38, 1e-300)):
+    for temperature, top_p in ((1e-40, 1.0), (1e-45, 1.0), (1e-50, 1.0), (1e-300, 0.5), (0.8, 1e-300), (1e-38, 1e-300)):
         probs = probs_from_logits(logits, SamplingParams(temperature=temperature, top_p=top_p))
         assert torch.isfinite(probs).all()
         assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 100).float())

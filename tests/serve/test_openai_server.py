@@ -343,7 +343,12 @@ def test_health_version_models(server):
 
     base = server[0]
     assert httpx.get(base + "/health").status_code == 200
+    before = prometheus(base)
     assert httpx.get(base + "/health_generate", timeout=60).status_code == 200
+    after = prometheus(base)  # a probe is not a request
+    assert sample(after, "trtllm_request_success_total", finished_reason="length") == \
+        sample(before, "trtllm_request_success_total", finished_reason="length")
+    assert sample(after, "trtllm_generation_tokens_total") == sample(before, "trtllm_generation_tokens_total") > 0
     assert httpx.get(base + "/version").json() == {"version": dflash_trt.__version__}
     [model] = httpx.get(base + "/v1/models").json()["data"]
     assert model["id"] == MODEL and model["object"] == "model" and model["max_model_len"] == 8192

@@ -178,14 +178,17 @@ def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
     assert streamed == ["Hello"] and "NaN" in str(done["stream"][1])
 
 
-def test_close_aborts_the_batch_in_progress():
+def test_close_aborts_the_batch_in_progress_and_the_queue():
     got, log = [], []
-    sched = scheduler(log)
-    sched.submit([Sequence([77], SamplingParams(max_tokens=10**6), StopText(decode), None,
-                           lambda r, e: got.append((r.finish_reason, e)))])
+    sched = scheduler(log, max_batch_size=1)
+    for prompt in ([77], [1]):  # the second waits: the batch is full
+        sched.submit([Sequence(prompt, SamplingParams(max_tokens=10**6), StopText(decode), None,
+                               lambda r, e, p=prompt: got.append((p, r.finish_reason, r.token_ids, r.text, e)))])
     wait_for(lambda: len(log) > 3)
     sched.close()
-    assert got == [("abort", None)] and not sched._thread.is_alive()
+    assert not sched._thread.is_alive()
+    assert got[0][:2] == ([77], "abort") and got[0][4] is None
+    assert got[1] == ([1], "abort", [], "", None)  # never started: an abort with no tokens, not a missing result
 
 
 @pytest.mark.parametrize("in_flight", [True, False])
