@@ -163,6 +163,7 @@ class Scheduler:
         self._queue: queue.Queue[Sequence | None] = queue.Queue()
         self._batch = None
         self._seqs: dict[int, Sequence] = {}  # request id in self._batch -> its sequence
+        self._pending: list[Sequence] = []  # taken from the queue, not yet in self._seqs (being prefilled)
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
         self._thread.start()
 
@@ -185,7 +186,7 @@ class Scheduler:
     def abort_all(self) -> None:
         """Abort the sequences being decoded and the queued ones (finish_reason "abort" at their next tokens;
         queued ones end before they start); returns at once (safe in a signal handler). New ones still run."""
-        for s in list(self._seqs.values()):
+        for s in list(self._seqs.values()) + list(self._pending):
             s.cancelled = True
         with self._queue.mutex:
             for s in self._queue.queue:
@@ -202,7 +203,7 @@ class Scheduler:
     def _loop(self) -> None:
         stopping = False
         while True:
-            new = []
+            new = self._pending = []  # what abort_all must also reach while it is prefilled
             if not self._seqs:
                 if stopping:
                     return
@@ -223,6 +224,7 @@ class Scheduler:
             try:
                 if new:
                     self._admit(new)
+                self._pending = []
                 if self._seqs:
                     self._step()
             except Exception:  # noqa: BLE001 - a metrics callback failed: log it, keep serving
@@ -281,6 +283,7 @@ class Scheduler:
 
     def _run_alone(self, s: Sequence) -> None:
         """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""
+        self._pending = [s]
         self._batch = self._open_batch()
         try:
             (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids: s.on_tokens(ids))

@@ -68,7 +68,8 @@ class ScriptedBatch:
     """A stand-in for `DecodeBatch` whose prompts say what happens (the scheduler's failure paths, which a
     real model cannot be made to take on cue): [-1] is refused at add (as the engine refuses a bad token
     id), [-2] raises at its first decode step (as non-finite logits do), [99] blocks its first step until
-    `gate` is set, [77] never ends by itself; any other prompt emits token 0 at its prefill and token 4
+    `gate` is set, [55] blocks its add (after its first token) until `gate` is set, [77] never ends by
+    itself; any other prompt emits token 0 at its prefill and token 4
     at its step ("Hello" + "."). Every add and step is logged in `log`."""
 
     def __init__(self, log, gate=None, started=None):
@@ -90,6 +91,9 @@ class ScriptedBatch:
             ids.append(self.next_id)
             self.next_id += 1
             self._emit(self.reqs[ids[-1]], 0)
+            if p == [55]:  # a long prefill: its first token is out, the add has not returned yet
+                self.started.set()
+                self.gate.wait(10)
         return ids
 
     def _emit(self, r, token):
@@ -189,6 +193,21 @@ def test_close_aborts_the_batch_in_progress_and_the_queue():
     assert not sched._thread.is_alive()
     assert got[0][:2] == ([77], "abort") and got[0][4] is None
     assert got[1] == ([1], "abort", [], "", None)  # never started: an abort with no tokens, not a missing result
+
+
+def test_abort_all_reaches_a_sequence_being_prefilled():
+    """Ctrl-C while a request is being added to the batch (taken from the queue, not yet among the running):
+    it still ends with finish_reason "abort" at its next tokens, not after all of them."""
+    gate, started, got = threading.Event(), threading.Event(), []
+    sched = scheduler([], gate, started)
+    sched.submit([Sequence([55], SamplingParams(max_tokens=2), StopText(decode), None,
+                           lambda r, e: got.append((r.finish_reason, r.token_ids, e)))])
+    assert started.wait(10)
+    sched.abort_all()
+    gate.set()
+    wait_for(lambda: got)
+    sched.close()
+    assert got == [("abort", [0, 4], None)]
 
 
 @pytest.mark.parametrize("in_flight", [True, False])
