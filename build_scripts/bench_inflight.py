@@ -44,17 +44,20 @@ SHORTS = ["What is the capital of France?", "Name three primary colors.", "What 
 
 
 class Timed(Sequence):
-    """A Sequence that records when its first tokens came and counts them (`on_progress(count)` after each)."""
+    """A Sequence that records when its tokens came (`times`, one entry per batch of tokens; `first_token_at`)
+    and counts them (`on_progress(count)` after each)."""
 
     def __init__(self, *args, on_progress=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.first_token_at = None
+        self.times: list[float] = []
         self.tokens = 0
         self.on_progress = on_progress
 
     def on_tokens(self, ids):
+        self.times.append(time.perf_counter())
         if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
+            self.first_token_at = self.times[0]
         self.tokens += len(ids)
         if self.on_progress is not None:
             self.on_progress(self.tokens)

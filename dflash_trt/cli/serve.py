@@ -43,12 +43,16 @@ def check_port(host: str, port: int) -> None:
 @click.option("--max-batch-size", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Sequences decoded together at most (in-flight batching: waiting requests join the running "
                    "batch between decode steps).")
+@click.option("--prefill-chunk-size", default=None, type=click.IntRange(1), metavar="N",
+              help="Chunked prefill (TensorRT-LLM's enable_chunked_prefill): a request joining the running batch has "
+                   "N prompt tokens read per decode step, so a long prompt delays the running streams by one chunk "
+                   "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, log_level, tp_size):
+          max_batch_size, prefill_chunk_size, log_level, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
@@ -88,14 +92,14 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
             # Ctrl-C reaches every rank: a follower stays until rank 0 has shut down (aborting what it was
             # decoding with it) and sends the stop; torchrun kills it if rank 0 is gone
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            follow(lambda: DecodeBatch(pipe.engine, mode))
+            follow(lambda: DecodeBatch(pipe.engine, mode, prefill_chunk_size))
             return
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     from pathlib import Path
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
-    app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1)
+    app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"

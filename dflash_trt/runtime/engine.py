@@ -89,6 +89,7 @@ class _Request:
     on_tokens: Callable[[int, list[int]], str | None] | None = None
     ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
     t0: float = 0.0  # time.perf_counter() when its prefill began
+    first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
@@ -220,33 +221,56 @@ class Engine:
             return self.proposer.feature_layer_ids
         return tuple(self.feature_sink.layer_ids) if self.feature_sink is not None else ()
 
-    def _prefill(self, reqs: list[_Request], cache, mode: str) -> None:
+    def _prefill(self, reqs: list[_Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
+        """Prefill prompt positions [begin, begin + chunk) of `reqs` (cache row j holds reqs[j]; chunk None:
+        to the end of the longest prompt), in one target forward over the rows whose prompts reach past
+        `begin`. Chunked prefill calls it once per chunk, in order; the whole prefill is one call.
+
+        Returns:
+            the position the next chunk starts at. Once it reaches the longest prompt's length, every
+            request has chosen and emitted its first token (all chosen before any is emitted).
+        Raises:
+            DFlashError: non-finite target logits; whatever sampling or an `on_tokens` callback raises.
+        """
         lens = [len(r.prompt) for r in reqs]
         longest = max(lens)
-        ids = torch.zeros(len(reqs), longest, dtype=torch.int64)
-        for i, r in enumerate(reqs):
-            ids[i, : lens[i]] = torch.tensor(r.prompt)
+        end = longest if chunk is None else min(longest, begin + chunk)
+        act = [j for j, n in enumerate(lens) if n > begin]  # rows with prompt tokens in this chunk
         dev = self.device
+        ids = torch.zeros(len(act), end - begin, dtype=torch.int64)
+        for i, j in enumerate(act):
+            part = reqs[j].prompt[begin:end]
+            ids[i, : len(part)] = torch.tensor(part)
         ids = ids.to(dev)
-        positions = torch.arange(longest, device=dev).expand(len(reqs), longest)
-        last = torch.tensor(lens, device=dev)[:, None] - 1
-        out = self.target(ids, positions, cache, longest, None, self._feature_ids(mode), last)
+        positions = torch.arange(begin, end, device=dev).expand(len(act), end - begin)
+        ends = [min(lens[j], end) for j in act]
+        last = torch.tensor(ends, device=dev)[:, None] - 1 - begin
+        rows = None if len(act) == len(reqs) else torch.tensor(act, device=dev)
+        out = self.target(ids, positions, cache, end, rows, self._feature_ids(mode), last)
         if not torch.isfinite(out.logits).all():
             raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
                               "this dtype?); try --dtype float32")
         if mode == "dflash":
-            self.proposer.add_context(out.features, positions, None)
+            self.proposer.add_context(out.features, positions, rows)
         elif self.feature_sink is not None:
-            self.feature_sink.record([r.index for r in reqs], out.features, positions, lens)
-        argmax = greedy_tokens(out.logits[:, 0]).tolist()  # one device sync for the whole batch
+            self.feature_sink.record([reqs[j].index for j in act], out.features, positions, [e - begin for e in ends])
+        for i, j in enumerate(act):
+            if lens[j] <= end:  # this row's last prompt token: its first token's logits
+                reqs[j].first_logits = out.logits[i, 0]
+        if end < longest:
+            return end
+        logits = torch.stack([r.first_logits for r in reqs])
+        argmax = greedy_tokens(logits).tolist()  # one device sync for the whole batch
         # every row's token before any is emitted: a row whose sampling fails fails the call before any
         # other row's caller has been sent a token (so the others can be rerun)
-        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(out.logits[i, 0], r.params), r.generator)
+        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(logits[i], r.params), r.generator)
                 for i, r in enumerate(reqs)]
         for i, r in enumerate(reqs):
+            r.first_logits = None
             r.start = lens[i]
             cache.set_length(i, lens[i])
             r.emit([toks[i]])
+        return end
 
     def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
         """One decode step of every request of `batch` (cache row j holds batch[j]): draft, one target
@@ -442,12 +466,16 @@ class Engine:
 
 @dataclass
 class StepStats:
-    """One decode step of a `DecodeBatch` (one target forward over its requests), for iteration stats.
+    """One iteration of a `DecodeBatch` (the prefill work since the previous one, then one decode step:
+    one target forward over its requests), for iteration stats.
 
-    requests: requests in the step; requests_with_drafts: those that verified drafts in it;
+    requests: requests in the decode step; requests_with_drafts: those that verified drafts in it;
     drafted_tokens / accepted_tokens: drafts verified / accepted, summed over them; emitted_tokens:
     tokens the step added to their outputs (accepted drafts + one target token each, fewer where a
-    request stopped); seconds: its wall time."""
+    request stopped); context_requests / context_tokens: requests whose prompts were (partly)
+    prefilled in this iteration and the prompt tokens read (a chunk of each with chunked prefill;
+    TensorRT-LLM's numContextRequests / numCtxTokens); seconds: its wall time (the decode step and,
+    with chunked prefill, the chunk; a whole prefill is `add`'s)."""
 
     requests: int = 0
     requests_with_drafts: int = 0
@@ -455,6 +483,28 @@ class StepStats:
     accepted_tokens: int = 0
     emitted_tokens: int = 0
     seconds: float = 0.0
+    context_requests: int = 0
+    context_tokens: int = 0
+
+
+class PrefillFailed(DFlashError):
+    """A chunk of a chunked prefill failed inside `DecodeBatch.step`: the requests `request_ids` (added
+    together) were dropped from the batch, which goes on; `error` is what the prefill raised (for their
+    callers; adding them again one at a time finds which one fails)."""
+
+    def __init__(self, request_ids: list[int], error: BaseException):
+        super().__init__(f"prefill of requests {request_ids} failed: {error}")
+        self.request_ids, self.error = request_ids, error
+
+
+@dataclass
+class _Prefill:
+    """Requests added together, prefilled into their own caches before their rows join the batch."""
+
+    reqs: list[_Request]
+    cache: object  # KVCache of their target rows
+    drafter_cache: object  # the drafter's context cache of their rows (mode "dflash"), or None
+    next: int = 0  # the prompt position the next chunk starts at
 
 
 class DecodeBatch:
@@ -466,43 +516,61 @@ class DecodeBatch:
     own RNG; greedy rows are computed independently), except that more requests than the proposer's
     `max_concurrency` make the step autoregressive (same greedy tokens, other samples).
 
+    Chunked prefill (`prefill_chunk`, TensorRT-LLM's `enable_chunked_prefill`): `add` only queues the
+    new requests; each `step` first prefills the next `prefill_chunk` prompt positions of the requests
+    added earliest (one add call's requests at a time, in order), then decodes the running ones, so a
+    long prompt joining the batch delays each running stream by one chunk's forward per step instead
+    of its whole prefill. Once its prompt is read, a request emits its first token and joins the
+    decode step of that same `step`. The chunks go through the same causal attention over the KV
+    cache as one prefill does; only the matrix shapes differ, so logits may differ from an unchunked
+    prefill in their last bits (greedy tokens only where two are that close).
+
     `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
     time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
 
     Args:
         engine: the Engine.
         mode: "dflash" or "ar".
+        prefill_chunk: prompt positions prefilled per step (>= 1), or None: a whole prefill in `add`.
     Raises:
-        InvalidRequestError: an unknown mode. DFlashError: mode "dflash" without a drafter.
+        InvalidRequestError: an unknown mode, a prefill_chunk < 1. DFlashError: mode "dflash" without a drafter.
     """
 
-    def __init__(self, engine: Engine, mode: str = "dflash"):
+    def __init__(self, engine: Engine, mode: str = "dflash", prefill_chunk: int | None = None):
         if mode not in MODES:
             raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "dflash" and engine.proposer is None:
             raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
-        self.engine, self.mode = engine, mode
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                          or prefill_chunk < 1):
+            raise InvalidRequestError(f"prefill_chunk must be a whole number of tokens >= 1 (or None: no chunking), "
+                                      f"got {prefill_chunk!r}")
+        self.engine, self.mode, self.prefill_chunk = engine, mode, prefill_chunk
         self.block = engine.proposer.block_size if mode == "dflash" else 1
         #: unfinished requests, and finished ones until the next step drops them: cache row j holds live[j]
         self.live: list[_Request] = []
         self.cache = None
         self._drafter_cache = None
+        self._prefilling: list[_Prefill] = []  # added, prompts not fully read yet (chunked prefill), in order
         self._added: list[_Request] = []  # every request not yet returned by take_finished
         self._next_id = 0
+        self._context = [0, 0]  # requests / prompt tokens prefilled since the last step's stats
 
     @property
     def active(self) -> int:
-        """Requests not finished yet."""
-        return sum(1 for r in self.live if not r.finish_reason)
+        """Requests not finished yet (those still being prefilled too)."""
+        return sum(1 for r in self.live if not r.finish_reason) + sum(len(g.reqs) for g in self._prefilling)
 
     def add(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
             on_tokens: Callable[[int, list[int]], str | None] | None = None) -> list[int]:
-        """Prefill new requests and add them to the batch; each has emitted its first token on return.
+        """Add new requests to the batch: prefill them now (each has emitted its first token on return),
+        or, with chunked prefill, queue them for the next steps to prefill.
 
         Args / errors as `Engine.generate` (prompts: n lists of token ids; params: one SamplingParams
         or one per prompt; on_tokens(k, new_ids) -> finish reason or None, where k is the prompt's
         index in THIS call, at every later step too). A request that fails to prefill (bad request,
-        non-finite logits) raises here and leaves the batch as it was.
+        non-finite logits) raises here and leaves the batch as it was (with chunked prefill, a bad
+        request raises here and a failing prefill in `step`, as `PrefillFailed`).
         Returns:
             the n request ids (unique in this batch, increasing: 0, 1, ... in the order added), as
             `take_finished` names them.
@@ -513,9 +581,9 @@ class DecodeBatch:
     def _add(self, reqs: list[_Request], on_tokens) -> list[int]:
         eng, mode = self.engine, self.mode
         ids = list(range(self._next_id, self._next_id + len(reqs)))
-        for k, (i, r) in enumerate(zip(ids, reqs)):
-            r.index, r.call_index, r.on_tokens = i, k, on_tokens
         t0 = time.perf_counter()
+        for k, (i, r) in enumerate(zip(ids, reqs)):
+            r.index, r.call_index, r.on_tokens, r.t0 = i, k, on_tokens, t0
         capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), eng.context_len) + self.block + 1
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
@@ -525,44 +593,76 @@ class DecodeBatch:
             if eng.proposer.prompt_lookup:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)
+        group = _Prefill(reqs, cache, drafter_cache)
+        if self.prefill_chunk is None:
+            self._advance(group)  # raises before anything changed here
+        else:
+            self._prefilling.append(group)
+        self._added.extend(reqs)
+        self._next_id += len(reqs)
+        return ids
+
+    def _advance(self, group: _Prefill) -> bool:
+        """Prefill the next chunk of `group` (all of it without chunking); once its prompts are read,
+        its rows join the batch. Returns whether they did."""
+        eng = self.engine
+        if self.mode == "dflash":
+            eng.proposer.cache = group.drafter_cache
+        begin = group.next
         with eng._phase("prefill"):
-            eng._prefill(reqs, cache, mode)
-        ttft = time.perf_counter() - t0
-        for r in reqs:
-            r.t0 = t0
+            group.next = eng._prefill(group.reqs, group.cache, self.mode, begin, self.prefill_chunk)
+        lens = [len(r.prompt) for r in group.reqs]
+        self._context[0] += sum(1 for n in lens if n > begin)
+        self._context[1] += sum(min(n, group.next) - begin for n in lens if n > begin)
+        if group.next < max(lens):
+            return False
+        ttft = time.perf_counter() - group.reqs[0].t0
+        for r in group.reqs:
             r.metrics.time_to_first_token_s = ttft
             r.metrics.prompt_tokens = len(r.prompt)
             if r.finish_reason:
                 r.metrics.total_time_s = ttft
         if self.cache is None:
-            self.cache, self._drafter_cache = cache, drafter_cache
+            self.cache, self._drafter_cache = group.cache, group.drafter_cache
         else:
-            self.cache.append_rows(cache)
-            if drafter_cache is not None:
-                self._drafter_cache.append_rows(drafter_cache)
-        self.live.extend(reqs)
-        self._added.extend(reqs)
-        self._next_id += len(reqs)
-        return ids
+            self.cache.append_rows(group.cache)
+            if group.drafter_cache is not None:
+                self._drafter_cache.append_rows(group.drafter_cache)
+        self.live.extend(group.reqs)
+        return True
 
     def step(self) -> StepStats:
-        """One decode step of every unfinished request (none: nothing happens). Finished requests'
-        cache rows are dropped first (one copy of the buffers, not a gather per layer per step).
+        """One iteration: with chunked prefill, the next chunk of the earliest requests still being
+        prefilled (they join at once when their prompts are read), then one decode step of every
+        unfinished request (none: no decode). Finished requests' cache rows are dropped first (one
+        copy of the buffers, not a gather per layer per step).
 
         Raises:
+            PrefillFailed: the chunk failed; its requests were dropped, the batch is as before this call.
             DFlashError: non-finite target logits; whatever an `on_tokens` callback raises. The batch
             is then in an undefined state: drop it.
         """
         eng, mode = self.engine, self.mode
+        t = time.perf_counter()
+        if self._prefilling:
+            group = self._prefilling[0]
+            try:
+                joined = self._advance(group)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller with the requests it concerns
+                self._prefilling.pop(0)
+                self._added = [r for r in self._added if all(r is not q for q in group.reqs)]
+                raise PrefillFailed([r.index for r in group.reqs], exc) from exc
+            if joined:
+                self._prefilling.pop(0)
         if any(r.finish_reason for r in self.live):
             keep = [j for j, r in enumerate(self.live) if not r.finish_reason]
             self.cache.keep_rows(keep)
             if self._drafter_cache is not None:
                 self._drafter_cache.keep_rows(keep)
             self.live = [self.live[j] for j in keep]
+        context, self._context = self._context, [0, 0]
         if not self.live:
-            return StepStats()
-        t = time.perf_counter()
+            return StepStats(seconds=time.perf_counter() - t, context_requests=context[0], context_tokens=context[1])
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
@@ -577,7 +677,26 @@ class DecodeBatch:
                          sum(1 for r, b in zip(self.live, before) if r.metrics.drafted_tokens > b[0]),
                          sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
                          sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
-                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t)
+                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1])
+
+    def abort_prefill(self, request_ids) -> int:
+        """End requests still waiting for their prompts to be read (chunked prefill) now, with finish_reason
+        "abort" and no tokens, where every request of their add call is among `request_ids` (their group
+        then leaves the prefill queue unread; a request whose group goes on ends at its first token, as its
+        `on_tokens` decides). Other ids are ignored. Returns how many requests ended; `take_finished` has them.
+        """
+        ids = set(request_ids)
+        keep, ended = [], 0
+        for group in self._prefilling:
+            if all(r.index in ids for r in group.reqs):
+                for r in group.reqs:
+                    r.finish_reason = "abort"
+                    r.metrics.prompt_tokens = len(r.prompt)
+                ended += len(group.reqs)
+            else:
+                keep.append(group)
+        self._prefilling = keep
+        return ended
 
     def take_finished(self) -> list[tuple[int, GenerationResult]]:
         """(request id, GenerationResult) of the requests finished since the last call, in the order added."""

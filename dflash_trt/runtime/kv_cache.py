@@ -52,7 +52,7 @@ class KVCache:
         batch whose finished requests leave reads contiguous buffers again on every later step."""
         if rows == list(range(self.batch)):
             return
-        self._set_buffer(self.buffer.index_select(2, torch.tensor(rows, device=self.buffer.device)))
+        self._set_buffer(self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device)))
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
 

@@ -82,7 +82,8 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
 
 
-def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False):
+def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False,
+               prefill_chunk: int | None = None):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -92,6 +93,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         max_batch_size: sequences decoded together at most (in-flight batching, `Scheduler`).
         lockstep: rank 0 of a tensor-parallel target: every batch operation and decision is broadcast to the other
             ranks, which run `dflash_trt.serve.lockstep.follow` (stopped at the app's shutdown).
+        prefill_chunk: chunked prefill: prompt positions read per decode step while requests join the batch
+            (`DecodeBatch`), or None: a joining request's whole prompt is read before the next step.
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -113,7 +116,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     metrics: ServerMetrics | None = None
 
     def open_batch():
-        return DecodeBatch(pipe.engine, mode)
+        return DecodeBatch(pipe.engine, mode, prefill_chunk)
 
     if lockstep:
         from dflash_trt.serve.lockstep import leader

@@ -5,7 +5,8 @@ Under `torchrun ... dflash-trt serve --tp-size N` each rank holds its slice of t
 same prefills and decode steps. Rank 0 serves HTTP; its scheduler's in-flight batches
 (`dflash_trt.runtime.engine.DecodeBatch`) come from `leader(open_batch)`, which broadcasts each operation
 before running it: a new batch, the sequences added to it (prompts, and sampling parameters with a seed
-drawn on rank 0 where the request gave none), each decode step, and, at every `on_tokens` call, the
+drawn on rank 0 where the request gave none), each decode step, the requests aborted before their
+prompts were read (chunked prefill), and, at every `on_tokens` call, the
 decision rank 0's callback made: None (go on), a finish reason (a stop string, a client gone: "stop" /
 "abort"), or an error marker when the callback itself failed. The other ranks run `follow(open_batch)`:
 they apply each operation to their own batch with a callback that returns rank 0's decisions, and so
@@ -65,6 +66,10 @@ class _LeaderBatch:
         broadcast(("step",), self._group)
         return self._batch.step()
 
+    def abort_prefill(self, request_ids: list[int]) -> int:
+        broadcast(("abort_prefill", request_ids), self._group)
+        return self._batch.abort_prefill(request_ids)
+
     def take_finished(self):
         return self._batch.take_finished()
 
@@ -115,6 +120,8 @@ def follow(open_batch: Callable, group=None) -> int:
                 batch, batches = open_batch(), batches + 1
             elif message[0] == "add":
                 batch.add(message[1], message[2], decide)
+            elif message[0] == "abort_prefill":
+                batch.abort_prefill(message[1])
             else:
                 batch.step()
         except Exception:  # noqa: BLE001 - rank 0 raised it too, at the same point, and answers it

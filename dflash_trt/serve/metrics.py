@@ -114,6 +114,11 @@ class ServerMetrics:
             self._iters.append({
                 "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.requests,
                 "numQueuedRequests": self._waiting(),
+                "inflightBatchingStats": {
+                    "numScheduledRequests": step.requests + step.context_requests,
+                    "numContextRequests": step.context_requests, "numCtxTokens": step.context_tokens,
+                    "numGenRequests": step.requests, "numPausedRequests": 0,
+                },
                 "specDecodingStats": {
                     "numDraftTokens": step.drafted_tokens, "numAcceptedTokens": step.accepted_tokens,
                     "numRequestsWithDraftTokens": step.requests_with_drafts,

@@ -4,7 +4,10 @@ between two decode steps (up to `max_batch_size` sequences), as TensorRT-LLM's b
 The engine is synchronous; this thread alternates between admitting what is queued (a prefill of the
 new sequences, `DecodeBatch.add`, whose rows join the batch's KV caches) and one decode step of every
 sequence in the batch (`DecodeBatch.step`), so a request arriving mid-generation waits at most one
-step, not for the whole batch (its queue time is measured). Each sequence streams its tokens through
+step, not for the whole batch (its queue time is measured). With chunked prefill (`DecodeBatch`'s
+`prefill_chunk`) the add only queues them and each step reads the next chunk of their prompts before
+decoding; sequences cancelled while they wait for it end without being read (`abort_prefill`), and a
+chunk that fails (`PrefillFailed`) takes out only the sequences added with it. Each sequence streams its tokens through
 its own `Sequence.on_tokens`, which runs on this thread: it detokenizes, checks stop strings, and hands
 text to the HTTP side (`dflash_trt.serve.app`) with a thread-safe callback. One bad request does not
 fail the others: sequences whose prefill raises are added again one at a time, and when a decode step
@@ -21,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash_trt.runtime.engine import StepStats
+from dflash_trt.runtime.engine import PrefillFailed, StepStats
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.text import final_text, text_to_stream
@@ -252,21 +255,33 @@ class Scheduler:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
                                   lambda k, ids: live[k].on_tokens(ids))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
-            # the batch is as it was: add them one at a time, so that only a failing one gets the error
-            for s in live:
-                if len(live) == 1 or s.sent_text:  # a stream already under way cannot start over
-                    _done(s, None, exc)
-                else:
-                    s.restart()
-                    self._join([s])
-            self._drop_if_empty()
+            self._retry(live, exc)  # the batch is as it was
             return
         self._seqs.update(zip(ids, live))
         self._finish()
 
+    def _retry(self, failed: list[Sequence], error: BaseException) -> None:
+        """Sequences whose prefill failed together are added again one at a time, so that only a failing
+        one gets the error (a lone one, or a stream already under way, which cannot start over, gets it)."""
+        for s in failed:
+            if len(failed) == 1 or s.sent_text:
+                _done(s, None, error)
+            else:
+                s.restart()
+                self._join([s])
+        self._drop_if_empty()
+
     def _step(self) -> None:
+        cancelled = [i for i, s in self._seqs.items() if s.cancelled]
+        if cancelled and self._batch.abort_prefill(cancelled):  # left while their prompts wait to be read
+            self._finish()
+            if not self._seqs:
+                return
         try:
             stats = self._batch.step()
+        except PrefillFailed as exc:  # a chunk of chunked prefill: its sequences left the batch, which goes on
+            self._retry([self._seqs.pop(i) for i in exc.request_ids], exc.error)
+            return
         except Exception as exc:  # noqa: BLE001 - the batch's state is undefined: rerun its sequences alone
             seqs = list(self._seqs.values())
             self._batch, self._seqs = None, {}
@@ -295,7 +310,7 @@ class Scheduler:
                 if self._on_step is not None:
                     self._on_step(stats)
         except Exception as exc:  # noqa: BLE001 - this one is the failing request
-            _done(s, None, exc)
+            _done(s, None, exc.error if isinstance(exc, PrefillFailed) else exc)
             self._batch, self._seqs = None, {}
 
     def _finish(self) -> None:

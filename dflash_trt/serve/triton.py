@@ -24,7 +24,8 @@ target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [
 
 Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
 relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
-defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most).
+defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most),
+`prefill_chunk_size` (chunked prefill: prompt tokens read per decode step; empty: off, as `serve`'s flag).
 
 Source of the backend API: Triton's python_backend README ("Decoupled mode", `TritonPythonModel`,
 `pb_utils.InferenceResponse`, `get_response_sender`).
@@ -56,7 +57,7 @@ OUTPUTS = (
 )
 DEFAULT_MAX_TOKENS = 256
 #: the model parameters config.pbtxt may set (module docstring)
-PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size")
+PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size")
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
 MODEL_PY = "from dflash_trt.serve.triton import TritonPythonModel  # noqa: F401  (Triton Python backend)\n"
 
@@ -112,6 +113,20 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
                          load_drafter_model=mode == "dflash", device=device)
 
 
+def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
+    """Model parameter `key` as a whole number >= 1 (`default` when absent or empty).
+
+    Raises:
+        ValueError: naming the parameter, its value and what it must be (Triton then fails the model's load with it).
+    """
+    value = (params.get(key) or "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"config.pbtxt parameter {key!r} must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
 class TritonPythonModel:
     """Triton's Python-backend entry point (decoupled). See the module docstring for tensors and parameters."""
 
@@ -124,7 +139,9 @@ class TritonPythonModel:
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
         mode = params.get("mode") or "dflash"
         engine = self.pipe.engine
-        self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode), int(params.get("max_batch_size") or 8))
+        batch_size = _whole_number(params, "max_batch_size", 8)
+        chunk = _whole_number(params, "prefill_chunk_size", None)
+        self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode, chunk), batch_size)
         self._tokenizer_lock = threading.Lock()
 
     def _decode(self, ids: list[int]) -> str:

@@ -130,3 +130,107 @@ def test_a_row_failing_at_prefill_sends_no_token_of_any_row(engine, monkeypatch)
         batch.add([[5, 6], [7, 8]], [SamplingParams(max_tokens=4), SamplingParams(temperature=1.0, max_tokens=4)],
                   lambda k, ids: sent.append((k, ids)))
     assert sent == [] and batch.cache is None
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, chunk):
+    """Chunked prefill: requests joining a running batch have their prompts read `chunk` positions per
+    step (a row whose prompt ended leaves the later chunks) and decode exactly as alone with one whole
+    prefill; the running requests decode one step per chunk meanwhile; the iteration stats count each
+    prompt token once."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (4, 30, 2, 7, 12, 1)]
+    params = [SamplingParams(temperature=temperature, max_tokens=m, seed=20 + i, ignore_eos=True)
+              for i, m in enumerate((80, 6, 1, 9, 25, 3))]
+    alone = [engine.generate([p], [sp], mode)[0].token_ids for p, sp in zip(prompts, params)]
+    batch = DecodeBatch(engine, mode, prefill_chunk=chunk)
+    streamed: dict[int, list[int]] = {}
+    joins = {0: [0], 2: [1, 2], 3: [3], 9: [4, 5]}  # step -> prompts added before it, one add call each
+    ids, done, stats, first_out = {}, {}, [], []
+    while len(stats) <= max(joins) or batch.active:
+        for k in joins.get(len(stats), []):
+            ids[k] = batch.add([prompts[k]], [params[k]], lambda _, t, k=k: streamed.setdefault(k, []).extend(t))[0]
+        stats.append(batch.step())
+        done.update(batch.take_finished())
+        first_out.append(len(streamed.get(0, [])))
+    assert [done[ids[k]].token_ids for k in range(6)] == alone
+    assert [streamed[k] for k in range(6)] == alone
+    assert sum(s.context_tokens for s in stats) == sum(map(len, prompts))
+    # one add call's prompt per step (each prompt is its own call here), in order: ceil(n / chunk) steps
+    # each; request 0, once it runs, decodes in every one of them
+    assert all(s.context_tokens <= chunk and s.context_requests <= 1 for s in stats)
+    reading = [j for j, s in enumerate(stats) if s.context_requests]
+    assert len(reading) == sum(-(-len(p) // chunk) for p in prompts)
+    assert all(first_out[j] > first_out[j - 1] for j in reading if 0 < first_out[j - 1] < 80)
+    assert sum(1 for j in reading if 0 < first_out[j - 1] < 80) >= 30 // chunk
+    assert done[ids[1]].metrics.prompt_tokens == 30 and done[ids[1]].metrics.time_to_first_token_s > 0
+    assert batch.active == 0 and batch.take_finished() == []
+
+
+def test_a_failed_chunk_drops_only_its_requests(engine, monkeypatch):
+    """A chunked prefill that fails inside step() raises PrefillFailed naming the requests added together,
+    which leave the batch without having sent a token; the running request goes on to its own output."""
+    import dflash_trt.runtime.engine as engine_module
+    from dflash_trt.runtime.engine import DecodeBatch, PrefillFailed
+
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = engine.generate([[5, 6, 7]], sp)[0].token_ids
+    batch = DecodeBatch(engine, prefill_chunk=2)
+    (first,) = batch.add([[5, 6, 7]], sp)
+    while not batch.live:
+        batch.step()
+    sent = []
+
+    def failing(probs, generator):
+        raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+
+    monkeypatch.setattr(engine_module, "sample", failing)
+    bad = batch.add([[9, 10, 11], [12]], [sp, SamplingParams(temperature=1.0, max_tokens=4)],
+                    lambda k, ids: sent.append((k, ids)))
+    assert batch.active == 3
+    batch.step()  # positions 0-1
+    with pytest.raises(PrefillFailed, match="nan") as info:
+        batch.step()  # position 2: the prompts are read, the sampled row's first token fails
+    assert info.value.request_ids == bad and "nan" in str(info.value.error) and sent == []
+    monkeypatch.undo()
+    assert batch.active == 1 and batch.cache.batch == 1
+    while batch.active:
+        batch.step()
+    result = dict(batch.take_finished())
+    assert list(result) == [first] and result[first].token_ids == alone
+
+
+@pytest.mark.parametrize("chunk", [0, -3, True, 2.5, "4"])
+def test_prefill_chunk_must_be_a_whole_number(engine, chunk):
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    with pytest.raises(InvalidRequestError, match="prefill_chunk must be a whole number of tokens >= 1"):
+        DecodeBatch(engine, prefill_chunk=chunk)
+
+
+def test_abort_prefill_ends_a_group_before_its_prompt_is_read(engine):
+    """Chunked prefill: requests whose prompts are still waiting to be read end at once with "abort" and no
+    tokens when their whole add call is aborted (a client gone, Ctrl-C); part of a group keeps it going."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    batch = DecodeBatch(engine, prefill_chunk=4)
+    sent = []
+    pair = batch.add([list(range(3, 43)), list(range(5, 25))], sp, lambda k, ids: sent.append(k))
+    (lone,) = batch.add([list(range(7, 37))], sp, lambda k, ids: sent.append("lone"))
+    batch.step()
+    assert batch.abort_prefill([pair[0], 99]) == 0 and batch.active == 3  # half of a group: it goes on
+    assert batch.abort_prefill([lone]) == 1 and batch.active == 2
+    assert [(i, r.token_ids, r.finish_reason, r.metrics.prompt_tokens) for i, r in batch.take_finished()] \
+        == [(lone, [], "abort", 30)]
+    while batch.active:
+        batch.step()
+    done = dict(batch.take_finished())
+    assert [done[i].token_ids for i in pair] == [r.token_ids for r in engine.generate(
+        [list(range(3, 43)), list(range(5, 25))], sp)]
+    assert "lone" not in sent and sent.count(0) >= 1 and sent.count(1) >= 1

@@ -4,6 +4,7 @@ token against the runtime's autoregressive output; metrics by exact counts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -26,14 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_pipeline):
-    """(base URL, app) of a live server on a free port; shut down after the module."""
+@contextlib.contextmanager
+def live_server(pipe, **options):
+    """(base URL, app) of `create_app(pipe, MODEL, **options)` served by uvicorn on a free port, until exit."""
     import uvicorn
 
     from dflash_trt.serve.app import create_app
 
-    app = create_app(smollm2_pipeline, MODEL, max_batch_size=4)
+    app = create_app(pipe, MODEL, **options)
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -42,9 +43,18 @@ def server(smollm2_pipeline):
     while not srv.started:
         assert time.time() < deadline, "server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app
-    srv.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_pipeline):
+    """(base URL, app) of a live server on a free port; shut down after the module."""
+    with live_server(smollm2_pipeline, max_batch_size=4) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -286,13 +296,14 @@ def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm
         time.sleep(0.05)
     app.state.metrics.iteration_stats()  # forget earlier iterations
     questions = ["Name a planet.", "Name a color.", "Name an animal."]
-    answers, tokens = {}, {}
+    answers, tokens, prompt_tokens = {}, {}, {}
 
     def ask(q):
         r = httpx.post(base + "/v1/chat/completions", timeout=120,
                        json={"messages": [{"role": "user", "content": q}], "max_tokens": 16, "temperature": 0})
         answers[q] = r.json()["choices"][0]["message"]["content"]
         tokens[q] = r.json()["usage"]["completion_tokens"]
+        prompt_tokens[q] = r.json()["usage"]["prompt_tokens"]
 
     threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
     for t in threads:
@@ -308,7 +319,57 @@ def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm
     emitted = sum(s["specDecodingStats"]["acceptanceLength"] * s["numActiveRequests"] for s in stats)
     assert round(emitted) == sum(tokens.values()) - 3  # every token but each first one (the prefill's)
     assert [s["iter"] for s in stats] == list(range(stats[0]["iter"], stats[0]["iter"] + len(stats)))
+    batching = [s["inflightBatchingStats"] for s in stats]
+    assert [b["numGenRequests"] for b in batching] == [s["numActiveRequests"] for s in stats]
+    assert sum(b["numCtxTokens"] for b in batching) == sum(prompt_tokens.values())  # each prompt read once
+    assert sum(b["numContextRequests"] for b in batching) == 3
     assert httpx.get(base + "/metrics").json() == []  # each iteration is returned once
+
+
+def test_chunked_prefill_reads_a_long_prompt_while_a_stream_goes_on(smollm2_pipeline):
+    """`--prefill-chunk-size 16` over real HTTP: a long prompt arriving while a greedy stream runs is read 16
+    tokens per decode step, the stream gets tokens during those steps, and both answers are the target's
+    greedy output; the iteration stats count every prompt token once, at most 16 per iteration."""
+    text = " ".join(f"item {i}: a small red box;" for i in range(30))
+    long_q = [{"role": "user", "content": f"Here is a list. {text} How many items are there?"}]
+    long_ids = chat_ids(smollm2_pipeline, long_q)
+    assert len(long_ids) > 200
+    with live_server(smollm2_pipeline, max_batch_size=4, prefill_chunk=16) as (base, app):
+        got = {}
+
+        def ask_long():
+            r = httpx.post(base + "/v1/chat/completions", timeout=300,
+                           json={"messages": long_q, "max_tokens": 4, "temperature": 0})
+            got["long"] = r.json()
+
+        asker = threading.Thread(target=ask_long)
+        with httpx.stream("POST", base + "/v1/chat/completions", timeout=300,
+                          json={"messages": QUESTION, "max_tokens": 64, "temperature": 0, "stream": True,
+                                "ignore_eos": True, "stream_options": {"include_usage": True}}) as r:
+            parts = []
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    parts.append(chunk["choices"][0]["delta"]["content"])
+                    if not asker.is_alive() and "long" not in got:
+                        asker.start()
+                if chunk.get("usage"):
+                    got["stream_usage"] = chunk["usage"]
+        asker.join()
+        stats = httpx.get(base + "/metrics").json()
+    [ref] = smollm2_pipeline.generate([chat_ids(smollm2_pipeline, QUESTION)],
+                                      SamplingParams(max_tokens=64, ignore_eos=True), mode="ar")
+    assert "".join(parts) == smollm2_pipeline.decode(ref.token_ids) and got["stream_usage"]["completion_tokens"] == 64
+    long_ref, _ = ar_tokens(smollm2_pipeline, long_ids, 4)
+    assert got["long"]["choices"][0]["message"]["content"] == smollm2_pipeline.decode(long_ref)
+    batching = [s["inflightBatchingStats"] for s in stats]
+    assert sum(b["numCtxTokens"] for b in batching) == len(long_ids) + got["stream_usage"]["prompt_tokens"]
+    assert max(b["numCtxTokens"] for b in batching) == 16
+    # the long prompt's chunks: read in iterations where the stream decoded too (its 64 tokens take more steps)
+    reading = [s for s in stats if s["inflightBatchingStats"]["numCtxTokens"] and s["numActiveRequests"]]
+    assert len(reading) >= len(long_ids) // 16 - 1
 
 
 def test_prometheus_counts_match_the_responses(server, client):

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.engine import PrefillFailed
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
@@ -69,13 +70,15 @@ class ScriptedBatch:
     real model cannot be made to take on cue): [-1] is refused at add (as the engine refuses a bad token
     id), [-2] raises at its first decode step (as non-finite logits do), [99] blocks its first step until
     `gate` is set, [55] blocks its add (after its first token) until `gate` is set, [77] never ends by
-    itself; any other prompt emits token 0 at its prefill and token 4
-    at its step ("Hello" + "."). Every add and step is logged in `log`."""
+    itself, [-3] makes its add call's requests wait for the next step, which fails their prefill (as a
+    chunk of chunked prefill does: `PrefillFailed`); any other prompt emits token 0 at its prefill and
+    token 4 at its step ("Hello" + "."). Every add and step is logged in `log`."""
 
     def __init__(self, log, gate=None, started=None):
         self.log, self.gate, self.started = log, gate, started
         self.reqs = {}  # id -> [prompt, on_tokens, k, out, finish_reason]
         self.next_id = 0
+        self.failing_prefill = []  # ids whose prefill fails at the next step
 
     @property
     def active(self):
@@ -90,11 +93,27 @@ class ScriptedBatch:
             self.reqs[self.next_id] = [p, on_tokens, k, [], None]
             ids.append(self.next_id)
             self.next_id += 1
+            if [-3] in prompts:
+                self.failing_prefill.append(ids[-1])
+                if self.started is not None:  # queued for its prefill: hold the thread until `gate` is set
+                    self.started.set()
+                    self.gate.wait(10)
+                continue
             self._emit(self.reqs[ids[-1]], 0)
             if p == [55]:  # a long prefill: its first token is out, the add has not returned yet
                 self.started.set()
                 self.gate.wait(10)
         return ids
+
+    def abort_prefill(self, request_ids):
+        ended = [i for i in self.failing_prefill if i in request_ids]
+        if len(ended) < len(self.failing_prefill):
+            return 0  # as DecodeBatch: only a whole add call's requests leave the prefill queue
+        for i in ended:
+            self.reqs[i][4] = "abort"
+        self.failing_prefill = []
+        self.log.append(("abort_prefill", len(ended)))
+        return len(ended)
 
     def _emit(self, r, token):
         r[3].append(token)
@@ -104,6 +123,11 @@ class ScriptedBatch:
 
     def step(self):
         self.log.append(("step", self.active))
+        if self.failing_prefill:
+            failed, self.failing_prefill = self.failing_prefill, []
+            for i in failed:
+                del self.reqs[i]
+            raise PrefillFailed(failed, RuntimeError("NaN in a prefill chunk"))
         for r in self.reqs.values():
             if r[4] is None and r[0] == [99]:
                 self.started.set()
@@ -144,6 +168,30 @@ def test_a_failing_request_does_not_fail_its_batch():
     assert log == [("add", 1), ("step", 1), ("add", 3), ("add", 1), ("add", 1), ("add", 1), ("step", 2)]
     assert done["blocker"][0].text == "Hello." and done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
     assert done["bad"][0] is None and "token id -1" in str(done["bad"][1])
+
+
+def test_a_failed_prefill_chunk_is_retried_one_at_a_time_while_the_batch_runs():
+    """Chunked prefill: a chunk failing in a step (`PrefillFailed`) takes out only the sequences added with it;
+    they are added again one at a time, only the failing one gets the error, the running batch goes on."""
+    log, gate, started, done = [], threading.Event(), threading.Event(), {}
+
+    def seq(prompt, name):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
+                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
+
+    sched = scheduler(log, gate, started)
+    sched.submit([seq([99], "blocker")])
+    assert started.wait(10)
+    sched.submit([seq([1], "a"), seq([-3], "bad"), seq([2], "b")])
+    gate.set()
+    wait_for(lambda: len(done) == 4)
+    sched.close()
+    assert log == [("add", 1), ("step", 1), ("add", 3), ("step", 3),  # the chunk fails: the three leave
+                   ("add", 1), ("add", 1), ("add", 1), ("step", 3),  # again one at a time; bad's fails alone
+                   ("step", 2)]
+    assert done["blocker"][0].text == "Hello." and done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
+    assert done["bad"][0] is None and "NaN in a prefill chunk" in str(done["bad"][1])
+    assert sched.running == 0
 
 
 def test_a_callback_that_raises_does_not_stop_the_thread():
@@ -210,11 +258,35 @@ def test_abort_all_reaches_a_sequence_being_prefilled():
     assert got == [("abort", [0, 4], None)]
 
 
-@pytest.mark.parametrize("in_flight", [True, False])
-def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight):
+def test_abort_ends_sequences_waiting_for_their_prefill_without_reading_them():
+    """Chunked prefill: Ctrl-C ends the sequences whose prompts wait to be read at once (abort, no tokens),
+    before the step that would read (here: fail) them; the running one ends at its next tokens."""
+    log, gate, started, got = [], threading.Event(), threading.Event(), {}
+
+    def seq(prompt, name):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
+                        lambda r, e, name=name: got.__setitem__(name, (r.finish_reason, r.token_ids, e)))
+
+    sched = scheduler(log, gate, started)
+    sched.submit([seq([77], "running")])
+    wait_for(lambda: ("step", 1) in log)
+    sched.submit([seq([-3], "waiting"), seq([3], "its pair")])
+    assert started.wait(10)  # they are added, waiting for their prefill
+    sched.abort_all()
+    gate.set()
+    wait_for(lambda: len(got) == 3)
+    sched.close()
+    assert got["waiting"] == ("abort", [], None) and got["its pair"] == ("abort", [], None)
+    assert got["running"][0] == "abort" and got["running"][2] is None
+    assert log[-3:] == [("add", 2), ("abort_prefill", 2), ("step", 1)]
+
+
+@pytest.mark.parametrize("in_flight, chunk", [(True, None), (False, None), (True, 1)])
+def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, chunk):
     """In-flight batching with a real engine: a short request submitted while a long one decodes joins
-    its batch at the next step and finishes while the long one still runs (static batching: it waits for
-    the long one); both outputs equal their requests decoded alone either way."""
+    its batch at the next step (with chunked prefill, its prompt read over the next steps) and finishes
+    while the long one still runs (static batching: it waits for the long one); both outputs equal their
+    requests decoded alone either way."""
     from dflash_trt.config import TargetConfig
     from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
     from dflash_trt.runtime.engine import DecodeBatch, Engine
@@ -235,7 +307,7 @@ def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight):
         return " ".join(map(str, ids))
 
     done, steps, order = {}, [], []
-    sched = Scheduler(lambda: DecodeBatch(engine), 8, on_step=steps.append, in_flight=in_flight)
+    sched = Scheduler(lambda: DecodeBatch(engine, prefill_chunk=chunk), 8, on_step=steps.append, in_flight=in_flight)
     short = Sequence(short_p, short_sp, StopText(text), None,
                      lambda r, e: (done.__setitem__("short", (r, e)), order.append("short")))
     submitted = []
@@ -252,5 +324,8 @@ def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight):
     assert order == (["short", "long"] if in_flight else ["long", "short"])
     assert done["long"][0].token_ids == alone[0] and done["short"][0].token_ids == alone[1]
     assert done["long"][0].text == text(alone[0])
-    assert max(s.requests for s in steps) == (2 if in_flight else 1) and steps[0].requests == 1
+    assert max(s.requests for s in steps) == (2 if in_flight else 1)
+    # chunked: the long prompt is read in 4 steps, its first decode step is the 4th
+    assert [s.requests for s in steps[:4]][: 4 if chunk else 1] == ([0, 0, 0, 1] if chunk else [1])
     assert sum(s.emitted_tokens for s in steps) == 120 + 6 - 2  # all but the two prefill tokens
+    assert sum(s.context_tokens for s in steps) == len(long_p) + len(short_p)  # each prompt token once

@@ -25,16 +25,18 @@ from tests.serve.test_serve_cli import wait_until_healthy
 PROMPT = [1, 520, 3011, 44, 7]
 
 
-@pytest.fixture(scope="module")
-def tp_server(tiny_qwen3):  # noqa: F811
+@pytest.fixture(scope="module", params=[None, 2], ids=["whole-prefill", "chunked-prefill"])
+def tp_server(tiny_qwen3, request):  # noqa: F811
+    """A torchrun server; its second instance reads prompts 2 tokens per step (chunked prefill in lockstep)."""
     target, drafter = tiny_qwen3
+    chunk = [] if request.param is None else ["--prefill-chunk-size", str(request.param)]
     beside = Path(sys.executable).parent / "dflash-trt"
     exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                              str(free_port()), exe, "serve", "--tp-size", "2", "--target", str(target), "--drafter",
                              str(drafter), "--port", str(port), "--threads", "1", "--served-model-name", "tiny",
-                             "--log-level", "warning"],
+                             "--log-level", "warning", *chunk],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(proc, base)
