@@ -35,9 +35,10 @@ logger = logging.getLogger(__name__)
 class StopText:
     """Incremental detokenization of one completion with OpenAI stop strings.
 
-    `add(ids)` appends token ids and returns "stop" once a stop string appears in the text (the text is
-    then cut before it, as OpenAI returns it); `delta()` gives the text not sent yet that is safe to send:
-    complete characters (`text_to_stream`) and no tail that could still become a stop string.
+    `add(ids)` appends token ids and returns "stop" once a stop string appears in the text's complete
+    characters (the text is then cut before it, as OpenAI returns it); `delta()` gives the text not sent
+    yet that is safe to send: complete characters (`text_to_stream`) and no tail that could still become a
+    stop string.
 
     Args:
         decode: token ids -> text (the tokenizer's decode, special tokens skipped).
@@ -69,8 +70,11 @@ class StopText:
         return "stop"
 
     def _find(self, text: str) -> int:
-        """Where the first stop string starts in `text`, or -1."""
-        return min((k for k in (text.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0),
+        """Where the first stop string starts in `text`'s complete characters, or -1. A trailing run of
+        U+FFFD is not searched: it is a character whose remaining bytes come in later tokens (`text_to_stream`
+        holds it back too), so a stop string cannot match half of one, streamed or not."""
+        whole = text[: len(text.rstrip("\ufffd"))]
+        return min((k for k in (whole.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0),
                    default=-1)
 
     def _held(self) -> int:
@@ -320,6 +324,7 @@ class Scheduler:
             if s.text.stopped:  # a stop string: its text and tokens end there
                 r.text, r.finish_reason = s.text.text, "stop"
                 r.token_ids = r.token_ids[: s.text.used]
+                r.metrics.completion_tokens = len(r.token_ids)  # as `usage` counts them, and the metrics
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
             _done(s, r, None)

@@ -65,6 +65,14 @@ def test_half_a_character_waits_for_its_other_half():
     assert "".join(deltas) + rest == "Hello" and st.text == "Hello\ufffd"
 
 
+def test_a_stop_string_is_not_matched_against_half_a_character():
+    """The half of "\u00e9" decodes as U+FFFD until its other half comes: a stop string "\ufffd" must not match it."""
+    deltas, reason, rest, st = stream([0, 7, 8, 4], stops=["\ufffd"])
+    assert reason is None and st.text == "Hello\u00e9." and "".join(deltas) + rest == "Hello\u00e9."
+    deltas, reason, rest, st = stream([0, 7, 8, 4], stops=["\ufffd"], chunks=4)  # all at once: the same
+    assert reason is None and "".join(deltas) + rest == "Hello\u00e9."
+
+
 class ScriptedBatch:
     """A stand-in for `DecodeBatch` whose prompts say what happens (the scheduler's failure paths, which a
     real model cannot be made to take on cue): [-1] is refused at add (as the engine refuses a bad token
