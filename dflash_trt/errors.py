@@ -6,7 +6,16 @@ traceback; anything else that escapes is a bug.
 
 
 class DFlashError(Exception):
-    """Base class of every error the package raises on bad input."""
+    """Base class of every error the package raises on bad input.
+
+    Args:
+        param: the request field the error is about, when a server request's field caused it (the `param` of
+            OpenAI's error body); None when the message says it, or when no single field did.
+    """
+
+    def __init__(self, *args, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
 
 
 class CheckpointError(DFlashError):

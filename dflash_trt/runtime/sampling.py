@@ -53,10 +53,7 @@ class SamplingParams:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.stop_token_ids is not None:
             set_(self, "stop_token_ids", _token_ids(self.stop_token_ids))
-        if self.seed is not None:
-            set_(self, "seed", _integer("seed", self.seed, "an integer in [-2**63, 2**64) or None"))
-            if not -(2**63) <= self.seed < 2**64:
-                raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {self.seed}")
+        set_(self, "seed", check_seed(self.seed))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
@@ -65,10 +62,30 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def check_seed(seed) -> int | None:
+    """`seed` as a Python int (numpy's too) in the seed range [-2**63, 2**64), or None (a random seed).
+
+    Raises:
+        InvalidRequestError: not an integer (a bool included), or out of the range; the message shows the value.
+    """
+    if seed is None:
+        return None
+    seed = _integer("seed", seed, "an integer in [-2**63, 2**64) or None")
+    if not -(2**63) <= seed < 2**64:
+        raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {seed}")
+    return seed
+
+
 def offset_seed(seed: int | None, offset: int) -> int | None:
     """`seed + offset` (offset >= 0) wrapped back into the seed range [-2**63, 2**64): the seed of the
     offset-th prompt or choice of a seeded request, so that each one samples differently and reproducibly.
-    None (a random seed) stays None."""
+    None (a random seed) stays None.
+
+    Raises:
+        InvalidRequestError: `seed` itself out of the range (`check_seed`; checked before it is offset, so the
+            message shows the seed given, and an out-of-range seed is never wrapped into the range).
+    """
+    seed = check_seed(seed)
     if seed is None:
         return None
     seed += offset

@@ -30,9 +30,8 @@ from starlette.requests import Request
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.metrics import ServerMetrics
-from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
+from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
-from dflash_trt.text import count
 
 #: OpenAI's default max_tokens for /v1/completions.
 COMPLETIONS_MAX_TOKENS = 16
@@ -78,7 +77,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
     if isinstance(exc, ModelNotFound):
         return 404, error_body(str(exc), code="model_not_found", param="model")
     if isinstance(exc, (InvalidRequestError, ConfigError, PromptTooLongError)):
-        return 400, error_body(str(exc), param=param_of(str(exc)))
+        return 400, error_body(str(exc), param=exc.param or param_of(str(exc)))
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
 
 
@@ -152,7 +151,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):  # 404 / 405 / an unparsable body: OpenAI's body too
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        if exc.status_code == 400 and "parsing the body" in detail:
+        if exc.status_code == 400 and "parsing the body" in detail and isinstance(exc.__cause__, RecursionError):
+            detail = ("the body's JSON is nested too deeply to parse (arrays or objects nested hundreds of levels deep); "
+                      "send one JSON object with Content-Type: application/json")
+        elif exc.status_code == 400 and "parsing the body" in detail:
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
@@ -179,17 +181,6 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         if name is not None and name != model_name:
             raise ModelNotFound(f"the model {name!r} does not exist on this server; it serves {model_name!r} "
                                 "(GET /v1/models)")
-
-    def check_length(ids: list[int], max_tokens: int | None, what: str) -> int:
-        room = context_len - len(ids)
-        if room < 1:
-            raise PromptTooLongError(f"{what} is {len(ids)} tokens; the target's context is {context_len} tokens and "
-                                     f"at least one must be left to generate: shorten it to at most {context_len - 1}")
-        if max_tokens is not None and max_tokens > room:
-            raise InvalidRequestError(f"{what} is {count(len(ids), 'token')} and max_tokens is {max_tokens}: "
-                                      f"{len(ids) + max_tokens} > the target's context of {context_len} tokens; ask "
-                                      f"for at most {room} tokens")
-        return room if max_tokens is None else max_tokens
 
     def encode_text(text: str, what: str) -> list[int]:
         from dflash_trt.api import check_text
@@ -350,8 +341,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             lambda: [encode_text(x, f"prompt {i}") if isinstance(x, str) else check_ids(x, f"prompt {i}")
                      for i, x in enumerate(items)])
         want = req.max_tokens if req.max_tokens is not None else COMPLETIONS_MAX_TOKENS
-        max_tokens = [check_length(ids, want, f"prompt {i}" if len(prompts) > 1 else "the prompt")
-                      for i, ids in enumerate(prompts)]
+        max_tokens = [fit_context(len(ids), want, context_len, f"prompt {i}" if len(prompts) > 1 else "the prompt",
+                                  "prompt") for i, ids in enumerate(prompts)]
         seqs, events = await run(req, prompts, max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
@@ -385,7 +376,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         for i, m in enumerate(messages, 1):
             from dflash_trt.api import check_text
 
-            check_text(m["content"], f"message {i} content")
+            try:
+                check_text(m["content"], f"message {i} content")
+            except InvalidRequestError as exc:
+                exc.param = "messages"
+                raise
         if not getattr(pipe.tokenizer, "chat_template", None):
             raise ConfigError(f"the target at {pipe.target_path} has no chat template, so /v1/chat/completions "
                               "cannot render messages; use /v1/completions with a plain prompt")
@@ -394,7 +389,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}")
 
         ids = await asyncio.to_thread(encode)
-        max_tokens = check_length(ids, want, "the conversation")
+        max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field())
         seqs, events = await run(req, [ids], [max_tokens])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())

@@ -15,13 +15,56 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from dflash_trt.errors import InvalidRequestError
+from dflash_trt.errors import InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.sampling import SamplingParams, offset_seed
+from dflash_trt.text import count
 
 #: Most stop strings per request (OpenAI allows 4).
 MAX_STOP_STRINGS = 4
 #: Most choices per request: n times the prompts of one /v1/completions call.
 MAX_CHOICES = 64
+
+
+def fit_context(prompt_tokens: int, max_tokens: int | None, context_len: int, what: str,
+                prompt_field: str | None = None, max_tokens_field: str = "max_tokens") -> int:
+    """The completion tokens a request may generate: `max_tokens`, or (None) all the room its prompt leaves
+    in the target's context. The rule of both servers (OpenAI's and Triton's): the prompt must leave at
+    least one token, and the prompt plus `max_tokens` must fit.
+
+    Args:
+        prompt_tokens: the prompt's length in tokens; `what` names it in the message ("the prompt").
+        max_tokens: asked for (>= 1), or None.
+        context_len: the target's context in tokens.
+        prompt_field / max_tokens_field: the request fields the two errors are about (their `param`), as the
+            client sent them (e.g. "messages", "max_completion_tokens").
+    Raises:
+        PromptTooLongError: the prompt leaves no room (naming the longest prompt that fits).
+        InvalidRequestError: max_tokens is more than the room left (naming the most it may be).
+    """
+    room = context_len - prompt_tokens
+    if room < 1:
+        raise PromptTooLongError(f"{what} is {prompt_tokens} tokens; the target's context is {context_len} tokens and "
+                                 f"at least one must be left to generate: shorten it to at most {context_len - 1}",
+                                 param=prompt_field)
+    if max_tokens is not None and max_tokens > room:
+        raise InvalidRequestError(f"{what} is {count(prompt_tokens, 'token')} and {max_tokens_field} is {max_tokens}: "
+                                  f"{prompt_tokens + max_tokens} > the target's context of {context_len} tokens; ask "
+                                  f"for at most {room} tokens", param=max_tokens_field)
+    return room if max_tokens is None else max_tokens
+
+
+def check_stops(stops: tuple[str, ...], field: str = "stop") -> tuple[str, ...]:
+    """`stops` (stop strings of the request field `field`), checked: at most MAX_STOP_STRINGS, none empty.
+
+    Raises:
+        InvalidRequestError: more than MAX_STOP_STRINGS, or an empty string (which would stop before any text).
+    """
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"{field} holds {len(stops)} strings; give at most {MAX_STOP_STRINGS}", param=field)
+    if any(s == "" for s in stops):
+        raise InvalidRequestError(f"{field} holds an empty string, which would stop before any text; remove it",
+                                  param=field)
+    return stops
 
 
 class StreamOptions(BaseModel):
@@ -93,12 +136,7 @@ class _Request(BaseModel):
         Raises:
             InvalidRequestError: more than MAX_STOP_STRINGS, or an empty string.
         """
-        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if len(stops) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"stop holds {len(stops)} strings; give at most {MAX_STOP_STRINGS}")
-        if any(s == "" for s in stops):
-            raise InvalidRequestError('stop holds an empty string, which would stop before any text; remove it')
-        return stops
+        return check_stops((self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()))
 
     def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
                         seed_offset: int = 0) -> SamplingParams:
@@ -175,6 +213,10 @@ class ChatCompletionRequest(_Request):
 
     messages: list[Any]
     max_completion_tokens: int | None = Field(default=None, strict=True)
+
+    def max_tokens_field(self) -> str:
+        """The name this request gave its completion limit ("max_completion_tokens" or "max_tokens")."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens or max_tokens (InvalidRequestError when both are given and differ)."""

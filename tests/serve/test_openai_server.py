@@ -199,6 +199,21 @@ BAD = [
     ({"messages": QUESTION, "stop_token_ids": [99999999]}, 400, "stop_token_ids holds 99999999, outside the vocabulary"),
     ({"messages": QUESTION, "min_p": 0.1}, 400, "min_p=0.1 is not supported"),
     ({"messages": QUESTION, "functions": [{"name": "f"}]}, 400, "functions="),
+    ({"messages": QUESTION, "seed": 2**64}, 400, "got 18446744073709551616"),  # the seed sent, not wrapped
+    ({"messages": QUESTION, "seed": 10**20}, 400, "[-2**63, 2**64), got 100000000000000000000"),
+]
+
+#: bodies whose error is about one field: (endpoint, body, that field as OpenAI's `param`)
+PARAMS = [
+    ("completions", {"prompt": "hello " * 9000}, "prompt"),
+    ("completions", {"prompt": ["hi", "hello " * 9000]}, "prompt"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hello " * 9000}]}, "messages"),
+    ("completions", {"prompt": "hi", "max_tokens": 9000}, "max_tokens"),
+    ("chat/completions", {"messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
+    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 100000}, "max_completion_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    ("chat/completions", {"messages": QUESTION, "seed": 2**64}, "seed"),
+    ("chat/completions", {"messages": QUESTION, "stop": [""]}, "stop"),
 ]
 
 
@@ -230,6 +245,14 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
                        headers={"content-type": "application/json"})
         assert r.status_code == status, (body, r.text)
         assert words in r.json()["error"]["message"], (body, r.text)
+    for endpoint, body, param in PARAMS:
+        r = httpx.post(f"{base}/v1/{endpoint}", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text[:300])
+    r = httpx.post(base + "/v1/chat/completions", json={"messages": QUESTION, "max_completion_tokens": 100000})
+    assert "max_completion_tokens is 100000" in r.json()["error"]["message"]  # the name the client used
+    deep = b'{"prompt": "hi", "user": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    r = httpx.post(base + "/v1/completions", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
     long_prompt = "hello " * 9000  # more tokens than SmolLM2's 8192-token context
     r = httpx.post(base + "/v1/completions", json={"prompt": long_prompt})
     assert r.status_code == 400 and "shorten it to at most 8191" in r.json()["error"]["message"]
@@ -441,6 +464,54 @@ def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smo
     assert r.usage.completion_tokens == used  # not the drafts accepted past it
     one = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=1, temperature=0, stop=" ")
     assert one.choices[0].text == "" and one.choices[0].finish_reason == "stop"
+
+
+def test_a_stop_string_ends_usage_metrics_and_the_token_counter_at_the_same_token(server, client, smollm2_pipeline):
+    """usage.completion_tokens, the choice's `metrics.completion_tokens` and trtllm_generation_tokens_total all
+    count the tokens up to the one that completed the stop string (not the drafts accepted past it), streamed
+    or not."""
+    pipe, base = smollm2_pipeline, server[0]
+    prompt, stop = "def fib(n):", "return"
+    ref, _ = ar_tokens(pipe, pipe.encode(prompt), 48)
+    used = next(k for k in range(1, len(ref) + 1) if stop in pipe.decode(ref[:k]))
+    assert used < len(ref)
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=48, temperature=0, stop=[stop])
+    before = prometheus(base)
+    r = client.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == used
+    assert r.choices[0].model_extra["metrics"]["completion_tokens"] == used
+    middle = prometheus(base)
+    assert sample(middle, "trtllm_generation_tokens_total") - sample(before, "trtllm_generation_tokens_total") == used
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    [last] = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert last.choices[0].model_extra["metrics"]["completion_tokens"] == used == chunks[-1].usage.completion_tokens
+    after = prometheus(base)
+    assert sample(after, "trtllm_generation_tokens_total") - sample(middle, "trtllm_generation_tokens_total") == used
+
+
+def test_a_stop_string_never_matches_half_a_character(client, smollm2_pipeline):
+    """U+FFFD as a stop string: the half-decoded emoji (U+FFFD until its last byte comes) does not match it; the
+    answer is the target's own, streamed or not."""
+    pipe = smollm2_pipeline
+    prompt = "Emojis: \U0001f642\U0001f643\U0001f600\U0001f601\U0001f602\U0001f923"
+    ref, reason = ar_tokens(pipe, pipe.encode(prompt), 24)
+    full = pipe.decode(ref)
+    assert "\ufffd" not in full
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=["\ufffd"])
+    r = client.completions.create(**kwargs)
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == (full, reason, len(ref))
+    streamed = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == full and streamed[-1].choices[0].finish_reason == reason
+
+
+def test_the_prompt_token_counter_counts_each_prompt_once_per_choice(server, client):
+    """trtllm_prompt_tokens_total adds each prompt once per choice (each choice reads its prompt: vLLM's
+    vllm:prompt_tokens counts the same way); usage.prompt_tokens counts each prompt once (OpenAI)."""
+    base = server[0]
+    before = sample(prometheus(base), "trtllm_prompt_tokens_total")
+    r = client.completions.create(model=MODEL, prompt=["Hi", "Bye"], max_tokens=1, temperature=0, n=3)
+    after = sample(prometheus(base), "trtllm_prompt_tokens_total")
+    assert len(r.choices) == 6 and after - before == 3 * r.usage.prompt_tokens
 
 
 class Records(logging.Handler):
