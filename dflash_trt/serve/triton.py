@@ -19,8 +19,17 @@ Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
 INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
 strings, at most 4); apply_chat_template BOOL [1] (wrap text_input as one user message in the
-target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [1] ("stop" or
-"length"); num_output_tokens INT32 [1]; acceptance_length FP32 [1] (tau).
+target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [1] ("stop",
+"length", or "abort"); num_output_tokens INT32 [1]; acceptance_length FP32 [1] (tau). A request is
+refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
+that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words or an empty one.
+
+A request whose client leaves (an HTTP connection closed, a gRPC stream cancelled) is marked cancelled by
+Triton (`response_sender.is_cancelled()`, Triton 23.10+); the model polls that every CANCEL_POLL_S and aborts
+it at its next tokens (finish_reason "abort"). `finalize` (the model unloaded) aborts what is left and joins the
+generation thread. Triton unloads a decoupled model only once its streams have ended, and on SIGTERM it
+waits for open connections for `--exit-timeout-secs` and then exits at once (status 1) without telling the
+model: a stream still generating then is cut, so drain the server (or let its clients leave) before stopping it.
 
 Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
 relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
@@ -56,6 +65,8 @@ OUTPUTS = (
     ("acceptance_length", "TYPE_FP32", [1]),
 )
 DEFAULT_MAX_TOKENS = 256
+#: how often the model asks Triton whether a request in progress was cancelled (seconds)
+CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
 PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size")
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
@@ -143,6 +154,25 @@ class TritonPythonModel:
         chunk = _whole_number(params, "prefill_chunk_size", None)
         self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode, chunk), batch_size)
         self._tokenizer_lock = threading.Lock()
+        self._live: dict[int, tuple] = {}  # id(sequence) -> (sequence, its response sender), until its final response
+        self._live_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_cancellation, name="dflash-cancel-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch_cancellation(self) -> None:
+        """Every CANCEL_POLL_S, ask Triton whether each request in progress was cancelled (its client gone: a
+        gRPC stream cancelled, an HTTP connection closed; `response_sender.is_cancelled()`, Triton 23.10+), and
+        abort those (finish_reason "abort" at their next tokens, or before they start when still queued)."""
+        while not self._closing.wait(CANCEL_POLL_S):
+            with self._live_lock:
+                live = list(self._live.values())
+            for seq, sender in live:
+                try:
+                    if sender.is_cancelled():
+                        seq.cancelled = True
+                except Exception:  # noqa: BLE001 - its final response went out meanwhile: nothing to cancel
+                    pass
 
     def _decode(self, ids: list[int]) -> str:
         with self._tokenizer_lock:
@@ -159,6 +189,8 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            with self._live_lock:
+                self._live[id(seq)] = (seq, sender)
             self.scheduler.submit([seq])
         return None
 
@@ -166,7 +198,8 @@ class TritonPythonModel:
         """The Sequence for one request, its callbacks bound to the request's response sender."""
         import numpy as np
 
-        from dflash_trt.errors import ConfigError, InvalidRequestError, PromptTooLongError
+        from dflash_trt.errors import ConfigError, InvalidRequestError
+        from dflash_trt.serve.protocol import check_stops, fit_context
         from dflash_trt.serve.scheduler import Sequence, StopText
 
         def scalar(name, default):
@@ -180,10 +213,8 @@ class TritonPythonModel:
         if not text:
             raise InvalidRequestError("text_input is empty; give some text")
         words = pb_utils.get_input_tensor_by_name(request, "stop_words")
-        stops = tuple(w.decode("utf-8") if isinstance(w, bytes) else str(w)
-                      for w in (words.as_numpy().reshape(-1) if words is not None else ()))
-        if len(stops) > 4 or any(not s for s in stops):
-            raise InvalidRequestError(f"stop_words holds {len(stops)} strings; give at most 4, none empty")
+        stops = check_stops(tuple(w.decode("utf-8") if isinstance(w, bytes) else str(w)
+                                  for w in (words.as_numpy().reshape(-1) if words is not None else ())), "stop_words")
         with self._tokenizer_lock:
             if bool(scalar("apply_chat_template", False)):
                 if not getattr(self.pipe.tokenizer, "chat_template", None):
@@ -197,10 +228,7 @@ class TritonPythonModel:
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
                                 top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
                                 seed=None if seed is None else int(seed))
-        room = self.pipe.engine.context_len - len(ids)
-        if room < 1:
-            raise PromptTooLongError(f"text_input is {len(ids)} tokens; the target's context is "
-                                     f"{self.pipe.engine.context_len}: shorten it to at most {len(ids) + room - 1}")
+        fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
         stream = bool(scalar("stream", False))
 
         def text_tensor(name, value):
@@ -210,6 +238,8 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta)]))
 
         def on_done(result, error):
+            with self._live_lock:
+                self._live.pop(id(seq), None)
             final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if error is not None:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
@@ -229,4 +259,9 @@ class TritonPythonModel:
         return seq, stream
 
     def finalize(self) -> None:
+        """Before Triton unloads the model (a server stopping): the requests in progress and the queued ones
+        end as aborts, each with its final response (finish_reason "abort"), and the generation thread is
+        joined, so that no thread of this model runs on while the stub shuts down."""
+        self._closing.set()
         self.scheduler.close()
+        self._watcher.join(timeout=10)

@@ -32,7 +32,8 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     work = tmp_path_factory.mktemp("triton")
-    write_model_repository(work / "repo", "dflash", max_batch_size="4")  # the embedded default model and drafter
+    # the embedded default model and drafter; one sequence at a time: a request left running would hold up the next
+    write_model_repository(work / "repo", "dflash", max_batch_size="1")
     server = TritonServer(work / "repo", work)
     yield server
     server.stop()
@@ -83,9 +84,30 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
              ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
              ({"text_input": ""}, "text_input is empty"),
              ({"text_input": "hello " * 9000}, "shorten it to at most 8191"),
-             ({"text_input": "hi", "stop_words": ["a", "b", "c", "d", "e"]}, "at most 4")]
+             ({"text_input": "hi", "stop_words": ["a", "b", "c", "d", "e"]}, "at most 4"),
+             ({"text_input": "hi", "stop_words": [""]}, "stop_words holds an empty string"),
+             ({"text_input": "hi", "max_tokens": 9000}, "max_tokens is 9000: 9001 > the target's context of 8192 "
+                                                         "tokens; ask for at most 8191 tokens")]
     for body, words in cases:
         status, out = generate(triton, body)
         assert status != 200 and words in out["error"], (body, out)
     status, out = generate(triton, {"text_input": "Hello", "max_tokens": 3})
     assert status == 200 and out["num_output_tokens"] == 3
+
+
+#: a prompt the target continues for as long as it is let (greedy counting)
+COUNTING = "1, 2, 3, 4, 5,"
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_a_stream_is_cancelled(triton):
+    """A /generate_stream client that closes its connection after the first chunk: Triton marks the request
+    cancelled, the model aborts it, and the next request (max_batch_size 1: it waits for a free row) is
+    answered at once instead of after the 8,000 tokens the first one asked for."""
+    body = {"text_input": COUNTING, "max_tokens": 8000, "stream": True}
+    with httpx.stream("POST", f"{triton.url}/v2/models/dflash/generate_stream", json=body, timeout=60) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert "text_output" in json.loads(first[6:])
+    r = httpx.post(f"{triton.url}/v2/models/dflash/generate", json={"text_input": "Hello", "max_tokens": 3}, timeout=30)
+    assert r.status_code == 200 and r.json()["num_output_tokens"] == 3
+
