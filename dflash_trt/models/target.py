@@ -18,6 +18,7 @@ from torch import nn
 
 from dflash_trt.config import TargetConfig
 from dflash_trt.models.layers import (
+    CAUSAL,
     AttentionProjections,
     RMSNorm,
     RotaryEmbedding,
@@ -41,8 +42,8 @@ class TargetAttention(AttentionProjections):
     def forward(self, x, rope, slots, mask, cache: KVCache, rows, kv_len):
         """x [n, t, hidden] (input_layernorm'd) of t new tokens; rope (cos, sin) [n, t, head_dim] of their
         positions; their K/V are written at `slots` [n, t] int64 of cache `rows` [n] (None = all), then
-        the queries attend to slots [0, kv_len) under mask bool [n, 1, t, kv_len] (True = attend) or None
-        (causal over the whole cache). Returns o_proj's output [n, t, hidden]."""
+        the queries attend to slots [0, kv_len) under mask bool [n, 1, t, kv_len] (True = attend) or
+        `CAUSAL` (t == kv_len: positions 0..t-1). Returns o_proj's output [n, t, hidden]."""
         n, t, _ = x.shape
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim)
@@ -170,7 +171,10 @@ class TargetModel(nn.Module):
         rope = self.rotary(positions)
         if attn_mask is None:
             key_pos = torch.arange(kv_len, device=positions.device)
-            attn_mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
+            if kv_len == positions.shape[1] and slots is None and bool((positions == key_pos).all()):
+                attn_mask = CAUSAL  # a prefill from position 0: the same mask, a faster kernel
+            else:
+                attn_mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
         slots = positions if slots is None else slots
         wanted = {lid: None for lid in feature_layer_ids}
         last = len(self.model.layers) - 1

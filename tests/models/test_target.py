@@ -42,6 +42,33 @@ def test_tiny_random_matches_hf(tmp_path, model_type):
     assert ours_tokens.token_ids == hf_greedy(hf, ids, 64)
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_a_prefill_from_position_0_uses_the_causal_kernel_with_the_same_values(tmp_path, model_type, monkeypatch):
+    """A prefill from position 0 (kv_len == t) attends with SDPA's is_causal (`CAUSAL`); any other forward (a
+    later chunk, a verify block) with the bool mask by position; both give the values of the bool mask."""
+    import dflash_trt.models.target as target_module
+
+    _, folder = make_hf_model(tmp_path, model_type)
+    model = load_target(folder)
+    ids = torch.randint(3, 96, (2, 23), generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(23).expand(2, 23)
+    masks = []
+    real = target_module.attention
+    monkeypatch.setattr(target_module, "attention", lambda q, k, v, m, s: masks.append(m) or real(q, k, v, m, s))
+    with torch.no_grad():
+        fast = model(ids, pos, model.new_cache(2, 24), 23, feature_layer_ids=(1, 3))
+        assert masks and all(m is target_module.CAUSAL for m in masks)
+        bool_mask = torch.arange(23)[None, None, None, :] <= pos[:, None, :, None]
+        slow = model(ids, pos, model.new_cache(2, 24), 23, feature_layer_ids=(1, 3), attn_mask=bool_mask)
+        masks.clear()
+        cache = model.new_cache(2, 24)  # the same prompts in two chunks: the second has kv_len 23 > t 13
+        model(ids[:, :10], pos[:, :10], cache, 10)
+        chunked = model(ids[:, 10:], pos[:, 10:], cache, 23, feature_layer_ids=(1, 3))
+    assert isinstance(masks[-1], torch.Tensor) and masks[-1].shape == (2, 1, 13, 23)
+    assert torch.equal(fast.logits, slow.logits) and torch.equal(fast.features, slow.features)
+    torch.testing.assert_close(chunked.logits, fast.logits[:, 10:], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rope", [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
