@@ -43,6 +43,7 @@ Source of the backend API: Triton's python_backend README ("Decoupled mode", `Tr
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -148,6 +149,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
+        for line in self.pipe.warnings:  # a bundle's altered files that the runtime does not load (into Triton's log)
+            print(f"dflash-trt: warning: {line}", file=sys.stderr, flush=True)
         mode = params.get("mode") or "dflash"
         engine = self.pipe.engine
         batch_size = _whole_number(params, "max_batch_size", 8)

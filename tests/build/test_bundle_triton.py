@@ -30,12 +30,16 @@ def test_tritonserver_serves_the_bundle(tmp_path, tiny_bundle_fp8_tp3):
 
     bundle = tmp_path / "bundle"  # a moved bundle: the model finds it relative to its own folder
     shutil.copytree(tiny_bundle_fp8_tp3, bundle)
+    readme = (bundle / "README.md").read_text()
+    (bundle / "README.md").write_text(readme + "edited\n")  # a file the runtime does not load: a warning, not an error
     server = TritonServer(bundle / "triton", tmp_path / "work")
     try:
         status, out = generate(server, {"text_input": "def add(a, b):", "max_tokens": 8})
     finally:
         server.stop()
     assert status == 200, out
+    assert "dflash-trt: warning:" in server.log.read_text() and "README.md" in server.log.read_text()
+    (bundle / "README.md").write_text(readme)
     pipe = load_bundle(bundle)
     [ref] = pipe.generate([pipe.encode("def add(a, b):")], SamplingParams(max_tokens=8), mode="dflash")
     assert out["text_output"] == ref.text and out["num_output_tokens"] == len(ref.token_ids)
