@@ -90,6 +90,7 @@ class _Request:
     ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
     t0: float = 0.0  # time.perf_counter() when its prefill began
     first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
+    capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
 
     def emit(self, tokens: list[int]) -> int:
         """Append tokens in order, applying every stop check to each; return how many were taken."""
@@ -584,7 +585,9 @@ class DecodeBatch:
         t0 = time.perf_counter()
         for k, (i, r) in enumerate(zip(ids, reqs)):
             r.index, r.call_index, r.on_tokens, r.t0 = i, k, on_tokens, t0
-        capacity = min(max(len(r.prompt) + r.params.max_tokens for r in reqs), eng.context_len) + self.block + 1
+        for r in reqs:  # KV slots it can write: its prompt, its tokens (up to the context), one block past them
+            r.capacity = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
+        capacity = max(r.capacity for r in reqs)
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
         if mode == "dflash":
@@ -634,8 +637,8 @@ class DecodeBatch:
     def step(self) -> StepStats:
         """One iteration: with chunked prefill, the next chunk of the earliest requests still being
         prefilled (they join at once when their prompts are read), then one decode step of every
-        unfinished request (none: no decode). Finished requests' cache rows are dropped first (one
-        copy of the buffers, not a gather per layer per step).
+        unfinished request (none: no decode). Finished requests' cache rows are dropped first, and the
+        slots only they needed (one copy of the buffers, not a gather per layer per step).
 
         Raises:
             PrefillFailed: the chunk failed; its requests were dropped, the batch is as before this call.
@@ -656,9 +659,10 @@ class DecodeBatch:
                 self._prefilling.pop(0)
         if any(r.finish_reason for r in self.live):
             keep = [j for j, r in enumerate(self.live) if not r.finish_reason]
-            self.cache.keep_rows(keep)
+            capacity = max((self.live[j].capacity for j in keep), default=0)  # what requests that left needed is freed
+            self.cache.keep_rows(keep, capacity)
             if self._drafter_cache is not None:
-                self._drafter_cache.keep_rows(keep)
+                self._drafter_cache.keep_rows(keep, capacity)
             self.live = [self.live[j] for j in keep]
         context, self._context = self._context, [0, 0]
         if not self.live:

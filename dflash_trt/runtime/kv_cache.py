@@ -47,14 +47,24 @@ class KVCache:
             return self.k[layer][:, :, :kv_len], self.v[layer][:, :, :kv_len]
         return self.k[layer][rows, :, :kv_len], self.v[layer][rows, :, :kv_len]
 
-    def keep_rows(self, rows: list[int]) -> None:
-        """Drop every row not in `rows` (kept in that order): one copy of the buffers per call, so a
-        batch whose finished requests leave reads contiguous buffers again on every later step."""
-        if rows == list(range(self.batch)):
+    def keep_rows(self, rows: list[int], capacity: int | None = None) -> None:
+        """Drop every row not in `rows` (kept in that order) and, with a `capacity` below the current one,
+        every slot from `capacity` on (the kept rows need no more: the memory of requests that left is
+        freed): one copy of the buffers per call, so a batch whose finished requests leave reads
+        contiguous buffers again on every later step.
+
+        Raises:
+            ValueError: a kept row's length is above `capacity`."""
+        capacity = self.capacity if capacity is None else min(capacity, self.capacity)
+        if rows == list(range(self.batch)) and capacity == self.capacity:
             return
-        self._set_buffer(self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device)))
+        if any(self.lengths[r] > capacity for r in rows):
+            raise ValueError(f"cannot keep {capacity} slots of rows holding up to {max(self.lengths[r] for r in rows)}")
+        buffer = self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device))
+        self._set_buffer(buffer if capacity == self.capacity else buffer[:, :, :, :, :capacity].contiguous())
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
+        self.capacity = capacity
 
     def append_rows(self, other: KVCache) -> None:
         """Append the rows of `other` (same layers, heads, head_dim, dtype and device) after this cache's

@@ -51,7 +51,7 @@ class _RequestRows:
     def __init__(self, batch: int):
         self.requests = list(range(batch))
 
-    def keep_rows(self, rows: list[int]) -> None:
+    def keep_rows(self, rows: list[int], capacity: int | None = None) -> None:
         self.requests = [self.requests[r] for r in rows]
 
 

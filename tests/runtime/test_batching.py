@@ -234,3 +234,39 @@ def test_abort_prefill_ends_a_group_before_its_prompt_is_read(engine):
     assert [done[i].token_ids for i in pair] == [r.token_ids for r in engine.generate(
         [list(range(3, 43)), list(range(5, 25))], sp)]
     assert "lone" not in sent and sent.count(0) >= 1 and sent.count(1) >= 1
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_the_caches_shrink_to_what_the_requests_left_need(engine, mode):
+    """When the request needing the most KV slots leaves, the batch's target and drafter caches keep only
+    the slots the others can still write (prompt + max_tokens + a block + 1 each); outputs are unchanged."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    prompts, budgets = [list(range(3, 63)), [7, 8, 9]], [6, 30]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in budgets]
+    alone = [engine.generate([p], [sp], mode)[0].token_ids for p, sp in zip(prompts, params)]
+    batch = DecodeBatch(engine, mode)
+    ids = batch.add(prompts, params)
+    block = batch.block
+    caches = [c for c in (batch.cache, batch._drafter_cache) if c is not None]
+    assert [c.capacity for c in caches] == [60 + 6 + block + 1] * len(caches)
+    done, shrunk = {}, 0
+    while batch.active:
+        long_left = ids[0] in done  # its rows are dropped at the start of the next step
+        batch.step()
+        if long_left:
+            caches = [c for c in (batch.cache, batch._drafter_cache) if c is not None]
+            assert [(c.capacity, c.buffer.shape[4], c.batch) for c in caches] == [(3 + 30 + block + 1,) * 2 + (1,)] * len(caches)
+            shrunk += 1
+        done.update(batch.take_finished())
+    assert shrunk and [done[i].token_ids for i in ids] == alone
+
+
+def test_keep_rows_refuses_to_cut_a_rows_committed_slots():
+    cache = KVCache(1, 2, 1, 8, 2)
+    cache.set_length(0, 6)
+    cache.set_length(1, 2)
+    with pytest.raises(ValueError, match="cannot keep 4 slots"):
+        cache.keep_rows([0, 1], 4)
+    cache.keep_rows([1], 4)
+    assert (cache.batch, cache.capacity, cache.lengths, cache.k[0].shape[2]) == (1, 4, [2], 4)
