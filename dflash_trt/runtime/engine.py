@@ -225,7 +225,8 @@ class Engine:
     def _prefill(self, reqs: list[_Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
         """Prefill prompt positions [begin, begin + chunk) of `reqs` (cache row j holds reqs[j]; chunk None:
         to the end of the longest prompt), in one target forward over the rows whose prompts reach past
-        `begin`. Chunked prefill calls it once per chunk, in order; the whole prefill is one call.
+        `begin` (one row per distinct prompt: rows repeating one get copies). Chunked prefill calls it once
+        per chunk, in order; the whole prefill is one call.
 
         Returns:
             the position the next chunk starts at. Once it reaches the longest prompt's length, every
@@ -237,6 +238,12 @@ class Engine:
         longest = max(lens)
         end = longest if chunk is None else min(longest, begin + chunk)
         act = [j for j, n in enumerate(lens) if n > begin]  # rows with prompt tokens in this chunk
+        # identical prompts (a request's n choices) are read once: the first row holding each one runs the
+        # forward, the others get copies of its K/V, drafter context and logits
+        first: dict[tuple[int, ...], int] = {}
+        source = {j: first.setdefault(tuple(reqs[j].prompt), j) for j in act}
+        copies = [j for j in act if source[j] != j]
+        act = [j for j in act if source[j] == j]
         dev = self.device
         ids = torch.zeros(len(act), end - begin, dtype=torch.int64)
         for i, j in enumerate(act):
@@ -254,10 +261,19 @@ class Engine:
         if mode == "dflash":
             self.proposer.add_context(out.features, positions, rows)
         elif self.feature_sink is not None:
-            self.feature_sink.record([reqs[j].index for j in act], out.features, positions, [e - begin for e in ends])
+            at = [act.index(source[j]) for j in act + copies]
+            self.feature_sink.record([reqs[j].index for j in act + copies], out.features[at], positions[at],
+                                     [ends[i] - begin for i in at])
         for i, j in enumerate(act):
             if lens[j] <= end:  # this row's last prompt token: its first token's logits
                 reqs[j].first_logits = out.logits[i, 0]
+        if copies:
+            src = [source[j] for j in copies]
+            cache.copy_slots(src, copies, begin, end)
+            if mode == "dflash":
+                self.proposer.cache.copy_slots(src, copies, begin, end)
+            for j in copies:
+                reqs[j].first_logits = reqs[source[j]].first_logits
         if end < longest:
             return end
         logits = torch.stack([r.first_logits for r in reqs])

@@ -84,6 +84,13 @@ class KVCache:
         self.batch += other.batch
         self.capacity = capacity
 
+    def copy_slots(self, src_rows: list[int], dst_rows: list[int], begin: int, end: int) -> None:
+        """Copy the K/V of slots [begin, end) of row src_rows[i] to row dst_rows[i], in every layer (a prompt
+        read once for several rows). The destination rows must not be among the sources."""
+        dev = self.buffer.device
+        dst, src = torch.tensor(dst_rows, device=dev), torch.tensor(src_rows, device=dev)
+        self.buffer[:, :, dst, :, begin:end] = self.buffer[:, :, src, :, begin:end]
+
     def move(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of slots `src` of `row` to slots `dst` in every layer (the accepted path of a
         draft tree to consecutive positions). The sources are read before any destination is

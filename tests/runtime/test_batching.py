@@ -270,3 +270,28 @@ def test_keep_rows_refuses_to_cut_a_rows_committed_slots():
         cache.keep_rows([0, 1], 4)
     cache.keep_rows([1], 4)
     assert (cache.batch, cache.capacity, cache.lengths, cache.k[0].shape[2]) == (1, 4, [2], 4)
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_identical_prompts_are_read_once(engine, mode, chunk, monkeypatch):
+    """Rows with the same prompt (a request's n choices) are prefilled by one row's forward, the others get
+    copies of its K/V, drafter context and first-token logits; every output equals its request alone."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    p, q = [11, 12, 13, 14, 15, 16, 17, 18, 19], [40, 41, 42, 43, 44]
+    prompts = [p, q, p, p]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True)] + [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2, 3)]
+    alone = [engine.generate([x], [sp], mode)[0].token_ids for x, sp in zip(prompts, params)]
+    rows = []
+    forward = engine.target.forward
+    monkeypatch.setattr(engine.target, "forward", lambda ids, *a, **k: rows.append(ids.shape[0]) or forward(ids, *a, **k))
+    batch = DecodeBatch(engine, mode, chunk)
+    ids = batch.add(prompts, params)
+    while batch.active:
+        batch.step()
+    done = dict(batch.take_finished())
+    assert [done[i].token_ids for i in ids] == alone
+    assert rows[: 1 if chunk is None else 3] == ([2] if chunk is None else [2, 2, 1])  # p and q, then p's last chunk
+    assert alone[2] != alone[3]  # the sampled choices of one prompt still differ
