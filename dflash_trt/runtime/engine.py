@@ -491,8 +491,9 @@ class StepStats:
     tokens the step added to their outputs (accepted drafts + one target token each, fewer where a
     request stopped); context_requests / context_tokens: requests whose prompts were (partly)
     prefilled in this iteration and the prompt tokens read (a chunk of each with chunked prefill;
-    TensorRT-LLM's numContextRequests / numCtxTokens); seconds: its wall time (the decode step and,
-    with chunked prefill, the chunk; a whole prefill is `add`'s)."""
+    TensorRT-LLM's numContextRequests / numCtxTokens); scheduled_requests: distinct requests in either
+    (one whose last chunk and first decode step share the iteration counts once); seconds: its wall
+    time (the decode step and, with chunked prefill, the chunk; a whole prefill is `add`'s)."""
 
     requests: int = 0
     requests_with_drafts: int = 0
@@ -502,6 +503,7 @@ class StepStats:
     seconds: float = 0.0
     context_requests: int = 0
     context_tokens: int = 0
+    scheduled_requests: int = 0
 
 
 class PrefillFailed(DFlashError):
@@ -571,7 +573,7 @@ class DecodeBatch:
         self._prefilling: list[_Prefill] = []  # added, prompts not fully read yet (chunked prefill), in order
         self._added: list[_Request] = []  # every request not yet returned by take_finished
         self._next_id = 0
-        self._context = [0, 0]  # requests / prompt tokens prefilled since the last step's stats
+        self._context = [0, 0, set()]  # requests / prompt tokens prefilled since the last step's stats, their ids
 
     @property
     def active(self) -> int:
@@ -633,6 +635,7 @@ class DecodeBatch:
         lens = [len(r.prompt) for r in group.reqs]
         self._context[0] += sum(1 for n in lens if n > begin)
         self._context[1] += sum(min(n, group.next) - begin for n in lens if n > begin)
+        self._context[2].update(r.index for r in group.reqs if len(r.prompt) > begin)
         if group.next < max(lens):
             return False
         ttft = time.perf_counter() - group.reqs[0].t0
@@ -680,9 +683,10 @@ class DecodeBatch:
             if self._drafter_cache is not None:
                 self._drafter_cache.keep_rows(keep, capacity)
             self.live = [self.live[j] for j in keep]
-        context, self._context = self._context, [0, 0]
+        context, self._context = self._context, [0, 0, set()]
         if not self.live:
-            return StepStats(seconds=time.perf_counter() - t, context_requests=context[0], context_tokens=context[1])
+            return StepStats(seconds=time.perf_counter() - t, context_requests=context[0], context_tokens=context[1],
+                             scheduled_requests=context[0])
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
@@ -697,23 +701,29 @@ class DecodeBatch:
                          sum(1 for r, b in zip(self.live, before) if r.metrics.drafted_tokens > b[0]),
                          sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
                          sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
-                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1])
+                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1],
+                         context[0] + sum(1 for r in self.live if r.index not in context[2]))
 
     def abort_prefill(self, request_ids) -> int:
-        """End requests still waiting for their prompts to be read (chunked prefill) now, with finish_reason
-        "abort" and no tokens, where every request of their add call is among `request_ids` (their group
-        then leaves the prefill queue unread; a request whose group goes on ends at its first token, as its
-        `on_tokens` decides). Other ids are ignored. Returns how many requests ended; `take_finished` has them.
-        """
+        """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)
+        now, with finish_reason "abort" and no tokens: their rows leave their add call's prefill (a call left
+        with none leaves the queue unread). Their metrics count the prompt tokens read so far. Other ids are
+        ignored. Returns how many requests ended; `take_finished` has them."""
         ids = set(request_ids)
         keep, ended = [], 0
         for group in self._prefilling:
-            if all(r.index in ids for r in group.reqs):
-                for r in group.reqs:
+            rows = [j for j, r in enumerate(group.reqs) if r.index not in ids]
+            for r in group.reqs:
+                if r.index in ids:
                     r.finish_reason = "abort"
-                    r.metrics.prompt_tokens = len(r.prompt)
-                ended += len(group.reqs)
-            else:
+                    r.metrics.prompt_tokens = min(len(r.prompt), group.next)
+                    ended += 1
+            if rows:
+                if len(rows) < len(group.reqs):
+                    group.cache.keep_rows(rows)
+                    if group.drafter_cache is not None:
+                        group.drafter_cache.keep_rows(rows)
+                    group.reqs = [group.reqs[j] for j in rows]
                 keep.append(group)
         self._prefilling = keep
         return ended

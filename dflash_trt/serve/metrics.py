@@ -87,11 +87,13 @@ class ServerMetrics:
         self._lock = threading.Lock()
 
     def finished(self, result: GenerationResult, queue_time_s: float) -> None:
-        """Record one finished sequence (queue time: seconds from its arrival to its prefill)."""
+        """Record one finished sequence (queue time: seconds from its arrival to its prefill; prompt tokens:
+        those read, fewer for one aborted while its prompt was read in chunks)."""
         m = result.metrics
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
-        self.e2e.observe(queue_time_s + m.total_time_s)
-        self.ttft.observe(queue_time_s + m.time_to_first_token_s)
+        if m.completion_tokens:  # one aborted before its first token has no latency (as one cancelled in the queue)
+            self.e2e.observe(queue_time_s + m.total_time_s)
+            self.ttft.observe(queue_time_s + m.time_to_first_token_s)
         self.queue.observe(queue_time_s)
         if m.completion_tokens > 1:
             self.tpot.observe((m.total_time_s - m.time_to_first_token_s) / (m.completion_tokens - 1))
@@ -115,7 +117,7 @@ class ServerMetrics:
                 "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.requests,
                 "numQueuedRequests": self._waiting(),
                 "inflightBatchingStats": {
-                    "numScheduledRequests": step.requests + step.context_requests,
+                    "numScheduledRequests": step.scheduled_requests,
                     "numContextRequests": step.context_requests, "numCtxTokens": step.context_tokens,
                     "numGenRequests": step.requests, "numPausedRequests": 0,
                 },

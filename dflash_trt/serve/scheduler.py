@@ -276,12 +276,12 @@ class Scheduler:
         self._drop_if_empty()
 
     def _step(self) -> None:
-        cancelled = [i for i, s in self._seqs.items() if s.cancelled]
-        if cancelled and self._batch.abort_prefill(cancelled):  # left while their prompts wait to be read
-            self._finish()
-            if not self._seqs:
-                return
         try:
+            cancelled = [i for i, s in self._seqs.items() if s.cancelled]
+            if cancelled and self._batch.abort_prefill(cancelled):  # left while their prompts wait to be read
+                self._finish()
+                if not self._seqs:
+                    return
             stats = self._batch.step()
         except PrefillFailed as exc:  # a chunk of chunked prefill: its sequences left the batch, which goes on
             self._retry([self._seqs.pop(i) for i in exc.request_ids], exc.error)

@@ -134,7 +134,7 @@ def _whole_number(params: dict[str, str], key: str, default: int | None) -> int 
     value = (params.get(key) or "").strip()
     if not value:
         return default
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
         raise ValueError(f"config.pbtxt parameter {key!r} must be a whole number >= 1, got {value!r}")
     return int(value)
 

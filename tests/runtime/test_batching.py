@@ -165,6 +165,10 @@ def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, c
     assert all(s.context_tokens <= chunk and s.context_requests <= 1 for s in stats)
     reading = [j for j, s in enumerate(stats) if s.context_requests]
     assert len(reading) == sum(-(-len(p) // chunk) for p in prompts)
+    # request 0's last chunk and first decode step share an iteration: one scheduled request, not two
+    joined = stats[-(-4 // chunk) - 1]
+    assert (joined.context_requests, joined.requests, joined.scheduled_requests) == (1, 1, 1)
+    assert all(s.scheduled_requests <= s.context_requests + s.requests for s in stats)
     assert all(first_out[j] > first_out[j - 1] for j in reading if 0 < first_out[j - 1] < 80)
     assert sum(1 for j in reading if 0 < first_out[j - 1] < 80) >= 30 // chunk
     assert done[ids[1]].metrics.prompt_tokens == 30 and done[ids[1]].metrics.time_to_first_token_s > 0
@@ -213,27 +217,28 @@ def test_prefill_chunk_must_be_a_whole_number(engine, chunk):
         DecodeBatch(engine, prefill_chunk=chunk)
 
 
-def test_abort_prefill_ends_a_group_before_its_prompt_is_read(engine):
+def test_abort_prefill_ends_requests_before_their_prompts_are_read(engine):
     """Chunked prefill: requests whose prompts are still waiting to be read end at once with "abort" and no
-    tokens when their whole add call is aborted (a client gone, Ctrl-C); part of a group keeps it going."""
+    tokens (a client gone, Ctrl-C): their rows leave their add call's prefill, which goes on for the others;
+    their metrics count the prompt tokens read so far."""
     from dflash_trt.runtime.engine import DecodeBatch
 
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    a, b, c = list(range(3, 43)), list(range(5, 25)), list(range(7, 37))
     batch = DecodeBatch(engine, prefill_chunk=4)
     sent = []
-    pair = batch.add([list(range(3, 43)), list(range(5, 25))], sp, lambda k, ids: sent.append(k))
-    (lone,) = batch.add([list(range(7, 37))], sp, lambda k, ids: sent.append("lone"))
-    batch.step()
-    assert batch.abort_prefill([pair[0], 99]) == 0 and batch.active == 3  # half of a group: it goes on
-    assert batch.abort_prefill([lone]) == 1 and batch.active == 2
-    assert [(i, r.token_ids, r.finish_reason, r.metrics.prompt_tokens) for i, r in batch.take_finished()] \
-        == [(lone, [], "abort", 30)]
+    pair = batch.add([a, b], sp, lambda k, ids: sent.append(k))
+    (lone,) = batch.add([c], sp, lambda k, ids: sent.append("lone"))
+    batch.step()  # 4 tokens of a and b
+    assert batch.abort_prefill([pair[0], 99]) == 1 and batch.active == 2  # a leaves, b is read on
+    assert batch.abort_prefill([lone]) == 1 and batch.active == 1  # c leaves unread: its call is gone
+    ended = [(i, r.token_ids, r.finish_reason, r.metrics.prompt_tokens) for i, r in batch.take_finished()]
+    assert ended == [(pair[0], [], "abort", 4), (lone, [], "abort", 0)]
     while batch.active:
         batch.step()
     done = dict(batch.take_finished())
-    assert [done[i].token_ids for i in pair] == [r.token_ids for r in engine.generate(
-        [list(range(3, 43)), list(range(5, 25))], sp)]
-    assert "lone" not in sent and sent.count(0) >= 1 and sent.count(1) >= 1
+    assert list(done) == [pair[1]] and done[pair[1]].token_ids == engine.generate([b], sp)[0].token_ids
+    assert set(sent) == {1}
 
 
 @pytest.mark.parametrize("mode", ["dflash", "ar"])

@@ -202,6 +202,47 @@ def test_a_failed_prefill_chunk_is_retried_one_at_a_time_while_the_batch_runs():
     assert sched.running == 0
 
 
+def test_a_failing_abort_is_a_failed_step_not_a_spinning_thread():
+    """Under `serve --tp-size` an abort is broadcast to the other ranks; when they are gone (SIGTERM reached them
+    first) the broadcast raises: the batch is dropped and its sequence gets the error, the thread goes idle
+    (it used to retry the broadcast forever, logging each failure)."""
+    class PeersGone(ScriptedBatch):
+        def abort_prefill(self, request_ids):
+            self.log.append(("abort_prefill", len(request_ids)))
+            raise RuntimeError("Connection closed by peer")
+
+    log, got = [], []
+    sched = Scheduler(lambda: PeersGone(log), 8)
+    sched.submit([Sequence([77], SamplingParams(max_tokens=10**6), StopText(decode), None,
+                           lambda r, e: got.append((r, e)))])
+    wait_for(lambda: ("step", 1) in log)
+    sched.abort_all()
+    wait_for(lambda: got)
+    sched.close()
+    assert got[0][0] is None and "Connection closed by peer" in str(got[0][1])
+    assert log.count(("abort_prefill", 1)) == 1 and sched.running == 0
+
+
+def test_a_sequence_aborted_before_its_first_token_records_no_latency():
+    """The Prometheus side of a request aborted while its prompt was read in chunks: counted as an abort with the
+    prompt tokens read, its queue time, and no time to first token or end-to-end latency (it had no token)."""
+    from dflash_trt.serve.metrics import ServerMetrics
+
+    m = ServerMetrics("m", lambda: 0, lambda: 0)
+    m.finished(GenerationResult([], "abort", RequestMetrics(prompt_tokens=448)), 0.25)
+    m.finished(GenerationResult([4, 4], "length", RequestMetrics(prompt_tokens=5, completion_tokens=2,
+                                                                 time_to_first_token_s=0.5, total_time_s=1.0)), 0.25)
+    text = m.exposition().decode()
+
+    def value(name):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    assert value("trtllm_time_to_first_token_seconds_count") == 1.0
+    assert value("trtllm_e2e_request_latency_seconds_count") == 1.0
+    assert value("trtllm_request_queue_time_seconds_count") == 2.0
+    assert value("trtllm_prompt_tokens_total") == 453.0
+
+
 def test_a_callback_that_raises_does_not_stop_the_thread():
     def broken(result, error):
         raise ConnectionResetError("client gone")

@@ -49,6 +49,21 @@ def generate(server, body, stream=False):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("value, expected", [("8", 8), (" 12 ", 12), ("", None), ("0", "error"), ("-3", "error"),
+                                             ("abc", "error"), ("1.5", "error"), ("\u00b2", "error"),
+                                             ("\u0663", "error")])
+def test_whole_number_parameters(value, expected):
+    """config.pbtxt's max_batch_size / prefill_chunk_size: ASCII digits >= 1 (a superscript two or an Arabic-Indic
+    three are digits to str.isdigit, not to a user)."""
+    from dflash_trt.serve.triton import _whole_number
+
+    if expected == "error":
+        with pytest.raises(ValueError, match="'prefill_chunk_size' must be a whole number >= 1"):
+            _whole_number({"prefill_chunk_size": value}, "prefill_chunk_size", None)
+    else:
+        assert _whole_number({"prefill_chunk_size": value}, "prefill_chunk_size", None) == expected
+
+
 def test_greedy_generate_is_the_targets_output(triton, smollm2_pipeline):
     status, out = generate(triton, {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 40})
     assert status == 200, out
