@@ -704,6 +704,16 @@ class DecodeBatch:
                          sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1],
                          context[0] + sum(1 for r in self.live if r.index not in context[2]))
 
+    def flush_stats(self) -> StepStats | None:
+        """The prefill work done since the last `step` (requests and prompt tokens read by `add`), as a
+        StepStats without a decode step, or None when there was none; it then counts as reported. For a batch
+        dropped without another step (its requests all ended at their first token), so its prompts still
+        appear in the iteration stats."""
+        context, self._context = self._context, [0, 0, set()]
+        if not context[0]:
+            return None
+        return StepStats(context_requests=context[0], context_tokens=context[1], scheduled_requests=context[0])
+
     def abort_prefill(self, request_ids) -> int:
         """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)
         now, with finish_reason "abort" and no tokens: their rows leave their add call's prefill (a call left

@@ -66,6 +66,9 @@ class _LeaderBatch:
         broadcast(("step",), self._group)
         return self._batch.step()
 
+    def flush_stats(self):
+        return self._batch.flush_stats()  # reads rank 0's own counts: nothing to broadcast
+
     def abort_prefill(self, request_ids: list[int]) -> int:
         broadcast(("abort_prefill", request_ids), self._group)
         return self._batch.abort_prefill(request_ids)

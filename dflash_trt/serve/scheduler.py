@@ -333,5 +333,9 @@ class Scheduler:
         self._drop_if_empty()
 
     def _drop_if_empty(self) -> None:
-        if not self._seqs:
+        if not self._seqs and self._batch is not None:
+            flush = getattr(self._batch, "flush_stats", None)  # prompts read since its last step (none followed)
+            stats = flush() if flush is not None else None
             self._batch = None  # its caches are freed; the next sequences open a new batch
+            if stats is not None and self._on_step is not None:
+                self._on_step(stats)

@@ -330,15 +330,11 @@ def test_abort_ends_sequences_waiting_for_their_prefill_without_reading_them():
     assert log[-3:] == [("add", 2), ("abort_prefill", 2), ("step", 1)]
 
 
-@pytest.mark.parametrize("in_flight, chunk", [(True, None), (False, None), (True, 1)])
-def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, chunk):
-    """In-flight batching with a real engine: a short request submitted while a long one decodes joins
-    its batch at the next step (with chunked prefill, its prompt read over the next steps) and finishes
-    while the long one still runs (static batching: it waits for the long one); both outputs equal their
-    requests decoded alone either way."""
+def tiny_engine(tmp_path):
+    """An Engine over a tiny random Llama target (vocab 96) with an untrained 1-layer drafter."""
     from dflash_trt.config import TargetConfig
     from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
-    from dflash_trt.runtime.engine import DecodeBatch, Engine
+    from dflash_trt.runtime.engine import Engine
     from dflash_trt.runtime.proposer import DFlashProposer
     from tests.conftest import make_hf_model
 
@@ -346,7 +342,34 @@ def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, c
     target = load_target(folder)
     drafter = load_drafter(init_drafter(new_drafter_config(TargetConfig.from_pretrained(folder), 1, 4, 95, [1, 3]),
                                         tmp_path / "d", seed=1))
-    engine = Engine(target, DFlashProposer(drafter, target))
+    return Engine(target, DFlashProposer(drafter, target))
+
+
+def test_a_batch_that_ends_at_its_first_tokens_still_reports_its_prompts(tmp_path):
+    """Requests that all end at their first token (max_tokens 1) leave the batch before any decode step: the
+    prompts read still make one iteration entry (no decode requests), so the stats count every prompt."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    engine = tiny_engine(tmp_path)
+    steps, done = [], []
+    sched = Scheduler(lambda: DecodeBatch(engine), 8, on_step=steps.append)
+    sched.submit([Sequence(p, SamplingParams(max_tokens=1), StopText(str), None, lambda r, e: done.append(r))
+                  for p in ([5, 6, 7], [8, 9])])
+    wait_for(lambda: len(done) == 2 and sum(s.context_requests for s in steps) == 2)
+    sched.close()
+    # one batch of both, or two if the thread took the first before the second was queued
+    assert sum(s.context_tokens for s in steps) == 5 and all(s.requests == 0 for s in steps) and len(steps) <= 2
+
+
+@pytest.mark.parametrize("in_flight, chunk", [(True, None), (False, None), (True, 1)])
+def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, chunk):
+    """In-flight batching with a real engine: a short request submitted while a long one decodes joins
+    its batch at the next step (with chunked prefill, its prompt read over the next steps) and finishes
+    while the long one still runs (static batching: it waits for the long one); both outputs equal their
+    requests decoded alone either way."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    engine = tiny_engine(tmp_path)
     long_p, short_p = [5, 9, 13, 17], [40, 41]
     long_sp = SamplingParams(max_tokens=120, ignore_eos=True)
     short_sp = SamplingParams(temperature=1.0, seed=4, max_tokens=6, ignore_eos=True)
