@@ -219,6 +219,25 @@ def _init_drafter_dir(init: str) -> Path | None:
     return path
 
 
+def _check_init_from_target(num_layers: int, num_target_layers: int) -> None:
+    """--init target copies a distinct target layer into each drafter layer: refused before any work
+    when --num-layers exceeds the target's layers (it failed after the data generation, naming negative
+    layer ids).
+
+    Raises:
+        ConfigError: naming --num-layers, the target's layer count and the fixes.
+    """
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.training.init import default_source_layers
+
+    try:
+        default_source_layers(num_target_layers, num_layers)
+    except ConfigError:
+        raise ConfigError(f"--num-layers {num_layers}: --init target (the default) starts each drafter layer as a "
+                          f"copy of one of the target's top layers, and the target has only {num_target_layers}; "
+                          f"give --num-layers {num_target_layers} or less, or --init random") from None
+
+
 def _given(ctx: click.Context, flag: str) -> bool:
     """Whether option `flag` (its parameter name) was given on the command line, not defaulted."""
     from click.core import ParameterSource
@@ -430,6 +449,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                    f"({tcfg.vocab_size} tokens); the drafter predicts over the full vocabulary (as with 0)", err=True)
     if init_dir is not None:
         dcfg = _fine_tune_config(click.get_current_context(), init_dir, dcfg)
+    elif init_mode == "target":
+        _check_init_from_target(num_layers, tcfg.num_hidden_layers)
     check_compatible(tcfg, dcfg)
     if resume and not data_only:
         source = ("" if target_layer_ids is not None else " (the --init drafter's)" if init_dir is not None

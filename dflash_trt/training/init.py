@@ -24,7 +24,15 @@ from dflash_trt.models.target import TargetModel
 
 
 def default_source_layers(num_target_layers: int, num_drafter_layers: int) -> list[int]:
-    """The target's top `num_drafter_layers` layers, in order."""
+    """The target's top `num_drafter_layers` layers, in order.
+
+    Raises:
+        ConfigError: more drafter layers than the target has (each copies a distinct target layer).
+    """
+    if num_drafter_layers > num_target_layers:
+        raise ConfigError(f"a drafter of {num_drafter_layers} layers cannot start as copies of the target's top "
+                          f"layers: the target has only {num_target_layers}; use at most {num_target_layers} drafter "
+                          "layers, or random initial weights (init='random')")
     return list(range(num_target_layers - num_drafter_layers, num_target_layers))
 
 
@@ -44,7 +52,8 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel, source_layers:
         calibration_features: [N, fc_in] target features of some tokens (float), used to set
             q_norm / k_norm to the target's mean per-head q / k RMS; None leaves them at 1.
     Raises:
-        ConfigError: a source layer id out of range, or layer shapes that differ from the target's.
+        ConfigError: a source layer id out of range, more drafter layers than the target has (the
+            default source layers, `default_source_layers`), or layer shapes that differ from the target's.
     """
     cfg, tcfg = drafter.config, target.config
     src_ids = list(source_layers) if source_layers is not None else default_source_layers(

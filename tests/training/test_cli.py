@@ -725,3 +725,22 @@ def test_a_work_dir_of_another_target_is_named_before_other_advice(tmp_path, tar
             "give that --target to continue it, or another --work-dir (or --out, whose work dir OUT.work is the "
             "default) to start a new run"), repr(res.exception)
     assert sorted(p.stat().st_mtime_ns for p in (work / "data").iterdir()) == shards and not (tmp_path / "b").exists()
+
+
+def test_more_layers_than_the_target_has_are_refused_before_any_work_with_init_target(tmp_path, target_with_tokenizer):
+    """--init target (the default) copies one target layer per drafter layer: --num-layers 5 on a 4-layer target
+    failed after the data generation, naming source layers [-1, 0, 1, 2, 3] the user never gave, and left OUT.work
+    behind; now it is refused first, naming the flag, the target's layer count and the fixes."""
+    from dflash_trt.training.init import default_source_layers
+
+    out = tmp_path / "d"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 4)),
+                "--num-layers", "5", "--mask-token-id", str(MASK)])
+    assert isinstance(res.exception, ConfigError) and str(res.exception) == (
+        "--num-layers 5: --init target (the default) starts each drafter layer as a copy of one of the target's top "
+        "layers, and the target has only 4; give --num-layers 4 or less, or --init random"), repr(res.exception)
+    assert not out.exists() and not (tmp_path / "d.work").exists()
+    with pytest.raises(ConfigError, match=r"^a drafter of 5 layers cannot start as copies of the target's top layers: "
+                                          r"the target has only 4; use at most 4 drafter layers, or random"):
+        default_source_layers(4, 5)
+    assert default_source_layers(4, 4) == [0, 1, 2, 3]
