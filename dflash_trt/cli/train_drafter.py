@@ -380,7 +380,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         ConfigError / click.UsageError: before any work, a bad option or path: --out and --work-dir as
             `_check_out` says (an existing --out is replaced only with --force, and only when it is an empty
             folder or a DFlash drafter folder holding only what dflash-trt writes there), --resume without a
-            checkpoint or a checkpoint without --resume, the target, the prompts, the drafter's shape; at the
+            checkpoint or a checkpoint without --resume, the target, the prompts, the drafter's shape, the
+            --init drafter's config and weights (CheckpointError: unreadable, truncated, mis-shaped); at the
             export, an --out that has changed since (`_check_out` again; the run stays checkpointed).
     """
     from dflash_trt.cli.common import jsonl_file, model_folder
@@ -403,7 +404,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
 
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
-    from dflash_trt.errors import ConfigError, TrainingInterrupted
+    from dflash_trt.errors import CheckpointError, ConfigError, TrainingInterrupted
     from dflash_trt.models.checkpoints import load_drafter, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path
     from dflash_trt.models.drafter import DFlashDrafter
@@ -432,7 +433,6 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     mask = mask_token_id if mask_token_id is not None else (DEFAULT_MASK_TOKEN_ID if default_target else None)
     if mask is None and init_dir is None:  # as init-drafter: the last row, or a spare special token when it is text
         from dflash_trt.api import load_tokenizer
-        from dflash_trt.errors import CheckpointError
         from dflash_trt.models.mask_token import default_mask_token
 
         try:
@@ -447,8 +447,14 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     elif draft_vocab_size and _given(click.get_current_context(), "draft_vocab_size"):
         click.echo(f"warning: --draft-vocab-size {draft_vocab_size} is not below the target's vocabulary "
                    f"({tcfg.vocab_size} tokens); the drafter predicts over the full vocabulary (as with 0)", err=True)
+    fine_tuned = None
     if init_dir is not None:
         dcfg = _fine_tune_config(click.get_current_context(), init_dir, dcfg)
+        # its weights now: a truncated or mis-shaped model.safetensors fails before the data generation
+        try:
+            fine_tuned = load_drafter(init_dir, torch.float32, device)
+        except CheckpointError as exc:
+            raise CheckpointError(f"--init {init_dir}: {exc}") from None
     elif init_mode == "target":
         _check_init_from_target(num_layers, tcfg.num_hidden_layers)
     check_compatible(tcfg, dcfg)
@@ -478,7 +484,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         torch.backends.cuda.matmul.allow_tf32 = True
     draft_ids = None
     if init_dir is not None:  # fine-tune: its weights, and its draft vocabulary (the head rows it learned)
-        drafter = load_drafter(init_dir, torch.float32, device).train().requires_grad_(True)
+        drafter = fine_tuned.train().requires_grad_(True)
         draft_ids = drafter.draft_token_ids()
         draft_ids = draft_ids.cpu() if draft_ids is not None else None
     elif dcfg.draft_vocab_size is not None:

@@ -744,3 +744,22 @@ def test_more_layers_than_the_target_has_are_refused_before_any_work_with_init_t
                                           r"the target has only 4; use at most 4 drafter layers, or random"):
         default_source_layers(4, 5)
     assert default_source_layers(4, 4) == [0, 1, 2, 3]
+
+
+def test_a_corrupt_init_drafter_is_refused_before_any_work(tmp_path, target_with_tokenizer):
+    """--init DIR with a truncated model.safetensors was found only when training began, after the target
+    had written all its data; its weights are now loaded first, and the error names --init and the file."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    init = init_drafter(new_drafter_config(TargetConfig.from_pretrained(target_with_tokenizer), 1, 4, MASK, [0, 1]),
+                        tmp_path / "init")
+    weights = init / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    out = tmp_path / "d"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 4)),
+                "--init", str(init)])
+    assert res.exit_code == 1 and str(res.exception).startswith(f"--init {init}: {weights}: not a readable safetensors "
+                                                                "file ("), repr(res.exception)
+    assert str(res.exception).endswith("re-save or re-download it")
+    assert not out.exists() and not (tmp_path / "d.work").exists()
