@@ -412,7 +412,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     from dflash_trt.training.datagen import load_shards
     from dflash_trt.training.export import export_drafter
     from dflash_trt.training.init import init_from_target
-    from dflash_trt.training.trainer import TrainConfig, train
+    from dflash_trt.training.trainer import TrainConfig, reported_history, train
     from dflash_trt.training.vocab import coverage, d2t_offsets, top_tokens
 
     torch.set_num_threads(threads)
@@ -523,7 +523,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                    "rerun the same command with --resume to continue")
         if not export_partial:
             return
-    last = state.history[-1] if state.history else {}
+    history = reported_history(state, tc)  # with the log window an early stop left open (--max-steps 1: one record)
+    last = history[-1] if history else {}
     exported_step = state.step
     if keep_best and state.best_step is not None and state.best_step != state.step:
         from dflash_trt.training.trainer import BEST
@@ -549,7 +550,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         "finished": state.finished, "blocks": state.blocks,
         "train_seconds": round(state.seconds, 1), "final_loss": last.get("loss"),  # of the last step, not exported_step
         "final_train_acceptance_estimate": 1 + last.get("accepted", 0.0),
-        "history": state.history,
+        "history": history,
         "exported_step": exported_step,
         "work_dir": str(work.resolve()),  # what --resume may re-export over (`_check_out`)
     }
@@ -568,7 +569,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         raise ConfigError(f"{exc}; nothing was exported: the run is checkpointed at step {state.step} in {work / 'run'}, "
                           "so once --out is fixed, rerun the same command with --resume to export it") from None
     try:
-        final = export_drafter(drafter, out, info, state.history, dtype)
+        final = export_drafter(drafter, out, info, history, dtype)
     except KeyboardInterrupt:
         _interrupted(f"export to {out} interrupted (Ctrl-C; the folder is renamed into place only once complete); "
                      f"the run is checkpointed at step {state.step} in {work / 'run'}: rerun the same command with "
@@ -581,8 +582,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
             else f"no training loss logged (the first log is at step {tc.log_every})")
     which = f"weights of step {exported_step} of {state.step}"
     if not state.finished:  # an early stop is not the schedule's end: "step 14 of 14" read as complete
-        which += (f"; UNFINISHED: the schedule has {state.total_steps} steps (training.json: finished false; --resume "
-                  "trains on)")
+        which = (f"weights of step {exported_step}; UNFINISHED: stopped at step {state.step} of the schedule's "
+                 f"{state.total_steps} (training.json: finished false; --resume trains on)")
     if max_steps is not None and state.step > max_steps:  # a --resume checkpoint already past it: nothing trained
         which = (f"the checkpoint in {work / 'run'} is already past --max-steps (step {state.step} > {max_steps}), so "
                  f"no step was trained; exported: the weights of step {exported_step}")

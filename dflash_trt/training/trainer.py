@@ -126,6 +126,26 @@ def _new_log_window() -> dict:
     return {"loss": 0.0, "hard": 0.0, "soft": 0.0, "acc": 0.0, "blocks": 0, "k": 0, "seconds": 0.0}
 
 
+def _window_record(window: dict, step: int, lr: float, seconds: float) -> dict:
+    """The history record of log window `window` (`_new_log_window`) ending at `step`: its per-step means,
+    the learning rate `lr` of that step, and blocks per second over its `seconds` of wall time."""
+    k = max(1, window["k"])
+    return {"step": step, "loss": window["loss"] / k, "hard_ce": window["hard"] / k, "soft_ce": window["soft"] / k,
+            "accepted": window["acc"] / k, "lr": lr, "blocks_per_s": window["blocks"] / seconds if seconds > 0 else 0.0}
+
+
+def reported_history(state: TrainState, cfg: TrainConfig) -> list[dict]:
+    """`state.history` plus a record of the log window still open when the run stopped early (a time
+    limit or max_steps between two log steps: e.g. --max-steps 1 logged nothing), for the exported
+    training.json and loss.png. The run's own history (its checkpoint) is unchanged, so a resumed run
+    logs the same records as an uninterrupted one."""
+    window = state.log_window
+    if not window or not window.get("k") or state.step == 0 or (state.history and state.history[-1]["step"] == state.step):
+        return list(state.history)
+    lr = cfg.lr * cosine_lr(state.step - 1, state.total_steps, int(round(cfg.warmup_frac * state.total_steps)))
+    return [*state.history, _window_record(window, state.step, lr, window["seconds"])]
+
+
 @dataclass
 class TrainData:
     """Training sequences in memory.
@@ -564,11 +584,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                     state.budget_fitted = True
                     bar.total = state.total_steps
             if state.step % cfg.log_every == 0 or state.step == state.total_steps:
-                k = max(1, window["k"])
-                dt = window["seconds"] + time.perf_counter() - t_window
-                rec = {"step": state.step, "loss": window["loss"] / k, "hard_ce": window["hard"] / k,
-                       "soft_ce": window["soft"] / k, "accepted": window["acc"] / k, "lr": lr,
-                       "blocks_per_s": window["blocks"] / dt if dt > 0 else 0.0}
+                rec = _window_record(window, state.step, lr, window["seconds"] + time.perf_counter() - t_window)
                 state.history.append(rec)
                 postfix.update(loss=f"{rec['loss']:.3f}", anchor_mean=f"{1 + rec['accepted']:.2f}",
                                tok_s=f"{rec['blocks_per_s'] * cfg.block_size:.0f}")

@@ -358,8 +358,29 @@ def test_an_existing_out_is_refused_before_any_data_is_written(tmp_path, target_
     (folder / "notes.txt").unlink()  # an empty folder is replaced
     res = _run(args + ["--out", str(folder), "--force", "--max-steps", "1"])  # stops before the first log
     assert res.exit_code == 0, res.output + repr(res.exception)
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors", "training.json"]
-    assert "no training loss logged (the first log is at step 10)" in res.output
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "loss.png", "model.safetensors",
+                                                        "training.json"]
+
+
+def test_a_run_stopped_before_its_first_log_exports_that_step_and_says_so_coherently(tmp_path, target_with_tokenizer):
+    """--max-steps 1 (the first log is at step 10) wrote no loss.png, said "no training loss logged" and "weights of
+    step 1 of 1; UNFINISHED: the schedule has 3 steps"; now the open log window is exported as the last record
+    (training.json, a one-point loss.png, the loss in the message), while the checkpoint's history stays the run's
+    own (a resumed run logs as an uninterrupted one)."""
+    out = tmp_path / "d"
+    res = _run(["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--out", str(out),
+                "--num-layers", "1", "--block-size", "4", "--epochs", "1", "--target-layer-ids", "0,1",
+                "--max-new-tokens", "8", "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert (out / "loss.png").stat().st_size > 0
+    info = json.loads((out / "training.json").read_text())
+    [rec] = info["history"]
+    assert (rec["step"], info["steps"], info["total_steps"], info["finished"]) == (1, 1, 2, False)
+    assert info["final_loss"] == rec["loss"] > 0 and rec["lr"] > 0
+    assert (f"(weights of step 1; UNFINISHED: stopped at step 1 of the schedule's 2 (training.json: finished false; "
+            f"--resume trains on), training loss {rec['loss']:.3f} (mean over the log window ending at step 1)") \
+        in res.output, res.output
+    assert torch.load(tmp_path / "d.work" / "run" / "checkpoint.pt", weights_only=False)["state"]["history"] == []
 
 
 
@@ -380,7 +401,7 @@ def test_resume_reexports_only_its_own_export_and_stops_at_max_steps(tmp_path, t
     weights = (out / "model.safetensors").read_bytes()
     res = _run(args + ["--out", str(out), "--resume"])
     # stopped by --max-steps before the end of its schedule: said ("step 2 of 2" read as a complete run)
-    assert res.exit_code == 0 and ("(weights of step 2 of 2; UNFINISHED: the schedule has 4 steps (training.json: "
+    assert res.exit_code == 0 and ("(weights of step 2; UNFINISHED: stopped at step 2 of the schedule's 4 (training.json: "
                                    "finished false; --resume trains on),") in res.output, res.output + repr(res.exception)
     assert json.loads((out / "training.json").read_text())["steps"] == 2
     assert ("UNFINISHED: the run stopped at step 2 of its 4-step schedule (a time limit or --max-steps); "
