@@ -138,21 +138,27 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     for a top_p that rounds to 0 in float32). Requires temperature > 0; below LOW_TEMPERATURE the logits
     are shifted by their maximum first, so that logits / temperature cannot overflow to inf (the
     softmax of inf - inf is NaN): the distribution is the same, concentrated on the top token(s); a
-    temperature below 1.2e-38 (float32's smallest normal) is computed as 1.2e-38.
+    temperature below 1.2e-38 (float32's smallest normal) is computed as 1.2e-38, one above 3.4e38
+    (float32's largest) as 3.4e38. Both filters rank tokens by their logits, not by the scaled ones: a
+    huge temperature rounds logits / temperature (and so the probabilities) to equal values, and top-k
+    1 then kept every token; so the kept tokens are always the top-ranked ones, sampled near uniformly.
     """
     scores = logits.float()
-    if params.temperature < LOW_TEMPERATURE:
-        scores = scores - scores.max(-1, keepdim=True).values
-    # a temperature below float32's smallest normal number would round to 0 here (0 / 0 = NaN at the top
-    # token): it is taken as that number, whose distribution is the same in float32 (the top token(s))
-    scores = scores / max(params.temperature, torch.finfo(torch.float32).tiny)
     vocab = scores.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
+    order = scores.argsort(dim=-1, descending=True) if params.top_p < 1 else None  # the logits' ranking
+    if params.temperature < LOW_TEMPERATURE:
+        scores = scores - scores.max(-1, keepdim=True).values
+    # a temperature below float32's smallest normal number would round to 0 here (0 / 0 = NaN at the top
+    # token), one above its largest to inf (every kept logit / inf = 0): each is taken as that number, whose
+    # distribution is the same in float32 (the top token(s); near uniform over the kept tokens)
+    f32 = torch.finfo(torch.float32)
+    scores = scores / min(max(params.temperature, f32.tiny), f32.max)
     probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
+    if order is not None:
+        sorted_p = probs.gather(-1, order)
         keep = (sorted_p.cumsum(-1) - sorted_p) < params.top_p
         keep[..., 0] = True
         sorted_p = sorted_p * keep

@@ -29,3 +29,24 @@ def test_a_tiny_temperature_decodes_the_greedy_answer(smollm2_pipeline):
     [greedy] = pipe.generate([prompt], SamplingParams(max_tokens=16))
     [tiny] = pipe.generate([prompt], SamplingParams(max_tokens=16, temperature=1e-40, seed=3))
     assert tiny.token_ids == greedy.token_ids
+
+
+def test_a_huge_temperature_keeps_top_k_and_top_p_to_the_top_logits():
+    """A temperature beyond float32's range (1e40: logits / T rounded to 0) or near its top (1e30, 1e38: the
+    probabilities round to equal values) made top-k 1 keep every token (uniform, random text); the filters now
+    rank by the logits, so top-k keeps the k largest and top-p a prefix of the logits' order, near uniform."""
+    torch.manual_seed(0)
+    vocab = 49152  # SmolLM2's: at 1e40 its top logits rounded to the same subnormal value
+    logits = torch.randn(3, vocab) * 3
+    rank = logits.argsort(-1, descending=True)
+    for temperature in (1e30, 1e38, 1e40, 1e300):
+        probs = probs_from_logits(logits, SamplingParams(temperature=temperature, top_k=1))
+        assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()), temperature
+        probs = probs_from_logits(logits, SamplingParams(temperature=temperature, top_k=5))
+        assert torch.isfinite(probs).all() and torch.allclose(probs.gather(-1, rank[:, :5]), torch.full((3, 5), 0.2))
+        assert (probs.gather(-1, rank[:, 5:]) == 0).all()
+        probs = probs_from_logits(logits, SamplingParams(temperature=temperature, top_p=0.25))
+        kept = (probs > 0).sum(-1)
+        assert ((kept >= vocab // 4) & (kept <= vocab // 4 + 2)).all(), kept  # a quarter of a near-uniform vocab
+        for row, n in enumerate(kept.tolist()):
+            assert (probs[row, rank[row, :n]] > 0).all() and torch.allclose(probs[row, rank[row, :n]].sum(), torch.tensor(1.0))
