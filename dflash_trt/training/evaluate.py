@@ -96,21 +96,29 @@ def teacher_forced(target, drafter, prompts: list[list[int]], outputs: list[list
     return {"tau": round(v["acceptance_length"], 4), "anchor_mean": round(v["anchor_mean"], 4), "blocks": v["blocks"]}
 
 
-def _read_cache(path: Path | None) -> dict:
-    """The JSON object in `path` ({} when there is none); one that is not readable is ignored with one
-    stderr warning (it is rewritten as decodes finish)."""
-    if path is None or not path.is_file():
+def read_cache(path: Path | None) -> dict:
+    """The evaluate cache in `path` ({} when there is none): a JSON object of {key: AR outputs or a
+    drafter's results} (each an object with "outputs" or "tau").
+
+    Raises:
+        ConfigError: `path` is not such a cache (not JSON, or another JSON file): it is never replaced,
+            so a file given as --cache by mistake is kept; the message names it and the fix.
+    """
+    if path is None or not path.exists():
         return {}
     try:
         cache = json.loads(path.read_text())
-        problem = None if isinstance(cache, dict) else "is not a JSON object"
-    except (ValueError, OSError) as e:  # json.JSONDecodeError, UnicodeDecodeError, unreadable
-        problem = f"is not readable ({e})"
+        problem = None if isinstance(cache, dict) else "not a JSON object"
+        if problem is None and not all(isinstance(v, dict) and ("outputs" in v or "tau" in v) for v in cache.values()):
+            problem = "a JSON object without evaluate's entries"
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        problem = f"not valid JSON ({e})"
+    except OSError as e:  # a folder, unreadable
+        problem = f"not readable ({e})"
     if problem is None:
         return cache
-    print(f"warning: the cache {path} {problem}; starting without it (it is rewritten as decodes finish)",
-          file=sys.stderr, flush=True)
-    return {}
+    raise ConfigError(f"the cache {path} is not an evaluate cache ({problem}), so it is not replaced; give another "
+                      "--cache file (or --out folder), or remove that file if it is a cache you no longer need")
 
 
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
@@ -122,8 +130,8 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
     `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
     with more drafters only decodes what is new. It is rewritten atomically after each decode (an
-    interrupted run leaves the last whole version); one that is not readable (not JSON, not an
-    object) counts as empty, with a warning. `progress` prints one stderr line per decode
+    interrupted run leaves the last whole version); a file that is not an evaluate cache is refused
+    (`read_cache`: ConfigError), never replaced. `progress` prints one stderr line per decode
     (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
 
     `with_teacher_forced` adds each drafter's `teacher_forced` figures on the AR outputs (the
@@ -137,7 +145,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     from dflash_trt.files import write_json_atomic
 
-    cache = _read_cache(ar_cache)
+    cache = read_cache(ar_cache)
     report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
     for set_name, texts in sets.items():
         ids = [encode_prompt(tokenizer, t) for t in texts]
@@ -316,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) -> dict:
-    """`main` after parsing: the checks that need no model (--device, --drafter and --out paths), the
+    """`main` after parsing: the checks that need no model (--device, --drafter, --out and --cache paths), the
     drafters, the target (each drafter must fit it), then `evaluate` and the report."""
     from dflash_trt.cli.common import check_out_folder, drop_repeats, model_folder
     from dflash_trt.compat import check_compatible
@@ -332,6 +340,8 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     paths = list(drop_repeats("--drafter", paths, "folder", "it is measured once"))
     if args.out:
         check_out_folder("--out", args.out, ("acceptance.json", "acceptance.md", "acceptance.png", "eval_cache.json"))
+    cache = Path(args.cache) if args.cache else (Path(args.out) / "eval_cache.json" if args.out else None)
+    read_cache(cache)  # a file that is not a cache: refused before any model loads
     drafters = {}
     for label, p in zip(drafter_labels(paths), paths):  # before the target: a bad --drafter fails fast
         try:
@@ -360,8 +370,7 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size,
-                      Path(args.cache) if args.cache else (out / "eval_cache.json" if out else None), drafter_keys=keys,
+    report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size, cache, drafter_keys=keys,
                       progress=True, with_teacher_forced=args.teacher_forced)
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}

@@ -26,9 +26,12 @@ def test_evaluate_reports_parity_caches_and_prints_progress(tmp_path, tiny_targe
     assert capsys.readouterr().err == "" and again["sets"]["tiny"]["drafters"]["d"] == entry
 
 
-def test_the_cache_is_written_atomically_and_a_damaged_one_is_ignored(tmp_path, tiny_target, capsys, monkeypatch):
+def test_the_cache_is_written_atomically_and_a_file_that_is_not_one_is_kept(tmp_path, tiny_target, capsys, monkeypatch):
     """A Ctrl-C while the cache is written leaves the previous cache whole (it was truncated, and every later
-    run failed on it until deleted by hand); a cache that is not a JSON object counts as empty, with a warning."""
+    run failed on it until deleted by hand); a file that is not an evaluate cache (not JSON, another JSON file)
+    is refused, naming it and the fix, and kept as it was (it was replaced, with a warning)."""
+    from dflash_trt.errors import ConfigError
+
     import json
 
     torch.manual_seed(0)
@@ -51,14 +54,19 @@ def test_the_cache_is_written_atomically_and_a_damaged_one_is_ignored(tmp_path, 
     monkeypatch.undo()
     assert cache.read_text() == whole and sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]
     capsys.readouterr()
-    for damaged in ('{"tiny:2:6:', "[1, 2]"):
+    for damaged, problem in (('{"tiny:2:6:', "not valid JSON ("), ("[1, 2]", "not a JSON object)"),
+                             ('{"name": "my notes"}', "a JSON object without evaluate's entries)")):
         cache.write_text(damaged)
-        again = evaluate(*args, drafter_keys={"d": "k1"})
-        err = capsys.readouterr().err
-        assert err.startswith(f"warning: the cache {cache} is not ") and err.count("\n") == 1, err
-        assert "starting without it (it is rewritten as decodes finish)" in err
-        d, d0 = again["sets"]["tiny"]["drafters"]["d"], first["sets"]["tiny"]["drafters"]["d"]
-        assert (d["tau"], d["parity_count"]) == (d0["tau"], d0["parity_count"]) and len(json.loads(cache.read_text())) == 2
+        with pytest.raises(ConfigError) as e:
+            evaluate(*args, drafter_keys={"d": "k1"})
+        assert str(e.value).startswith(f"the cache {cache} is not an evaluate cache ({problem}"), str(e.value)
+        assert str(e.value).endswith("so it is not replaced; give another --cache file (or --out folder), or remove "
+                                     "that file if it is a cache you no longer need")
+        assert cache.read_text() == damaged and capsys.readouterr().err == ""
+    cache.write_text("{}")  # an empty cache is one
+    again = evaluate(*args, drafter_keys={"d": "k1"})
+    d, d0 = again["sets"]["tiny"]["drafters"]["d"], first["sets"]["tiny"]["drafters"]["d"]
+    assert (d["tau"], d["parity_count"]) == (d0["tau"], d0["parity_count"]) and len(json.loads(cache.read_text())) == 2
 
 
 def test_teacher_forced_figures_match_the_decoded_tau(tmp_path, tiny_target, tiny_samples):
@@ -157,6 +165,7 @@ def test_bad_paths_and_devices_are_one_line_errors(tmp_path, capsys, target_with
         (["--device", "tpu"], "error: --device tpu: not a device dflash-trt runs on; use cpu, cuda or cuda:N"),
         (["--target", str(tmp_path / "none")], f"error: --target {tmp_path / 'none'}: no such folder"),
         (["--out", str(notes)], f"error: --out {notes}: this is a file, not a folder"),
+        (["--cache", str(notes)], f"error: the cache {notes} is not an evaluate cache (not valid JSON ("),
     ]
     for args, msg in cases:
         with pytest.raises(SystemExit) as e:
