@@ -11,6 +11,10 @@ prompt. `--untrained` adds a randomly initialised drafter (seed 0) of the first 
 the figure a trained drafter must beat. Writes acceptance.json, acceptance.md and acceptance.png.
 Drafters are named by their folder (with parent folders where two share a name: a/drafter,
 b/drafter); a folder given twice is measured once, with a warning.
+Each prompt is one user turn of the target's chat template; a target without one (a base model) gets
+the plain text, with a warning, and the report names the format used. It is not refused (as
+`generate --chat` is): train-drafter trains such a target's drafter on plain text, and that is the
+drafter's tau to measure.
 """
 
 from __future__ import annotations
@@ -121,6 +125,16 @@ def read_cache(path: Path | None) -> dict:
                       "--cache file (or --out folder), or remove that file if it is a cache you no longer need")
 
 
+#: report["prompt_format"] of a target without a chat template (`encode_prompt` then tokenizes the text as is)
+PLAIN_PROMPTS = "plain text: the target has no chat template"
+
+
+def prompt_format(tokenizer) -> str:
+    """How `encode_prompt` feeds the prompt texts: "chat template" (each as one user turn), or
+    PLAIN_PROMPTS when the tokenizer has none (as train-drafter trains such a target's drafter)."""
+    return "chat template" if getattr(tokenizer, "chat_template", None) else PLAIN_PROMPTS
+
+
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
              batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False,
@@ -137,7 +151,7 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     `with_teacher_forced` adds each drafter's `teacher_forced` figures on the AR outputs (the
     trainer's validation metric beside the decoded tau; not cached).
 
-    Returns {"sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
+    Returns {"prompt_format": `prompt_format`, "sets": {set: {"prompts": n, "ar_tokens": ..., "drafters": {name: {"tau", "parity",
     "parity_count", "per_position", "seconds"[, "teacher_forced"]}}}}}.
     """
     from dflash_trt.training.prompts import encode_prompt
@@ -146,7 +160,8 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     from dflash_trt.files import write_json_atomic
 
     cache = read_cache(ar_cache)
-    report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0, "sets": {}}
+    report: dict = {"max_tokens": max_tokens, "dtype": "float32", "temperature": 0.0,
+                    "prompt_format": prompt_format(tokenizer), "sets": {}}
     for set_name, texts in sets.items():
         ids = [encode_prompt(tokenizer, t) for t in texts]
         key = f"{set_name}:{len(ids)}:{max_tokens}:{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]}"
@@ -193,12 +208,13 @@ def write_report(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
     tf = any("teacher_forced" in d for e in report["sets"].values() for d in e["drafters"].values())
+    fmt = report.get("prompt_format", "chat template")  # reports from before the field: always the template
     lines = [f"Block size {report.get('block_size')}, temperature 0, float32 on {report.get('device', 'cpu')}, "
              f"max {report['max_tokens']} new tokens.",
-             ("Prompts (chat template): a fixed subset of HumanEval (every len/n-th task, wrapped as "
+             (f"Prompts ({fmt}): a fixed subset of HumanEval (every len/n-th task, wrapped as "
               "'Complete the following Python function.' + the code) and of MT-Bench first turns (every len/n-th "
               "question)." if not report.get("sets_file") else
-              f"Prompts (chat template): the sets of `{report['sets_file']}` ({', '.join(report['sets'])}).")
+              f"Prompts ({fmt}): the sets of `{report['sets_file']}` ({', '.join(report['sets'])}).")
              + " tau = decoded tokens / verify steps; parity = DFlash output == autoregressive output.",
              "Measured by: `" + (report.get("command") or (
                  "python -m dflash_trt.training.evaluate --drafter D [--drafter D2] "
@@ -360,6 +376,9 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
             check_compatible(target.config, drafter.config)
         except DFlashError as e:
             raise type(e)(f"--drafter {p}: {e}") from None
+    if prompt_format(tokenizer) == PLAIN_PROMPTS:  # measured all the same: a base model's drafter trains on plain text
+        print(f"warning: the target at {path} has no chat template: the prompts are fed as plain text (as train-drafter "
+              "feeds them to such a target); the report says so", file=sys.stderr, flush=True)
     if args.untrained:
         first = next(iter(drafters.values())).config
         cfg = new_drafter_config(target.config, first.num_hidden_layers, first.block_size, first.mask_token_id,

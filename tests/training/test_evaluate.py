@@ -231,3 +231,25 @@ def test_drafters_with_the_same_folder_name_keep_apart_and_a_repeat_runs_once(tm
     assert err.count(": tiny: a/drafter: tau ") == 1 and err.count(": tiny: b/drafter: tau ") == 1
     assert drafter_labels(["x/d", "y/d", "y/e"]) == ["x/d", "y/d", "e"] and drafter_labels(["/p/a/d", "/a/d"]) == [
         "p/a/d", "/a/d"]
+
+
+def test_a_target_without_a_chat_template_is_measured_on_plain_text_and_the_report_says_so(tmp_path, capsys,
+                                                                                           target_with_tokenizer):
+    """acceptance.md said "Prompts (chat template)" for a target without one, whose prompts were fed as plain
+    text without a word; now a warning says so and the report names the format used."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter
+    from dflash_trt.training.evaluate import main
+
+    init_drafter(new_drafter_config(TargetConfig.from_pretrained(target_with_tokenizer), 1, 4, MASK, [0, 1]),
+                 tmp_path / "d")
+    (tmp_path / "sets.json").write_text('{"tiny": ["w5 w6 w7"]}')
+    report = main(["--target", str(target_with_tokenizer), "--drafter", str(tmp_path / "d"), "--sets-file",
+                   str(tmp_path / "sets.json"), "--max-tokens", "4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert (f"warning: the target at {target_with_tokenizer} has no chat template: the prompts are fed as plain text "
+            "(as train-drafter feeds them to such a target); the report says so\n") in err, err
+    assert report["prompt_format"] == "plain text: the target has no chat template"
+    md = (tmp_path / "out" / "acceptance.md").read_text()
+    assert "Prompts (plain text: the target has no chat template): the sets of `sets.json` (tiny)." in md, md
+    assert "chat template)" not in md.replace("no chat template)", "")
