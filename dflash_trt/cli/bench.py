@@ -114,7 +114,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     warn_tree_unused(tree_topk, temperature)
     seed_given = click.get_current_context().get_parameter_source("seed") != click.core.ParameterSource.DEFAULT
     warn_sampling_unused(temperature, seed=seed if seed_given else None)
-    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size, "dflash" in mode_list, target, drafter)
     check_device(device)  # before the default model is converted and the prompts tokenized
     resolve_cuda_kernels(cuda_kernels, device)
     warn_draft_flags_unused("dflash" in mode_list, block_size, max_draft_len, draft_confidence, tree_topk,

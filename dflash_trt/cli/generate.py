@@ -80,7 +80,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     warn_tree_unused(tree_topk, temperature)
     warn_sampling_unused(temperature, top_p, top_k, seed)
     warn_float16_on_cpu(dtype, device)
-    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file), REQUEST_KEYS) if prompts_file else (

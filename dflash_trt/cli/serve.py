@@ -71,7 +71,7 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
 
     check_port(host, port)
     warn_float16_on_cpu(dtype, device)
-    check_draft_lengths(prompt_lookup, max_draft_len, block_size)
+    check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     set_threads(threads)

@@ -91,11 +91,12 @@ def test_several_prompts_print_a_header_before_each_answer(monkeypatch, capsys, 
     assert code == 0 and out == texts[0] + "\n"  # a single prompt: the answer alone, streamed
 
 
-def test_draft_length_errors_exit_2_on_their_own_and_1_against_the_drafter(monkeypatch, capsys):
+def test_draft_length_errors_exit_2_on_their_own_and_against_the_drafter(monkeypatch, capsys):
     """The convention: a value invalid on the command line alone (--block-size out of [2, 64], --max-draft-len
-    out of [1, 63] or above --block-size - 1) is a usage error, exit 2, before anything loads; one invalid only
-    against the loaded drafter (--max-draft-len 16 with its block of 16) is a one-line `error: ...`, exit 1.
-    Every message names the flag and the allowed values, with no traceback."""
+    out of [1, 63] or above --block-size - 1) is a usage error, exit 2, before anything loads; so is one above
+    the drafter's own block (--max-draft-len 16 with its block of 16: read from its config.json; it was the
+    loader's error, exit 1, while every other flag error exits 2). Every message names the flag and the
+    allowed values, with no traceback."""
     base = ("generate", "--prompt", "hi", "--max-tokens", "2")
     for flag, value, allowed in (("--block-size", "1", "2<=x<=64"), ("--block-size", "65", "2<=x<=64"),
                                  ("--max-draft-len", "0", "1<=x<=63"), ("--max-draft-len", "64", "1<=x<=63")):
@@ -107,9 +108,14 @@ def test_draft_length_errors_exit_2_on_their_own_and_1_against_the_drafter(monke
     assert code == 2 and ("error: Invalid value for '--max-draft-len': 8 is more than the 3 drafts a block of "
                           "--block-size 4 holds; use --max-draft-len 3 or less, or raise --block-size") in err
     code, out, err = run_main(monkeypatch, capsys, *base, "--max-draft-len", "16")
-    assert code == 1 and out == "" and "Traceback" not in err
-    assert err == ("error: max_draft_len must be in [1, block_size - 1 = 15], got 16; a block holds the last verified "
-                   "token and block_size - 1 drafts (use --max-draft-len 15 or less, or raise --block-size)\n")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err == ("error: Invalid value for '--max-draft-len': 16 is more than the 15 drafts the drafter's block of "
+                   "16 holds; use --max-draft-len 15 or less, or use a drafter of a larger block (see 'dflash-trt "
+                   "generate --help')\n"), err
+    for extra in (("--prompt-lookup", "16"), ("--mode", "ar", "--max-draft-len", "16")):  # as the flags allow
+        code, out, err = run_main(monkeypatch, capsys, *base, *extra, "--max-tokens", "1")
+        assert (code == 2 and "'--prompt-lookup': 16 is more than the 15 drafts" in err) if extra[0] == "--prompt-lookup" \
+            else code == 0, err
 
 
 def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
