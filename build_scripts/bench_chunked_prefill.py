@@ -18,14 +18,12 @@ Usage: python build_scripts/bench_chunked_prefill.py [--prompt-tokens 1536] [--s
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import threading
 import time
 
 import torch
-from bench_inflight import LONG, Timed  # this folder's in-flight batching benchmark
+from bench_inflight import LONG, Timed, write_result  # this folder's in-flight batching benchmark
 
 from dflash_trt.api import load_pipeline
 from dflash_trt.runtime.engine import DecodeBatch
@@ -109,14 +107,7 @@ def main() -> None:
     for name, r in ratios.items():
         print(f"whole / {name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items()))
     print(f"identical outputs under every setting: {identical}")
-    result = {"settings": {k: v for k, v in vars(args).items() if k != "out"}, "median": med, "ratios": ratios,
-              "identical_outputs": identical, "machine": {"cpu": platform.processor() or platform.machine(),
-                                                          "torch": torch.__version__}}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    if not identical:
-        raise SystemExit("outputs differ between the settings: a chunked prefill bug")
+    write_result(args, med, ratios, identical, "outputs differ between the settings: a chunked prefill bug")
 
 
 if __name__ == "__main__":

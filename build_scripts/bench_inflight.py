@@ -141,6 +141,12 @@ def main() -> None:
     for k in keys:
         print(f"{k:22}{med['in_flight'][k]:12.3f}{med['static'][k]:12.3f}{ratios[k]:19.2f}x")
     print(f"identical outputs under both policies: {identical}")
+    write_result(args, med, ratios, identical, "outputs differ between the two policies: a scheduling bug")
+
+
+def write_result(args, med: dict, ratios: dict, identical: bool, differ: str) -> None:
+    """The settings (the command-line arguments but --out), medians, ratios and machine as JSON at --out (if
+    given); then exit with `differ` when the outputs were not identical."""
     result = {"settings": {k: v for k, v in vars(args).items() if k != "out"}, "median": med, "ratios": ratios,
               "identical_outputs": identical, "machine": {"cpu": platform.processor() or platform.machine(),
                                                           "torch": torch.__version__}}
@@ -148,7 +154,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     if not identical:
-        raise SystemExit("outputs differ between the two policies: a scheduling bug")
+        raise SystemExit(differ)
 
 
 if __name__ == "__main__":

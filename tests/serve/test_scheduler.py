@@ -158,47 +158,32 @@ def scheduler(log, gate=None, started=None, max_batch_size=8):
     return Scheduler(lambda: ScriptedBatch(log, gate, started), max_batch_size)
 
 
-def test_a_failing_request_does_not_fail_its_batch():
-    log, gate, started, done = [], threading.Event(), threading.Event(), {}
+@pytest.mark.parametrize("bad, log", [
+    ([-1], [("add", 1), ("step", 1), ("add", 3), ("add", 1), ("add", 1), ("add", 1), ("step", 2)]),
+    # chunked prefill: the chunk fails in a step (PrefillFailed), the three leave, then are added one at a
+    # time; bad's chunk fails alone while the batch runs on
+    ([-3], [("add", 1), ("step", 1), ("add", 3), ("step", 3), ("add", 1), ("add", 1), ("add", 1), ("step", 3),
+            ("step", 2)]),
+], ids=["refused-at-add", "failed-chunk"])
+def test_a_failing_request_does_not_fail_its_batch(bad, log):
+    """Sequences that join together and whose prefill fails (refused at add, or a chunk failing in a step) are
+    added again one at a time: only the failing one gets the error."""
+    got, gate, started, done = [], threading.Event(), threading.Event(), {}
 
     def seq(prompt, name):
         return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
                         lambda r, e, name=name: done.__setitem__(name, (r, e)))
 
-    sched = scheduler(log, gate, started)
+    sched = scheduler(got, gate, started)
     sched.submit([seq([99], "blocker")])
     assert started.wait(10)
-    sched.submit([seq([1], "a"), seq([-1], "bad"), seq([2], "b")])
+    sched.submit([seq([1], "a"), seq(bad, "bad"), seq([2], "b")])
     gate.set()
     wait_for(lambda: len(done) == 4)
     sched.close()
-    # the three join the running batch together; refused, they are added one at a time
-    assert log == [("add", 1), ("step", 1), ("add", 3), ("add", 1), ("add", 1), ("add", 1), ("step", 2)]
+    assert got == log
     assert done["blocker"][0].text == "Hello." and done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
-    assert done["bad"][0] is None and "token id -1" in str(done["bad"][1])
-
-
-def test_a_failed_prefill_chunk_is_retried_one_at_a_time_while_the_batch_runs():
-    """Chunked prefill: a chunk failing in a step (`PrefillFailed`) takes out only the sequences added with it;
-    they are added again one at a time, only the failing one gets the error, the running batch goes on."""
-    log, gate, started, done = [], threading.Event(), threading.Event(), {}
-
-    def seq(prompt, name):
-        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
-                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
-
-    sched = scheduler(log, gate, started)
-    sched.submit([seq([99], "blocker")])
-    assert started.wait(10)
-    sched.submit([seq([1], "a"), seq([-3], "bad"), seq([2], "b")])
-    gate.set()
-    wait_for(lambda: len(done) == 4)
-    sched.close()
-    assert log == [("add", 1), ("step", 1), ("add", 3), ("step", 3),  # the chunk fails: the three leave
-                   ("add", 1), ("add", 1), ("add", 1), ("step", 3),  # again one at a time; bad's fails alone
-                   ("step", 2)]
-    assert done["blocker"][0].text == "Hello." and done["a"][0].text == "Hello." and done["b"][0].text == "Hello."
-    assert done["bad"][0] is None and "NaN in a prefill chunk" in str(done["bad"][1])
+    assert done["bad"][0] is None and ("token id -1" if bad == [-1] else "NaN in a prefill chunk") in str(done["bad"][1])
     assert sched.running == 0
 
 
@@ -207,6 +192,9 @@ def test_a_failing_abort_is_a_failed_step_not_a_spinning_thread():
     first) the broadcast raises: the batch is dropped and its sequence gets the error, the thread goes idle
     (it used to retry the broadcast forever, logging each failure)."""
     class PeersGone(ScriptedBatch):
+        def step(self):  # decodes nothing (its sequence can only end through the abort)
+            self.log.append(("step", self.active))
+
         def abort_prefill(self, request_ids):
             self.log.append(("abort_prefill", len(request_ids)))
             raise RuntimeError("Connection closed by peer")
