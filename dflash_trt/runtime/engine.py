@@ -29,6 +29,7 @@ import torch
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
+from dflash_trt.runtime.logprobs import TokenLogprob, token_logprobs
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
@@ -91,9 +92,11 @@ class _Request:
     t0: float = 0.0  # time.perf_counter() when its prefill began
     first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
     capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
+    logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
 
-    def emit(self, tokens: list[int]) -> int:
-        """Append tokens in order, applying every stop check to each; return how many were taken."""
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
+        """Append tokens in order (with their `logprobs` when the request asked for them), applying every
+        stop check to each; return how many were taken."""
         taken = len(tokens)
         for n, tok in enumerate(tokens, 1):
             self.out.append(tok)
@@ -104,8 +107,11 @@ class _Request:
             if self.finish_reason:
                 taken = n
                 break
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs[:taken])
         if self.on_tokens is not None:
-            reason = self.on_tokens(self.call_index, tokens[:taken])
+            reason = (self.on_tokens(self.call_index, tokens[:taken]) if self.logprobs is None
+                      else self.on_tokens(self.call_index, tokens[:taken], logprobs[:taken]))
             if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
                 self.finish_reason = reason
         return taken
@@ -168,7 +174,7 @@ class Engine:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
             gen = torch.Generator(device=self.device).manual_seed(seed)
         return _Request(list(prompt), params, frozenset() if params.ignore_eos else frozenset(stop),
-                        self.context_len, gen)
+                        self.context_len, gen, logprobs=None if params.logprobs is None else [])
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -181,12 +187,14 @@ class Engine:
             params: one SamplingParams for all, or one per prompt.
             mode: "dflash" (speculative) or "ar" (autoregressive baseline).
             on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
-                (for streaming); stop checks have already been applied to them. A non-empty string
+                (for streaming); stop checks have already been applied to them. For a request whose
+                params ask for logprobs it gets a third argument, their `TokenLogprob`s. A non-empty string
                 returned ends that request after these tokens with it as finish_reason (e.g. "stop"
                 for a stop string the caller found in the text, "abort" for a client gone); the
                 other requests of the batch go on.
         Returns:
-            n GenerationResults in prompt order (completion token ids, finish_reason, metrics). A
+            n GenerationResults in prompt order (completion token ids, finish_reason, metrics, and the
+            tokens' `logprobs` for requests whose params ask for them). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
             the target's context, and a request cut there has finish_reason "length" with fewer tokens.
         Raises:
@@ -282,11 +290,13 @@ class Engine:
         # other row's caller has been sent a token (so the others can be rerun)
         toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(logits[i], r.params), r.generator)
                 for i, r in enumerate(reqs)]
+        lps = [None if r.logprobs is None else token_logprobs(logits[i : i + 1], [toks[i]], r.params.logprobs)
+               for i, r in enumerate(reqs)]
         for i, r in enumerate(reqs):
             r.first_logits = None
             r.start = lens[i]
             cache.set_length(i, lens[i])
-            r.emit([toks[i]])
+            r.emit([toks[i]], lps[i])
         return end
 
     def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
@@ -383,11 +393,17 @@ class Engine:
                 kj = lens[j]
                 q = drafts.probs[j][:kj] if drafts is not None and drafts.probs[j] is not None else None
                 verdict[j] = speculative_sample(tokens[j, 1 : kj + 1], q, s_probs[j], r.generator)
+        emitted = {}
+        for j in range(len(batch)):
+            acc, nxt = verdict[j]
+            path = paths.get(j)
+            emitted[j] = (token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt]
+        lps = self._logprobs(batch, verdict, paths, emitted, hidden)
         for j, r in enumerate(batch):
             kj = lens[j]
             acc, nxt = verdict[j]
             path = paths.get(j)
-            taken = r.emit((token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt])
+            taken = r.emit(emitted[j], lps.get(j))
             m = r.metrics
             m.verify_steps += 1
             m.drafted_tokens += kj
@@ -409,6 +425,25 @@ class Engine:
             if path:
                 kept_nodes[j, 1 : len(path) + 1] = torch.tensor(path, device=dev)
         return kept_nodes
+
+    def _logprobs(self, batch: list[_Request], verdict: dict, paths: dict[int, list[int]],
+                  emitted: dict[int, list[int]], hidden: torch.Tensor) -> dict[int, list[TokenLogprob]]:
+        """The `TokenLogprob`s of the tokens each row asking for logprobs emits this step (`emitted[j]`: its
+        accepted drafts and the target's token), from the target's logits at the nodes they were predicted
+        at: block positions 0 .. accepted for a chain, the root and the accepted path for a tree. One
+        lm_head product over those rows' nodes (apart from the verifier's, which computes only what its
+        decisions read)."""
+        rows = [j for j, r in enumerate(batch) if r.logprobs is not None]
+        if not rows:
+            return {}
+        nodes = {j: [0] + paths[j] if j in paths else list(range(verdict[j][0] + 1)) for j in rows}
+        logits = self.target.compute_logits(torch.cat([hidden[j, nodes[j]] for j in rows]))
+        out, at = {}, 0
+        for j in rows:
+            n = len(nodes[j])
+            out[j] = token_logprobs(logits[at : at + n], emitted[j], batch[j].params.logprobs)
+            at += n
+        return out
 
     def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int],
                         hidden: torch.Tensor) -> dict[int, ChunkedProbs]:
@@ -745,5 +780,5 @@ class DecodeBatch:
         out = []
         for r in done:
             r.metrics.completion_tokens = len(r.out)
-            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics)))
+            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, logprobs=r.logprobs)))
         return out

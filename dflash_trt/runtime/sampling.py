@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class SamplingParams:
     max_tokens: completion tokens at most (>= 1). stop_token_ids: tokens that end the output
     (included once; a list is stored as a tuple); None means the target's EOS ids. seed: per-request
     RNG seed (sampling); None draws one from torch's global RNG. ignore_eos: do not stop at EOS
-    (benchmarks). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
+    (benchmarks). logprobs: None (off), or 0 .. MAX_LOGPROBS: return each emitted token's log-probability
+    under the target and that many of the most likely alternatives (`dflash_trt.runtime.logprobs`;
+    the output is the same either way). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
 
     temperature: float = 0.0
@@ -33,6 +36,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -56,6 +60,11 @@ class SamplingParams:
         set_(self, "seed", check_seed(self.seed))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            allowed = f"None (off) or an integer in [0, {MAX_LOGPROBS}] (alternatives per token)"
+            set_(self, "logprobs", _integer("logprobs", self.logprobs, allowed))
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise InvalidRequestError(f"logprobs must be {allowed}, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -72,9 +72,12 @@ class GenerationResult:
     context filled up first (prompt + completion = its max_position_embeddings; then fewer than
     max_tokens tokens). One value for both, as OpenAI, vLLM and trtllm-serve report it. Or the string
     the caller's `on_tokens` callback returned to end the request (`Engine.generate`).
+    logprobs: None, or (SamplingParams.logprobs set) one `dflash_trt.runtime.logprobs.TokenLogprob` per
+    token id, in order.
     """
 
     token_ids: list[int]
     finish_reason: str
     metrics: RequestMetrics
     text: str | None = None
+    logprobs: list | None = None
