@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """`n` and the noun, singular for exactly 1: count(1, "warning") == "1 warning",
@@ -47,3 +49,45 @@ def final_text(text: str, finish_reason: str | None) -> str:
     if finish_reason == "length" and text.endswith("\ufffd"):
         return text[:-1]
     return text
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """The bytes of one token's text, what OpenAI's logprobs give as `bytes`: exact where a token holds
+    part of a multi-byte character, whose `decode([id])` is only U+FFFD. Byte-level BPE pieces (GPT-2,
+    Llama 3, Qwen, SmolLM2: each byte stored as one printable character) are mapped back through the
+    GPT-2 byte table, SentencePiece byte-fallback pieces (`<0xE2>`) are that byte, and special and added
+    tokens, and any other piece, are the UTF-8 of their text ("▁" read as a space).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (fast or slow).
+        token_id: an id in its vocabulary.
+    """
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if piece is None:
+        return b""
+    if int(token_id) in set(getattr(tokenizer, "all_special_ids", ())) or piece in tokenizer.get_added_vocab():
+        return piece.encode("utf-8")
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    table = _byte_decoder()
+    if all(c in table for c in piece) and _is_byte_level(tokenizer):
+        return bytes(table[c] for c in piece)
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def _is_byte_level(tokenizer) -> bool:
+    """Whether `tokenizer` stores bytes as GPT-2's printable characters (a ByteLevel pre-tokenizer or decoder)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    return "ByteLevel" in repr(backend.pre_tokenizer) or "ByteLevel" in repr(backend.decoder)

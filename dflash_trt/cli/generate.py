@@ -23,6 +23,19 @@ def encode_item(pipe, item, where: str | None = None) -> list[int]:
     return encode_prompt(pipe.tokenizer, item, f"the target at {pipe.target_path}", where)
 
 
+def logprobs_json(pipe, logprobs) -> list[dict]:
+    """`--json`'s "logprobs": per token {"token_id", "token" (its text), "logprob", "top_logprobs": [{"token_id",
+    "token", "logprob"}, ...]} (natural logs, the target's raw distribution; `dflash_trt.runtime.logprobs`)."""
+    from dflash_trt.serve.logprobs import LogprobFormatter
+
+    fmt = LogprobFormatter(pipe.tokenizer)
+
+    def entry(token_id: int, logprob: float) -> dict:
+        return {"token_id": token_id, "token": fmt.text(token_id), "logprob": logprob}
+
+    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]} for lp in logprobs]
+
+
 def prompt_header(index: int, total: int) -> str:
     """The stdout line before the plain-text answer to prompt `index` (0-based) of `total`, so that the
     answers of several prompts can be told apart; "" for a single prompt (its output is the answer alone)."""
@@ -47,9 +60,12 @@ def prompt_header(index: int, total: int) -> str:
 @tp_size_option("generate", "rank 0 prints")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
+@click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
+              help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
+                   "top-p) and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, cuda_kernels, tp_size, as_json):
+             threads, cpu_kernels, cuda_kernels, tp_size, as_json, num_logprobs):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
@@ -74,7 +90,10 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         if why is not None:
             raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's "
                                    "encoding)")
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    if num_logprobs is not None and not as_json:
+        raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                            logprobs=num_logprobs)
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
@@ -115,7 +134,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     shown = {"text": ""}
     sofar: list[int] = []
 
-    def on_tokens(_i, toks):
+    def on_tokens(_i, toks, *_logprobs):
         sofar.extend(toks)
         new = text_to_stream(pipe.decode(sofar), shown["text"])
         if new:
@@ -131,8 +150,11 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             m = res.metrics
             text = final_text(res.text, res.finish_reason)
             if as_json:
-                click.echo(json.dumps({"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
-                                       "metrics": m.to_dict()}))
+                out = {"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                       "metrics": m.to_dict()}
+                if res.logprobs is not None:
+                    out["logprobs"] = logprobs_json(pipe, res.logprobs)
+                click.echo(json.dumps(out))
                 continue
             if not stream:
                 header = prompt_header(lo + j, len(prompts))

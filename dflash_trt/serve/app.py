@@ -112,6 +112,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         with tokenizer_lock:
             return pipe.decode(ids)
 
+    from dflash_trt.serve.logprobs import LogprobFormatter
+
+    formatter = LogprobFormatter(pipe.tokenizer, tokenizer_lock)
+
     metrics: ServerMetrics | None = None
 
     def open_batch():
@@ -210,8 +214,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 index = p * req.n + j
                 params = params_of[p][j]
 
-                def on_text(delta, index=index):
-                    loop.call_soon_threadsafe(events.put_nowait, (index, "text", delta))
+                def on_text(delta, logprobs=None, index=index):
+                    loop.call_soon_threadsafe(events.put_nowait, (index, "text", (delta, logprobs)))
 
                 def on_done(result, error, index=index):
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
@@ -254,7 +258,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     async def stream(req, seqs, events, prompts, chunk, first_delta):
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
-        then (stream_options.include_usage) a usage chunk; then [DONE]."""
+        then (stream_options.include_usage) a usage chunk; then [DONE]. `chunk(index, text, finish,
+        include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None)."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def sse(obj) -> str:
@@ -265,11 +270,12 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         try:
             if first_delta is not None:
                 for i in range(len(seqs)):
-                    yield sse(chunk(i, first_delta, None, include_usage))
+                    yield sse(chunk(i, first_delta, None, include_usage, None))
             while pending:
                 index, kind, payload = await events.get()
                 if kind == "text":
-                    yield sse(chunk(index, payload, None, include_usage))
+                    delta, lps = payload
+                    yield sse(chunk(index, delta, None, include_usage, lps))
                     continue
                 result, error = payload
                 pending -= 1
@@ -279,12 +285,13 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     break
                 results[index] = result
                 rest = seqs[index].text.rest(result.finish_reason)
-                last = chunk(index, rest, result.finish_reason, include_usage)
+                lps = seqs[index].rest_logprobs(result) if result.logprobs is not None else None
+                last = chunk(index, rest, result.finish_reason, include_usage, lps)
                 last["choices"][0]["metrics"] = choice_metrics(seqs[index], result)
                 yield sse(last)
             else:
                 if include_usage:
-                    yield sse({**chunk(0, "", None, False), "choices": [], "usage": usage(prompts, results)})
+                    yield sse({**chunk(0, "", None, False, None), "choices": [], "usage": usage(prompts, results)})
             yield "data: [DONE]\n\n"
         finally:
             for s in seqs:
@@ -347,9 +354,15 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
         if req.stream:
-            def chunk(index, text, finish, include_usage):
+            offsets = [0] * len(seqs)  # per choice: characters of the tokens listed so far (text_offset)
+
+            def chunk(index, text, finish, include_usage, lps):
+                obj = None
+                if lps is not None:
+                    obj = formatter.completion(lps, offsets[index])
+                    offsets[index] += sum(len(t) for t in obj["tokens"])
                 out = {"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                       "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
+                       "choices": [{"index": index, "text": text, "logprobs": obj, "finish_reason": finish}]}
                 if include_usage:
                     out["usage"] = None
                 return out
@@ -357,7 +370,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
         results = await collect(seqs, events, request)
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason,
+                "choices": [{"index": i, "text": r.text,
+                             "logprobs": None if r.logprobs is None else formatter.completion(r.logprobs),
+                             "finish_reason": r.finish_reason,
                              "metrics": choice_metrics(s, r)} for i, (s, r) in enumerate(zip(seqs, results))],
                 "usage": usage(prompts, results)}
 
@@ -394,10 +409,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())
         if req.stream:
-            def chunk(index, text, finish, include_usage):
+            def chunk(index, text, finish, include_usage, lps):
                 delta = text if isinstance(text, dict) else ({"content": text} if text else {})
                 out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
-                       "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                       "choices": [{"index": index, "delta": delta,
+                                    "logprobs": None if lps is None else formatter.chat(lps), "finish_reason": finish}]}
                 if include_usage:
                     out["usage"] = None
                 return out
@@ -406,7 +422,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                                      media_type="text/event-stream")
         results = await collect(seqs, events, request)
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
+                             "logprobs": None if r.logprobs is None else formatter.chat(r.logprobs),
                              "finish_reason": r.finish_reason, "metrics": choice_metrics(s, r)}
                             for i, (s, r) in enumerate(zip(seqs, results))],
                 "usage": usage([ids], results)}

@@ -77,9 +77,9 @@ class _LeaderBatch:
         return self._batch.take_finished()
 
     def _deciding(self, on_tokens: Callable) -> Callable:
-        def decide(index: int, ids: list[int]):
+        def decide(index: int, ids: list[int], *logprobs):  # logprobs: for requests that ask for them
             try:
-                reason = on_tokens(index, ids)
+                reason = on_tokens(index, ids, *logprobs)
             except BaseException:
                 broadcast(CALLBACK_FAILED, self._group)
                 raise
@@ -107,7 +107,7 @@ def follow(open_batch: Callable, group=None) -> int:
     `stop_followers`. An error an operation raises here was raised on rank 0 at the same point (which
     answers it): it is dropped and the loop goes on. Returns the number of batches opened."""
 
-    def decide(index: int, ids: list[int]):
+    def decide(index: int, ids: list[int], *logprobs):
         reason = broadcast(None, group)
         if reason == CALLBACK_FAILED:
             raise LeaderCallbackFailed("rank 0's on_tokens callback failed at this step")

@@ -1,9 +1,11 @@
 """OpenAI request bodies (`/v1/completions`, `/v1/chat/completions`) and their mapping onto the runtime.
 
 Field names and defaults follow the OpenAI API reference (Completions, Chat Completions), with the
-extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. A field this
-runtime cannot honour (log-probabilities, penalties, logit bias, tools and functions, JSON mode,
-`echo`, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
+extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. Log-probabilities:
+`logprobs` (Completions: an integer 0..20; Chat: true, with `top_logprobs` 0..20), the target's raw
+distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). A field this
+runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, prompt log-probabilities
+(`echo`), `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
 unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
 do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
 accepted and ignored.
@@ -16,6 +18,7 @@ from typing import Any, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
+from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 from dflash_trt.text import count
 
@@ -100,8 +103,6 @@ class _Request(BaseModel):
     service_tier: Any = None
     parallel_tool_calls: Any = None
     # refused unless left at their "off" value (see UNSUPPORTED)
-    logprobs: Any = None
-    top_logprobs: Any = None
     presence_penalty: Any = 0
     frequency_penalty: Any = 0
     repetition_penalty: Any = None
@@ -156,7 +157,11 @@ class _Request(BaseModel):
         stops = tuple(dict.fromkeys(extra if self.ignore_eos else (*eos_token_ids, *extra)))
         return SamplingParams(temperature=self.temperature, top_k=0 if self.top_k == -1 else self.top_k,
                               top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops,
-                              seed=offset_seed(self.seed, seed_offset))
+                              seed=offset_seed(self.seed, seed_offset), logprobs=self.num_logprobs())
+
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token asked for (`SamplingParams.logprobs`), or None: no logprobs."""
+        return None
 
     def check_n(self, prompts: int = 1) -> None:
         """Raises InvalidRequestError: n < 1, or more than MAX_CHOICES choices in all."""
@@ -169,14 +174,20 @@ class _Request(BaseModel):
 
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None), "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
     "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
     "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "min_tokens": (0, None),
     "min_p": (0, 0.0, None), "use_beam_search": (False, None), "length_penalty": (None, 1, 1.0),
     "functions": (None, []), "function_call": (None, "none"),
 }
-HINTS = {"best_of": "use n for several completions", "echo": "prepend the prompt yourself"}
+HINTS = {"best_of": "use n for several completions", "echo": "prepend the prompt yourself; no prompt logprobs"}
+
+
+def _check_logprobs(value: int | None, field: str) -> None:
+    """Raises InvalidRequestError unless `value` is None or in [0, MAX_LOGPROBS]."""
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise InvalidRequestError(f"{field} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=field)
 
 
 class CompletionRequest(_Request):
@@ -184,6 +195,16 @@ class CompletionRequest(_Request):
     lists of token ids (one completion per prompt, times n). `max_tokens` defaults to 16 (OpenAI)."""
 
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
+    logprobs: int | None = Field(default=None, strict=True)
+
+    def num_logprobs(self) -> int | None:
+        """`logprobs`: the most likely tokens listed per position (0: the sampled token's only), or None.
+
+        Raises:
+            InvalidRequestError: outside [0, MAX_LOGPROBS].
+        """
+        _check_logprobs(self.logprobs, "logprobs")
+        return self.logprobs
 
     def prompt_list(self) -> list[str | list[int]]:
         """The prompts, each a string or a list of token ids.
@@ -213,6 +234,22 @@ class ChatCompletionRequest(_Request):
 
     messages: list[Any]
     max_completion_tokens: int | None = Field(default=None, strict=True)
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(default=None, strict=True)
+
+    def num_logprobs(self) -> int | None:
+        """`top_logprobs` (0 when left out) when `logprobs` is true, else None.
+
+        Raises:
+            InvalidRequestError: top_logprobs outside [0, MAX_LOGPROBS], or set without logprobs: true (OpenAI's rule).
+        """
+        _check_logprobs(self.top_logprobs, "top_logprobs")
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs: true; set both, or leave top_logprobs out",
+                                          param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def max_tokens_field(self) -> str:
         """The name this request gave its completion limit ("max_completion_tokens" or "max_tokens")."""

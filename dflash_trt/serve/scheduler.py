@@ -102,8 +102,11 @@ class StopText:
 @dataclass
 class Sequence:
     """One choice to generate: a tokenized prompt and its params, with callbacks run on the generation
-    thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded; `on_done(result, error)` once, with
-    the GenerationResult (its `text` the final text, stop strings applied) or the exception.
+    thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded, and, when the params ask
+    for logprobs, `on_text(delta, logprobs)`: the `TokenLogprob`s of the tokens received since the last
+    call (up to a stop string's last token; `rest_logprobs` has the ones left at the end); `on_done(result,
+    error)` once, with the GenerationResult (its `text` the final text, stop strings applied, its
+    `logprobs` cut there too) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
     still queued ends with it and no tokens). `internal`: a server probe (/health_generate), left out of
     the request metrics."""
@@ -118,10 +121,14 @@ class Sequence:
     sent_text: bool = False  # text went to the client: the sequence cannot be rerun from the start
     cancelled: bool = False
     internal: bool = False
+    logprobs: list = field(default_factory=list)  # TokenLogprobs received (params.logprobs set)
+    logprobs_sent: int = 0  # how many of them went out with a delta
 
-    def on_tokens(self, ids: list[int]) -> str | None:
+    def on_tokens(self, ids: list[int], logprobs: list | None = None) -> str | None:
         if self.cancelled:
             return "abort"
+        if logprobs is not None:
+            self.logprobs.extend(logprobs)
         if self.on_text is None and not self.text.stops:
             return None  # nothing to stream or to watch for: the text is decoded once, at the end
         reason = self.text.add(ids)
@@ -129,12 +136,24 @@ class Sequence:
             delta = self.text.delta()
             if delta:
                 self.sent_text = True
-                self.on_text(delta)
+                if self.params.logprobs is None:
+                    self.on_text(delta)
+                else:
+                    end = len(self.logprobs) if self.text.used is None else min(self.text.used, len(self.logprobs))
+                    self.on_text(delta, self.logprobs[self.logprobs_sent : end])
+                    self.logprobs_sent = max(self.logprobs_sent, end)
         return reason
+
+    def rest_logprobs(self, result: GenerationResult) -> list:
+        """The finished result's TokenLogprobs not sent with a delta yet (the last chunk's); afterwards sent."""
+        rest = (result.logprobs or [])[self.logprobs_sent :]
+        self.logprobs_sent += len(rest)
+        return rest
 
     def restart(self) -> None:
         """Forget the text decoded so far (before running the sequence again from its prompt)."""
         self.text = StopText(self.text.decode, self.text.stops)
+        self.logprobs, self.logprobs_sent = [], 0
 
 
 def _done(seq: Sequence, result: GenerationResult | None, error: BaseException | None) -> None:
@@ -257,7 +276,7 @@ class Scheduler:
             self._batch = self._open_batch()
         try:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
-                                  lambda k, ids: live[k].on_tokens(ids))
+                                  lambda k, ids, logprobs=None: live[k].on_tokens(ids, logprobs))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
             self._retry(live, exc)  # the batch is as it was
             return
@@ -305,7 +324,7 @@ class Scheduler:
         self._pending = [s]
         self._batch = self._open_batch()
         try:
-            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids: s.on_tokens(ids))
+            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, logprobs=None: s.on_tokens(ids, logprobs))
             self._seqs[rid] = s
             self._finish()
             while self._seqs:
@@ -324,6 +343,8 @@ class Scheduler:
             if s.text.stopped:  # a stop string: its text and tokens end there
                 r.text, r.finish_reason = s.text.text, "stop"
                 r.token_ids = r.token_ids[: s.text.used]
+                if r.logprobs is not None:
+                    r.logprobs = r.logprobs[: s.text.used]
                 r.metrics.completion_tokens = len(r.token_ids)  # as `usage` counts them, and the metrics
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)

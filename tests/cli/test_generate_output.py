@@ -128,3 +128,23 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", interrupted)
     code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--max-tokens", "2", "--json")
     assert (code, out, err) == (130, "", "\ninterrupted (Ctrl-C)\n")  # click ends the terminal's ^C line first
+
+
+def test_json_logprobs_are_the_targets_and_need_json(monkeypatch, capsys, smollm2_pipeline):
+    """`--logprobs N --json`: one entry per token id, the runtime's own values (greedy: each token is its
+    distribution's most likely, first among its alternatives); without --json a usage error (exit 2)."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "def add(a, b):", "--max-tokens", "8",
+                              "--dtype", "float32", "--json", "--logprobs", "2", "--threads", "1")
+    assert code == 0, err
+    obj = json.loads(out)
+    lps = obj["logprobs"]
+    assert [e["token_id"] for e in lps] == obj["token_ids"] and len(lps) == 8
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token_id"] == e["token_id"] for e in lps)
+    assert "".join(e["token"] for e in lps) == obj["text"]
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode("def add(a, b):")],
+                                      SamplingParams(max_tokens=8, logprobs=0), mode="ar")
+    assert [e["logprob"] for e in lps] == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-3)
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "x", "--logprobs", "2")
+    assert code == 2 and "--logprobs prints the log-probabilities in --json's objects: add --json" in err

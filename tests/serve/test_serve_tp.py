@@ -1,7 +1,7 @@
 """`dflash-trt serve --tp-size 2` under torchrun (gloo on this CPU): rank 0 answers over real HTTP while
 rank 1 decodes every batch with it in lockstep (`dflash_trt.serve.lockstep`). Greedy answers are the
 target's own greedy output; stop strings, seeded and unseeded sampling, a bad request and streaming all
-keep the ranks together (a rank out of step would hang its collectives); Ctrl-C stops every process."""
+keep the ranks together, logprobs included (a rank out of step would hang its collectives); Ctrl-C stops every process."""
 
 from __future__ import annotations
 
@@ -41,9 +41,15 @@ def tp_server(tiny_qwen3, request):  # noqa: F811
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(proc, base)
     yield base, proc, target, drafter
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    if proc.poll() is None:  # the Ctrl-C test did not stop it (deselected, or failed)
+        # SIGINT first: torchrun forwards it to the ranks, which run in sessions of their own (a SIGKILL to
+        # torchrun's group would leave them running, holding its pipes open)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
 
 
 def completion(base, **body):
@@ -81,6 +87,10 @@ def test_answers_are_the_targets_and_ranks_stay_in_step(tp_server):
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
     assert completion(base, max_tokens=10, temperature=0, ignore_eos=True)["choices"][0]["text"] == text
+    # logprobs in lockstep (rank 1 gets them in its callbacks too): the single-process runtime's values
+    [lp_ref] = one.generate([PROMPT], SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2), mode="ar")
+    lps = completion(base, max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)["choices"][0]["logprobs"]
+    assert lps["token_logprobs"] == pytest.approx([t.logprob for t in lp_ref.logprobs], abs=1e-4)
 
 
 def test_a_request_joins_the_running_batch_on_every_rank(tp_server):

@@ -1,0 +1,124 @@
+"""`logprobs` over real HTTP with the real `openai` client: Chat Completions (`logprobs`, `top_logprobs`)
+and Completions (`logprobs: N`), streamed and not, checked against a Hugging Face forward of the target
+over the answer (teacher forcing) and against each other."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+import torch
+
+from dflash_trt.runtime.sampling import SamplingParams
+from tests.runtime.test_logprobs import reference
+from tests.serve.test_openai_server import MODEL, QUESTION, ar_tokens, chat_ids
+
+TOL = 1e-3  # float32 logits of a 16-token verify vs one HF forward over the whole sequence
+
+
+@pytest.fixture(scope="module")
+def hf_target(smollm2_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+def test_chat_logprobs_are_the_targets(client, smollm2_pipeline, hf_target):
+    pipe = smollm2_pipeline
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    choice = r.choices[0]
+    content = choice.logprobs.content
+    prompt = chat_ids(pipe, QUESTION)
+    out, _ = ar_tokens(pipe, prompt, 24)
+    assert len(content) == r.usage.completion_tokens == len(out)
+    assert [e.token for e in content] == [pipe.tokenizer.decode([t]) for t in out]
+    assert b"".join(bytes(e.bytes) for e in content).decode() == pipe.tokenizer.decode(out)
+    ref = reference(hf_target, prompt, out)
+    for e, t, row in zip(content, out, ref):
+        assert e.logprob <= 0 and abs(e.logprob - float(row[t])) < TOL
+        assert abs(e.logprob - float(row.max())) < TOL  # greedy: the argmax, the largest logprob
+        assert len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+        assert [x.logprob for x in e.top_logprobs] == pytest.approx(row.topk(3).values.tolist(), abs=TOL)
+
+
+def test_streamed_logprobs_add_up_to_the_whole_answer(client):
+    kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=30, temperature=0, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in whole]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole], abs=1e-6)
+    assert chunks[0].choices[0].logprobs is None  # the opening chunk (role only) carries no tokens
+
+
+def test_completions_logprobs_shape_and_sampled_tokens(client, smollm2_pipeline, hf_target):
+    pipe = smollm2_pipeline
+    prompt = "def fibonacci(n):"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0, seed=5, logprobs=2,
+                                  n=2)
+    prompt_ids = pipe.encode(prompt)
+    for j, choice in enumerate(r.choices):
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 16
+        assert "".join(lp.tokens) == choice.text
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(16)]
+        for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert tok in top and top[tok] == value and 2 <= len(top) <= 3  # the 2 best and the sampled one
+        # sampled at temperature 1 (choice j with seed 5 + j, as the runtime samples it), the logprobs are
+        # still the raw distribution's: an HF forward over those tokens
+        [run] = pipe.generate([prompt_ids], SamplingParams(temperature=1.0, max_tokens=16, seed=5 + j))
+        assert run.text == choice.text
+        ref = reference(hf_target, prompt_ids, run.token_ids)
+        assert lp.token_logprobs == pytest.approx([float(ref[i, t]) for i, t in enumerate(run.token_ids)], abs=TOL)
+        assert any(v < float(ref[i].max()) - 0.1 for i, v in enumerate(lp.token_logprobs))  # not all argmax
+
+
+def test_completions_logprobs_zero_lists_the_sampled_token_only_and_streams(client):
+    kwargs = dict(model=MODEL, prompt="The three primary colors are", max_tokens=12, temperature=0, logprobs=0)
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    assert all(list(top) == [tok] for tok, top in zip(whole.tokens, whole.top_logprobs))
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == whole.tokens
+    assert [o for p in parts for o in p.text_offset] == whole.text_offset  # offsets carry on across chunks
+    assert all(math.isfinite(v) and v <= 0 for v in whole.token_logprobs)
+
+
+def test_a_stop_string_ends_the_logprobs_with_the_text(client):
+    kwargs = dict(model=MODEL, prompt="def add(a, b):", max_tokens=40, temperature=0, logprobs=1)
+    full = client.completions.create(**kwargs).choices[0]
+    stop = full.text[6:9]
+    assert stop.strip()
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.completions.create(**kwargs, stop=stop, stream=True))
+            tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+            text = "".join(c.choices[0].text for c in chunks)
+        else:
+            r = client.completions.create(**kwargs, stop=stop).choices[0]
+            tokens, text = r.logprobs.tokens, r.text
+            assert len(tokens) == client.completions.create(**kwargs, stop=stop).usage.completion_tokens
+        assert text == full.text[: full.text.index(stop)]
+        assert tokens == full.logprobs.tokens[: len(tokens)] and stop in "".join(tokens)
+        assert stop not in "".join(tokens[:-1])  # the token that completed the stop string is the last one
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/chat/completions", {"messages": QUESTION, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", {"messages": QUESTION, "logprobs": True, "top_logprobs": 21}, "top_logprobs must be"),
+    ("/v1/chat/completions", {"messages": QUESTION, "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs must be an integer in [0, 20]"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": True}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True}, "echo"),
+])
+def test_bad_logprobs_requests_are_refused_and_the_server_keeps_serving(server, client, path, body, message):
+    r = httpx.post(server[0] + path, json={"model": MODEL, "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert message in err["message"]
+    assert err["param"] in ("logprobs", "top_logprobs", "echo")
+    ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0, logprobs=1)
+    assert len(ok.choices[0].logprobs.tokens) == 2
