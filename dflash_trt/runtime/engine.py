@@ -46,6 +46,10 @@ MODES = ("dflash", "ar")
 #: needed in under ~40% of the steps (a weak drafter; a strong one goes straight to all 16).
 LAZY_MAX_ACCEPT_RATE = 0.4
 
+#: prompt positions whose logits one lm_head product computes for prompt logprobs (256 x 49152 float32
+#: logits: 50 MB)
+PROMPT_LOGITS_ROWS = 256
+
 
 def _token_id_lists(prompts) -> list[list[int]]:
     """`prompts` as lists of Python ints, or InvalidRequestError saying what a prompt is: text (a string, or
@@ -93,6 +97,8 @@ class _Request:
     first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
     capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
     logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
+    # params.prompt_logprobs set: one per prompt token read so far (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
         """Append tokens in order (with their `logprobs` when the request asked for them), applying every
@@ -174,7 +180,8 @@ class Engine:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
             gen = torch.Generator(device=self.device).manual_seed(seed)
         return _Request(list(prompt), params, frozenset() if params.ignore_eos else frozenset(stop),
-                        self.context_len, gen, logprobs=None if params.logprobs is None else [])
+                        self.context_len, gen, logprobs=None if params.logprobs is None else [],
+                        prompt_logprobs=None if params.prompt_logprobs is None else [None])
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -194,7 +201,7 @@ class Engine:
                 other requests of the batch go on.
         Returns:
             n GenerationResults in prompt order (completion token ids, finish_reason, metrics, and the
-            tokens' `logprobs` for requests whose params ask for them). A
+            tokens' `logprobs` / the prompt's `prompt_logprobs` for requests whose params ask for them). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
             the target's context, and a request cut there has finish_reason "length" with fewer tokens.
         Raises:
@@ -247,9 +254,10 @@ class Engine:
         end = longest if chunk is None else min(longest, begin + chunk)
         act = [j for j, n in enumerate(lens) if n > begin]  # rows with prompt tokens in this chunk
         # identical prompts (a request's n choices) are read once: the first row holding each one runs the
-        # forward, the others get copies of its K/V, drafter context and logits
-        first: dict[tuple[int, ...], int] = {}
-        source = {j: first.setdefault(tuple(reqs[j].prompt), j) for j in act}
+        # forward, the others get copies of its K/V, drafter context and logits (and prompt logprobs: rows
+        # that ask for a different number of them are read apart)
+        first: dict[tuple, int] = {}
+        source = {j: first.setdefault((tuple(reqs[j].prompt), reqs[j].params.prompt_logprobs), j) for j in act}
         copies = [j for j in act if source[j] != j]
         act = [j for j in act if source[j] == j]
         dev = self.device
@@ -275,6 +283,8 @@ class Engine:
         for i, j in enumerate(act):
             if lens[j] <= end:  # this row's last prompt token: its first token's logits
                 reqs[j].first_logits = out.logits[i, 0]
+            if reqs[j].prompt_logprobs is not None:
+                self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(end, lens[j] - 1))
         if copies:
             src = [source[j] for j in copies]
             cache.copy_slots(src, copies, begin, end)
@@ -282,6 +292,8 @@ class Engine:
                 self.proposer.cache.copy_slots(src, copies, begin, end)
             for j in copies:
                 reqs[j].first_logits = reqs[source[j]].first_logits
+                if reqs[j].prompt_logprobs is not None:
+                    reqs[j].prompt_logprobs = list(reqs[source[j]].prompt_logprobs)
         if end < longest:
             return end
         logits = torch.stack([r.first_logits for r in reqs])
@@ -298,6 +310,15 @@ class Engine:
             cache.set_length(i, lens[i])
             r.emit([toks[i]], lps[i])
         return end
+
+    def _prompt_logprobs(self, r: _Request, hidden: torch.Tensor, begin: int, stop: int) -> None:
+        """Append to r.prompt_logprobs those of prompt tokens begin + 1 .. stop, from the final-normed hidden
+        states [t, H] of a prefill chunk starting at position `begin` (position p predicts token p + 1), the
+        lm_head computed PROMPT_LOGITS_ROWS positions at a time (a whole long prompt's logits would not fit)."""
+        for lo in range(begin, stop, PROMPT_LOGITS_ROWS):
+            hi = min(stop, lo + PROMPT_LOGITS_ROWS)
+            logits = self.target.compute_logits(hidden[lo - begin : hi - begin])
+            r.prompt_logprobs.extend(token_logprobs(logits, r.prompt[lo + 1 : hi + 1], r.params.prompt_logprobs))
 
     def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
         """One decode step of every request of `batch` (cache row j holds batch[j]): draft, one target
@@ -780,5 +801,6 @@ class DecodeBatch:
         out = []
         for r in done:
             r.metrics.completion_tokens = len(r.out)
-            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, logprobs=r.logprobs)))
+            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, logprobs=r.logprobs,
+                                                  prompt_logprobs=r.prompt_logprobs)))
         return out

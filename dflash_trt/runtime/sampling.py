@@ -26,7 +26,8 @@ class SamplingParams:
     RNG seed (sampling); None draws one from torch's global RNG. ignore_eos: do not stop at EOS
     (benchmarks). logprobs: None (off), or 0 .. MAX_LOGPROBS: return each emitted token's log-probability
     under the target and that many of the most likely alternatives (`dflash_trt.runtime.logprobs`;
-    the output is the same either way). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
+    the output is the same either way). prompt_logprobs: the same for the prompt's tokens (vLLM's name;
+    the first has none: nothing predicts it). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
 
     temperature: float = 0.0
@@ -37,6 +38,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -60,11 +62,13 @@ class SamplingParams:
         set_(self, "seed", check_seed(self.seed))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        if self.logprobs is not None:
-            allowed = f"None (off) or an integer in [0, {MAX_LOGPROBS}] (alternatives per token)"
-            set_(self, "logprobs", _integer("logprobs", self.logprobs, allowed))
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise InvalidRequestError(f"logprobs must be {allowed}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                allowed = f"None (off) or an integer in [0, {MAX_LOGPROBS}] (alternatives per token)"
+                set_(self, name, _integer(name, value, allowed))
+                if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
+                    raise InvalidRequestError(f"{name} must be {allowed}, got {value}")
 
     @property
     def greedy(self) -> bool:

@@ -73,7 +73,8 @@ class GenerationResult:
     max_tokens tokens). One value for both, as OpenAI, vLLM and trtllm-serve report it. Or the string
     the caller's `on_tokens` callback returned to end the request (`Engine.generate`).
     logprobs: None, or (SamplingParams.logprobs set) one `dflash_trt.runtime.logprobs.TokenLogprob` per
-    token id, in order.
+    token id, in order. prompt_logprobs: None, or (SamplingParams.prompt_logprobs set) one per prompt
+    token, the first None (nothing predicts it).
     """
 
     token_ids: list[int]
@@ -81,3 +82,4 @@ class GenerationResult:
     metrics: RequestMetrics
     text: str | None = None
     logprobs: list | None = None
+    prompt_logprobs: list | None = None

@@ -369,12 +369,23 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
             return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
         results = await collect(seqs, events, request)
+
+        def echoed(i: int, r) -> tuple[str, dict | None]:
+            """Choice i's text and logprobs object; with echo, the prompt's come first."""
+            p = i // req.n  # the prompt of choice i
+            if not req.echo:
+                return r.text, None if r.logprobs is None else formatter.completion(r.logprobs)
+            given = items[p] if isinstance(items[p], str) else formatter.prompt_text(prompts[p])
+            lps = None if r.logprobs is None else formatter.completion(r.logprobs, prompt=(prompts[p], r.prompt_logprobs))
+            return given + r.text, lps
+
+        choices = []
+        for i, (s, r) in enumerate(zip(seqs, results)):
+            text, lps = await asyncio.to_thread(echoed, i, r)  # a long prompt's tokens: off the event loop
+            choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": r.finish_reason,
+                            "metrics": choice_metrics(s, r)})
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                "choices": [{"index": i, "text": r.text,
-                             "logprobs": None if r.logprobs is None else formatter.completion(r.logprobs),
-                             "finish_reason": r.finish_reason,
-                             "metrics": choice_metrics(s, r)} for i, (s, r) in enumerate(zip(seqs, results))],
-                "usage": usage(prompts, results)}
+                "choices": choices, "usage": usage(prompts, results)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):

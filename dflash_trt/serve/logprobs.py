@@ -54,15 +54,28 @@ class LogprobFormatter:
         return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
                             for lp in logprobs], "refusal": None}
 
-    def completion(self, logprobs: list[TokenLogprob], offset: int = 0) -> dict:
+    def completion(self, logprobs: list[TokenLogprob], offset: int = 0,
+                   prompt: tuple[list[int], list[TokenLogprob | None]] | None = None) -> dict:
         """The Completions `logprobs` object; `offset`: the characters before these tokens (a stream's
-        earlier chunks), where `text_offset` starts."""
-        tokens = [self.text(lp.token_id) for lp in logprobs]
+        earlier chunks), where `text_offset` starts. `prompt` (`echo`): (prompt token ids, their
+        `prompt_logprobs`), listed first; the first prompt token's logprob and top_logprobs are null
+        (nothing predicts it), as OpenAI's and vLLM's echo give them."""
+        ids, lps = [], []
+        if prompt is not None:
+            ids, lps = list(prompt[0]), list(prompt[1])
+        ids += [lp.token_id for lp in logprobs]
+        lps += logprobs
+        tokens = [self.text(t) for t in ids]
         offsets = []
         for t in tokens:
             offsets.append(offset)
             offset += len(t)
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{**{self.text(i): v for i, v in lp.top}, tok: lp.logprob}
-                                 for tok, lp in zip(tokens, logprobs)],
+        return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+                "top_logprobs": [None if lp is None else {**{self.text(i): v for i, v in lp.top}, tok: lp.logprob}
+                                 for tok, lp in zip(tokens, lps)],
                 "text_offset": offsets}
+
+    def prompt_text(self, token_ids: list[int]) -> str:
+        """A token-id prompt's text for `echo` (special tokens kept: it is what was sent)."""
+        with self._lock:
+            return self._tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -1,11 +1,13 @@
 """OpenAI request bodies (`/v1/completions`, `/v1/chat/completions`) and their mapping onto the runtime.
 
-Field names and defaults follow the OpenAI API reference (Completions, Chat Completions), with the
+Field names and defaults follow the OpenAI API reference (Completions, Chat Completions; `echo` on
+Completions puts the prompt before the completion, with its tokens' logprobs when `logprobs` is set,
+as lm-evaluation-harness's loglikelihood requests need), with the
 extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. Log-probabilities:
 `logprobs` (Completions: an integer 0..20; Chat: true, with `top_logprobs` 0..20), the target's raw
 distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). A field this
-runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, prompt log-probabilities
-(`echo`), `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
+runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, `echo` in chat or with
+`stream`, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
 unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
 do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
 accepted and ignored.
@@ -13,7 +15,8 @@ accepted and ignored.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from dataclasses import replace
+from typing import Any, ClassVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -83,6 +86,8 @@ class _Request(BaseModel):
     field this model does not name is refused (a misspelt `temprature` would otherwise sample at 1.0)."""
 
     model_config = ConfigDict(extra="forbid")
+    #: fields of UNSUPPORTED that this endpoint does honour
+    honoured: ClassVar[tuple[str, ...]] = ()
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, strict=True)
@@ -124,6 +129,8 @@ class _Request(BaseModel):
         """Raises InvalidRequestError naming the first field set to something this runtime does not do, or
         stream_options without stream (as OpenAI)."""
         for name, off in UNSUPPORTED.items():
+            if name in self.honoured:
+                continue
             value = getattr(self, name)
             if not any(value == o and type(value) is type(o) for o in off):
                 raise InvalidRequestError(f"{name}={value!r} is not supported by this server (DFlash runtime); "
@@ -181,7 +188,7 @@ UNSUPPORTED = {
     "min_p": (0, 0.0, None), "use_beam_search": (False, None), "length_penalty": (None, 1, 1.0),
     "functions": (None, []), "function_call": (None, "none"),
 }
-HINTS = {"best_of": "use n for several completions", "echo": "prepend the prompt yourself; no prompt logprobs"}
+HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself"}
 
 
 def _check_logprobs(value: int | None, field: str) -> None:
@@ -194,8 +201,11 @@ class CompletionRequest(_Request):
     """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids, or a list of
     lists of token ids (one completion per prompt, times n). `max_tokens` defaults to 16 (OpenAI)."""
 
+    honoured: ClassVar[tuple[str, ...]] = ("echo",)
+
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     logprobs: int | None = Field(default=None, strict=True)
+    echo: StrictBool = False
 
     def num_logprobs(self) -> int | None:
         """`logprobs`: the most likely tokens listed per position (0: the sampled token's only), or None.
@@ -205,6 +215,19 @@ class CompletionRequest(_Request):
         """
         _check_logprobs(self.logprobs, "logprobs")
         return self.logprobs
+
+    def unsupported(self) -> None:
+        """`_Request.unsupported`, and `echo` with `stream` (InvalidRequestError)."""
+        super().unsupported()
+        if self.echo and self.stream:
+            raise InvalidRequestError("echo with stream: true is not supported by this server; leave out one of them "
+                                      "(echo without streaming returns the prompt and its logprobs)", param="echo")
+
+    def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
+                        seed_offset: int = 0) -> SamplingParams:
+        """`_Request.sampling_params`, with the prompt's logprobs asked for when `echo` and `logprobs` are set."""
+        params = super().sampling_params(max_tokens, eos_token_ids, vocab_size, seed_offset)
+        return replace(params, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else params
 
     def prompt_list(self) -> list[str | list[int]]:
         """The prompts, each a string or a list of token ids.

@@ -156,3 +156,38 @@ def test_smollm2_tree_and_prompt_lookup_logprobs_equal_autoregressive(smollm2_pi
         for x, y in zip(d.logprobs, a.logprobs):
             assert x.token_id == y.token_id and abs(x.logprob - y.logprob) < 1e-3
             assert [i for i, _ in x.top[:2]] == [i for i, _ in y.top[:2]]
+
+
+def prompt_reference(hf, prompt: list[int]) -> torch.Tensor:
+    """[len(prompt) - 1, V] log-softmax of HF's logits predicting prompt tokens 1 .. n - 1."""
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 4])
+def test_prompt_logprobs_whole_chunked_and_for_repeated_prompts(tiny, monkeypatch, chunk):
+    """Prompt logprobs (the first token has none) equal a Hugging Face forward over the prompt, read in one
+    prefill, in chunks of 1 or 4 positions, and with the lm_head in pieces of 3 rows; a prompt repeated in
+    the batch (read once) gets them too, and one asking for fewer alternatives is read on its own."""
+    import dflash_trt.runtime.engine as engine_module
+
+    hf, _, engine = tiny
+    monkeypatch.setattr(engine_module, "PROMPT_LOGITS_ROWS", 3)
+    prompt = [7, 3, 88, 41, 12, 5, 60, 19, 2, 33, 71]
+    ref = prompt_reference(hf, prompt)
+    params = [SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=k, logprobs=l)
+              for k, l in ((2, None), (2, 1), (0, None), (None, None))]
+    batch = DecodeBatch(engine, "dflash", prefill_chunk=chunk)
+    batch.add([prompt] * 4, params)
+    while batch.active:
+        batch.step()
+    done = [r for _, r in sorted(batch.take_finished())]
+    for r, sp in zip(done[:3], params):
+        lps = r.prompt_logprobs
+        assert len(lps) == len(prompt) and lps[0] is None
+        assert [lp.token_id for lp in lps[1:]] == prompt[1:]
+        for lp, row, tok in zip(lps[1:], ref, prompt[1:]):
+            assert abs(lp.logprob - float(row[tok])) < TOL and len(lp.top) == sp.prompt_logprobs
+            assert [v for _, v in lp.top] == pytest.approx(row.topk(sp.prompt_logprobs).values.tolist(), abs=TOL)
+    assert done[3].prompt_logprobs is None and done[0].logprobs is None and len(done[1].logprobs) == 3
+    assert len({tuple(r.token_ids) for r in done}) == 1  # greedy: the same answer for all four

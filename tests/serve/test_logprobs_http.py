@@ -106,13 +106,52 @@ def test_a_stop_string_ends_the_logprobs_with_the_text(client):
         assert stop not in "".join(tokens[:-1])  # the token that completed the stop string is the last one
 
 
+def test_echo_gives_the_prompts_logprobs_as_lm_eval_asks_for_them(server, smollm2_pipeline, hf_target):
+    """lm-evaluation-harness's loglikelihood request (token ids of context + continuation, max_tokens 1, echo,
+    logprobs 1, temperature 0): the prompt's tokens come first, the first with null logprob and
+    top_logprobs, the others with the target's log-probabilities (a Hugging Face forward over the prompt)."""
+    from tests.runtime.test_logprobs import prompt_reference
+
+    pipe = smollm2_pipeline
+    context, continuation = pipe.encode("The capital of France is"), pipe.encode(" Paris")
+    prompt = context + continuation
+    r = httpx.post(server[0] + "/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0, "seed": 1234})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(prompt) + 1 == r.json()["usage"]["prompt_tokens"] + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert choice["text"] == pipe.tokenizer.decode(prompt) + lp["tokens"][-1]
+    ref = prompt_reference(hf_target, prompt)
+    assert lp["token_logprobs"][1 : len(prompt)] == pytest.approx(
+        [float(ref[i, t]) for i, t in enumerate(prompt[1:])], abs=TOL)
+    # what lm-eval reads: the continuation's summed logprob and whether it is the greedy continuation
+    cont = lp["token_logprobs"][len(context) : -1]
+    assert sum(cont) == pytest.approx(sum(float(ref[len(context) - 1 + i, t]) for i, t in enumerate(continuation)),
+                                      abs=TOL)
+    greedy = all(max(top, key=top.get) == tok for tok, top in zip(lp["tokens"][len(context) : -1],
+                                                                  lp["top_logprobs"][len(context) : -1]))
+    assert greedy == all(int(ref[len(context) - 1 + i].argmax()) == t for i, t in enumerate(continuation))
+    assert lp["text_offset"][len(prompt)] == sum(len(t) for t in lp["tokens"][:-1])
+
+
+def test_echo_without_logprobs_prepends_the_prompt_text(client):
+    plain = client.completions.create(model=MODEL, prompt=["def add(a, b):", "Once"], max_tokens=6, temperature=0)
+    echo = client.completions.create(model=MODEL, prompt=["def add(a, b):", "Once"], max_tokens=6, temperature=0,
+                                     echo=True)
+    assert [c.text for c in echo.choices] == ["def add(a, b):" + plain.choices[0].text, "Once" + plain.choices[1].text]
+    assert echo.choices[0].logprobs is None and echo.usage == plain.usage
+
+
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/chat/completions", {"messages": QUESTION, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
     ("/v1/chat/completions", {"messages": QUESTION, "logprobs": True, "top_logprobs": 21}, "top_logprobs must be"),
     ("/v1/chat/completions", {"messages": QUESTION, "logprobs": 1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs must be an integer in [0, 20]"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": True}, "logprobs"),
-    ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True, "stream": True}, "echo with stream: true"),
+    ("/v1/chat/completions", {"messages": QUESTION, "echo": True}, "echo=True is not supported"),
 ])
 def test_bad_logprobs_requests_are_refused_and_the_server_keeps_serving(server, client, path, body, message):
     r = httpx.post(server[0] + path, json={"model": MODEL, "max_tokens": 2, **body})
