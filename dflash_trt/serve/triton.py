@@ -19,8 +19,12 @@ Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
 INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
 strings, at most 4); apply_chat_template BOOL [1] (wrap text_input as one user message in the
-target's chat template). Outputs: text_output STRING [1]; finish_reason STRING [1] ("stop",
-"length", or "abort"); num_output_tokens INT32 [1]; acceptance_length FP32 [1] (tau). A request is
+target's chat template); return_log_probs BOOL [1] (the TensorRT-LLM backend's name). Outputs:
+text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
+INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
+output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
+streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their sum, in the last
+response). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
 that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words or an empty one.
 
@@ -58,12 +62,15 @@ INPUTS = (
     ("stream", "TYPE_BOOL", [1], True),
     ("stop_words", "TYPE_STRING", [-1], True),
     ("apply_chat_template", "TYPE_BOOL", [1], True),
+    ("return_log_probs", "TYPE_BOOL", [1], True),
 )
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
     ("finish_reason", "TYPE_STRING", [1]),
     ("num_output_tokens", "TYPE_INT32", [1]),
     ("acceptance_length", "TYPE_FP32", [1]),
+    ("output_log_probs", "TYPE_FP32", [-1]),
+    ("cum_log_probs", "TYPE_FP32", [1]),
 )
 DEFAULT_MAX_TOKENS = 256
 #: how often the model asks Triton whether a request in progress was cancelled (seconds)
@@ -228,17 +235,25 @@ class TritonPythonModel:
         from dflash_trt.runtime.sampling import SamplingParams
 
         seed = scalar("random_seed", None)
+        log_probs = bool(scalar("return_log_probs", False))
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
                                 top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
-                                seed=None if seed is None else int(seed))
+                                seed=None if seed is None else int(seed), logprobs=0 if log_probs else None)
         fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
         stream = bool(scalar("stream", False))
 
         def text_tensor(name, value):
             return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
 
-        def on_text(delta):
-            sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta)]))
+        def log_prob_tensors(lps) -> list:
+            """output_log_probs of `lps` (TokenLogprobs), none when empty (Triton's JSON has no empty arrays)."""
+            if not lps:
+                return []
+            return [pb_utils.Tensor("output_log_probs", np.array([lp.logprob for lp in lps], dtype=np.float32))]
+
+        def on_text(delta, lps=None):
+            sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta),
+                                                                   *log_prob_tensors(lps)]))
 
         def on_done(result, error):
             with self._live_lock:
@@ -256,6 +271,10 @@ class TritonPythonModel:
                        pb_utils.Tensor("num_output_tokens", np.array([len(result.token_ids)], dtype=np.int32)),
                        pb_utils.Tensor("acceptance_length", np.array([result.metrics.acceptance_length],
                                                                      dtype=np.float32))]
+            if result.logprobs is not None:
+                tensors += log_prob_tensors(seq.rest_logprobs(result))
+                tensors.append(pb_utils.Tensor("cum_log_probs", np.array([sum(lp.logprob for lp in result.logprobs)],
+                                                                         dtype=np.float32)))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
         seq = Sequence(ids, params, StopText(self._decode, stops), on_text if stream else None, on_done)

@@ -126,3 +126,29 @@ def test_a_client_that_leaves_a_stream_is_cancelled(triton):
     r = httpx.post(f"{triton.url}/v2/models/dflash/generate", json={"text_input": "Hello", "max_tokens": 3}, timeout=30)
     assert r.status_code == 200 and r.json()["num_output_tokens"] == 3
 
+
+
+def as_list(value) -> list:
+    """A Triton generate-endpoint output as a list (a one-element tensor comes back as a scalar)."""
+    return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.slow
+def test_return_log_probs_gives_the_targets_log_probs_streamed_or_not(triton, smollm2_pipeline):
+    """return_log_probs (the TensorRT-LLM backend's tensors): output_log_probs per output token, the runtime's
+    own values; cum_log_probs their sum; streamed, the responses' pieces add up to the whole."""
+    body = {"text_input": "def fibonacci(n):", "max_tokens": 12, "return_log_probs": True}
+    status, out = generate(triton, body)
+    assert status == 200, out
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode("def fibonacci(n):")],
+                                      SamplingParams(max_tokens=12, logprobs=0), mode="ar")
+    lps = as_list(out["output_log_probs"])
+    assert len(lps) == out["num_output_tokens"] == 12
+    assert lps == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-3)
+    assert out["cum_log_probs"] == pytest.approx(sum(lps), abs=1e-3)
+    status, events = generate(triton, {**body, "stream": True}, stream=True)
+    assert status == 200
+    streamed = [v for e in events if "output_log_probs" in e for v in as_list(e["output_log_probs"])]
+    assert streamed == pytest.approx(lps, abs=1e-6) and "cum_log_probs" in events[-1]
+    _, plain = generate(triton, {"text_input": "def fibonacci(n):", "max_tokens": 4})
+    assert "output_log_probs" not in plain and "cum_log_probs" not in plain
