@@ -354,13 +354,13 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
         if req.stream:
-            offsets = [0] * len(seqs)  # per choice: characters of the tokens listed so far (text_offset)
+            offsets = [0] * len(seqs)  # per choice: characters the tokens listed so far complete (text_offset)
 
             def chunk(index, text, finish, include_usage, lps):
                 obj = None
                 if lps is not None:
                     obj = formatter.completion(lps, offsets[index])
-                    offsets[index] += sum(len(t) for t in obj["tokens"])
+                    offsets[index] += formatter.characters([lp.token_id for lp in lps])
                 out = {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                        "choices": [{"index": index, "text": text, "logprobs": obj, "finish_reason": finish}]}
                 if include_usage:

@@ -6,14 +6,19 @@ Two shapes, as the OpenAI API reference gives them (and vLLM / trtllm-serve retu
 - Completions (`logprobs: 0..20`; OpenAI allows 5, vLLM 20): `{"tokens": [...], "token_logprobs":
   [...], "top_logprobs": [{token: logprob, ...}, ...], "text_offset": [...]}`, where each
   `top_logprobs` entry holds the `logprobs` most likely tokens and the sampled one (up to logprobs + 1
-  entries, OpenAI's rule; two ids with the same text share a key).
-A token's text is its own decode (special tokens included: "<|im_end|>"); one that holds part of a
-multi-byte character reads U+FFFD there and its exact bytes are in `bytes`. `text_offset` counts the
-characters of the listed tokens' texts from the start of the completion.
+  entries, OpenAI's rule).
+A token's text is its own decode (special tokens included: "<|im_end|>"). One that holds part of a
+multi-byte character has no text of its own: in Chat Completions its `token` reads U+FFFD there and its
+exact bytes are in `bytes`; Completions, which has no `bytes`, names it by its bytes, "bytes:\\xf0\\x9f"
+(OpenAI's legacy form), so distinct partial tokens stay distinct `top_logprobs` keys. `text_offset` is the
+character where each token's text starts (the characters its predecessors' bytes complete), counted from
+the start of the completion (of the prompt with `echo`), so `text[offset:]` starts at the token's
+character: a token that completes a character begun by earlier tokens starts there too.
 """
 
 from __future__ import annotations
 
+import codecs
 import functools
 from typing import Callable
 
@@ -45,6 +50,22 @@ class LogprobFormatter:
         with self._lock:
             return list(token_bytes(self._tokenizer, token_id))
 
+    def completion_token(self, token_id: int) -> str:
+        """A token's string in Completions' `tokens` and `top_logprobs` keys: its text, or, where its bytes
+        are not whole UTF-8 characters, "bytes:" and each byte as a \\xNN escape."""
+        data = bytes(self.bytes(token_id))
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+        return self.text(token_id)
+
+    def characters(self, token_ids: list[int]) -> int:
+        """The characters the tokens' bytes, concatenated, make complete (a trailing part of one is not
+        counted; invalid bytes count one each, as U+FFFD)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        return sum(len(decoder.decode(bytes(self.bytes(t)))) for t in token_ids)
+
     def chat(self, logprobs: list[TokenLogprob]) -> dict:
         """The Chat Completions `logprobs` object (or the part of it a stream chunk carries)."""
 
@@ -65,13 +86,15 @@ class LogprobFormatter:
             ids, lps = list(prompt[0]), list(prompt[1])
         ids += [lp.token_id for lp in logprobs]
         lps += logprobs
-        tokens = [self.text(t) for t in ids]
+        tokens = [self.completion_token(t) for t in ids]
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
         offsets = []
-        for t in tokens:
+        for t in ids:
             offsets.append(offset)
-            offset += len(t)
+            offset += len(decoder.decode(bytes(self.bytes(t))))
         return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
-                "top_logprobs": [None if lp is None else {**{self.text(i): v for i, v in lp.top}, tok: lp.logprob}
+                "top_logprobs": [None if lp is None
+                                 else {**{self.completion_token(i): v for i, v in lp.top}, tok: lp.logprob}
                                  for tok, lp in zip(tokens, lps)],
                 "text_offset": offsets}
 

@@ -90,6 +90,19 @@ class StopText:
         self.sent += new
         return new
 
+    def sent_tokens(self, lo: int = 0) -> int:
+        """How many of the ids received (up to the stop string's last, once stopped) have their whole text
+        in what `delta` sent: the longest such prefix, at least `lo` (a count found before). A token whose
+        text is held back (part of a character, the start of a possible stop string) is not counted yet."""
+        n = len(self.ids) if self.used is None else self.used
+        if not self.stopped and self.sent == self.text and not self.text.endswith("\ufffd"):
+            return max(n, lo)
+        for k in range(n, lo, -1):
+            text = self.decode(self.ids[:k])
+            if not text.endswith("\ufffd") and self.sent.startswith(text):
+                return k
+        return lo
+
     def rest(self, finish_reason: str | None) -> str:
         """The final text's part not sent yet (at the end of generation; `final_text` drops a trailing
         half character of a length-cut completion)."""
@@ -103,8 +116,9 @@ class StopText:
 class Sequence:
     """One choice to generate: a tokenized prompt and its params, with callbacks run on the generation
     thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded, and, when the params ask
-    for logprobs, `on_text(delta, logprobs)`: the `TokenLogprob`s of the tokens received since the last
-    call (up to a stop string's last token; `rest_logprobs` has the ones left at the end); `on_done(result,
+    for logprobs, `on_text(delta, logprobs)`: the `TokenLogprob`s of the tokens whose text the sent deltas
+    now hold whole and an earlier call did not carry (`StopText.sent_tokens`), so a chunk's tokens spell its
+    text; `rest_logprobs` has the ones left at the end (a stop string's last token among them); `on_done(result,
     error)` once, with the GenerationResult (its `text` the final text, stop strings applied, its
     `logprobs` cut there too) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
@@ -139,7 +153,8 @@ class Sequence:
                 if self.params.logprobs is None:
                     self.on_text(delta)
                 else:
-                    end = len(self.logprobs) if self.text.used is None else min(self.text.used, len(self.logprobs))
+                    # the logprobs of the tokens whose text this delta completes (the rest wait for theirs)
+                    end = min(self.text.sent_tokens(self.logprobs_sent), len(self.logprobs))
                     self.on_text(delta, self.logprobs[self.logprobs_sent : end])
                     self.logprobs_sent = max(self.logprobs_sent, end)
         return reason

@@ -4,6 +4,7 @@ over the answer (teacher forcing) and against each other."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -142,6 +143,71 @@ def test_echo_without_logprobs_prepends_the_prompt_text(client):
                                      echo=True)
     assert [c.text for c in echo.choices] == ["def add(a, b):" + plain.choices[0].text, "Once" + plain.choices[1].text]
     assert echo.choices[0].logprobs is None and echo.usage == plain.usage
+
+
+def completion_token_bytes(token: str) -> bytes:
+    """The bytes a Completions token string stands for: its UTF-8, or the escapes of "bytes:\\xNN..."."""
+    if token.startswith("bytes:"):
+        return bytes(int(h, 16) for h in token[len("bytes:"):].split("\\x")[1:])
+    return token.encode()
+
+
+def test_partial_character_tokens_keep_their_bytes_names_and_offsets(server, smollm2_pipeline):
+    """Emoji are several byte-level tokens each: in Completions such a token is named by its bytes
+    ("bytes:\\xf0\\x9f", so the 5 alternatives stay 5 distinct keys) and `text_offset` counts characters of
+    the text, not of U+FFFD placeholders; streamed, the tokens and offsets are the same."""
+    from dflash_trt.text import token_bytes
+
+    tok = smollm2_pipeline.tokenizer
+    body = {"model": MODEL, "prompt": "Emoji: \U0001F431\U0001F436", "max_tokens": 6, "temperature": 0, "logprobs": 5,
+            "echo": True}
+    r = httpx.post(server[0] + "/v1/completions", timeout=120, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp, text = choice["logprobs"], choice["text"]
+    ids = smollm2_pipeline.encode(body["prompt"])
+    assert any(t.startswith("bytes:") for t in lp["tokens"][: len(ids)])  # the prompt's emoji are split
+    assert [completion_token_bytes(t) for t in lp["tokens"][: len(ids)]] == [token_bytes(tok, i) for i in ids]
+    joined = b"".join(completion_token_bytes(t) for t in lp["tokens"])
+    assert joined.startswith(text.encode()) and len(joined) - len(text.encode()) < 4  # at most a cut character
+    for top in lp["top_logprobs"][1:]:
+        assert len(top) in (5, 6)  # the 5 best and the chosen one: no two alternatives collapse into one key
+    before = b""
+    for t, off in zip(lp["tokens"], lp["text_offset"]):
+        # the characters before the token's own: what its predecessors' bytes complete
+        assert off == len(before.decode("utf-8", "ignore")) and text[:off].encode() == before[: len(text[:off].encode())]
+        before += completion_token_bytes(t)
+    plain = {**body, "echo": False}
+    whole = httpx.post(server[0] + "/v1/completions", timeout=120, json=plain).json()["choices"][0]["logprobs"]
+    with httpx.stream("POST", server[0] + "/v1/completions", timeout=120, json={**plain, "stream": True}) as s:
+        parts = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    streamed = [c["choices"][0]["logprobs"] for c in parts if c["choices"][0]["logprobs"]]
+    assert [t for p in streamed for t in p["tokens"]] == whole["tokens"] == lp["tokens"][len(ids):]
+    assert [o for p in streamed for o in p["text_offset"]] == whole["text_offset"]
+
+
+def test_each_streamed_chunk_carries_the_logprobs_of_its_own_text(client):
+    """A character split over several tokens is held back until whole; its tokens' logprobs wait with it,
+    so every chunk's tokens spell exactly that chunk's text (the last chunk: plus the tokens not shown,
+    <|im_end|>)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Emoji for cat?"}], max_tokens=12,
+                  temperature=0, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    assert any(not _decodes(bytes(e.bytes)) for e in whole)  # the answer holds characters split over tokens
+    chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    for c in chunks[1:-1]:
+        carried = b"".join(bytes(e.bytes) for e in (c.choices[0].logprobs.content if c.choices[0].logprobs else []))
+        assert carried == (c.choices[0].delta.content or "").encode()
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes, e.logprob) for e in streamed] == [(e.token, e.bytes, e.logprob) for e in whole]
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("path, body, message", [
