@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -348,8 +349,15 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             lambda: [encode_text(x, f"prompt {i}") if isinstance(x, str) else check_ids(x, f"prompt {i}")
                      for i, x in enumerate(items)])
         want = req.max_tokens if req.max_tokens is not None else COMPLETIONS_MAX_TOKENS
-        max_tokens = [fit_context(len(ids), want, context_len, f"prompt {i}" if len(prompts) > 1 else "the prompt",
-                                  "prompt") for i, ids in enumerate(prompts)]
+        # max_tokens 0 with echo scores the prompt (OpenAI's legacy API, vLLM): the prompt and its logprobs,
+        # no completion. The prefill's first token is generated (it costs nothing more) and dropped.
+        scoring = want == 0 and req.echo
+        if want == 0 and not req.echo:
+            raise InvalidRequestError("max_tokens must be >= 1, got 0 (0 is allowed with echo: true, which returns "
+                                      "the prompt and, with logprobs, its tokens' logprobs)", param="max_tokens")
+        max_tokens = [fit_context(len(ids), 1 if scoring else want, context_len,
+                                  f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
+                      for i, ids in enumerate(prompts)]
         seqs, events = await run(req, prompts, max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
@@ -369,6 +377,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
             return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
         results = await collect(seqs, events, request)
+        if scoring:
+            results = [replace(r, token_ids=[], text="", finish_reason="length",
+                               logprobs=None if r.logprobs is None else []) for r in results]
 
         def echoed(i: int, r) -> tuple[str, dict | None]:
             """Choice i's text and logprobs object; with echo, the prompt's come first."""

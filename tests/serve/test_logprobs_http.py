@@ -145,6 +145,27 @@ def test_echo_without_logprobs_prepends_the_prompt_text(client):
     assert echo.choices[0].logprobs is None and echo.usage == plain.usage
 
 
+def test_max_tokens_zero_with_echo_scores_the_prompt(server, client):
+    """OpenAI's legacy scoring request: max_tokens 0 and echo return the prompt and its logprobs, nothing
+    generated: the same prompt logprobs as with max_tokens 1, and usage counts no completion token."""
+    prompt = ["The capital of France is Paris.", "def add(a, b):"]
+    one = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    zero = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0, echo=True, logprobs=2)
+    assert [c.text for c in zero.choices] == prompt
+    assert zero.usage.completion_tokens == 0 and zero.usage.prompt_tokens == one.usage.prompt_tokens
+    for z, o in zip(zero.choices, one.choices):
+        assert z.finish_reason == "length"
+        assert z.logprobs.tokens == o.logprobs.tokens[:-1]
+        assert z.logprobs.token_logprobs == o.logprobs.token_logprobs[:-1]
+        assert z.logprobs.top_logprobs == o.logprobs.top_logprobs[:-1]
+        assert z.logprobs.text_offset == o.logprobs.text_offset[:-1]
+    bare = client.completions.create(model=MODEL, prompt=prompt[0], max_tokens=0, echo=True)
+    assert bare.choices[0].text == prompt[0] and bare.choices[0].logprobs is None
+    r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 0})
+    assert r.status_code == 400 and "0 is allowed with echo" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "max_tokens"
+
+
 def completion_token_bytes(token: str) -> bytes:
     """The bytes a Completions token string stands for: its UTF-8, or the escapes of "bytes:\\xNN..."."""
     if token.startswith("bytes:"):
