@@ -2,8 +2,8 @@
 `torch.ops.dflash_trt.kv_inject` for CUDA tensors (its CPU kernel is csrc/kv_inject.cpp).
 
 The kernel is plain CUDA behind a C ABI (`dflash_kv_inject`, no torch headers), compiled with `nvcc` into
-a shared library and called through ctypes on torch's current stream; the same library is what a
-TensorRT plugin's enqueue would call (plugins/README.md). It is built on first use for the GPU's
+a shared library and called through ctypes on torch's current stream; the same entry point is what the
+TensorRT plugin DFlashKVInject's enqueue calls (plugins/kv_inject, compiled into its own library). It is built on first use for the GPU's
 architecture (`sm_<major><minor>`, plus its PTX), ~10 s, into a temporary folder renamed at the end to
 `<cache>/ops/cuda-<key>/` (key: a hash of the source, the nvcc version and the architectures), so an
 interrupted build leaves nothing a later process would load. A failed build is recorded beside it
