@@ -2,8 +2,8 @@
 // dflash_trt/ops/csrc/kv_inject.cu (DFlash paper sec. 3.2) as one layer of a TensorRT 10 engine.
 //
 // An IPluginV3 with the IPluginV3OneCore / IPluginV3OneBuildV2 / IPluginV3OneRuntime capabilities. Its enqueue
-// calls the kernel's C ABI `dflash_kv_inject` with its bindings and stream; nothing else runs on the GPU. Inputs, in
-// the order of that ABI (T = float32, float16 or bfloat16, all linear/contiguous):
+// calls the kernel's C ABI `dflash_kv_inject_guarded` with its bindings and stream; nothing else runs on the GPU.
+// Inputs, in the order of that ABI (T = float32, float16 or bfloat16, all linear/contiguous):
 //
 //   0 kv        [n, c, L * 2 * H * D] T       per token, layer l's K (H * D values) then its V
 //   1 k_norm    [L, D] T                      each layer's k_norm weight
@@ -13,11 +13,21 @@
 //   5 rows      [n] int64                     the cache row of each sequence
 //   6 positions [n, c] int64                  the slot (absolute position) of each token, < cap
 //
-// Output 0 is the updated cache, input 4's shape and dtype. The build capability declares it aliased to input 4
-// (getAliasedInput), so with TensorRT's aliased-plugin-I/O preview feature on the write is in place; otherwise
-// TensorRT gives the output its own buffer and enqueue first copies the cache into it (cudaMemcpyAsync on the same
-// stream) and injects there. One field: eps (kFLOAT32, one value), k_norm's epsilon: the drafter config's
-// rms_norm_eps. It has no default, because it differs between models (1e-5, 1e-6) and a wrong one changes K.
+// Output 0 is the updated cache, input 4's shape and dtype. When the output's device address is the cache's (the
+// application binds both to one buffer, or TensorRT aliases them) enqueue writes in place; otherwise it first copies
+// the cache into the output (cudaMemcpyAsync on the same stream) and injects there.
+//
+// A token whose row is outside [0, B) or whose position is outside [0, cap) is skipped (nothing written for it),
+// where the torch op's entry point `dflash_kv_inject` stops with a device-side assertion as torch's indexing kernels
+// do: TensorRT's builder may time the plugin on random inputs and trtexec fills inputs with random data, and a
+// device-side assertion leaves a sticky error that kills the CUDA context.
+//
+// Fields:
+//   eps          kFLOAT32, one value, required: k_norm's epsilon, the drafter config's rms_norm_eps. No default,
+//                because it differs between models (1e-5, 1e-6) and a wrong one changes K.
+//   alias_cache  kINT32, one value, 0 or 1, default 0: 1 declares output 0 aliased to input 4 (getAliasedInput),
+//                which needs PreviewFeature::kALIASED_PLUGIN_IO_10_03 on the builder config (reportedly the build
+//                fails without it); 0 declares no aliasing (-1).
 //
 // TensorRT finds the creator through the two C entry points at the end (`getCreators`, `setLoggerFinder`) that
 // IPluginRegistry::loadLibrary / `trtexec --dynamicPlugins` look up; the library does not link libnvinfer
@@ -32,9 +42,10 @@
 #include <cstdio>
 #include <string>
 
-extern "C" int dflash_kv_inject(int dtype, const void* kv, const void* k_norm, float eps, const float* cos,
-                                const float* sin, void* cache, const int64_t* rows, const int64_t* positions, int64_t n,
-                                int64_t c, int64_t L, int64_t B, int64_t H, int64_t cap, int64_t D, void* stream);
+extern "C" int dflash_kv_inject_guarded(int dtype, const void* kv, const void* k_norm, float eps, const float* cos,
+                                        const float* sin, void* cache, const int64_t* rows, const int64_t* positions,
+                                        int64_t n, int64_t c, int64_t L, int64_t B, int64_t H, int64_t cap, int64_t D,
+                                        void* stream);
 extern "C" const char* dflash_cuda_error_string(int code);
 
 #define DFLASH_EXPORT __attribute__((visibility("default")))
@@ -51,12 +62,13 @@ constexpr char const* kINPUT_NAMES[kNB_INPUTS] = {"kv", "k_norm", "cos", "sin", 
 
 std::atomic<ILoggerFinder*> gLoggerFinder{nullptr};
 
-// One message, to `recorder` if there is one, else TensorRT's logger, else stderr; prefixed with the plugin name.
-void report(IErrorRecorder* recorder, std::string const& what) noexcept {
+// One message, to `recorder` (with `code`) if there is one, else TensorRT's logger, else stderr; prefixed with the
+// plugin name. kINVALID_ARGUMENT for a shape, type or field problem, kFAILED_EXECUTION for a CUDA failure.
+void report(IErrorRecorder* recorder, ErrorCode code, std::string const& what) noexcept {
   try {
     std::string const msg = std::string(kNAME) + ": " + what;
     if (recorder != nullptr) {
-      recorder->reportError(ErrorCode::kINVALID_ARGUMENT, msg.c_str());
+      recorder->reportError(code, msg.c_str());
       return;
     }
     ILoggerFinder* finder = gLoggerFinder.load();
@@ -129,6 +141,15 @@ std::string check_shapes(Dims const* in, bool exact) {
   for (int32_t i = 0; i < kNB_INPUTS; ++i)
     for (int32_t k = 0; k < in[i].nbDims; ++k)
       if (in[i].d[k] < 0) return std::string(kINPUT_NAMES[i]) + " has an unknown dimension: " + dims_str(in[i]);
+  if (L <= 0) return "the number of layers L must be > 0, got cache " + dims_str(cache);
+  if (H <= 0) return "the number of KV heads H must be > 0, got cache " + dims_str(cache);
+  if (D <= 0) return "head_dim D must be > 0, got cache " + dims_str(cache);
+  if (n * c > 0 && cache.d[2] <= 0)
+    return "the cache's rows B must be > 0 when there are tokens (positions " + dims_str(in[kPOSITIONS]) +
+           "), got cache " + dims_str(cache);
+  if (n * c > 0 && cache.d[4] <= 0)
+    return "the cache's capacity cap must be > 0 when there are tokens (positions " + dims_str(in[kPOSITIONS]) +
+           "), got cache " + dims_str(cache);
   if (D > 2048 || L > 65535 || H > 65535 || n * c > 2147483647LL)
     return "the kernel takes head_dim <= 2048, <= 65535 layers and KV heads and < 2^31 tokens, got cache " +
            dims_str(cache) + " and positions " + dims_str(in[kPOSITIONS]);
@@ -140,8 +161,10 @@ class KVInjectPlugin final : public IPluginV3,
                              public IPluginV3OneBuildV2,
                              public IPluginV3OneRuntime {
  public:
-  explicit KVInjectPlugin(float eps) : mEps(eps) {}
-  KVInjectPlugin(KVInjectPlugin const& other) : mEps(other.mEps), mRecorder(other.mRecorder) {}
+  KVInjectPlugin(float eps, int32_t alias_cache) : mEps(eps), mAliasCache(alias_cache) {}
+  // Not the error recorder: a clone (of an attached plugin too) reports to the logger until attachToContext gives
+  // it its own context's recorder, which it does not own beyond that context.
+  KVInjectPlugin(KVInjectPlugin const& other) : mEps(other.mEps), mAliasCache(other.mAliasCache) {}
 
   // IPluginV3
   IPluginCapability* getCapabilityInterface(PluginCapabilityType type) noexcept override {
@@ -182,7 +205,8 @@ class KVInjectPlugin final : public IPluginV3,
     if (nbInputs != kNB_INPUTS || nbOutputs != 1) return fail_io_count(nbInputs, nbOutputs);
     if (inputs[kCACHE].nbDims != 6) {
       try {
-        report(mRecorder, "cache must be [2, L, B, H, cap, D], got rank " + std::to_string(inputs[kCACHE].nbDims));
+        report(mRecorder, ErrorCode::kINVALID_ARGUMENT,
+               "cache must be [2, L, B, H, cap, D], got rank " + std::to_string(inputs[kCACHE].nbDims));
       } catch (...) {
       }
       return -1;
@@ -216,9 +240,12 @@ class KVInjectPlugin final : public IPluginV3,
     return check(dims, out[0].desc.dims, false);
   }
 
-  // Output 0 aliases input 4 (the cache): written in place when TensorRT's aliased-plugin-I/O preview feature is
-  // on; TensorRT ignores this otherwise, and enqueue then copies the cache to the output first.
-  int32_t getAliasedInput(int32_t outputIndex) noexcept override { return outputIndex == 0 ? kCACHE : -1; }
+  // With alias_cache = 1, output 0 aliases input 4 (the cache), which needs TensorRT's preview feature
+  // kALIASED_PLUGIN_IO_10_03 on the builder config (TensorRT may still insert copies); else -1, no aliasing declared:
+  // the application may still bind the output to the cache's own address, and enqueue then writes in place.
+  int32_t getAliasedInput(int32_t outputIndex) noexcept override {
+    return outputIndex == 0 && mAliasCache == 1 ? kCACHE : -1;
+  }
 
   // IPluginV3OneRuntime
   int32_t onShapeChange(PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out,
@@ -238,7 +265,7 @@ class KVInjectPlugin final : public IPluginV3,
     }
   }
 
-  // A clone that reports to this execution context's error recorder.
+  // A clone that reports to this execution context's error recorder (the copy constructor does not copy one).
   IPluginV3* attachToContext(IPluginResourceContext* context) noexcept override {
     try {
       auto* p = new KVInjectPlugin(*this);
@@ -250,14 +277,17 @@ class KVInjectPlugin final : public IPluginV3,
   }
 
   PluginFieldCollection const* getFieldsToSerialize() noexcept override {
-    mField = PluginField("eps", &mEps, PluginFieldType::kFLOAT32, 1);
-    mFields = PluginFieldCollection{1, &mField};
+    mField[0] = PluginField("eps", &mEps, PluginFieldType::kFLOAT32, 1);
+    mField[1] = PluginField("alias_cache", &mAliasCache, PluginFieldType::kINT32, 1);
+    mFields = PluginFieldCollection{2, mField};
     return &mFields;
   }
 
  private:
-  // enqueue: the shapes checked again (nothing is launched for a bad one), the cache copied to the output unless
-  // aliased, then one kernel launch on `stream`. Returns 0, -1 for a bad shape or copy, or the launch's CUDA error.
+  // enqueue: the shapes checked again (nothing is launched for a bad one), the cache copied to the output unless the
+  // two share one address, then one kernel launch on `stream` (the guarded entry point: a row or position outside
+  // the cache is skipped, not asserted). Returns 0, -1 for a bad shape or copy, or the launch's CUDA error; a bad
+  // shape or type is reported as kINVALID_ARGUMENT, a CUDA failure as kFAILED_EXECUTION.
   int32_t launch(PluginTensorDesc const* inputDesc, PluginTensorDesc const* outputDesc, void const* const* inputs,
                  void* const* outputs, cudaStream_t stream) const {
     Dims dims[kNB_INPUTS];
@@ -265,27 +295,30 @@ class KVInjectPlugin final : public IPluginV3,
     if (check(dims, outputDesc[0].dims, true) != 0) return -1;
     int const dtype = dtype_code(inputDesc[kCACHE].type);
     if (dtype < 0 || outputDesc[0].type != inputDesc[kCACHE].type) {
-      report(mRecorder, "cache and output must share one of float32 / float16 / bfloat16");
+      report(mRecorder, ErrorCode::kINVALID_ARGUMENT,
+             "cache and output must share one of float32 / float16 / bfloat16");
       return -1;
     }
     void* cache = outputs[0];
-    if (cache != inputs[kCACHE]) {  // not aliased: the output starts as a copy of the cache
+    if (cache != inputs[kCACHE]) {  // not one buffer: the output starts as a copy of the cache
       size_t const bytes = static_cast<size_t>(volume(dims[kCACHE])) * (dtype == 0 ? 4 : 2);
       cudaError_t const err = cudaMemcpyAsync(cache, inputs[kCACHE], bytes, cudaMemcpyDeviceToDevice, stream);
       if (err != cudaSuccess) {
-        report(mRecorder, std::string("copying the cache to the output failed: ") + cudaGetErrorString(err));
+        report(mRecorder, ErrorCode::kFAILED_EXECUTION,
+               std::string("copying the cache to the output failed: ") + cudaGetErrorString(err));
         return -1;
       }
     }
     Dims const& cd = dims[kCACHE];
-    int const code = dflash_kv_inject(
+    int const code = dflash_kv_inject_guarded(
         dtype, inputs[kKV], inputs[kKNORM], mEps, static_cast<float const*>(inputs[kCOS]),
         static_cast<float const*>(inputs[kSIN]), cache, static_cast<int64_t const*>(inputs[kROWS]),
         static_cast<int64_t const*>(inputs[kPOSITIONS]), dims[kPOSITIONS].d[0], dims[kPOSITIONS].d[1], cd.d[1],
         cd.d[2], cd.d[3], cd.d[4], cd.d[5], stream);
-    if (code != 0) {
-      report(mRecorder, std::string("dflash_kv_inject failed: ") + dflash_cuda_error_string(code) + " (cache " +
-                            dims_str(cd) + ", positions " + dims_str(dims[kPOSITIONS]) + ")");
+    if (code != 0) {  // the arguments were checked above: a CUDA failure (no device, a launch error)
+      report(mRecorder, ErrorCode::kFAILED_EXECUTION,
+             std::string("dflash_kv_inject_guarded failed: ") + dflash_cuda_error_string(code) + " (cache " +
+                 dims_str(cd) + ", positions " + dims_str(dims[kPOSITIONS]) + ")");
       return code;
     }
     return 0;
@@ -293,8 +326,9 @@ class KVInjectPlugin final : public IPluginV3,
 
   int32_t fail_io_count(int32_t nbInputs, int32_t nbOutputs) const noexcept {
     try {
-      report(mRecorder, "takes 7 inputs (kv, k_norm, cos, sin, cache, rows, positions) and 1 output, got " +
-                            std::to_string(nbInputs) + " and " + std::to_string(nbOutputs));
+      report(mRecorder, ErrorCode::kINVALID_ARGUMENT,
+             "takes 7 inputs (kv, k_norm, cos, sin, cache, rows, positions) and 1 output, got " +
+                 std::to_string(nbInputs) + " and " + std::to_string(nbOutputs));
     } catch (...) {
     }
     return -1;
@@ -310,56 +344,73 @@ class KVInjectPlugin final : public IPluginV3,
       if (why.empty() && exact && !same)
         why = "the output must be the cache's shape " + dims_str(in[kCACHE]) + ", got " + dims_str(out);
       if (why.empty()) return 0;
-      report(mRecorder, why);
+      report(mRecorder, ErrorCode::kINVALID_ARGUMENT, why);
     } catch (...) {
     }
     return -1;
   }
 
   float mEps;
+  int32_t mAliasCache;  // 0 or 1
   IErrorRecorder* mRecorder{nullptr};
-  PluginField mField;
+  PluginField mField[2];
   PluginFieldCollection mFields{};
 };
 
 class KVInjectCreator final : public IPluginCreatorV3One {
  public:
   KVInjectCreator() {
-    mField = PluginField("eps", nullptr, PluginFieldType::kFLOAT32, 1);
-    mFields = PluginFieldCollection{1, &mField};
+    mField[0] = PluginField("eps", nullptr, PluginFieldType::kFLOAT32, 1);
+    mField[1] = PluginField("alias_cache", nullptr, PluginFieldType::kINT32, 1);
+    mFields = PluginFieldCollection{2, mField};
   }
 
-  // eps is required: one finite kFLOAT32 > 0. nullptr (with a message) for a missing, mistyped or unknown field.
+  // eps is required: one finite kFLOAT32 > 0. alias_cache is optional: one kINT32, 0 or 1 (0 when absent). nullptr
+  // (with a message naming the field) for a missing, mistyped or out-of-range field, or an unknown one.
   IPluginV3* createPlugin(AsciiChar const* /*name*/, PluginFieldCollection const* fc,
                           TensorRTPhase /*phase*/) noexcept override {
     try {
       bool found = false;
       float eps = 0.0f;
+      int32_t alias_cache = 0;
+      ErrorCode const bad = ErrorCode::kINVALID_ARGUMENT;
       for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
         PluginField const& f = fc->fields[i];
         std::string const name = f.name != nullptr ? f.name : "";
-        if (name != "eps") {
-          report(nullptr, "unknown field '" + name + "'; the only field is eps (kFLOAT32)");
+        std::string const got =
+            "got type " + std::to_string(static_cast<int32_t>(f.type)) + " with length " + std::to_string(f.length);
+        if (name == "eps") {
+          if (f.type != PluginFieldType::kFLOAT32 || f.length != 1 || f.data == nullptr) {
+            report(nullptr, bad, "field eps must be one kFLOAT32 value (the drafter's rms_norm_eps), " + got);
+            return nullptr;
+          }
+          eps = *static_cast<float const*>(f.data);
+          found = true;
+        } else if (name == "alias_cache") {
+          if (f.type != PluginFieldType::kINT32 || f.length != 1 || f.data == nullptr) {
+            report(nullptr, bad, "field alias_cache must be one kINT32 value (0 or 1), " + got);
+            return nullptr;
+          }
+          alias_cache = *static_cast<int32_t const*>(f.data);
+          if (alias_cache != 0 && alias_cache != 1) {
+            report(nullptr, bad, "field alias_cache must be 0 or 1, got " + std::to_string(alias_cache));
+            return nullptr;
+          }
+        } else {
+          report(nullptr, bad,
+                 "unknown field '" + name + "'; the fields are eps (kFLOAT32) and alias_cache (kINT32, optional)");
           return nullptr;
         }
-        if (f.type != PluginFieldType::kFLOAT32 || f.length != 1 || f.data == nullptr) {
-          report(nullptr, "field eps must be one kFLOAT32 value (the drafter's rms_norm_eps), got type " +
-                              std::to_string(static_cast<int32_t>(f.type)) + " with length " +
-                              std::to_string(f.length));
-          return nullptr;
-        }
-        eps = *static_cast<float const*>(f.data);
-        found = true;
       }
       if (!found) {
-        report(nullptr, "missing field eps (kFLOAT32): k_norm's epsilon, the drafter config's rms_norm_eps");
+        report(nullptr, bad, "missing field eps (kFLOAT32): k_norm's epsilon, the drafter config's rms_norm_eps");
         return nullptr;
       }
       if (!std::isfinite(eps) || eps <= 0.0f) {
-        report(nullptr, "eps must be finite and > 0, got " + std::to_string(eps));
+        report(nullptr, bad, "eps must be finite and > 0, got " + std::to_string(eps));
         return nullptr;
       }
-      return new KVInjectPlugin(eps);
+      return new KVInjectPlugin(eps, alias_cache);
     } catch (...) {
       return nullptr;
     }
@@ -371,7 +422,7 @@ class KVInjectCreator final : public IPluginCreatorV3One {
   AsciiChar const* getPluginNamespace() const noexcept override { return kNAMESPACE; }
 
  private:
-  PluginField mField;
+  PluginField mField[2];
   PluginFieldCollection mFields{};
 };
 

@@ -4,15 +4,17 @@
 //
 // It dlopens the library, takes the creator from its `getCreators` entry point (as IPluginRegistry::loadLibrary
 // does), installs a recording logger through `setLoggerFinder`, and calls the plugin's methods as TensorRT's builder
-// and runtime would: names, fields, output types and shapes, the format combinations, aliasing, shape checks,
-// serialisation round trip, clone, attachToContext with an error recorder, and enqueue's paths that return before the
-// GPU (a bad shape; zero tokens in place). Prints one "ok <check>" line per check and "ALL OK <n> checks", or
-// "FAIL <check>: <detail>" and exits 1. Built and run by tests/plugins/test_trt_plugin.py.
+// and runtime would: names, fields (eps, alias_cache), output types and shapes, the format combinations, aliasing,
+// shape checks, serialisation round trip, clone, attachToContext with an error recorder (and a clone of the attached
+// plugin without it), and enqueue's paths that return before the GPU (a bad shape; zero tokens in place; without a
+// GPU, the CUDA failure reported as kFAILED_EXECUTION). Prints one "ok <check>" line per check and "ALL OK <n>
+// checks", or "FAIL <check>: <detail>" and exits 1. Built and run by tests/plugins/test_trt_plugin.py.
 //
 //   test_plugin_host <library> --gpu
 //
 // additionally runs enqueue on a CUDA GPU (float32, in place and into a separate output) against a float32 reference
-// computed here; not run by the test suite on a machine without a GPU.
+// computed here, and checks that out-of-range rows and positions are skipped without an error; not run by the test
+// suite on a machine without a GPU.
 #include <NvInferRuntime.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -66,15 +68,21 @@ char const* type_name(DataType t) {
 
 struct Recorder : IErrorRecorder {
   std::string last;
+  ErrorCode lastCode = ErrorCode::kSUCCESS;
   int32_t count = 0;
   int32_t getNbErrors() const noexcept override { return count; }
-  ErrorCode getErrorCode(int32_t) const noexcept override { return ErrorCode::kINVALID_ARGUMENT; }
+  ErrorCode getErrorCode(int32_t) const noexcept override { return lastCode; }
   ErrorDesc getErrorDesc(int32_t) const noexcept override { return last.c_str(); }
   bool hasOverflowed() const noexcept override { return false; }
-  void clear() noexcept override { count = 0; last.clear(); }
-  bool reportError(ErrorCode, ErrorDesc desc) noexcept override {
+  void clear() noexcept override {
+    count = 0;
+    last.clear();
+    lastCode = ErrorCode::kSUCCESS;
+  }
+  bool reportError(ErrorCode code, ErrorDesc desc) noexcept override {
     ++count;
     last = desc;
+    lastCode = code;
     return false;
   }
   RefCount incRefCount() noexcept override { return 1; }
@@ -131,13 +139,31 @@ bool accepts_all(IPluginV3OneBuild* b, std::vector<DynamicPluginTensorDesc> cons
   return true;
 }
 
-float eps_of(IPluginV3* p) {
+// The serialised field `name` of type `type` (one value), nullptr unless getFieldsToSerialize has exactly eps then
+// alias_cache.
+void const* serialised(IPluginV3* p, char const* name, PluginFieldType type) {
   auto* rt = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
   PluginFieldCollection const* fc = rt->getFieldsToSerialize();
-  if (fc == nullptr || fc->nbFields != 1 || std::strcmp(fc->fields[0].name, "eps") != 0 ||
-      fc->fields[0].type != PluginFieldType::kFLOAT32 || fc->fields[0].length != 1)
-    return NAN;
-  return *static_cast<float const*>(fc->fields[0].data);
+  if (fc == nullptr || fc->nbFields != 2 || std::strcmp(fc->fields[0].name, "eps") != 0 ||
+      std::strcmp(fc->fields[1].name, "alias_cache") != 0)
+    return nullptr;
+  for (int32_t i = 0; i < 2; ++i)
+    if (std::strcmp(fc->fields[i].name, name) == 0 && fc->fields[i].type == type && fc->fields[i].length == 1)
+      return fc->fields[i].data;
+  return nullptr;
+}
+float eps_of(IPluginV3* p) {
+  void const* v = serialised(p, "eps", PluginFieldType::kFLOAT32);
+  return v != nullptr ? *static_cast<float const*>(v) : NAN;
+}
+int32_t alias_of(IPluginV3* p) {
+  void const* v = serialised(p, "alias_cache", PluginFieldType::kINT32);
+  return v != nullptr ? *static_cast<int32_t const*>(v) : -99;
+}
+// getAliasedInput(0) of p's build capability.
+int32_t aliased_input(IPluginV3* p) {
+  return static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD))
+      ->getAliasedInput(0);
 }
 
 IPluginV3* create(IPluginCreatorV3One* creator, std::vector<PluginField> const& fields, TensorRTPhase phase) {
@@ -209,6 +235,34 @@ void gpu_checks(IPluginV3* plugin, float eps) {
   std::vector<float> untouched(cache.size());
   cudaMemcpy(untouched.data(), in[4], untouched.size() * 4, cudaMemcpyDeviceToHost);
   expect(untouched == cache, "gpu: a separate output leaves the cache input untouched");
+  {
+    // Sequence 1's row (B) and two positions of sequence 0 (cap, -1) outside the cache: those tokens are skipped, the
+    // others written as in the reference, and no device-side assertion (the context stays usable).
+    std::vector<int64_t> bad_rows = {3, s.B}, bad_pos = {0, s.cap, -1, 2, 3, 15};
+    cudaMemcpy(in[5], bad_rows.data(), bad_rows.size() * 8, cudaMemcpyHostToDevice);
+    cudaMemcpy(in[6], bad_pos.data(), bad_pos.size() * 8, cudaMemcpyHostToDevice);
+    cudaMemcpy(in[4], cache.data(), cache.size() * 4, cudaMemcpyHostToDevice);
+    void* out[1] = {in[4]};
+    int32_t const rc = rt->enqueue(d.data(), d.data() + 7, in, out, nullptr, stream);
+    cudaError_t const sync = cudaStreamSynchronize(stream);
+    std::vector<float> got(cache.size());
+    cudaMemcpy(got.data(), in[4], got.size() * 4, cudaMemcpyDeviceToHost);
+    // only token 0 (row 3, position 0) is in range: the reference's writes at that slot, the initial cache elsewhere
+    std::vector<float> want0 = cache;
+    for (int64_t kvi = 0; kvi < 2; ++kvi)
+      for (int64_t l = 0; l < s.L; ++l)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t e = 0; e < s.D; ++e) {
+            int64_t const at = kvi * (cache_size / 2) + l * s.B * s.H * s.cap * s.D + 3 * s.H * s.cap * s.D +
+                               h * s.cap * s.D + 0 * s.D + e;
+            want0[at] = want[at];
+          }
+    double worst = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::fmax(worst, std::fabs(got[i] - want0[i]));
+    expect(rc == 0 && sync == cudaSuccess && worst < 1e-5,
+           "gpu: rows and positions outside the cache are skipped, no device-side assertion",
+           "rc " + std::to_string(rc) + ", " + cudaGetErrorString(sync) + ", max error " + std::to_string(worst));
+  }
   for (void* p : in) cudaFree(p);
   cudaFree(separate);
   cudaStreamDestroy(stream);
@@ -231,7 +285,8 @@ int main(int argc, char** argv) {
   auto get_creators = reinterpret_cast<GetCreators>(dlsym(lib, "getCreators"));
   auto set_logger_finder = reinterpret_cast<SetLoggerFinder>(dlsym(lib, "setLoggerFinder"));
   expect(get_creators != nullptr && set_logger_finder != nullptr, "exports getCreators and setLoggerFinder");
-  expect(dlsym(lib, "dflash_kv_inject") == nullptr, "the kernel's C ABI stays internal (hidden visibility)");
+  expect(dlsym(lib, "dflash_kv_inject") == nullptr && dlsym(lib, "dflash_kv_inject_guarded") == nullptr,
+         "the kernel's C ABI stays internal (hidden visibility)");
   set_logger_finder(&gFinder);
   int32_t nb = -1;
   IPluginCreatorInterface* const* creators = get_creators(nb);
@@ -245,9 +300,11 @@ int main(int argc, char** argv) {
              std::strcmp(creator->getPluginNamespace(), "dflash_trt") == 0,
          "creator name / version / namespace");
   PluginFieldCollection const* names = creator->getFieldNames();
-  expect(names != nullptr && names->nbFields == 1 && std::strcmp(names->fields[0].name, "eps") == 0 &&
-             names->fields[0].type == PluginFieldType::kFLOAT32,
-         "getFieldNames lists eps (kFLOAT32)");
+  expect(names != nullptr && names->nbFields == 2 && std::strcmp(names->fields[0].name, "eps") == 0 &&
+             names->fields[0].type == PluginFieldType::kFLOAT32 &&
+             std::strcmp(names->fields[1].name, "alias_cache") == 0 &&
+             names->fields[1].type == PluginFieldType::kINT32,
+         "getFieldNames lists eps (kFLOAT32) and alias_cache (kINT32)");
 
   // Fields: eps required, one finite kFLOAT32 > 0; anything else refused with a message.
   float const eps = 1e-5f;
@@ -273,6 +330,24 @@ int main(int argc, char** argv) {
   expect(create(creator, {eps_field, PluginField("theta", &eps, PluginFieldType::kFLOAT32, 1)}, kB) == nullptr &&
              logged("unknown field 'theta'"),
          "an unknown field: refused, named");
+  // alias_cache: optional, one kINT32, 0 or 1.
+  int32_t const alias_zero = 0, alias_one = 1, alias_two = 2, alias_pair[2] = {1, 1};
+  float const alias_float = 1.0f;
+  expect(create(creator, {eps_field, PluginField("alias_cache", &alias_two, PluginFieldType::kINT32, 1)}, kB) ==
+                 nullptr &&
+             logged("alias_cache must be 0 or 1, got 2"),
+         "alias_cache 2: refused, named");
+  expect(create(creator, {eps_field, PluginField("alias_cache", &alias_float, PluginFieldType::kFLOAT32, 1)}, kB) ==
+                 nullptr &&
+             logged("field alias_cache must be one kINT32"),
+         "alias_cache as kFLOAT32: refused, names the type wanted");
+  expect(create(creator, {eps_field, PluginField("alias_cache", alias_pair, PluginFieldType::kINT32, 2)}, kB) ==
+                 nullptr &&
+             logged("field alias_cache must be one kINT32"),
+         "alias_cache with two values: refused, named");
+  expect(create(creator, {PluginField("alias_cache", &alias_one, PluginFieldType::kINT32, 1)}, kB) == nullptr &&
+             logged("missing field eps"),
+         "alias_cache without eps: refused, 'missing field eps'");
 
   IPluginV3* plugin = create(creator, {eps_field}, kB);
   expect(plugin != nullptr, "createPlugin(eps = 1e-5, build phase)");
@@ -290,7 +365,21 @@ int main(int argc, char** argv) {
   auto* build = static_cast<IPluginV3OneBuildV2*>(build_cap);
   expect(std::strcmp(rt->getInterfaceInfo().kind, "PLUGIN_V3ONE_RUNTIME") == 0, "the runtime capability's kind");
   expect(build->getNbOutputs() == 1, "getNbOutputs() == 1");
-  expect(build->getAliasedInput(0) == 4 && build->getAliasedInput(1) == -1, "output 0 aliases input 4 (the cache)");
+  expect(build->getAliasedInput(0) == -1 && build->getAliasedInput(1) == -1 && alias_of(plugin) == 0,
+         "no alias_cache: alias_cache 0, output 0 not aliased (getAliasedInput -1)");
+  IPluginV3* aliasing =
+      create(creator, {eps_field, PluginField("alias_cache", &alias_one, PluginFieldType::kINT32, 1)}, kB);
+  expect(aliasing != nullptr && aliased_input(aliasing) == 4 && alias_of(aliasing) == 1 && eps_of(aliasing) == eps,
+         "alias_cache 1: output 0 aliases input 4 (the cache)");
+  {
+    auto* ab = static_cast<IPluginV3OneBuildV2*>(aliasing->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    expect(ab->getAliasedInput(1) == -1, "alias_cache 1: only output 0 is aliased");
+  }
+  IPluginV3* not_aliasing =
+      create(creator, {PluginField("alias_cache", &alias_zero, PluginFieldType::kINT32, 1), eps_field}, kB);
+  expect(not_aliasing != nullptr && aliased_input(not_aliasing) == -1 && alias_of(not_aliasing) == 0,
+         "alias_cache 0 (before eps): output 0 not aliased");
+  delete not_aliasing;
 
   // Output dtype = the cache's dtype.
   for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16}) {
@@ -402,21 +491,65 @@ int main(int argc, char** argv) {
     auto b = descs(big.inputs(), DataType::kBF16);
     expect(rt->onShapeChange(b.data(), 7, b.data() + 7, 1) != 0 && logged("head_dim <= 2048"),
            "onShapeChange: head_dim over the kernel's limit, named");
+    // Zero-sized dimensions: L, H, D always refused; B and cap only when there are tokens.
+    struct Zero {
+      int64_t Shape::*dim;
+      int64_t c;
+      char const* needle;
+      char const* what;
+    } const zeros[] = {
+        {&Shape::L, 3, "number of layers L must be > 0", "onShapeChange: L = 0, named"},
+        {&Shape::H, 3, "number of KV heads H must be > 0", "onShapeChange: H = 0, named"},
+        {&Shape::D, 3, "head_dim D must be > 0", "onShapeChange: D = 0, named"},
+        {&Shape::L, 0, "number of layers L must be > 0", "onShapeChange: L = 0 without tokens, named"},
+        {&Shape::B, 3, "rows B must be > 0 when there are tokens", "onShapeChange: B = 0 with tokens, named"},
+        {&Shape::cap, 3, "capacity cap must be > 0 when there are tokens",
+         "onShapeChange: cap = 0 with tokens, named"},
+    };
+    for (Zero const& z : zeros) {
+      Shape zs;
+      zs.*z.dim = 0;
+      zs.c = z.c;
+      auto zd = descs(zs.inputs(), DataType::kBF16);
+      expect(rt->onShapeChange(zd.data(), 7, zd.data() + 7, 1) != 0 && logged(z.needle), z.what);
+    }
+    for (int64_t Shape::*dim : {&Shape::B, &Shape::cap}) {
+      Shape zs;
+      zs.*dim = 0;
+      zs.c = 0;
+      auto zd = descs(zs.inputs(), DataType::kBF16);
+      expect(rt->onShapeChange(zd.data(), 7, zd.data() + 7, 1) == 0 && take_log().empty(),
+             dim == &Shape::B ? "onShapeChange: B = 0 without tokens accepted"
+                              : "onShapeChange: cap = 0 without tokens accepted");
+    }
   }
 
-  // Serialisation round trip (runtime phase) and clone keep eps bit for bit.
+  // Serialisation round trip (runtime phase) and clone keep eps bit for bit, and alias_cache.
   {
     PluginFieldCollection const* fc = rt->getFieldsToSerialize();
-    expect(fc != nullptr && fc->nbFields == 1 && std::strcmp(fc->fields[0].name, "eps") == 0 &&
-               fc->fields[0].type == PluginFieldType::kFLOAT32 && fc->fields[0].length == 1,
-           "getFieldsToSerialize: one kFLOAT32 field eps");
+    expect(fc != nullptr && fc->nbFields == 2 && std::strcmp(fc->fields[0].name, "eps") == 0 &&
+               fc->fields[0].type == PluginFieldType::kFLOAT32 && fc->fields[0].length == 1 &&
+               std::strcmp(fc->fields[1].name, "alias_cache") == 0 &&
+               fc->fields[1].type == PluginFieldType::kINT32 && fc->fields[1].length == 1,
+           "getFieldsToSerialize: eps (kFLOAT32) and alias_cache (kINT32), one value each");
     IPluginV3* restored = creator->createPlugin("kv", fc, TensorRTPhase::kRUNTIME);
-    expect(restored != nullptr && eps_of(restored) == eps,
+    expect(restored != nullptr && eps_of(restored) == eps && alias_of(restored) == 0 && aliased_input(restored) == -1,
            "createPlugin(runtime phase) from the serialised fields keeps eps");
     IPluginV3* copy = plugin->clone();
-    expect(copy != nullptr && copy != plugin && eps_of(copy) == eps, "clone keeps eps");
+    expect(copy != nullptr && copy != plugin && eps_of(copy) == eps && alias_of(copy) == 0, "clone keeps eps");
+    auto* art = static_cast<IPluginV3OneRuntime*>(aliasing->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    IPluginV3* restored_alias = creator->createPlugin("kv", art->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
+    expect(restored_alias != nullptr && eps_of(restored_alias) == eps && alias_of(restored_alias) == 1 &&
+               aliased_input(restored_alias) == 4,
+           "createPlugin(runtime phase) from the serialised fields keeps alias_cache 1");
+    IPluginV3* copy_alias = aliasing->clone();
+    expect(copy_alias != nullptr && copy_alias != aliasing && eps_of(copy_alias) == eps &&
+               alias_of(copy_alias) == 1 && aliased_input(copy_alias) == 4,
+           "clone keeps alias_cache 1");
     delete restored;
     delete copy;
+    delete restored_alias;
+    delete copy_alias;
   }
 
   // attachToContext: a clone that reports to the context's error recorder (not the logger).
@@ -432,6 +565,36 @@ int main(int argc, char** argv) {
     expect(art->onShapeChange(d.data(), 7, d.data() + 7, 1) != 0 && recorder.count == 1 &&
                recorder.last.find("DFlashKVInject: ") == 0 && take_log().empty(),
            "after attachToContext, problems go to the context's error recorder", recorder.last);
+    expect(recorder.lastCode == ErrorCode::kINVALID_ARGUMENT, "a shape problem is reported as kINVALID_ARGUMENT");
+    // A clone of the attached plugin does not carry the recorder it does not own: it reports to the logger.
+    IPluginV3* clone_of_attached = attached->clone();
+    auto* crt =
+        static_cast<IPluginV3OneRuntime*>(clone_of_attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    expect(crt->onShapeChange(d.data(), 7, d.data() + 7, 1) != 0 && recorder.count == 1 &&
+               logged("positions") && eps_of(clone_of_attached) == eps,
+           "a clone of an attached plugin reports to the logger, not the recorder", recorder.last);
+    delete clone_of_attached;
+    // Without a GPU (no CUDA device here), a valid enqueue's CUDA failure is reported as kFAILED_EXECUTION: the copy
+    // of the cache into a separate output, and the launch in place.
+    int device_count = 0;
+    if (!gpu && (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0)) {
+      auto v = descs(s.inputs(), DataType::kFLOAT);
+      static char in_stub[7][16], out_stub[16];
+      void* vin[7];
+      for (int i = 0; i < 7; ++i) vin[i] = in_stub[i];
+      void* separate[1] = {out_stub};
+      recorder.clear();
+      expect(art->enqueue(v.data(), v.data() + 7, vin, separate, nullptr, nullptr) != 0 && recorder.count == 1 &&
+                 recorder.lastCode == ErrorCode::kFAILED_EXECUTION &&
+                 recorder.last.find("copying the cache to the output failed") != std::string::npos,
+             "no GPU: the failed cache copy is reported as kFAILED_EXECUTION", recorder.last);
+      void* in_place[1] = {in_stub[4]};
+      recorder.clear();
+      expect(art->enqueue(v.data(), v.data() + 7, vin, in_place, nullptr, nullptr) != 0 && recorder.count == 1 &&
+                 recorder.lastCode == ErrorCode::kFAILED_EXECUTION &&
+                 recorder.last.find("dflash_kv_inject_guarded failed") != std::string::npos,
+             "no GPU: the failed launch is reported as kFAILED_EXECUTION", recorder.last);
+    }
     delete attached;
   }
 
@@ -443,6 +606,12 @@ int main(int argc, char** argv) {
     void* out[1] = {nullptr};
     expect(rt->enqueue(d.data(), d.data() + 7, fake, out, nullptr, nullptr) != 0 && logged("k_norm must be [L, D]"),
            "enqueue with a bad shape: nonzero, nothing launched, named");
+    Shape headless;
+    headless.H = 0;
+    auto hd = descs(headless.inputs(), DataType::kFLOAT);
+    expect(rt->enqueue(hd.data(), hd.data() + 7, fake, out, nullptr, nullptr) != 0 &&
+               logged("number of KV heads H must be > 0"),
+           "enqueue with H = 0: nonzero, nothing launched, named");
     Shape empty;
     empty.c = 0;
     auto z = descs(empty.inputs(), DataType::kFLOAT);
@@ -454,6 +623,7 @@ int main(int argc, char** argv) {
   }
 
   if (gpu) gpu_checks(plugin, eps);
+  delete aliasing;
   delete plugin;
   std::printf("ALL OK %d checks\n", gChecks);
   return 0;

@@ -1,10 +1,11 @@
 """The fused KV-injection op's CUDA kernel (csrc/kv_inject.cu, `dflash_trt.ops.cuda`).
 
 Here (no GPU): nvcc compiles it for Hopper and Blackwell without register spills, its C entry point
-refuses bad arguments before touching a GPU, a failed build is recorded and named, and the options that
-turn it on refuse a device that is not CUDA. On a CUDA machine: the kernel against the PyTorch reference
-in float32 / bfloat16 / float16, nothing else written, a bad position stops it, and DFlash with it gives
-the target's own greedy output.
+refuses bad arguments before touching a GPU (and so does the guarded one the TensorRT plugin calls), a
+failed build is recorded and named, and the options that turn it on refuse a device that is not CUDA. On a
+CUDA machine: the kernel against the PyTorch reference in float32 / bfloat16 / float16, nothing else
+written, a bad position stops it (the guarded entry point skips it instead), and DFlash with it gives the
+target's own greedy output.
 """
 
 from __future__ import annotations
@@ -75,6 +76,38 @@ def test_entry_point_reports_a_missing_gpu(library):
     """A valid call on a machine without a GPU driver returns CUDA's error, which has a name."""
     for dtype in (0, 1, 2):
         code = call(library, dtype=dtype)
+        assert code != 0
+        assert library.dflash_cuda_error_string(code).decode() not in ("", "no error")
+
+
+def guarded_entry_point(lib):
+    """`dflash_kv_inject_guarded` (the TensorRT plugin's entry point: out-of-range rows and positions skipped, not
+    asserted), typed as `dflash_kv_inject` (`open_library` types only that one)."""
+    fn = lib.dflash_kv_inject_guarded
+    fn.argtypes, fn.restype = lib.dflash_kv_inject.argtypes, lib.dflash_kv_inject.restype
+    return fn
+
+
+def call_guarded(lib, dtype=0, n=1, c=1, layers=1, heads=1, head_dim=64, stream=None):
+    return guarded_entry_point(lib)(dtype, None, None, 1e-6, None, None, None, None, None, n, c, layers, 2, heads, 8,
+                                    head_dim, stream)
+
+
+def test_guarded_entry_point_refuses_bad_arguments_before_the_gpu(library):
+    """The same argument checks as `dflash_kv_inject`: cudaErrorInvalidValue, nothing launched for zero tokens."""
+    assert call_guarded(library, dtype=3) == CUDA_ERROR_INVALID_VALUE
+    assert call_guarded(library, head_dim=63) == CUDA_ERROR_INVALID_VALUE  # odd: no RoPE pairs
+    assert call_guarded(library, head_dim=4096) == CUDA_ERROR_INVALID_VALUE
+    assert call_guarded(library, layers=0) == CUDA_ERROR_INVALID_VALUE
+    assert call_guarded(library, heads=70000) == CUDA_ERROR_INVALID_VALUE
+    assert call_guarded(library, n=1 << 20, c=1 << 12) == CUDA_ERROR_INVALID_VALUE
+    assert call_guarded(library, n=0) == 0 and call_guarded(library, c=0) == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: this would launch on null pointers")
+def test_guarded_entry_point_reports_a_missing_gpu(library):
+    for dtype in (0, 1, 2):
+        code = call_guarded(library, dtype=dtype)
         assert code != 0
         assert library.dflash_cuda_error_string(code).decode() not in ("", "no error")
 
@@ -254,6 +287,42 @@ def test_a_position_outside_the_cache_stops_the_kernel():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "device-side assert" in proc.stderr or "position outside the cache" in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_guarded_entry_point_skips_rows_and_positions_outside_the_cache(library, dtype):
+    """`dflash_kv_inject_guarded`: a token whose row or position is outside the cache writes nothing (and raises no
+    device-side assertion); the others are written exactly as `dflash_kv_inject` writes them, one token at a time."""
+    torch.manual_seed(0)
+    L, B, H, cap, D = 2, 2, 2, 8, 64
+    n, c = 3, 3
+    kv = torch.randn(n, c, L * 2 * H * D, device="cuda").to(dtype)
+    k_norm = (torch.rand(L, D, device="cuda") + 0.5).to(dtype)
+    cos, sin = torch.randn(n, c, D, device="cuda"), torch.randn(n, c, D, device="cuda")
+    rows = torch.tensor([1, B, 0], device="cuda")  # sequence 1's row is outside the cache
+    positions = torch.tensor([[0, cap, 3], [1, 2, 3], [-1, 7, 5]], device="cuda")
+    before = torch.randn(2, L, B, H, cap, D, device="cuda").to(dtype)
+    code, stream = cuda_ops.DTYPE_CODES[dtype], torch.cuda.current_stream().cuda_stream
+    got = before.clone()
+    assert guarded_entry_point(library)(code, kv.data_ptr(), k_norm.data_ptr(), 1e-6, cos.data_ptr(), sin.data_ptr(),
+                                        got.data_ptr(), rows.data_ptr(), positions.data_ptr(), n, c, L, B, H, cap, D,
+                                        stream) == 0
+    want, written = before.clone(), torch.zeros_like(before[0], dtype=torch.bool)
+    for i in range(n * c):  # the in-range tokens, each alone through the asserting entry point
+        row, pos = rows[i // c].item(), positions.view(-1)[i].item()
+        if not (0 <= row < B and 0 <= pos < cap):
+            continue
+        written[:, row, :, pos] = True
+        assert library.dflash_kv_inject(
+            code, kv.data_ptr() + i * kv.stride(1) * kv.element_size(), k_norm.data_ptr(), 1e-6,
+            cos.data_ptr() + i * D * 4, sin.data_ptr() + i * D * 4, want.data_ptr(),
+            rows.data_ptr() + (i // c) * 8, positions.data_ptr() + i * 8, 1, 1, L, B, H, cap, D, stream) == 0
+    torch.cuda.synchronize()  # raises if a device-side assertion fired
+    assert int(written.sum()) == 4 * L * H * D  # tokens (0, 0), (0, 2), (2, 1), (2, 2)
+    assert torch.equal(got, want)
+    assert not torch.equal(got[:, written], before[:, written])  # the in-range tokens were written
+    assert torch.equal(got[:, ~written], before[:, ~written])  # nothing else, the skipped tokens' slots included
 
 
 @needs_gpu

@@ -22,7 +22,10 @@
 // norm in float32 rounded to T, times the weight rounded to T, cos/sin rounded to T, each RoPE product
 // and their sum rounded to T. Only the mean of squares is summed in another order (a tree here), so K
 // may differ from the reference in its last bit; V is copied exactly. A row or position outside the
-// cache stops the kernel with a device-side assertion (as torch's indexing kernels do).
+// cache stops `dflash_kv_inject` (the torch op's entry point) with a device-side assertion, as torch's
+// indexing kernels do. `dflash_kv_inject_guarded` (the TensorRT plugin's) skips such a token instead,
+// writing nothing for it: TensorRT's builder may time a plugin on random inputs and trtexec fills inputs
+// with random data, and a device-side assertion leaves a sticky error that kills the CUDA context.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,7 +54,7 @@ template <typename T>
 __global__ void kv_inject_kernel(const T* __restrict__ kv, const T* __restrict__ k_norm, float eps,
                                  const float* __restrict__ cos, const float* __restrict__ sin, T* __restrict__ cache,
                                  const int64_t* __restrict__ rows, const int64_t* __restrict__ positions, int64_t c,
-                                 int64_t L, int64_t B, int64_t H, int64_t cap, int64_t D) {
+                                 int64_t L, int64_t B, int64_t H, int64_t cap, int64_t D, bool skip_outside) {
   extern __shared__ float partial[];  // one float per warp
   const int64_t i = blockIdx.x;       // token (sequence r = i / c, i % c within it)
   const int64_t l = blockIdx.y;
@@ -61,6 +64,11 @@ __global__ void kv_inject_kernel(const T* __restrict__ kv, const T* __restrict__
   const bool lane = d < half;  // a RoPE pair of this head, not a padding lane
   const int64_t row = rows[i / c];
   const int64_t pos = positions[i];
+  // `skip_outside` (the guarded entry point): a token whose row or position is outside the cache writes
+  // nothing. row and pos depend on blockIdx only (one block per (token, layer, head)), so they are uniform
+  // across the block and the whole block returns here together, before the full-warp shuffles and the
+  // __syncthreads below: no thread is left waiting at a barrier or a shuffle.
+  if (skip_outside && (row < 0 || row >= B || pos < 0 || pos >= cap)) return;
   assert(row >= 0 && row < B && "kv_inject: a row outside the cache");
   assert(pos >= 0 && pos < cap && "kv_inject: a position outside the cache's capacity");
 
@@ -104,31 +112,23 @@ __global__ void kv_inject_kernel(const T* __restrict__ kv, const T* __restrict__
 template <typename T>
 cudaError_t launch(const void* kv, const void* k_norm, float eps, const float* cos, const float* sin, void* cache,
                    const int64_t* rows, const int64_t* positions, int64_t n, int64_t c, int64_t L, int64_t B,
-                   int64_t H, int64_t cap, int64_t D, cudaStream_t stream) {
+                   int64_t H, int64_t cap, int64_t D, bool skip_outside, cudaStream_t stream) {
   const unsigned warps = static_cast<unsigned>((D / 2 + 31) / 32);
   const unsigned threads = warps * 32;
   dim3 grid(static_cast<unsigned>(n * c), static_cast<unsigned>(L), static_cast<unsigned>(H));
   kv_inject_kernel<T><<<grid, threads, warps * sizeof(float), stream>>>(
       static_cast<const T*>(kv), static_cast<const T*>(k_norm), eps, cos, sin, static_cast<T*>(cache), rows,
-      positions, c, L, B, H, cap, D);
+      positions, c, L, B, H, cap, D, skip_outside);
   return cudaGetLastError();
 }
 
-}  // namespace
-
-extern "C" {
-
-// dtype codes of `dflash_kv_inject`
+// dtype codes of `dflash_kv_inject` and `dflash_kv_inject_guarded`
 enum { DFLASH_FLOAT32 = 0, DFLASH_FLOAT16 = 1, DFLASH_BFLOAT16 = 2 };
 
-// Launch the fused KV injection on `stream` (a cudaStream_t; 0 = the legacy default stream). Returns
-// cudaSuccess (0) or the launch's cudaError_t; cudaErrorInvalidValue for a dtype code outside the enum,
-// a head_dim that is odd or above 2048 (at most 1024 threads of RoPE pairs), or more than 2^31 - 1
-// tokens, 65535 layers or 65535 KV heads (the grid's limits).
-// Nothing is launched for n * c == 0.
-int dflash_kv_inject(int dtype, const void* kv, const void* k_norm, float eps, const float* cos, const float* sin,
-                     void* cache, const int64_t* rows, const int64_t* positions, int64_t n, int64_t c, int64_t L,
-                     int64_t B, int64_t H, int64_t cap, int64_t D, void* stream) {
+// Both entry points: the arguments checked, then one launch of the dtype's kernel.
+int inject(int dtype, const void* kv, const void* k_norm, float eps, const float* cos, const float* sin, void* cache,
+           const int64_t* rows, const int64_t* positions, int64_t n, int64_t c, int64_t L, int64_t B, int64_t H,
+           int64_t cap, int64_t D, void* stream, bool skip_outside) {
   if (D <= 0 || D % 2 != 0 || D > 2048 || L <= 0 || L > 65535 || H <= 0 || H > 65535 || n < 0 || c < 0 ||
       n * c > 2147483647LL)
     return static_cast<int>(cudaErrorInvalidValue);
@@ -136,14 +136,42 @@ int dflash_kv_inject(int dtype, const void* kv, const void* k_norm, float eps, c
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DFLASH_FLOAT32:
-      return launch<float>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, s);
+      return launch<float>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, skip_outside, s);
     case DFLASH_FLOAT16:
-      return launch<__half>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, s);
+      return launch<__half>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, skip_outside,
+                            s);
     case DFLASH_BFLOAT16:
-      return launch<__nv_bfloat16>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, s);
+      return launch<__nv_bfloat16>(kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D,
+                                   skip_outside, s);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Launch the fused KV injection on `stream` (a cudaStream_t; 0 = the legacy default stream). Returns
+// cudaSuccess (0) or the launch's cudaError_t; cudaErrorInvalidValue for a dtype code outside the enum,
+// a head_dim that is odd or above 2048 (at most 1024 threads of RoPE pairs), or more than 2^31 - 1
+// tokens, 65535 layers or 65535 KV heads (the grid's limits).
+// Nothing is launched for n * c == 0. A row or position outside the cache stops the kernel with a
+// device-side assertion (the torch op's entry point, dflash_trt/ops/cuda.py).
+int dflash_kv_inject(int dtype, const void* kv, const void* k_norm, float eps, const float* cos, const float* sin,
+                     void* cache, const int64_t* rows, const int64_t* positions, int64_t n, int64_t c, int64_t L,
+                     int64_t B, int64_t H, int64_t cap, int64_t D, void* stream) {
+  return inject(dtype, kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, stream, false);
+}
+
+// `dflash_kv_inject`, except that a token whose row is outside [0, B) or whose position is outside
+// [0, cap) is skipped (nothing written for it) instead of asserting: the TensorRT plugin's entry point,
+// since TensorRT may run a plugin on random inputs (builder timing, trtexec) and a device-side assertion
+// would kill the CUDA context. Same arguments, same return codes.
+int dflash_kv_inject_guarded(int dtype, const void* kv, const void* k_norm, float eps, const float* cos,
+                             const float* sin, void* cache, const int64_t* rows, const int64_t* positions, int64_t n,
+                             int64_t c, int64_t L, int64_t B, int64_t H, int64_t cap, int64_t D, void* stream) {
+  return inject(dtype, kv, k_norm, eps, cos, sin, cache, rows, positions, n, c, L, B, H, cap, D, stream, true);
 }
 
 // cudaGetErrorString of a code `dflash_kv_inject` returned (a static string)
