@@ -296,20 +296,26 @@ class Engine:
                     reqs[j].prompt_logprobs = list(reqs[source[j]].prompt_logprobs)
         if end < longest:
             return end
-        logits = torch.stack([r.first_logits for r in reqs])
-        argmax = greedy_tokens(logits).tolist()  # one device sync for the whole batch
-        # every row's token before any is emitted: a row whose sampling fails fails the call before any
-        # other row's caller has been sent a token (so the others can be rerun)
-        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(logits[i], r.params), r.generator)
-                for i, r in enumerate(reqs)]
-        lps = [None if r.logprobs is None else token_logprobs(logits[i : i + 1], [toks[i]], r.params.logprobs)
-               for i, r in enumerate(reqs)]
-        for i, r in enumerate(reqs):
-            r.first_logits = None
-            r.start = lens[i]
-            cache.set_length(i, lens[i])
-            r.emit([toks[i]], lps[i])
+        self._emit_first(reqs, list(range(len(reqs))), cache)
         return end
+
+    def _emit_first(self, reqs: list[_Request], rows: list[int], cache) -> None:
+        """Choose and emit the first token of each request reqs[j], j in `rows`, whose prompt is read (from
+        its `first_logits`), and commit its prompt in cache row j. Every row's token is chosen before any is
+        emitted: a row whose sampling fails fails the call before any other row's caller has been sent a
+        token (so the others can be rerun)."""
+        sel = [reqs[j] for j in rows]
+        logits = torch.stack([r.first_logits for r in sel])
+        argmax = greedy_tokens(logits).tolist()  # one device sync for all of them
+        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(logits[i], r.params), r.generator)
+                for i, r in enumerate(sel)]
+        lps = [None if r.logprobs is None else token_logprobs(logits[i : i + 1], [toks[i]], r.params.logprobs)
+               for i, r in enumerate(sel)]
+        for i, (j, r) in enumerate(zip(rows, sel)):
+            r.first_logits = None
+            r.start = len(r.prompt)
+            cache.set_length(j, len(r.prompt))
+            r.emit([toks[i]], lps[i])
 
     def _prompt_logprobs(self, r: _Request, hidden: torch.Tensor, begin: int, stop: int) -> None:
         """Append to r.prompt_logprobs those of prompt tokens begin + 1 .. stop, from the final-normed hidden
@@ -596,7 +602,7 @@ class DecodeBatch:
     added earliest (one add call's requests at a time, in order), then decodes the running ones, so a
     long prompt joining the batch delays each running stream by one chunk's forward per step instead
     of its whole prefill. Once its prompt is read, a request emits its first token and joins the
-    decode step of that same `step`. The chunks go through the same causal attention over the KV
+    decode step of that same `step`, also while longer prompts added with it are still being read. The chunks go through the same causal attention over the KV
     cache as one prefill does; only the matrix shapes differ, so logits may differ from an unchunked
     prefill in their last bits (greedy tokens only where two are that close).
 
@@ -692,22 +698,39 @@ class DecodeBatch:
         self._context[0] += sum(1 for n in lens if n > begin)
         self._context[1] += sum(min(n, group.next) - begin for n in lens if n > begin)
         self._context[2].update(r.index for r in group.reqs if len(r.prompt) > begin)
-        if group.next < max(lens):
-            return False
-        ttft = time.perf_counter() - group.reqs[0].t0
-        for r in group.reqs:
+        if group.next >= max(lens):
+            self._join(group.reqs, group.cache, group.drafter_cache)
+            return True
+        # chunked: requests whose prompts are read join now, without waiting for the longer ones of their group
+        done = [j for j, n in enumerate(lens) if begin < n <= group.next]
+        if done:
+            eng._emit_first(group.reqs, done, group.cache)
+            rest = [j for j in range(len(lens)) if j not in done]
+            part = group.cache.take_rows(done)
+            group.cache.keep_rows(rest)
+            drafter_part = None
+            if group.drafter_cache is not None:
+                drafter_part = group.drafter_cache.take_rows(done)
+                group.drafter_cache.keep_rows(rest)
+            self._join([group.reqs[j] for j in done], part, drafter_part)
+            group.reqs = [group.reqs[j] for j in rest]
+        return False
+
+    def _join(self, reqs: list[_Request], cache, drafter_cache) -> None:
+        """Requests whose prompts are read (first token emitted) join the running batch with their cache rows."""
+        ttft = time.perf_counter() - reqs[0].t0
+        for r in reqs:
             r.metrics.time_to_first_token_s = ttft
             r.metrics.prompt_tokens = len(r.prompt)
             if r.finish_reason:
                 r.metrics.total_time_s = ttft
         if self.cache is None:
-            self.cache, self._drafter_cache = group.cache, group.drafter_cache
+            self.cache, self._drafter_cache = cache, drafter_cache
         else:
-            self.cache.append_rows(group.cache)
-            if group.drafter_cache is not None:
-                self._drafter_cache.append_rows(group.drafter_cache)
-        self.live.extend(group.reqs)
-        return True
+            self.cache.append_rows(cache)
+            if drafter_cache is not None:
+                self._drafter_cache.append_rows(drafter_cache)
+        self.live.extend(reqs)
 
     def step(self) -> StepStats:
         """One iteration: with chunked prefill, the next chunk of the earliest requests still being

@@ -7,6 +7,8 @@ the K/V of every token it has processed; for the drafter a row holds the project
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -65,6 +67,15 @@ class KVCache:
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
         self.capacity = capacity
+
+    def take_rows(self, rows: list[int]) -> KVCache:
+        """A new cache holding a copy of `rows` (in that order, with their lengths and this capacity); this
+        one is unchanged. With `keep_rows` of the others, it splits a cache in two."""
+        part = copy.copy(self)
+        part._set_buffer(self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device)))
+        part.lengths = [self.lengths[r] for r in rows]
+        part.batch = len(rows)
+        return part
 
     def append_rows(self, other: KVCache) -> None:
         """Append the rows of `other` (same layers, heads, head_dim, dtype and device) after this cache's

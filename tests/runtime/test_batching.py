@@ -48,6 +48,18 @@ def test_keep_rows_drops_and_reorders_rows():
     assert cache.k[0][0].unique().tolist() == [2.0] and cache.k[0][1].unique().tolist() == [0.0]
 
 
+def test_take_rows_copies_rows_and_leaves_the_cache_as_it_was():
+    cache = KVCache(1, 3, 1, 4, 2)
+    for r in range(3):
+        cache.k[0][r] = r
+        cache.set_length(r, r + 1)
+    part = cache.take_rows([2, 0])
+    assert (part.batch, part.lengths, part.capacity) == (2, [3, 1], 4)
+    assert part.k[0][0].unique().tolist() == [2.0] and part.k[0][1].unique().tolist() == [0.0]
+    part.k[0][0] = 9  # a copy: the source row is untouched
+    assert cache.batch == 3 and cache.lengths == [1, 2, 3] and cache.k[0][2].unique().tolist() == [2.0]
+
+
 @pytest.mark.parametrize("mode", ["dflash", "ar"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_requests_joining_a_running_batch(engine, mode, temperature):
@@ -175,6 +187,35 @@ def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, c
     assert batch.active == 0 and batch.take_finished() == []
 
 
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_short_prompt_does_not_wait_for_a_long_one_added_with_it(engine, mode, temperature):
+    """Chunked prefill, one add call with prompts of 3, 40 and 9 tokens (chunks of 4): each request emits
+    its first token in the step that reads its prompt's end and decodes from the next step on, while the
+    40-token prompt is still being read; every output equals the request alone."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (3, 40, 9)]
+    params = [SamplingParams(temperature=temperature, max_tokens=m, seed=30 + i, ignore_eos=True)
+              for i, m in enumerate((20, 5, 20))]
+    alone = [engine.generate([p], [sp], mode)[0].token_ids for p, sp in zip(prompts, params)]
+    batch = DecodeBatch(engine, mode, prefill_chunk=4)
+    streamed: dict[int, list[int]] = {}
+    ids = batch.add(prompts, params, lambda k, t: streamed.setdefault(k, []).extend(t))
+    counts, done = [], {}
+    while batch.active:
+        batch.step()
+        done.update(batch.take_finished())
+        counts.append([len(streamed.get(k, [])) for k in range(3)])
+    assert [done[i].token_ids for i in ids] == alone and [streamed[k] for k in range(3)] == alone
+    first = [next(j for j, c in enumerate(counts) if c[k]) for k in range(3)]
+    assert first == [0, 9, 2]  # the steps reading each prompt's last chunk: ceil(n / 4) - 1
+    assert counts[1][0] > 1 and counts[3][2] > 1  # they decode while the long prompt is read
+    assert done[ids[0]].metrics.time_to_first_token_s < done[ids[2]].metrics.time_to_first_token_s \
+        < done[ids[1]].metrics.time_to_first_token_s
+
+
 def test_a_failed_chunk_drops_only_its_requests(engine, monkeypatch):
     """A chunked prefill that fails inside step() raises PrefillFailed naming the requests added together,
     which leave the batch without having sent a token; the running request goes on to its own output."""
@@ -196,9 +237,8 @@ def test_a_failed_chunk_drops_only_its_requests(engine, monkeypatch):
     bad = batch.add([[9, 10, 11], [12]], [sp, SamplingParams(temperature=1.0, max_tokens=4)],
                     lambda k, ids: sent.append((k, ids)))
     assert batch.active == 3
-    batch.step()  # positions 0-1
     with pytest.raises(PrefillFailed, match="nan") as info:
-        batch.step()  # position 2: the prompts are read, the sampled row's first token fails
+        batch.step()  # positions 0-1: [12] is read and would join at once, but its sampled first token fails
     assert info.value.request_ids == bad and "nan" in str(info.value.error) and sent == []
     monkeypatch.undo()
     assert batch.active == 1 and batch.cache.batch == 1
