@@ -23,7 +23,6 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -203,7 +202,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab})")
         return ids
 
-    async def run(req, prompts: list[list[int]], max_tokens: list[int]):
+    async def run(req, prompts: list[list[int]], max_tokens: list[int], score_only: bool = False):
         """Queue n sequences per prompt; return (sequences, the asyncio queue their events go to)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -221,7 +220,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 def on_done(result, error, index=index):
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
 
-                seqs.append(Sequence(ids, params, StopText(decode, stops), on_text if req.stream else None, on_done))
+                text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None)
+                seqs.append(Sequence(ids, params, text, on_text if req.stream else None, on_done, score_only=score_only))
         scheduler.submit(seqs)
         return seqs, events
 
@@ -358,7 +358,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         max_tokens = [fit_context(len(ids), 1 if scoring else want, context_len,
                                   f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
                       for i, ids in enumerate(prompts)]
-        seqs, events = await run(req, prompts, max_tokens)
+        seqs, events = await run(req, prompts, max_tokens, scoring)
         rid = f"cmpl-{uuid.uuid4().hex}"
         now = int(time.time())
         if req.stream:
@@ -377,9 +377,6 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
             return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
         results = await collect(seqs, events, request)
-        if scoring:
-            results = [replace(r, token_ids=[], text="", finish_reason="length",
-                               logprobs=None if r.logprobs is None else []) for r in results]
 
         def echoed(i: int, r) -> tuple[str, dict | None]:
             """Choice i's text and logprobs object; with echo, the prompt's come first."""

@@ -43,15 +43,19 @@ class StopText:
     Args:
         decode: token ids -> text (the tokenizer's decode, special tokens skipped).
         stops: stop strings (non-empty).
+        token_aligned: `delta()` also ends at a token boundary (the text of a whole number of tokens): a
+            streamed chunk then carries exactly its tokens' text, where their logprobs go with it (a token
+            holding a character and part of the next one waits until that one is whole).
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = ()):
-        self.decode, self.stops = decode, stops
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = (), token_aligned: bool = False):
+        self.decode, self.stops, self.token_aligned = decode, stops, token_aligned
         self.ids: list[int] = []
         self.text = ""
         self.sent = ""
         self.stopped = False
         self.used: int | None = None  # tokens up to the one that completed the stop string
+        self._aligned = 0  # token_aligned: the tokens whose text `sent` holds
 
     def add(self, ids: list[int]) -> str | None:
         if self.stopped or not ids:
@@ -78,30 +82,43 @@ class StopText:
                    default=-1)
 
     def _held(self) -> int:
-        """Characters at the end of the text that are a proper prefix of a stop string."""
-        return max((k for s in self.stops for k in range(min(len(s) - 1, len(self.text)), 0, -1)
-                    if self.text.endswith(s[:k])), default=0)
+        """Characters at the end of the text's complete characters (a trailing U+FFFD, a character still
+        being decoded, left out as `text_to_stream` leaves it out) that are a proper prefix of a stop string."""
+        whole = self.text[: len(self.text.rstrip("\ufffd"))]
+        return max((k for s in self.stops for k in range(min(len(s) - 1, len(whole)), 0, -1)
+                    if whole.endswith(s[:k])), default=0)
 
     def delta(self) -> str:
         """New text to send; afterwards it counts as sent."""
         new = text_to_stream(self.text, self.sent)
         if not self.stopped:
             new = new[: max(0, len(new) - self._held())]
+        if self.token_aligned and new:
+            shown = self.sent + new
+            k = self._tokens_within(shown, len(self.ids) if self.used is None else self.used, self._aligned)
+            aligned = self.decode(self.ids[:k]) if k > self._aligned else ""
+            new = aligned[len(self.sent):] if len(aligned) > len(self.sent) and aligned.startswith(self.sent) else ""
+            self._aligned = k
         self.sent += new
         return new
+
+    def _tokens_within(self, shown: str, n: int, lo: int) -> int:
+        """The longest prefix of the first `n` ids (at least `lo`) whose text is whole (no trailing part of
+        a character) and within `shown`."""
+        if not self.stopped and n == len(self.ids) and shown == self.text and not self.text.endswith("\ufffd"):
+            return n
+        for k in range(n, lo, -1):
+            text = self.decode(self.ids[:k])
+            if not text.endswith("\ufffd") and shown.startswith(text):
+                return k
+        return lo
 
     def sent_tokens(self, lo: int = 0) -> int:
         """How many of the ids received (up to the stop string's last, once stopped) have their whole text
         in what `delta` sent: the longest such prefix, at least `lo` (a count found before). A token whose
         text is held back (part of a character, the start of a possible stop string) is not counted yet."""
         n = len(self.ids) if self.used is None else self.used
-        if not self.stopped and self.sent == self.text and not self.text.endswith("\ufffd"):
-            return max(n, lo)
-        for k in range(n, lo, -1):
-            text = self.decode(self.ids[:k])
-            if not text.endswith("\ufffd") and self.sent.startswith(text):
-                return k
-        return lo
+        return max(self._tokens_within(self.sent, n, lo), lo)
 
     def rest(self, finish_reason: str | None) -> str:
         """The final text's part not sent yet (at the end of generation; `final_text` drops a trailing
@@ -123,7 +140,9 @@ class Sequence:
     `logprobs` cut there too) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
     still queued ends with it and no tokens). `internal`: a server probe (/health_generate), left out of
-    the request metrics."""
+    the request metrics. `score_only` (max_tokens 0 with echo): the token generated to read the prompt is
+    dropped from the result and its metrics (no text, no tokens, finish_reason "length").
+    """
 
     prompt: list[int]
     params: SamplingParams
@@ -135,6 +154,7 @@ class Sequence:
     sent_text: bool = False  # text went to the client: the sequence cannot be rerun from the start
     cancelled: bool = False
     internal: bool = False
+    score_only: bool = False  # max_tokens 0 with echo: the one token generated is dropped from the result
     logprobs: list = field(default_factory=list)  # TokenLogprobs received (params.logprobs set)
     logprobs_sent: int = 0  # how many of them went out with a delta
 
@@ -167,7 +187,7 @@ class Sequence:
 
     def restart(self) -> None:
         """Forget the text decoded so far (before running the sequence again from its prompt)."""
-        self.text = StopText(self.text.decode, self.text.stops)
+        self.text = StopText(self.text.decode, self.text.stops, self.text.token_aligned)
         self.logprobs, self.logprobs_sent = [], 0
 
 
@@ -355,7 +375,11 @@ class Scheduler:
         """Hand out the results of the sequences finished in the batch."""
         for rid, r in self._batch.take_finished():
             s = self._seqs.pop(rid)
-            if s.text.stopped:  # a stop string: its text and tokens end there
+            if s.score_only:  # scoring the prompt: no completion (the first token was generated and is dropped)
+                r.text, r.finish_reason, r.token_ids = "", "length", []
+                r.logprobs = None if r.logprobs is None else []
+                r.metrics.completion_tokens = 0
+            elif s.text.stopped:  # a stop string: its text and tokens end there
                 r.text, r.finish_reason = s.text.text, "stop"
                 r.token_ids = r.token_ids[: s.text.used]
                 if r.logprobs is not None:

@@ -13,7 +13,7 @@ import torch
 
 from dflash_trt.runtime.sampling import SamplingParams
 from tests.runtime.test_logprobs import reference
-from tests.serve.test_openai_server import MODEL, QUESTION, ar_tokens, chat_ids
+from tests.serve.test_openai_server import MODEL, QUESTION, ar_tokens, chat_ids, prometheus, sample
 
 TOL = 1e-3  # float32 logits of a 16-token verify vs one HF forward over the whole sequence
 
@@ -159,8 +159,13 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server, client):
         assert z.logprobs.token_logprobs == o.logprobs.token_logprobs[:-1]
         assert z.logprobs.top_logprobs == o.logprobs.top_logprobs[:-1]
         assert z.logprobs.text_offset == o.logprobs.text_offset[:-1]
+    assert all(c.model_extra["metrics"]["completion_tokens"] == 0 for c in zero.choices)
+    before = prometheus(server[0])
     bare = client.completions.create(model=MODEL, prompt=prompt[0], max_tokens=0, echo=True)
     assert bare.choices[0].text == prompt[0] and bare.choices[0].logprobs is None
+    after = prometheus(server[0])  # the token generated to read the prompt is not counted either
+    assert sample(after, "trtllm_generation_tokens_total") == sample(before, "trtllm_generation_tokens_total")
+    assert sample(after, "trtllm_prompt_tokens_total") > sample(before, "trtllm_prompt_tokens_total")
     r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 0})
     assert r.status_code == 400 and "0 is allowed with echo" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "max_tokens"
@@ -207,11 +212,12 @@ def test_partial_character_tokens_keep_their_bytes_names_and_offsets(server, smo
     assert [o for p in streamed for o in p["text_offset"]] == whole["text_offset"]
 
 
-def test_each_streamed_chunk_carries_the_logprobs_of_its_own_text(client):
-    """A character split over several tokens is held back until whole; its tokens' logprobs wait with it,
-    so every chunk's tokens spell exactly that chunk's text (the last chunk: plus the tokens not shown,
-    <|im_end|>)."""
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Emoji for cat?"}], max_tokens=12,
+@pytest.mark.parametrize("question", ["Emoji for cat?", "Say 'h\u00e9llo \U0001F30D \u4e16\u754c' three times."])
+def test_each_streamed_chunk_carries_the_logprobs_of_its_own_text(client, question):
+    """A character split over several tokens is held back until whole, and with logprobs the text is sent
+    at token boundaries (a token holding " " and half of an emoji waits with its space), so every chunk's
+    tokens spell exactly that chunk's text (the last chunk: plus the tokens not shown, <|im_end|>)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12,
                   temperature=0, logprobs=True, top_logprobs=2)
     whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
     assert any(not _decodes(bytes(e.bytes)) for e in whole)  # the answer holds characters split over tokens
@@ -221,6 +227,34 @@ def test_each_streamed_chunk_carries_the_logprobs_of_its_own_text(client):
         assert carried == (c.choices[0].delta.content or "").encode()
     streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.bytes, e.logprob) for e in streamed] == [(e.token, e.bytes, e.logprob) for e in whole]
+
+
+def test_streamed_completion_chunks_spell_their_tokens_and_stops_never_leak(server):
+    """Completions, streamed: " \U0001F30D" is the tokens b" \\xf0\\x9f", b"\\x8c", b"\\x8d" here; the space
+    goes out with them, so each chunk's tokens spell its text. And a stop string made of emoji is held back
+    while its characters are still being decoded: the stream's text equals the non-streamed text."""
+    body = {"model": MODEL, "prompt": "hello \U0001F30D hello \U0001F30D hello \U0001F30D hello", "max_tokens": 10,
+            "temperature": 0}
+
+    def streamed(extra):
+        with httpx.stream("POST", server[0] + "/v1/completions", timeout=120, json={**body, **extra, "stream": True}) as s:
+            return [json.loads(line[6:])["choices"][0] for line in s.iter_lines() if line.startswith("data: {")]
+
+    chunks = streamed({"logprobs": 1})
+    split = [c for c in chunks if c["logprobs"] and any(t.startswith("bytes:") for t in c["logprobs"]["tokens"])]
+    assert split  # the answer repeats the emoji, split over tokens
+    for c in chunks[:-1]:
+        tokens = c["logprobs"]["tokens"] if c["logprobs"] else []
+        assert b"".join(completion_token_bytes(t) for t in tokens) == c["text"].encode()
+    whole = httpx.post(server[0] + "/v1/completions", timeout=120, json={**body, "logprobs": 1}).json()["choices"][0]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    for n, stop in ((1, "\U0001F30D\U0001F30D"), (2, "\U0001F30D\U0001F30D\U0001F30D")):
+        plain = httpx.post(server[0] + "/v1/completions", timeout=120, json={**body, "stop": [stop], "n": n}).json()
+        texts = [c["text"] for c in plain["choices"]]
+        got = [""] * n
+        for c in streamed({"stop": [stop], "n": n}):
+            got[c["index"]] += c["text"]
+        assert got == texts and all(stop[0] not in t for t in texts)
 
 
 def _decodes(data: bytes) -> bool:
