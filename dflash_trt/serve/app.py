@@ -352,9 +352,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         # max_tokens 0 with echo scores the prompt (OpenAI's legacy API, vLLM): the prompt and its logprobs,
         # no completion. The prefill's first token is generated (it costs nothing more) and dropped.
         scoring = want == 0 and req.echo
-        if want == 0 and not req.echo:
-            raise InvalidRequestError("max_tokens must be >= 1, got 0 (0 is allowed with echo: true, which returns "
-                                      "the prompt and, with logprobs, its tokens' logprobs)", param="max_tokens")
+        if want < 0 or (want == 0 and not req.echo):
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {want} (0 is allowed with echo: true, which "
+                                      "returns the prompt and, with logprobs, its tokens' logprobs)", param="max_tokens")
         max_tokens = [fit_context(len(ids), 1 if scoring else want, context_len,
                                   f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
                       for i, ids in enumerate(prompts)]

@@ -169,6 +169,8 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server, client):
     r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 0})
     assert r.status_code == 400 and "0 is allowed with echo" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": -1, "echo": True})
+    assert r.status_code == 400 and "got -1 (0 is allowed with echo" in r.json()["error"]["message"]
 
 
 def completion_token_bytes(token: str) -> bytes:
