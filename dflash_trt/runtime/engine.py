@@ -706,12 +706,15 @@ class DecodeBatch:
         if done:
             eng._emit_first(group.reqs, done, group.cache)
             rest = [j for j in range(len(lens)) if j not in done]
-            part = group.cache.take_rows(done)
-            group.cache.keep_rows(rest)
+            # each part keeps only the slots its own requests can write (the batch's caches grow no further)
+            cap_done = max(group.reqs[j].capacity for j in done)
+            cap_rest = max(group.reqs[j].capacity for j in rest)
+            part = group.cache.take_rows(done, cap_done)
+            group.cache.keep_rows(rest, cap_rest)
             drafter_part = None
             if group.drafter_cache is not None:
-                drafter_part = group.drafter_cache.take_rows(done)
-                group.drafter_cache.keep_rows(rest)
+                drafter_part = group.drafter_cache.take_rows(done, cap_done)
+                group.drafter_cache.keep_rows(rest, cap_rest)
             self._join([group.reqs[j] for j in done], part, drafter_part)
             group.reqs = [group.reqs[j] for j in rest]
         return False

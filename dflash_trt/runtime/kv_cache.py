@@ -68,13 +68,21 @@ class KVCache:
         self.batch = len(rows)
         self.capacity = capacity
 
-    def take_rows(self, rows: list[int]) -> KVCache:
-        """A new cache holding a copy of `rows` (in that order, with their lengths and this capacity); this
-        one is unchanged. With `keep_rows` of the others, it splits a cache in two."""
+    def take_rows(self, rows: list[int], capacity: int | None = None) -> KVCache:
+        """A new cache holding a copy of `rows` (in that order, with their lengths) and the first `capacity`
+        slots (default: all); this one is unchanged. With `keep_rows` of the others, it splits a cache in two.
+
+        Raises:
+            ValueError: a taken row's length is above `capacity`."""
+        capacity = self.capacity if capacity is None else min(capacity, self.capacity)
+        if any(self.lengths[r] > capacity for r in rows):
+            raise ValueError(f"cannot take {capacity} slots of rows holding up to {max(self.lengths[r] for r in rows)}")
         part = copy.copy(self)
-        part._set_buffer(self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device)))
+        buffer = self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device))
+        part._set_buffer(buffer if capacity == self.capacity else buffer[:, :, :, :, :capacity].contiguous())
         part.lengths = [self.lengths[r] for r in rows]
         part.batch = len(rows)
+        part.capacity = capacity
         return part
 
     def append_rows(self, other: KVCache) -> None:

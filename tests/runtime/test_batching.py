@@ -58,6 +58,10 @@ def test_take_rows_copies_rows_and_leaves_the_cache_as_it_was():
     assert part.k[0][0].unique().tolist() == [2.0] and part.k[0][1].unique().tolist() == [0.0]
     part.k[0][0] = 9  # a copy: the source row is untouched
     assert cache.batch == 3 and cache.lengths == [1, 2, 3] and cache.k[0][2].unique().tolist() == [2.0]
+    small = cache.take_rows([1, 0], 2)
+    assert (small.capacity, small.k[0].shape[2], small.lengths) == (2, 2, [2, 1])
+    with pytest.raises(ValueError, match="cannot take 2 slots"):
+        cache.take_rows([2], 2)
 
 
 @pytest.mark.parametrize("mode", ["dflash", "ar"])
@@ -203,12 +207,15 @@ def test_a_short_prompt_does_not_wait_for_a_long_one_added_with_it(engine, mode,
     batch = DecodeBatch(engine, mode, prefill_chunk=4)
     streamed: dict[int, list[int]] = {}
     ids = batch.add(prompts, params, lambda k, t: streamed.setdefault(k, []).extend(t))
-    counts, done = [], {}
+    counts, done, capacity = [], {}, []
     while batch.active:
         batch.step()
         done.update(batch.take_finished())
         counts.append([len(streamed.get(k, [])) for k in range(3)])
+        capacity.append(batch.cache.capacity if batch.cache is not None else 0)
     assert [done[i].token_ids for i in ids] == alone and [streamed[k] for k in range(3)] == alone
+    # the running batch's cache holds what its requests can write, not the long prompt's slots (until it joins)
+    assert capacity[0] == 3 + 20 + batch.block + 1 and capacity[2] == 9 + 20 + batch.block + 1
     first = [next(j for j, c in enumerate(counts) if c[k]) for k in range(3)]
     assert first == [0, 9, 2]  # the steps reading each prompt's last chunk: ceil(n / 4) - 1
     assert counts[1][0] > 1 and counts[3][2] > 1  # they decode while the long prompt is read
