@@ -602,9 +602,10 @@ class DecodeBatch:
     added earliest (one add call's requests at a time, in order), then decodes the running ones, so a
     long prompt joining the batch delays each running stream by one chunk's forward per step instead
     of its whole prefill. Once its prompt is read, a request emits its first token and joins the
-    decode step of that same `step`, also while longer prompts added with it are still being read. The chunks go through the same causal attention over the KV
-    cache as one prefill does; only the matrix shapes differ, so logits may differ from an unchunked
-    prefill in their last bits (greedy tokens only where two are that close).
+    decode step of that same `step`, also while longer prompts added with it are still being read. The
+    chunks go through the same causal attention over the KV cache as one prefill does; only the matrix
+    shapes differ, so logits may differ from an unchunked prefill in their last bits (greedy tokens only
+    where two are that close).
 
     `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
     time, and one batch an engine at a time (the drafter's context cache is swapped in per call).

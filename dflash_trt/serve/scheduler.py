@@ -95,30 +95,32 @@ class StopText:
             new = new[: max(0, len(new) - self._held())]
         if self.token_aligned and new:
             shown = self.sent + new
-            k = self._tokens_within(shown, len(self.ids) if self.used is None else self.used, self._aligned)
-            aligned = self.decode(self.ids[:k]) if k > self._aligned else ""
+            k, aligned = self._tokens_within(shown, len(self.ids) if self.used is None else self.used, self._aligned)
             new = aligned[len(self.sent):] if len(aligned) > len(self.sent) and aligned.startswith(self.sent) else ""
             self._aligned = k
         self.sent += new
         return new
 
-    def _tokens_within(self, shown: str, n: int, lo: int) -> int:
+    def _tokens_within(self, shown: str, n: int, lo: int) -> tuple[int, str]:
         """The longest prefix of the first `n` ids (at least `lo`) whose text is whole (no trailing part of
-        a character) and within `shown`."""
+        a character) and within `shown`: (its length, its text; "" when it is `lo`, not decoded)."""
         if not self.stopped and n == len(self.ids) and shown == self.text and not self.text.endswith("\ufffd"):
-            return n
+            return n, self.text
         for k in range(n, lo, -1):
             text = self.decode(self.ids[:k])
             if not text.endswith("\ufffd") and shown.startswith(text):
-                return k
-        return lo
+                return k, text
+        return lo, ""
 
     def sent_tokens(self, lo: int = 0) -> int:
         """How many of the ids received (up to the stop string's last, once stopped) have their whole text
         in what `delta` sent: the longest such prefix, at least `lo` (a count found before). A token whose
-        text is held back (part of a character, the start of a possible stop string) is not counted yet."""
+        text is held back (part of a character, the start of a possible stop string) is not counted yet.
+        With `token_aligned`, `delta` found it already."""
+        if self.token_aligned:
+            return max(self._aligned, lo)
         n = len(self.ids) if self.used is None else self.used
-        return max(self._tokens_within(self.sent, n, lo), lo)
+        return max(self._tokens_within(self.sent, n, lo)[0], lo)
 
     def rest(self, finish_reason: str | None) -> str:
         """The final text's part not sent yet (at the end of generation; `final_text` drops a trailing
