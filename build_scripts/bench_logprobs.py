@@ -4,9 +4,9 @@ alternatives per token, side by side in one run on the same model and prompts.
 Each setting decodes the same chat prompts one at a time (greedy, EOS ignored, --max-tokens each) after a
 warm-up, settings alternated per repetition; the outputs must be identical under every setting (checked:
 logprobs are read beside the verification, they never change it). Reports output tokens/s per setting
-(median over --reps) and each setting's time relative to logprobs off. The cost is one extra lm_head
-product over the emitted tokens' positions per step (the verifier computes only the logits its decisions
-read) and, with alternatives, a top-k over the vocabulary per token. Prints a table; writes JSON with --out.
+(median over --reps) and each setting's time relative to logprobs off. Logprobs reuse the logits the
+verifier computed (`StepLogits`), so the cost is a log-softmax over the vocabulary per emitted token and,
+with alternatives, a top-k. Prints a table; writes JSON with --out.
 
 Usage: python build_scripts/bench_logprobs.py [--max-tokens 96] [--reps 3] [--threads 1] [--out F]
 """

@@ -29,7 +29,7 @@ import torch
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
-from dflash_trt.runtime.logprobs import TokenLogprob, token_logprobs
+from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
@@ -408,12 +408,14 @@ class Engine:
         greedy = [j for j, r in enumerate(batch) if r.params.greedy]
         sampled = [j for j, r in enumerate(batch) if not r.params.greedy]
         paths: dict[int, list[int]] = {}
+        # the verifier's logits of the rows asking for logprobs, which those reuse
+        memo = StepLogits({j for j, r in enumerate(batch) if r.logprobs is not None})
         if tree is None:
-            g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden)
+            g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden, memo)
         else:
-            g_acc, g_next, paths = self._verify_greedy_trees(greedy, lens, tokens, tree, hidden)
+            g_acc, g_next, paths = self._verify_greedy_trees(greedy, lens, tokens, tree, hidden, memo)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
-        s_probs = self._sampling_probs(sampled, batch, lens, hidden) if sampled else {}
+        s_probs = self._sampling_probs(sampled, batch, lens, hidden, memo) if sampled else {}
         token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):  # every verdict before any row emits (a failing row emits nothing anywhere)
             if not r.params.greedy:
@@ -425,7 +427,7 @@ class Engine:
             acc, nxt = verdict[j]
             path = paths.get(j)
             emitted[j] = (token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt]
-        lps = self._logprobs(batch, verdict, paths, emitted, hidden)
+        lps = self._logprobs(batch, verdict, paths, emitted, hidden, memo)
         for j, r in enumerate(batch):
             kj = lens[j]
             acc, nxt = verdict[j]
@@ -454,47 +456,53 @@ class Engine:
         return kept_nodes
 
     def _logprobs(self, batch: list[_Request], verdict: dict, paths: dict[int, list[int]],
-                  emitted: dict[int, list[int]], hidden: torch.Tensor) -> dict[int, list[TokenLogprob]]:
+                  emitted: dict[int, list[int]], hidden: torch.Tensor,
+                  memo: StepLogits) -> dict[int, list[TokenLogprob]]:
         """The `TokenLogprob`s of the tokens each row asking for logprobs emits this step (`emitted[j]`: its
         accepted drafts and the target's token), from the target's logits at the nodes they were predicted
-        at: block positions 0 .. accepted for a chain, the root and the accepted path for a tree. One
-        lm_head product over those rows' nodes (apart from the verifier's, which computes only what its
-        decisions read)."""
+        at: block positions 0 .. accepted for a chain, the root and the accepted path for a tree. Those
+        logits are the verifier's own (`memo`); a row whose nodes the verifier did not all compute gets
+        them from one lm_head product over such rows."""
         rows = [j for j, r in enumerate(batch) if r.logprobs is not None]
         if not rows:
             return {}
         nodes = {j: [0] + paths[j] if j in paths else list(range(verdict[j][0] + 1)) for j in rows}
-        logits = self.target.compute_logits(torch.cat([hidden[j, nodes[j]] for j in rows]))
-        out, at = {}, 0
-        for j in rows:
-            n = len(nodes[j])
-            out[j] = token_logprobs(logits[at : at + n], emitted[j], batch[j].params.logprobs)
-            at += n
-        return out
+        logits = {j: memo.get(j, nodes[j]) for j in rows}
+        missing = [j for j in rows if logits[j] is None]
+        if missing:
+            fresh = self.target.compute_logits(torch.cat([hidden[j, nodes[j]] for j in missing]))
+            for j, part in zip(missing, fresh.split([len(nodes[j]) for j in missing])):
+                logits[j] = part
+        return {j: token_logprobs(logits[j], emitted[j], batch[j].params.logprobs) for j in rows}
 
     def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int],
-                        hidden: torch.Tensor) -> dict[int, ChunkedProbs]:
+                        hidden: torch.Tensor, memo: StepLogits) -> dict[int, ChunkedProbs]:
         """The target's p [lens[j] + 1, V] of each sampling row j in `rows` from final-normed hidden
         states [n, step, H], as `ChunkedProbs`: the first `_first_logits` positions of every row in
-        one lm_head product, a row's later positions only if speculative sampling reads them."""
+        one lm_head product, a row's later positions only if speculative sampling reads them. The raw
+        logits computed go to `memo`."""
         first = [self._first_logits(batch[j], lens[j], hidden.shape[1]) for j in rows]
         logits = self.target.compute_logits(torch.cat([hidden[j, :f] for j, f in zip(rows, first)]))
+        memo.add([(j, node) for j, f in zip(rows, first) for node in range(f)], logits)
         out, at = {}, 0
         for j, f in zip(rows, first):
             params, end = batch[j].params, lens[j] + 1
 
             def rest(j=j, f=f, params=params, end=end) -> torch.Tensor:
-                return probs_from_logits(self.target.compute_logits(hidden[j, f:end]), params)
+                later = self.target.compute_logits(hidden[j, f:end])
+                memo.add([(j, node) for node in range(f, end)], later)
+                return probs_from_logits(later, params)
 
             out[j] = ChunkedProbs(probs_from_logits(logits[at : at + f], params), rest)
             at += f
         return out
 
     def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
-                       hidden: torch.Tensor) -> tuple[list[int], list[int]]:
+                       hidden: torch.Tensor, memo: StepLogits) -> tuple[list[int], list[int]]:
         """Greedy verdicts (accepted, next_token) of batch rows `rows`, given the step's tokens
         [n, step], final-normed target hidden states [n, step, H] and each row's number of drafts
-        `lens` (<= step - 1; a row without drafts this step takes the target's own token)."""
+        `lens` (<= step - 1; a row without drafts this step takes the target's own token). The logits
+        computed go to `memo`."""
         if not rows:
             return [], []
         dev, step = hidden.device, hidden.shape[1]
@@ -504,20 +512,25 @@ class Engine:
         unverified = torch.arange(step - 1, device=dev)[None, :] >= num[:, None]
         drafts[unverified] = self.target.config.vocab_size  # an id the target never outputs: never accepted
         first = torch.tensor([self._first_logits(batch[j], lens[j], step) for j in rows], device=dev)
-        return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first)
+        def keep(where: torch.Tensor, logits: torch.Tensor) -> None:
+            memo.add_where(rows, where, logits)
+
+        return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first, keep)
 
     def _verify_greedy_trees(self, rows: list[int], lens: list[int], tokens: torch.Tensor, tree: torch.Tensor,
-                             hidden: torch.Tensor) -> tuple[list[int], list[int], dict[int, list[int]]]:
+                             hidden: torch.Tensor, memo: StepLogits) -> tuple[list[int], list[int], dict[int, list[int]]]:
         """Greedy verdicts of draft trees (`greedy_tree_accept`) of batch rows `rows`: accepted
         counts, next tokens and the accepted paths (node indices). Logits are computed for every
-        verified node of those rows in one lm_head product."""
+        verified node of those rows in one lm_head product (and go to `memo`)."""
         if not rows:
             return [], [], {}
         dev, step = hidden.device, hidden.shape[1]
         idx = torch.tensor(rows, device=dev)
         num = torch.tensor([lens[j] for j in rows], device=dev)
         verified = torch.arange(step, device=dev)[None, :] <= num[:, None]  # [g, step]: root + drafts
-        flat = greedy_tokens(self.target.compute_logits(hidden[idx][verified])).tolist()
+        logits = self.target.compute_logits(hidden[idx][verified])
+        memo.add_where(rows, verified, logits)
+        flat = greedy_tokens(logits).tolist()
         token_rows, parent_rows = tokens[idx, 1:].tolist(), tree[idx].tolist()
         accepted, nxt, paths, at = [], [], {}, 0
         for g, j in enumerate(rows):

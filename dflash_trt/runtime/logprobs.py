@@ -53,3 +53,39 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> lis
     else:
         top_ids = top_values = [[] for _ in tokens]
     return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in zip(tokens, chosen, top_ids, top_values)]
+
+
+class StepLogits:
+    """The target logits one decode step's verification computed, kept by (batch row, block node) for
+    the rows that asked for logprobs, so their logprobs reuse them instead of a second lm_head product.
+
+    The verifier computes logits only where its decisions read them (`lazy_greedy_accept`, the chunks of
+    `ChunkedProbs`), and those always include the nodes of every emitted token (positions 0 .. accepted
+    of a chain, the root and accepted path of a tree), which are the logprobs' nodes.
+    """
+
+    def __init__(self, rows: set[int]):
+        """rows: the batch rows whose logits to keep."""
+        self.rows = rows
+        self._at: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
+
+    def add(self, keys: list[tuple[int, int]], logits: torch.Tensor) -> None:
+        """Keep `logits` [len(keys), V] (row i: the logits of node keys[i][1] of batch row keys[i][0]) for
+        the kept rows' keys (a reference to the tensor, no copy)."""
+        for i, key in enumerate(keys):
+            if key[0] in self.rows:
+                self._at[key] = (logits, i)
+
+    def add_where(self, rows: list[int], where: torch.Tensor, logits: torch.Tensor) -> None:
+        """`add` for a boolean selection: where [len(rows), nodes] marks, in row-major order, the nodes
+        whose logits `logits` [where.sum(), V] holds; row g of `where` is batch row rows[g]."""
+        if self.rows.intersection(rows):
+            self.add([(rows[g], node) for g, node in where.nonzero().tolist()], logits)
+
+    def get(self, row: int, nodes: list[int]) -> torch.Tensor | None:
+        """[len(nodes), V] logits of `nodes` of batch row `row`, or None if any of them was not computed."""
+        try:
+            found = [self._at[(row, node)] for node in nodes]
+        except KeyError:
+            return None
+        return torch.stack([logits[i] for logits, i in found])

@@ -43,7 +43,9 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
 
 def lazy_greedy_accept(draft_tokens: torch.Tensor, hidden: torch.Tensor,
                        logits_fn: Callable[[torch.Tensor], torch.Tensor],
-                       first: torch.Tensor) -> tuple[list[int], list[int]]:
+                       first: torch.Tensor,
+                       on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                       ) -> tuple[list[int], list[int]]:
     """Greedy verification that computes the target's logits only where they can be read.
 
     Greedy acceptance stops at the first draft that differs from the target's argmax, and only the
@@ -63,6 +65,10 @@ def lazy_greedy_accept(draft_tokens: torch.Tensor, hidden: torch.Tensor,
         hidden: [n, k + 1, H] final-normed target hidden states at [last token, draft_1 .. draft_k].
         logits_fn: [m, H] -> [m, V] logits (the target's lm_head).
         first: [n] int64 in [1, k + 1], the positions computed in step 1 (k + 1: all of them).
+        on_logits: if given, called with (where [n, k + 1] bool, logits [where.sum(), V]) after each
+            lm_head product: the logits of the positions `where` marks, in row-major order (a caller
+            that needs some of them, e.g. for logprobs, reuses them instead of computing them again).
+            The positions 0 .. accepted of every row are always among them.
     Returns:
         (accepted, next_token) as `greedy_accept`.
     """
@@ -70,12 +76,18 @@ def lazy_greedy_accept(draft_tokens: torch.Tensor, hidden: torch.Tensor,
     positions = torch.arange(k + 1, device=hidden.device)[None, :]  # [1, k + 1]
     posterior = torch.full((n, k + 1), -1, dtype=torch.int64, device=hidden.device)  # -1: not computed
     step1 = positions < first[:, None]  # [n, k + 1]
-    posterior[step1] = greedy_tokens(logits_fn(hidden[step1]))
+    logits = logits_fn(hidden[step1])
+    if on_logits is not None:
+        on_logits(step1, logits)
+    posterior[step1] = greedy_tokens(logits)
     accepted = _accept_prefix(draft_tokens, posterior)  # a draft never matches an uncomputed -1
     rest = accepted == first  # every draft decided in step 1 matched: the next argmax is unknown
     if bool(rest.any()):
         step2 = rest[:, None] & ~step1
-        posterior[step2] = greedy_tokens(logits_fn(hidden[step2]))
+        logits = logits_fn(hidden[step2])
+        if on_logits is not None:
+            on_logits(step2, logits)
+        posterior[step2] = greedy_tokens(logits)
         accepted = _accept_prefix(draft_tokens, posterior)
     nxt = posterior.gather(1, accepted[:, None])[:, 0]
     return accepted.tolist(), nxt.tolist()

@@ -27,12 +27,12 @@ def run(engine, prompts, params, monkeypatch):
     seen = []
     verify = engine_module.lazy_greedy_accept
 
-    def counting_verify(drafts, hidden, logits_fn, first):
+    def counting_verify(drafts, hidden, logits_fn, first, on_logits=None):
         def head(h):
             seen.append(h.shape[0])
             return logits_fn(h)
 
-        return verify(drafts, hidden, head, first)
+        return verify(drafts, hidden, head, first, on_logits)
 
     with monkeypatch.context() as m:
         m.setattr(engine_module, "lazy_greedy_accept", counting_verify)

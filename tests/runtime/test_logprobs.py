@@ -103,6 +103,48 @@ def test_accepted_drafts_get_the_verify_pass_logprobs(tiny, wrong):
     check(res, reference(hf, prompt, res.token_ids), 4)
 
 
+def counted_rows(monkeypatch, target) -> list[int]:
+    """Wrap target.compute_logits to record how many rows each lm_head product computes."""
+    rows, head = [], target.compute_logits
+
+    def counting(hidden):
+        rows.append(hidden.shape[0])
+        return head(hidden)
+
+    monkeypatch.setattr(target, "compute_logits", counting)
+    return rows
+
+
+@pytest.mark.parametrize("case", ["oracle chain", "tree", "sampled"])
+def test_logprobs_reuse_the_verifiers_logits(tiny, monkeypatch, case):
+    """Logprobs are read from the logits the verifier computed: asking for them adds no lm_head row (a
+    chain whose drafts are accepted, so the lazy verifier's second product runs too; a draft tree; a
+    sampled request), and their values are still the reference's."""
+    hf, target, engine = tiny
+    prompt = [5, 17, 33, 8, 61]
+    temperature = 1.0 if case == "sampled" else 0.0
+    if case == "oracle chain":
+        ar = engine.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True), "ar")[0]
+        engine = Engine(target, OracleProposer([prompt + ar.token_ids], 4, (3,), vocab_size=96), lazy_logits=2)
+    elif case == "tree":
+        engine = Engine(target, DFlashProposer(engine.proposer.drafter, target, tree_topk=3))
+    rows = counted_rows(monkeypatch, target)
+
+    def run(k):
+        params = SamplingParams(temperature=temperature, max_tokens=24, seed=7, ignore_eos=True, logprobs=k)
+        rows.clear()
+        result = engine.generate([prompt], params, "dflash")[0]
+        return result, list(rows)
+
+    plain, plain_rows = run(None)
+    with_lp, lp_rows = run(5)
+    assert with_lp.token_ids == plain.token_ids
+    assert lp_rows == plain_rows
+    if case == "oracle chain":  # drafts were accepted past the lazy verifier's first 2 positions
+        assert with_lp.metrics.accepted_tokens > 0 and len(plain_rows) > with_lp.metrics.verify_steps
+    check(with_lp, reference(hf, prompt, with_lp.token_ids), 5)
+
+
 def test_logprobs_end_with_the_output_at_a_stop_and_stream_with_it(tiny):
     hf, target, engine = tiny
     prompt = [9, 4, 71]

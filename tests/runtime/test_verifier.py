@@ -51,7 +51,16 @@ def test_lazy_greedy_accept_equals_greedy_accept_and_skips_unread_logits():
             return h
 
         first_t = torch.full((n,), first)
-        assert lazy_greedy_accept(drafts, logits, head, first_t) == expected
+        reported = []
+        acc, nxt = lazy_greedy_accept(drafts, logits, head, first_t, lambda where, lg: reported.append((where, lg)))
+        assert (acc, nxt) == expected
+        # on_logits hands over every product with the positions it covers, which hold 0 .. accepted
+        assert [lg.shape[0] for _, lg in reported] == computed
+        seen = torch.zeros(n, k + 1, dtype=torch.bool)
+        for where, lg in reported:
+            assert torch.equal(lg, logits[where])
+            seen |= where
+        assert all(bool(seen[r, : a + 1].all()) for r, a in enumerate(acc))
         all_matched = int((~wrong[:, :first]).all(1).sum()) if first <= k else 0
         assert computed[0] == n * first
         assert sum(computed[1:]) == all_matched * (k + 1 - first)
