@@ -116,8 +116,12 @@ class _Request:
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:taken])
         if self.on_tokens is not None:
-            reason = (self.on_tokens(self.call_index, tokens[:taken]) if self.logprobs is None
-                      else self.on_tokens(self.call_index, tokens[:taken], logprobs[:taken]))
+            args: tuple = (self.call_index, tokens[:taken])
+            if self.prompt_logprobs is not None and len(self.out) == taken:  # its first call: the prompt's too
+                args += (None if self.logprobs is None else logprobs[:taken], self.prompt_logprobs)
+            elif self.logprobs is not None:
+                args += (logprobs[:taken],)
+            reason = self.on_tokens(*args)
             if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
                 self.finish_reason = reason
         return taken
@@ -195,7 +199,9 @@ class Engine:
             mode: "dflash" (speculative) or "ar" (autoregressive baseline).
             on_tokens: called as on_tokens(prompt_index, new_token_ids) whenever tokens are emitted
                 (for streaming); stop checks have already been applied to them. For a request whose
-                params ask for logprobs it gets a third argument, their `TokenLogprob`s. A non-empty string
+                params ask for logprobs it gets a third argument, their `TokenLogprob`s; for one whose params
+                ask for prompt_logprobs, its first call gets a fourth, the prompt's (one per prompt token,
+                None first), and the third is None if it asks for no logprobs. A non-empty string
                 returned ends that request after these tokens with it as finish_reason (e.g. "stop"
                 for a stop string the caller found in the text, "abort" for a client gone); the
                 other requests of the batch go on.

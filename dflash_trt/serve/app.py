@@ -221,7 +221,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
 
                 text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None)
-                seqs.append(Sequence(ids, params, text, on_text if req.stream else None, on_done, score_only=score_only))
+                streamed = on_text if req.stream and not score_only else None  # scoring: its one token is dropped
+                seqs.append(Sequence(ids, params, text, streamed, on_done, score_only=score_only))
         scheduler.submit(seqs)
         return seqs, events
 
@@ -257,24 +258,36 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion}
 
-    async def stream(req, seqs, events, prompts, chunk, first_delta):
+    async def stream(req, seqs, events, prompts, chunk, first_delta=None, opening=None):
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
         then (stream_options.include_usage) a usage chunk; then [DONE]. `chunk(index, text, finish,
-        include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None)."""
+        include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None). The opening
+        chunk is `first_delta`'s (chat: the role), or `opening(index, include_usage)`'s (completions' echo:
+        the prompt), sent at once, or, when the choice asks for logprobs, with its first tokens (the
+        prompt's logprobs are read with the prompt)."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        unopened = set(range(len(seqs)) if opening is not None else ())
 
         def sse(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        async def open_choice(i: int) -> str:
+            unopened.discard(i)
+            return sse(await asyncio.to_thread(opening, i, include_usage))  # a long prompt's text: off the loop
+
         results: list = [None] * len(seqs)
         pending = len(seqs)
         try:
-            if first_delta is not None:
-                for i in range(len(seqs)):
+            for i in range(len(seqs)):
+                if first_delta is not None:
                     yield sse(chunk(i, first_delta, None, include_usage, None))
+                elif i in unopened and seqs[i].params.logprobs is None:
+                    yield await open_choice(i)
             while pending:
                 index, kind, payload = await events.get()
                 if kind == "text":
+                    if index in unopened:
+                        yield await open_choice(index)
                     delta, lps = payload
                     yield sse(chunk(index, delta, None, include_usage, lps))
                     continue
@@ -284,8 +297,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     status, body = _status_of(error)
                     yield sse(body)
                     break
+                if index in unopened:
+                    yield await open_choice(index)
                 results[index] = result
-                rest = seqs[index].text.rest(result.finish_reason)
+                rest = "" if seqs[index].score_only else seqs[index].text.rest(result.finish_reason)
                 lps = seqs[index].rest_logprobs(result) if result.logprobs is not None else None
                 last = chunk(index, rest, result.finish_reason, include_usage, lps)
                 last["choices"][0]["metrics"] = choice_metrics(seqs[index], result)
@@ -375,7 +390,19 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     out["usage"] = None
                 return out
 
-            return StreamingResponse(stream(req, seqs, events, prompts, chunk, None), media_type="text/event-stream")
+            def opening(index, include_usage):
+                """Choice index's echo: the prompt's text and, with logprobs, its tokens' (the completion's
+                text_offset then counts from the prompt's start, as without streaming)."""
+                p, seq = index // req.n, seqs[index]
+                given = items[p] if isinstance(items[p], str) else formatter.prompt_text(prompts[p])
+                out = chunk(index, given, None, include_usage, None)
+                if seq.params.logprobs is not None and seq.prompt_logprobs is not None:
+                    out["choices"][0]["logprobs"] = formatter.completion([], prompt=(prompts[p], seq.prompt_logprobs))
+                    offsets[index] = formatter.characters(prompts[p])
+                return out
+
+            return StreamingResponse(stream(req, seqs, events, prompts, chunk, opening=opening if req.echo else None),
+                                     media_type="text/event-stream")
         results = await collect(seqs, events, request)
 
         def echoed(i: int, r) -> tuple[str, dict | None]:

@@ -2,12 +2,12 @@
 
 Field names and defaults follow the OpenAI API reference (Completions, Chat Completions; `echo` on
 Completions puts the prompt before the completion, with its tokens' logprobs when `logprobs` is set,
-as lm-evaluation-harness's loglikelihood requests need), with the
+as lm-evaluation-harness's loglikelihood requests need; streamed, the prompt is each choice's first
+chunk, as vLLM streams it), with the
 extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. Log-probabilities:
 `logprobs` (Completions: an integer 0..20; Chat: true, with `top_logprobs` 0..20), the target's raw
 distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). A field this
-runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, `echo` in chat or with
-`stream`, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
+runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, `echo` in chat, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
 unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
 do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
 accepted and ignored.
@@ -215,13 +215,6 @@ class CompletionRequest(_Request):
         """
         _check_logprobs(self.logprobs, "logprobs")
         return self.logprobs
-
-    def unsupported(self) -> None:
-        """`_Request.unsupported`, and `echo` with `stream` (InvalidRequestError)."""
-        super().unsupported()
-        if self.echo and self.stream:
-            raise InvalidRequestError("echo with stream: true is not supported by this server; leave out one of them "
-                                      "(echo without streaming returns the prompt and its logprobs)", param="echo")
 
     def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
                         seed_offset: int = 0) -> SamplingParams:

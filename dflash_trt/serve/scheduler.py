@@ -143,7 +143,9 @@ class Sequence:
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
     still queued ends with it and no tokens). `internal`: a server probe (/health_generate), left out of
     the request metrics. `score_only` (max_tokens 0 with echo): the token generated to read the prompt is
-    dropped from the result and its metrics (no text, no tokens, finish_reason "length").
+    dropped from the result and its metrics (no text, no tokens, finish_reason "length"). `prompt_logprobs`
+    (params.prompt_logprobs set): the prompt's `TokenLogprob`s, set with its first tokens (before the
+    `on_text` call that carries them, so a stream can send the prompt's logprobs ahead of its tokens).
     """
 
     prompt: list[int]
@@ -159,8 +161,12 @@ class Sequence:
     score_only: bool = False  # max_tokens 0 with echo: the one token generated is dropped from the result
     logprobs: list = field(default_factory=list)  # TokenLogprobs received (params.logprobs set)
     logprobs_sent: int = 0  # how many of them went out with a delta
+    # params.prompt_logprobs set: the prompt's (one per prompt token, None first), from its first tokens on
+    prompt_logprobs: list | None = None
 
-    def on_tokens(self, ids: list[int], logprobs: list | None = None) -> str | None:
+    def on_tokens(self, ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> str | None:
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
         if self.cancelled:
             return "abort"
         if logprobs is not None:
@@ -190,7 +196,7 @@ class Sequence:
     def restart(self) -> None:
         """Forget the text decoded so far (before running the sequence again from its prompt)."""
         self.text = StopText(self.text.decode, self.text.stops, self.text.token_aligned)
-        self.logprobs, self.logprobs_sent = [], 0
+        self.logprobs, self.logprobs_sent, self.prompt_logprobs = [], 0, None
 
 
 def _done(seq: Sequence, result: GenerationResult | None, error: BaseException | None) -> None:
@@ -313,7 +319,7 @@ class Scheduler:
             self._batch = self._open_batch()
         try:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
-                                  lambda k, ids, logprobs=None: live[k].on_tokens(ids, logprobs))
+                                  lambda k, ids, *more: live[k].on_tokens(ids, *more))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
             self._retry(live, exc)  # the batch is as it was
             return
@@ -361,7 +367,7 @@ class Scheduler:
         self._pending = [s]
         self._batch = self._open_batch()
         try:
-            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, logprobs=None: s.on_tokens(ids, logprobs))
+            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, *more: s.on_tokens(ids, *more))
             self._seqs[rid] = s
             self._finish()
             while self._seqs:

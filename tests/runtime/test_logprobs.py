@@ -220,10 +220,19 @@ def test_prompt_logprobs_whole_chunked_and_for_repeated_prompts(tiny, monkeypatc
     params = [SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=k, logprobs=l)
               for k, l in ((2, None), (2, 1), (0, None), (None, None))]
     batch = DecodeBatch(engine, "dflash", prefill_chunk=chunk)
-    batch.add([prompt] * 4, params)
+    calls: list[tuple[int, tuple]] = []
+    batch.add([prompt] * 4, params, lambda k, ids, *more: calls.append((k, more)))
     while batch.active:
         batch.step()
     done = [r for _, r in sorted(batch.take_finished())]
+    for k, r in enumerate(done):  # on_tokens: the prompt's logprobs at a request's first call only
+        extra = [more for i, more in calls if i == k]
+        assert len(extra) >= 2
+        if r.prompt_logprobs is None:
+            assert all(more == () for more in extra)
+            continue
+        assert extra[0][1] == r.prompt_logprobs and (extra[0][0] is None) == (params[k].logprobs is None)
+        assert all(len(more) == (0 if params[k].logprobs is None else 1) for more in extra[1:])
     for r, sp in zip(done[:3], params):
         lps = r.prompt_logprobs
         assert len(lps) == len(prompt) and lps[0] is None

@@ -173,6 +173,41 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server, client):
     assert r.status_code == 400 and "got -1 (0 is allowed with echo" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("max_tokens, logprobs", [(6, 2), (6, None), (0, 1)])
+@pytest.mark.parametrize("as_ids", [False, True])
+def test_streamed_echo_equals_the_echo_without_streaming(client, smollm2_pipeline, max_tokens, logprobs, as_ids):
+    """echo with stream (vLLM's form): each choice's first chunk is its prompt (and, with logprobs, the
+    prompt's tokens and logprobs), then its completion's chunks; joined, a choice's text and logprobs are the
+    non-streamed echo's, text_offset included (counted from the prompt's start). Two prompts (strings, or
+    token ids), n 2; max_tokens 0 scores the prompts, streamed too (no completion text)."""
+    given = ["def add(a, b):", "Once upon a time"]
+    prompt = [smollm2_pipeline.encode(g) for g in given] if as_ids else given
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, echo=True, logprobs=logprobs, n=2)
+    whole = client.completions.create(**kwargs)
+    text, lps, first = ["", "", "", ""], [[] for _ in range(4)], [None] * 4
+    for c in client.completions.create(**kwargs, stream=True):
+        ch = c.choices[0]
+        if first[ch.index] is None:
+            first[ch.index] = ch.text
+        text[ch.index] += ch.text
+        if ch.logprobs is not None:
+            lps[ch.index].append(ch.logprobs)
+    assert first == [given[i // 2] for i in range(4)]  # the prompt comes first, whole
+    assert text == [c.text for c in whole.choices] and all(t.startswith(given[i // 2]) for i, t in enumerate(text))
+    if max_tokens == 0:
+        assert text == first
+    else:
+        assert all(len(t) > len(given[i // 2]) for i, t in enumerate(text))
+    for got, c in zip(lps, whole.choices):
+        if logprobs is None:
+            assert got == [] and c.logprobs is None
+            continue
+        for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [x for part in got for x in getattr(part, field)] == getattr(c.logprobs, field)
+        assert len(got[0].tokens) == len(smollm2_pipeline.encode(c.text[: len(given[c.index // 2])]))
+        assert got[0].token_logprobs[0] is None  # the prompt's first token: nothing predicts it
+
+
 def completion_token_bytes(token: str) -> bytes:
     """The bytes a Completions token string stands for: its UTF-8, or the escapes of "bytes:\\xNN..."."""
     if token.startswith("bytes:"):
@@ -273,7 +308,6 @@ def _decodes(data: bytes) -> bool:
     ("/v1/chat/completions", {"messages": QUESTION, "logprobs": 1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs must be an integer in [0, 20]"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": True}, "logprobs"),
-    ("/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True, "stream": True}, "echo with stream: true"),
     ("/v1/chat/completions", {"messages": QUESTION, "echo": True}, "echo=True is not supported"),
 ])
 def test_bad_logprobs_requests_are_refused_and_the_server_keeps_serving(server, client, path, body, message):
