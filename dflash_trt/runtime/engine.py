@@ -573,8 +573,10 @@ class StepStats:
     request stopped); context_requests / context_tokens: requests whose prompts were (partly)
     prefilled in this iteration and the prompt tokens read (a chunk of each with chunked prefill;
     TensorRT-LLM's numContextRequests / numCtxTokens); scheduled_requests: distinct requests in either
-    (one whose last chunk and first decode step share the iteration counts once); seconds: its wall
-    time (the decode step and, with chunked prefill, the chunk; a whole prefill is `add`'s)."""
+    (one whose last chunk and first decode step share the iteration counts once); active_requests:
+    the requests in the batch in this iteration, decoded or still waiting for (the rest of) their prompt
+    (TensorRT-LLM's numActiveRequests, context and generation phases both); seconds: its wall time (the
+    decode step and, with chunked prefill, the chunk; a whole prefill is `add`'s)."""
 
     requests: int = 0
     requests_with_drafts: int = 0
@@ -585,6 +587,7 @@ class StepStats:
     context_requests: int = 0
     context_tokens: int = 0
     scheduled_requests: int = 0
+    active_requests: int = 0
 
 
 class PrefillFailed(DFlashError):
@@ -786,9 +789,11 @@ class DecodeBatch:
                 self._drafter_cache.keep_rows(keep, capacity)
             self.live = [self.live[j] for j in keep]
         context, self._context = self._context, [0, 0, set()]
+        # in this iteration: decoded, read (ending at their first token too), or waiting for their next chunk
+        active = len({r.index for r in self.live} | context[2] | {r.index for g in self._prefilling for r in g.reqs})
         if not self.live:
             return StepStats(seconds=time.perf_counter() - t, context_requests=context[0], context_tokens=context[1],
-                             scheduled_requests=context[0])
+                             scheduled_requests=context[0], active_requests=active)
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
@@ -804,7 +809,8 @@ class DecodeBatch:
                          sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
                          sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
                          sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1],
-                         context[0] + sum(1 for r in self.live if r.index not in context[2]))
+                         context[0] + sum(1 for r in self.live if r.index not in context[2]),
+                         active)
 
     def flush_stats(self) -> StepStats | None:
         """The prefill work done since the last `step` (requests and prompt tokens read by `add`), as a
@@ -814,7 +820,8 @@ class DecodeBatch:
         context, self._context = self._context, [0, 0, set()]
         if not context[0]:
             return None
-        return StepStats(context_requests=context[0], context_tokens=context[1], scheduled_requests=context[0])
+        return StepStats(context_requests=context[0], context_tokens=context[1], scheduled_requests=context[0],
+                         active_requests=context[0])
 
     def abort_prefill(self, request_ids) -> int:
         """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)

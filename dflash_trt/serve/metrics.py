@@ -11,7 +11,8 @@
   verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
-  in-flight batch (`iter`, `iterLatencyMS`, `numActiveRequests`, `numQueuedRequests`,
+  in-flight batch (`iter`, `iterLatencyMS`, `numActiveRequests` (decoding, and being prefilled in
+  chunks), `numQueuedRequests`, `inflightBatchingStats`,
   `specDecodingStats` with `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`,
   `acceptanceLength`: tokens emitted per request in that step), the last MAX_ITER_STATS steps, each
   returned once (trtllm-serve drains its queue the same way).
@@ -114,7 +115,7 @@ class ServerMetrics:
         with self._lock:
             self._iter += 1
             self._iters.append({
-                "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.requests,
+                "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.active_requests,
                 "numQueuedRequests": self._waiting(),
                 "inflightBatchingStats": {
                     "numScheduledRequests": step.scheduled_requests,

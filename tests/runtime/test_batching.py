@@ -166,10 +166,11 @@ def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, c
     batch = DecodeBatch(engine, mode, prefill_chunk=chunk)
     streamed: dict[int, list[int]] = {}
     joins = {0: [0], 2: [1, 2], 3: [3], 9: [4, 5]}  # step -> prompts added before it, one add call each
-    ids, done, stats, first_out = {}, {}, [], []
+    ids, done, stats, first_out, active = {}, {}, [], [], []
     while len(stats) <= max(joins) or batch.active:
         for k in joins.get(len(stats), []):
             ids[k] = batch.add([prompts[k]], [params[k]], lambda _, t, k=k: streamed.setdefault(k, []).extend(t))[0]
+        active.append(len(set(ids.values()) - set(done)))
         stats.append(batch.step())
         done.update(batch.take_finished())
         first_out.append(len(streamed.get(0, [])))
@@ -185,6 +186,10 @@ def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, c
     joined = stats[-(-4 // chunk) - 1]
     assert (joined.context_requests, joined.requests, joined.scheduled_requests) == (1, 1, 1)
     assert all(s.scheduled_requests <= s.context_requests + s.requests for s in stats)
+    # active: every request added and not finished before the iteration (TensorRT-LLM's numActiveRequests:
+    # those waiting for their prompt's next chunk count too)
+    assert [s.active_requests for s in stats] == active
+    assert any(s.active_requests > s.scheduled_requests for s in stats)
     assert all(first_out[j] > first_out[j - 1] for j in reading if 0 < first_out[j - 1] < 80)
     assert sum(1 for j in reading if 0 < first_out[j - 1] < 80) >= 30 // chunk
     assert done[ids[1]].metrics.prompt_tokens == 30 and done[ids[1]].metrics.time_to_first_token_s > 0

@@ -377,8 +377,14 @@ def test_chunked_prefill_reads_a_long_prompt_while_a_stream_goes_on(smollm2_pipe
     assert sum(b["numCtxTokens"] for b in batching) == len(long_ids) + got["stream_usage"]["prompt_tokens"]
     assert max(b["numCtxTokens"] for b in batching) == 16
     # the long prompt's chunks: read in iterations where the stream decoded too (its 64 tokens take more steps)
-    reading = [s for s in stats if s["inflightBatchingStats"]["numCtxTokens"] and s["numActiveRequests"]]
+    reading = [s for s in stats if s["inflightBatchingStats"]["numCtxTokens"]
+               and s["inflightBatchingStats"]["numScheduledRequests"] == 2]
     assert len(reading) >= len(long_ids) // 16 - 1
+    # numActiveRequests counts the long request from its first chunk on, as TensorRT-LLM counts requests in
+    # their context phase: 2 in each of those iterations, also before it decodes (numGenRequests 1)
+    assert all(s["numActiveRequests"] == 2 for s in reading)
+    before_joining = [s for s in reading if s["inflightBatchingStats"]["numGenRequests"] == 1]
+    assert len(before_joining) >= len(long_ids) // 16 - 1
 
 
 def test_prometheus_counts_match_the_responses(server, client):
