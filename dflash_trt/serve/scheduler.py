@@ -242,6 +242,13 @@ class Scheduler:
         return len(self._seqs)
 
     @property
+    def idle(self) -> bool:
+        """Nothing running, being admitted or queued, and no batch open: every iteration so far is recorded
+        (`on_step`) and every result handed out. (Read from another thread while sequences are submitted,
+        one being taken off the queue at that instant may not show yet.)"""
+        return not self._seqs and not self._pending and self._queue.empty() and self._batch is None
+
+    @property
     def waiting(self) -> int:
         """Sequences queued and not yet in a batch."""
         return self._queue.qsize()
@@ -358,9 +365,16 @@ class Scheduler:
                     s.restart()
                     self._run_alone(s)
             return
-        self._finish()
-        if self._on_step is not None:
-            self._on_step(stats)
+        self._record_then_finish(stats)
+
+    def _record_then_finish(self, stats: StepStats) -> None:
+        """The step's iteration stats first, then its finished sequences' results: a client that has its
+        answer finds the steps that made it in GET /metrics."""
+        try:
+            if self._on_step is not None:
+                self._on_step(stats)
+        finally:
+            self._finish()
 
     def _run_alone(self, s: Sequence) -> None:
         """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""
@@ -371,10 +385,7 @@ class Scheduler:
             self._seqs[rid] = s
             self._finish()
             while self._seqs:
-                stats = self._batch.step()
-                self._finish()
-                if self._on_step is not None:
-                    self._on_step(stats)
+                self._record_then_finish(self._batch.step())
         except Exception as exc:  # noqa: BLE001 - this one is the failing request
             _done(s, None, exc.error if isinstance(exc, PrefillFailed) else exc)
             self._batch, self._seqs = None, {}
@@ -404,6 +415,8 @@ class Scheduler:
         if not self._seqs and self._batch is not None:
             flush = getattr(self._batch, "flush_stats", None)  # prompts read since its last step (none followed)
             stats = flush() if flush is not None else None
-            self._batch = None  # its caches are freed; the next sequences open a new batch
-            if stats is not None and self._on_step is not None:
-                self._on_step(stats)
+            try:
+                if stats is not None and self._on_step is not None:
+                    self._on_step(stats)
+            finally:
+                self._batch = None  # its caches are freed; the next sequences open a new batch

@@ -349,6 +349,22 @@ def test_a_batch_that_ends_at_its_first_tokens_still_reports_its_prompts(tmp_pat
     assert sum(s.context_tokens for s in steps) == 5 and all(s.requests == 0 for s in steps) and len(steps) <= 2
 
 
+def test_a_result_goes_out_after_the_iterations_that_made_it(tmp_path):
+    """A step's iteration stats are recorded before the results it finished are handed out (a client that has
+    its answer finds the steps that made it in GET /metrics), and `idle` holds once all of it is done."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    engine = tiny_engine(tmp_path)
+    steps, seen = [], []
+    sched = Scheduler(lambda: DecodeBatch(engine), 8, on_step=steps.append)
+    sched.submit([Sequence([5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True), StopText(str), None,
+                           lambda r, e: seen.append((r, sum(s.emitted_tokens for s in steps))))])
+    wait_for(lambda: seen and sched.idle)
+    sched.close()
+    [(result, emitted)] = seen
+    assert len(result.token_ids) == 6 and emitted == 5  # every token but the prefill's, in steps recorded before
+
+
 @pytest.mark.parametrize("in_flight, chunk", [(True, None), (False, None), (True, 1)])
 def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, chunk):
     """In-flight batching with a real engine: a short request submitted while a long one decodes joins
