@@ -369,12 +369,14 @@ class Scheduler:
 
     def _record_then_finish(self, stats: StepStats) -> None:
         """The step's iteration stats first, then its finished sequences' results: a client that has its
-        answer finds the steps that made it in GET /metrics."""
+        answer finds the steps that made it in GET /metrics). A failing `on_step` is logged: the results
+        still go out."""
         try:
             if self._on_step is not None:
                 self._on_step(stats)
-        finally:
-            self._finish()
+        except Exception:  # noqa: BLE001 - the metrics, not the requests, failed
+            logger.exception("dflash-trt: recording a step failed; the generation thread goes on")
+        self._finish()
 
     def _run_alone(self, s: Sequence) -> None:
         """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""

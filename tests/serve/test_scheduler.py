@@ -245,6 +245,24 @@ def test_a_callback_that_raises_does_not_stop_the_thread():
     assert got == [("Hello.", None)]
 
 
+def test_failing_iteration_stats_lose_no_result():
+    """An on_step (metrics) that raises at every step is logged; each sequence still gets its result or its
+    error, once: in a batch, and rerun alone after its batch failed (the [-2] row fails its first step)."""
+    def broken(stats):
+        raise ValueError("metrics backend down")
+
+    got = []
+    sched = Scheduler(lambda: ScriptedBatch([]), 8, on_step=broken)
+    sched.submit([Sequence([k], SamplingParams(max_tokens=2), StopText(decode), None,
+                           lambda r, e, k=k: got.append((k, r and r.text, type(e).__name__))) for k in (1, -2)])
+    wait_for(lambda: len(got) == 2 and sched.idle)
+    sched.submit([Sequence([3], SamplingParams(max_tokens=2), StopText(decode), None,
+                           lambda r, e: got.append((3, r and r.text, type(e).__name__)))])
+    wait_for(lambda: len(got) == 3 and sched.idle)
+    sched.close()
+    assert sorted(got) == [(-2, None, "RuntimeError"), (1, "Hello.", "NoneType"), (3, "Hello.", "NoneType")]
+
+
 def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
     log, gate, started = [], threading.Event(), threading.Event()
     done, streamed = {}, []
