@@ -226,13 +226,19 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     except DFlashError as exc:
         out.append(Finding(ERROR, f"target: {exc}"))
     out += [Finding(ERROR, p) for p in compatibility_problems(target, drafter)]
+    from dflash_trt.models.speculators import TARGET_COPIES, TRAINING_ONLY, is_speculators
+
+    raw = read_config_json(drafter_path)
+    speculators = is_speculators(raw)
+    # a speculators checkpoint's vocabulary maps and copies of the target's weights (checked on load)
+    extra = TARGET_COPIES + TRAINING_ONLY + ("t2d",) + (("d2t",) if drafter.draft_vocab_size is None else ())
     try:
         out += [Finding(ERROR, p) for p in _weight_shape_problems(
-            drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter")]
+            drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter", extra if speculators else ())]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
-    arch = read_config_json(drafter_path).get("architectures")
-    if arch != ["DFlashDraftModel"]:
+    arch = raw.get("architectures")
+    if not speculators and arch != ["DFlashDraftModel"]:
         out.append(Finding(WARNING, (
             f"architectures: the drafter's config.json has {json.dumps(arch)}, not [\"DFlashDraftModel\"] (the z-lab "
             "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "

@@ -296,19 +296,25 @@ class DrafterConfig:
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, flag: str | None = None, source: str | None = None) -> "DrafterConfig":
-        """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`).
+        """Build from a drafter config.json (z-lab / ModelOpt `DFlashDraftModel`, or the vLLM `speculators`
+        format with `speculators_model_type: "dflash"`, converted by `dflash_trt.models.speculators.zlab_config`).
 
         `flag`: the option that gave the folder (e.g. "SRC", "--init"), named by the fix when the config
         is a model's; None: a command with both --target and --drafter (the two may be swapped).
         `source`: the config.json path the messages name (default "drafter config.json").
 
         Raises:
-            ConfigError: a model's config without dflash_config (swapped folders), missing
+            ConfigError: a model's config without dflash_config (swapped folders), a speculators config
+                `zlab_config` refuses (another algorithm, a missing field), missing
                 dflash_config.target_layer_ids / mask_token_id, wrong shapes, or a field of the wrong type
                 or range (named).
         """
+        from dflash_trt.models.speculators import is_speculators, zlab_config
+
         where = source or "drafter config.json"
         cfg = _as_dict(hf_config, where)
+        if is_speculators(cfg):  # vLLM `speculators` format: the same drafter, other field names
+            cfg = zlab_config(cfg, where)
         raw = cfg.get("dflash_config")
         if raw is not None and not isinstance(raw, Mapping):
             raise ConfigError(f"{where}: 'dflash_config' must be an object such as {{\"target_layer_ids\": [1, 8], "

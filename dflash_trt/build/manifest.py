@@ -82,7 +82,8 @@ def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
         try:
             cfg = json.loads((root / "config.json").read_text())
             arch = cfg.get("architectures") or ()
-            kind = "drafter" if "DFlashDraftModel" in arch or "dflash_config" in cfg else "target"
+            drafter = "DFlashDraftModel" in arch or "dflash_config" in cfg or "speculators_model_type" in cfg
+            kind = "drafter" if drafter else "target"
         except (OSError, ValueError, AttributeError, TypeError):  # no config.json: a plain folder
             kind = None
         if kind is not None:

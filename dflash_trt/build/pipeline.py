@@ -13,8 +13,9 @@ Bundle layout (docs/build.md):
                                  trtllm/target/ and the drafter folders get a README saying their quantization)
     NAME/trtllm/target/          unified HF checkpoint (ModelOpt) + tokenizer
     NAME/trtllm/drafter/         DFlash drafter (z-lab format, full target vocabulary: what TensorRT-LLM loads)
-    NAME/runtime/drafter/        only for a reduced-vocabulary drafter: that drafter as given (d2t), which
-                                 `dflash-trt generate --bundle` loads (drafting over fewer lm_head rows is faster)
+    NAME/runtime/drafter/        only for a reduced-vocabulary drafter (d2t) or one in the vLLM speculators format:
+                                 that drafter as given, which `dflash-trt generate --bundle` loads (drafting over
+                                 fewer lm_head rows is faster)
     NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
     NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
     NAME/triton/dflash/          Triton model repository: the Python-backend model over this bundle
@@ -34,9 +35,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
 from dflash_trt.text import count
+
+if TYPE_CHECKING:
+    from dflash_trt.config import DrafterConfig
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,19 @@ def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
     return items, warning
 
 
+def drafter_as_given(opts: BuildOptions, dcfg: DrafterConfig) -> str | None:
+    """What keeps the drafter out of TensorRT-LLM's z-lab full-vocabulary format, so that the bundle holds it as
+    given in runtime/drafter (for dflash-trt) beside a z-lab copy in trtllm/drafter: "draft vocabulary N" and/or
+    "speculators format" (an FP8 drafter is written in the z-lab format anyway), or None."""
+    from dflash_trt.config import read_config_json
+    from dflash_trt.models.speculators import is_speculators
+
+    why = [f"draft vocabulary {dcfg.draft_vocab_size}"] if dcfg.draft_vocab_size is not None else []
+    if opts.drafter_quant != "fp8" and is_speculators(read_config_json(opts.drafter)):
+        why.append("speculators format")
+    return ", ".join(why) or None
+
+
 #: where a reduced-vocabulary drafter goes as given, for our runtime (trtllm/drafter gets the full-vocabulary one)
 RUNTIME_DRAFTER = "runtime/drafter"
 TRTLLM_DRAFTER = "trtllm/drafter"
@@ -283,9 +301,10 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
         steps.append(f"load target on {opts.device} (float32); nothing to quantize (--quant none, kv cache auto)")
     kv_per_rank = max(t.num_key_value_heads // opts.tp_size, 1)
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
-    if d.draft_vocab_size is not None:
-        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ (reduced vocabulary {d.draft_vocab_size}, for dflash-trt); "
-                       "full-vocabulary variant (no d2t) for TensorRT-LLM")
+    given = drafter_as_given(opts, d)
+    if given is not None:
+        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ ({given}, for dflash-trt); z-lab full-vocabulary "
+                       "variant (no d2t) for TensorRT-LLM")
     existing = existing_out(opts.out)
     publish = f"move the bundle to {opts.out}"
     if existing == "a dflash-trt bundle":
@@ -511,9 +530,11 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         trtllm.export_target_hf(state["model"], root / "trtllm" / "target", Path(opts.target))
         del state["model"]
 
-    # A reduced-vocabulary drafter (d2t) stays as given in runtime/drafter for our runtime; TensorRT-LLM's
-    # DFlash loader reads the z-lab format over the full target vocabulary, written by full_vocab_copy.
-    reduced = dcfg.draft_vocab_size is not None
+    # A reduced-vocabulary drafter (d2t) or one in the speculators format stays as given in runtime/drafter for
+    # our runtime; TensorRT-LLM's DFlash loader reads the z-lab format over the full target vocabulary, written
+    # by full_vocab_copy.
+    given = drafter_as_given(opts, dcfg)
+    reduced = given is not None
     runtime_drafter = RUNTIME_DRAFTER if reduced else TRTLLM_DRAFTER
 
     def drafter():
@@ -531,8 +552,8 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
             from dflash_trt.training.export import full_vocab_copy
 
             full_vocab_copy(dst, root / TRTLLM_DRAFTER)
-            detail += (f" (draft vocabulary {dcfg.draft_vocab_size} in {RUNTIME_DRAFTER}/ for dflash-trt; "
-                       f"{TRTLLM_DRAFTER}/: full vocabulary, no d2t)")
+            detail += (f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; "
+                       f"{TRTLLM_DRAFTER}/: z-lab format, full vocabulary, no d2t)")
         return detail.strip()
 
     def serving():
@@ -561,7 +582,9 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                             "trained": dcfg.trained, "path": runtime_drafter,
                             "draft_vocab_size": dcfg.draft_vocab_size, "trtllm_path": TRTLLM_DRAFTER,
                             "trtllm_vocabulary": ("full (dflash_trt.training.export.full_vocab_copy: same weights, "
-                                                  "no d2t)") if reduced else "full (as given)"},
+                                                  "no d2t)") if reduced else "full (as given)",
+                            # why runtime/drafter holds the drafter as given (`drafter_as_given`), or None
+                            "as_given": given},
             },
             "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,
                              "trtllm_checkpoint": state.get("trt_quant"),

@@ -141,9 +141,9 @@ def bundle_readme(manifest: dict) -> str:
         "- trtllm/target/: the target, a ModelOpt unified HF checkpoint, and the tokenizer.",
         "- trtllm/drafter/: the drafter TensorRT-LLM loads (z-lab format over the full target vocabulary).",
     ]
-    if reduced:
-        lines.append(f"- {d['path']}/: the drafter as given (draft vocabulary {d['draft_vocab_size']}, `d2t`), "
-                     "which dflash-trt loads.")
+    if d.get("path") != d.get("trtllm_path", d.get("path")):
+        given = d.get("as_given") or f"draft vocabulary {d['draft_vocab_size']}"
+        lines.append(f"- {d['path']}/: the drafter as given ({given}), which dflash-trt loads.")
     lines += [
         "- trtllm/serve.yaml, launch.sh, llm_api_example.py: serving with TensorRT-LLM.",
         "- triton/dflash/: config.pbtxt and 1/model.py, the Triton model (parameter `bundle`: this folder, `../..` "
@@ -178,7 +178,7 @@ def drafter_section(manifest: dict) -> str:
     """The section appended to a bundle drafter folder's README.md."""
     drafter = manifest["models"]["drafter"]
     copy = drafter.get("trtllm_path")
-    if copy and copy != drafter.get("path"):  # a reduced-vocabulary drafter: build wrote its full-vocabulary copy
+    if copy and copy != drafter.get("path"):  # a reduced-vocabulary or speculators drafter: build wrote the z-lab copy
         where = [f"In this bundle the full-vocabulary copy that TensorRT-LLM, vLLM and SGLang load is already at "
                  f"`{copy}` (what `serve.yaml` names): no export step is needed.", ""]
     else:
@@ -189,11 +189,12 @@ def drafter_section(manifest: dict) -> str:
 
 def drafter_folder_readme(folder: Path) -> str:
     """The README of a drafter folder that has none (`dflash_trt.training.export.bundle_readme`)."""
-    from dflash_trt.config import DrafterConfig
+    from dflash_trt.config import DrafterConfig, read_config_json
+    from dflash_trt.models.speculators import is_speculators
     from dflash_trt.training.export import bundle_readme as drafter_readme
 
     info = json.loads((folder / "training.json").read_text()) if (folder / "training.json").is_file() else {}
-    return drafter_readme(DrafterConfig.from_pretrained(folder), info)
+    return drafter_readme(DrafterConfig.from_pretrained(folder), info, is_speculators(read_config_json(folder)))
 
 
 def write_readmes(root: Path, manifest: dict, drafter_folders: list[str]) -> None:

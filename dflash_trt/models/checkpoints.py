@@ -132,15 +132,25 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DFlashDrafter:
-    """Load a DFlash drafter folder (z-lab / ModelOpt format) in eval mode (FP8 drafters dequantized on load).
+    """Load a DFlash drafter folder (z-lab / ModelOpt format, or vLLM `speculators` format) in eval mode
+    (FP8 drafters dequantized on load).
+
+    A speculators checkpoint's copies of the target's embedding / lm_head rows are kept as
+    `drafter.target_copies` ({key: tensor}; {} otherwise), for the proposer to check against the
+    target it is paired with (`dflash_trt.models.speculators.check_target_copies`).
 
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
-            (e.g. `fc.weight` of the wrong width: the message gives the expected shape).
+            (e.g. `fc.weight` of the wrong width: the message gives the expected shape), speculators
+            vocabulary maps that disagree.
     """
+    from dflash_trt.models.speculators import read_zlab
+
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
-    load_strict(model, _read_weights(path, dtype, device), "drafter", path)
+    _, tensors, copies = read_zlab(path, _read_weights(path, dtype, device))
+    load_strict(model, tensors, "drafter", path)
+    model.target_copies = copies
     return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 

@@ -11,6 +11,7 @@ z-lab `dflash` loader expect the full vocabulary (the z-lab format has no `d2t`)
 writes that variant (same weights, the full target lm_head at inference).
 
     python -m dflash_trt.training.export SRC DST [--force]   # full-vocabulary copy of a drafter folder
+    python -m dflash_trt.training.export SRC DST --format speculators --target T   # vLLM speculators format
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import torch
 
 from dflash_trt.config import DrafterConfig
 from dflash_trt.models.drafter import DFlashDrafter
-from dflash_trt.models.loading import publish_folder, read_tensors, save_checkpoint
+from dflash_trt.models.loading import publish_folder, save_checkpoint
+from dflash_trt.models.speculators import read_zlab
 from dflash_trt.out_folder import DRAFTER_FILES, write_target
 from dflash_trt.text import count
 
@@ -82,8 +84,9 @@ def sample_counts(info: dict) -> str:
     return f"{total - held} training + {held} held-out target-written samples"
 
 
-def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
-    """README.md of an exported drafter: what it is and which loaders accept it."""
+def bundle_readme(cfg: DrafterConfig, info: dict, speculators: bool = False) -> str:
+    """README.md of an exported drafter: what it is and which loaders accept it (`speculators`: the folder is
+    in the vLLM speculators format, `dflash_trt.models.speculators`)."""
     reduced = cfg.draft_vocab_size is not None
     if not cfg.trained:  # e.g. the full-vocabulary copy of a `dflash-trt init-drafter` drafter
         origin = "UNTRAINED: random weights (`dflash-trt init-drafter`); few drafts are accepted."
@@ -113,7 +116,18 @@ def bundle_readme(cfg: DrafterConfig, info: dict) -> str:
         "## Vocabulary and loaders",
         "",
     ]
-    if reduced:
+    if speculators:
+        vocab = (f"a reduced draft vocabulary of {cfg.draft_vocab_size} target tokens (`d2t`, `t2d`, and "
+                 "`lm_head.weight`: the target's lm_head rows at the draft ids)" if reduced else "the full target vocabulary")
+        lines += [
+            f"vLLM `speculators` format (`speculators_model_type: \"dflash\"`), over {vocab}.",
+            "",
+            "- dflash-trt (this package) and vLLM (`vllm serve TARGET --speculative-config '{\"model\": \"THIS_FOLDER\"}'`; "
+            "not tested here, vLLM does not run on the machine that made it) load it.",
+            "- TensorRT-LLM (`DFlashDecodingConfig`) and SGLang read the z-lab format over the full vocabulary: write it "
+            "with `python -m dflash_trt.training.export THIS_FOLDER OUT_FOLDER`.",
+        ]
+    elif reduced:
         lines += [
             f"This export predicts over a REDUCED draft vocabulary of {cfg.draft_vocab_size} target tokens: "
             "config.json has `draft_vocab_size` and model.safetensors has `d2t` (int64 offsets, target id = "
@@ -209,7 +223,9 @@ def left_out_files(src: Path) -> list[str]:
 
 def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
-    `draft_vocab_size`): the z-lab format every DFlash loader accepts. Of the other files, those of
+    `draft_vocab_size`): the z-lab format every DFlash loader accepts. A `src` in the vLLM `speculators`
+    format is converted (`dflash_trt.models.speculators.read_zlab`: its `t2d` and copies of the target's
+    weights are dropped). Of the other files, those of
     `copied_files` are copied (not acceptance.*, measured with the reduced vocabulary: measure the copy
     with `python -m dflash_trt.training.evaluate --drafter DST`; not a user's own files: `left_out_files`).
 
@@ -233,8 +249,8 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
         raise ConfigError(f"SRC {src}: {e}") from None
     _check_copy_paths(src, dst, force)  # before Path(dst): an empty DST is not '.'
     dst = write_target(dst)  # a link to a drafter folder: that folder is replaced, the link stays
-    tensors = {k: v for k, v in read_tensors(src).items() if k != "d2t"}
-    hf = json.loads((src / "config.json").read_text())
+    hf, tensors, _ = read_zlab(src)  # a speculators-format SRC becomes z-lab (its target copies are dropped)
+    tensors.pop("d2t", None)
     hf.pop("draft_vocab_size", None)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
@@ -252,33 +268,108 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     return dst
 
 
+def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None = None, verifier: str | None = None,
+                     force: bool = False) -> Path:
+    """Write drafter folder `src` (either format) to `dst` in the vLLM `speculators` format
+    (`dflash_trt.models.speculators.speculators_checkpoint`): what `vllm serve TARGET --speculative-config
+    '{"model": DST}'` reads, with its reduced draft vocabulary kept (`d2t`, `t2d` and `lm_head.weight`, the
+    target's lm_head rows at the draft ids, which is why a reduced-vocabulary `src` needs `target`).
+    config.json names `verifier` as the target (default: `target`'s path). training.json and loss.png are
+    copied and README.md written; the other rules (paths, `force`, publishing) are `full_vocab_copy`'s.
+
+    Raises:
+        CheckpointError / ConfigError: as `full_vocab_copy`; a reduced-vocabulary `src` without `target`, or a
+            `target` whose lm_head does not fit the drafter (vocabulary or hidden size).
+    """
+    from dflash_trt.cli.common import model_folder
+    from dflash_trt.config import TargetConfig, read_config_json
+    from dflash_trt.errors import ConfigError, IncompatibleModelsError
+    from dflash_trt.models.loading import read_tensors
+    from dflash_trt.models.speculators import speculators_checkpoint
+
+    src = Path(src)
+    try:
+        cfg = DrafterConfig.from_pretrained(model_folder("SRC", str(src), "drafter"), flag="SRC")
+    except ConfigError as e:
+        raise ConfigError(f"SRC {src}: {e}") from None
+    if cfg.draft_vocab_size is not None and target is None:
+        raise ConfigError(f"SRC {src} drafts over a reduced vocabulary ({cfg.draft_vocab_size} tokens): the speculators "
+                          "format stores the target's lm_head rows at its draft ids; give the target with --target")
+    _check_copy_paths(src, dst, force)
+    head, arch = None, []
+    if target is not None:
+        target = Path(model_folder("--target", str(target), "target"))
+        tcfg = TargetConfig.from_pretrained(target, flag="--target")
+        if (tcfg.vocab_size, tcfg.hidden_size) != (cfg.vocab_size, cfg.target_hidden_size):
+            raise IncompatibleModelsError(f"--target {target}: vocabulary {tcfg.vocab_size} / hidden size "
+                                          f"{tcfg.hidden_size}, the drafter expects {cfg.vocab_size} / "
+                                          f"{cfg.target_hidden_size}; give the drafter's own target")
+        arch = list(read_config_json(target).get("architectures") or [])
+        if cfg.draft_vocab_size is not None:
+            weights = read_tensors(target)
+            head = weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
+    zlab, tensors, _ = read_zlab(src)
+    out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or str(target or ""), arch)
+    dst = write_target(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        save_checkpoint(tmp, out_cfg, out_tensors)
+        for name in ("training.json", "loss.png"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+        info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
+        (tmp / "README.md").write_text(bundle_readme(cfg, info, speculators=True))
+        publish_folder(tmp, dst)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m dflash_trt.training.export SRC DST [--force]`: a usage error exits 2, a bad SRC or
-    DST (`full_vocab_copy`'s errors) prints one `error: ...` line and exits 1."""
+    """`python -m dflash_trt.training.export SRC DST [--format zlab|speculators] [--target T] [--verifier NAME]
+    [--force]`: a usage error exits 2, a bad SRC, DST or --target (`full_vocab_copy`'s / `speculators_copy`'s
+    errors) prints one `error: ...` line and exits 1."""
     import argparse
 
     from dflash_trt.errors import DFlashError
 
     ap = argparse.ArgumentParser(
         prog="python -m dflash_trt.training.export",
-        description="Write the full-vocabulary copy of a reduced-vocabulary drafter folder (no d2t, no "
-                    "draft_vocab_size): the z-lab format TensorRT-LLM's, SGLang's and vLLM's DFlash loaders expect. "
-                    "training.json, loss.png and the evaluation cache are copied; acceptance.* (measured on the "
-                    "reduced vocabulary) and files dflash-trt does not write in a drafter folder are not.")
+        description="Rewrite a drafter folder (z-lab or vLLM speculators format) for another loader. --format zlab "
+                    "(default): the full-vocabulary z-lab copy (no d2t, no draft_vocab_size) that TensorRT-LLM's, "
+                    "SGLang's and vLLM's z-lab DFlash loaders expect; training.json, loss.png and the evaluation cache "
+                    "are copied, acceptance.* (measured on the reduced vocabulary) and files dflash-trt does not write "
+                    "in a drafter folder are not. --format speculators: the vLLM speculators format, which keeps a "
+                    "reduced draft vocabulary (give --target then: its lm_head rows are stored).")
     ap.add_argument("src", metavar="SRC", help="drafter folder (e.g. written by dflash-trt train-drafter)")
     ap.add_argument("dst", metavar="DST", help="output folder (created; must not be SRC, inside it or hold it)")
+    ap.add_argument("--format", choices=("zlab", "speculators"), default="zlab", help="what to write (default zlab)")
+    ap.add_argument("--target", help="--format speculators: the drafter's target folder (needed for a reduced draft "
+                                     "vocabulary; named as the verifier unless --verifier is given)")
+    ap.add_argument("--verifier", help="--format speculators: the target's name in config.json "
+                                       "(speculators_config.verifier.name_or_path, e.g. a Hugging Face repo id)")
     ap.add_argument("--force", action="store_true",
                     help="replace an existing DST folder (once the copy is written): a DFlash drafter folder holding "
                          "only what dflash-trt writes there, or an empty folder; anything else is never replaced")
     args = ap.parse_args(argv)
+    if args.format == "zlab" and (args.target or args.verifier):
+        ap.error("--target and --verifier are for --format speculators")
     try:
-        out = full_vocab_copy(args.src, args.dst, force=args.force)
+        if args.format == "speculators":
+            out = speculators_copy(args.src, args.dst, args.target, args.verifier, force=args.force)
+        else:
+            out = full_vocab_copy(args.src, args.dst, force=args.force)
     except (DFlashError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print(f"interrupted; DST {args.dst} is left as it was", file=sys.stderr)
         sys.exit(130)
+    if args.format == "speculators":
+        print(f"wrote the speculators-format copy of {args.src} to {out}")
+        return
     print(f"wrote the full-vocabulary copy of {args.src} to {out}")
     left = left_out_files(Path(args.src))
     if left:

@@ -229,3 +229,43 @@ def test_a_symlinked_out_names_the_folder_it_points_to(tmp_path, tiny_pair):
     assert report.out == real and (tmp_path / "linkb").is_symlink() and (tmp_path / "linkb").resolve() == real
     assert load_manifest(real)["name"] == "b-none"
     assert (real / "README.md").read_text().startswith("# dflash-trt bundle b-none\n")
+
+
+@pytest.mark.parametrize("reduced", [True, False], ids=["reduced-vocab", "full-vocab"])
+def test_speculators_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, reduced, monkeypatch, capsys):
+    """A drafter in the vLLM speculators format: runtime/drafter keeps it as given (what `generate --bundle`
+    runs, the same drafts as the z-lab original), trtllm/drafter is its z-lab full-vocabulary copy (the
+    original's weights and config), and the READMEs and manifest say which is which."""
+    from dflash_trt.api import load_bundle, load_pipeline
+    from dflash_trt.runtime.sampling import SamplingParams
+    from dflash_trt.training.export import full_vocab_copy, speculators_copy
+
+    target, plain = tiny_pair
+    zlab = reduced_drafter if reduced else plain
+    spec = speculators_copy(zlab, tmp_path / "spec", target)
+    out = tmp_path / "bundle"
+    report = build_bundle(target, spec, out, quant="none", tp_size=1)
+    runtime, trt = out / "runtime/drafter", out / "trtllm/drafter"
+    assert sha256_file(runtime / "model.safetensors") == sha256_file(spec / "model.safetensors")
+    assert json.loads((runtime / "config.json").read_text())["speculators_model_type"] == "dflash"
+    want = full_vocab_copy(zlab, tmp_path / "zlab-full")
+    got_t, want_t = read_tensors(trt), read_tensors(want)
+    assert set(got_t) == set(want_t) and all(torch.equal(got_t[k], want_t[k]) for k in got_t)
+    trt_cfg = json.loads((trt / "config.json").read_text())
+    assert trt_cfg["architectures"] == ["DFlashDraftModel"] and "speculators_model_type" not in trt_cfg
+    assert trt_cfg["dflash_config"] == json.loads((want / "config.json").read_text())["dflash_config"]
+    m = load_manifest(out)["models"]["drafter"]
+    given = (f"draft vocabulary {DRAFT_VOCAB}, " if reduced else "") + "speculators format"
+    assert m["path"] == "runtime/drafter" and m["as_given"] == given
+    assert given in report.steps[4].detail and "z-lab format, full vocabulary" in report.steps[4].detail
+    assert f"- runtime/drafter/: the drafter as given ({given})" in (out / "README.md").read_text()
+    assert "vLLM `speculators` format" in (runtime / "README.md").read_text()
+    assert "z-lab / ModelOpt format" in (trt / "README.md").read_text()
+
+    chain = dict(draft_confidence=0.0, tree_topk=1, prompt_lookup=0, max_concurrency=None)
+    pipe, direct = load_bundle(out, **chain), load_pipeline(str(out / "trtllm/target"), str(zlab), **chain)
+    prompts = [pipe.encode("def fibonacci(n):"), pipe.encode("The history of")]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    got, want_r = pipe.generate(prompts, params, "dflash"), direct.generate(prompts, params, "dflash")
+    assert [r.token_ids for r in got] == [r.token_ids for r in want_r]
+    assert [r.metrics.accepted_per_position for r in got] == [r.metrics.accepted_per_position for r in want_r]

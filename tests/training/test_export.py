@@ -210,8 +210,9 @@ def test_export_cli_help_and_usage_errors():
 
     run = [sys.executable, "-m", "dflash_trt.training.export"]
     r = subprocess.run([*run, "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    assert r.returncode == 0 and r.stdout.startswith("usage: python -m dflash_trt.training.export [-h] [--force] SRC DST")
-    assert "--force" in r.stdout and "full-vocabulary" in r.stdout
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m dflash_trt.training.export [-h] [--format "
+                                                     "{zlab,speculators}]")
+    assert "[--force] SRC DST" in r.stdout and "full-vocabulary" in r.stdout and "speculators format" in r.stdout
     r = subprocess.run(run, capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == "" and "the following arguments are required: SRC, DST" in r.stderr
     assert "Traceback" not in r.stderr
