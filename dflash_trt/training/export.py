@@ -268,6 +268,28 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     return dst
 
 
+def _target_head(target: Path) -> torch.Tensor:
+    """The lm_head weight [V, H] of a target folder (its embedding when the two are tied), read alone.
+
+    Raises:
+        CheckpointError: the folder's safetensors hold neither `lm_head.weight` nor `model.embed_tokens.weight`.
+    """
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.loading import open_safetensors, safetensors_files
+
+    found = {}
+    for file in safetensors_files(target):
+        with open_safetensors(file) as f:
+            for key in ("lm_head.weight", "model.embed_tokens.weight"):
+                if key in f.keys():
+                    found[key] = f.get_tensor(key)
+    head = found.get("lm_head.weight", found.get("model.embed_tokens.weight"))
+    if head is None:
+        raise CheckpointError(f"--target {target}: no lm_head.weight or model.embed_tokens.weight in its safetensors; "
+                              "give a Hugging Face Llama / Qwen3 checkpoint folder")
+    return head
+
+
 def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None = None, verifier: str | None = None,
                      force: bool = False) -> Path:
     """Write drafter folder `src` (either format) to `dst` in the vLLM `speculators` format
@@ -284,7 +306,6 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
     from dflash_trt.cli.common import model_folder
     from dflash_trt.config import TargetConfig, read_config_json
     from dflash_trt.errors import ConfigError, IncompatibleModelsError
-    from dflash_trt.models.loading import read_tensors
     from dflash_trt.models.speculators import speculators_checkpoint
 
     src = Path(src)
@@ -306,8 +327,7 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
                                           f"{cfg.target_hidden_size}; give the drafter's own target")
         arch = list(read_config_json(target).get("architectures") or [])
         if cfg.draft_vocab_size is not None:
-            weights = read_tensors(target)
-            head = weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
+            head = _target_head(target)
     zlab, tensors, _ = read_zlab(src)
     out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or str(target or ""), arch)
     dst = write_target(dst)
