@@ -325,6 +325,35 @@ def test_init_from_a_drafter_fine_tunes_it(tmp_path, target_with_tokenizer):
     assert not (tmp_path / "x").exists()
 
 
+def test_init_from_a_speculators_drafter(tmp_path, target_with_tokenizer):
+    """--init with a drafter in the vLLM speculators format fine-tunes the same network (lr 0: the export equals
+    the z-lab original bit for bit, in the z-lab format); a copy of another model's lm_head rows is refused."""
+    from dflash_trt.errors import IncompatibleModelsError
+    from dflash_trt.models.loading import read_tensors, save_checkpoint
+    from dflash_trt.training.export import speculators_copy
+
+    base = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--max-new-tokens", "12",
+            "--anchors", "4", "--epochs", "2"]
+    first = tmp_path / "first"
+    res = _run([*base, "--out", str(first), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "0,1",
+                "--mask-token-id", str(MASK), "--draft-vocab-size", "32", "--init", "random"])
+    assert res.exit_code == 0, repr(res.exception)
+    spec = speculators_copy(first, tmp_path / "spec", target_with_tokenizer)
+    res = _run([*base, "--out", str(tmp_path / "same"), "--init", str(spec), "--lr", "0", "--max-steps", "1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    a, b = load_drafter(first), load_drafter(tmp_path / "same")
+    assert b.config == a.config and b.target_copies == {}
+    assert all(v.equal(b.state_dict()[k]) for k, v in a.state_dict().items())
+    assert "speculators_model_type" not in json.loads((tmp_path / "same" / "config.json").read_text())
+
+    tensors = read_tensors(spec)
+    tensors["lm_head.weight"] = torch.randn_like(tensors["lm_head.weight"])  # another model's rows
+    save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
+    res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(spec)])
+    assert isinstance(res.exception, IncompatibleModelsError), repr(res.exception)
+    assert str(res.exception).startswith(f"--init {spec}: its 'lm_head.weight'") and not (tmp_path / "x").exists()
+
+
 def test_a_target_given_as_init_names_the_flag(tmp_path, target_with_tokenizer):
     """--init with a target's folder: the fix names --init (train-drafter has no --drafter)."""
     res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
