@@ -30,7 +30,13 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
         )
     n = target.num_hidden_layers
     bad = [i for i in drafter.target_layer_ids if not 0 <= i < n]
-    if bad:
+    if bad and drafter.checkpoint_format == "speculators":  # its field counts hidden_states: layer id + 1
+        problems.append(
+            f"aux_hidden_state_layer_ids {[i + 1 for i in drafter.target_layer_ids]}: {[i + 1 for i in bad]} outside "
+            f"[1, {n}] (hidden_states indices of a target with {n} layers); set aux_hidden_state_layer_ids to layers "
+            "of this target"
+        )
+    elif bad:
         problems.append(
             f"target_layer_ids {list(drafter.target_layer_ids)}: {bad} outside [0, {n - 1}] (the target has {n} layers); "
             "set dflash_config.target_layer_ids to layers of this target"
@@ -136,7 +142,7 @@ _WEIGHT_FIXES = {
 
 
 def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: str,
-                           ignore: tuple[str, ...] = ()) -> list[str]:
+                           ignore: tuple[str, ...] = (), found: dict[str, tuple[list[int], str]] | None = None) -> list[str]:
     """What the strict load (`loading.load_strict`) would refuse in a checkpoint's weights, read from the
     safetensors headers only (`_header_shapes`): keys missing (one item naming the first five), keys of
     another shape (one item naming the first and counting the rest), unexpected keys. Quantization scales
@@ -147,6 +153,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     Args:
         expected: {key: shape} of the module built from config.json (on the meta device).
         what: "target" or "drafter" (the messages and their fixes).
+        found: the folder's `_header_shapes` when the caller has read them, else they are read here.
     Raises:
         CheckpointError: as `_header_shapes`.
     """
@@ -154,7 +161,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     from dflash_trt.models.dequant import SCALE_SUFFIXES, quant_algo
 
     missing_fix, shape_fix = _WEIGHT_FIXES[what]
-    found = _header_shapes(folder)
+    found = _header_shapes(folder) if found is None else found
     problems = []
     # the scales loading consumes (`checkpoints._read_weights`): every quantization scale of a
     # ModelOpt FP8 / NVFP4 checkpoint, only the KV-cache scales of an unquantized one with an FP8 KV cache
@@ -184,6 +191,33 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
         more = f" (and {count(len(wrong) - 1, 'more tensor')} of another shape)" if len(wrong) > 1 else ""
         problems.append(f"{what} weights: {key} has shape {got}, config.json implies {shape}{more}; {shape_fix}")
     return problems
+
+
+def _vocabulary_problems(target_path: Path, drafter_path: Path, drafter_keys: set[str]) -> list[str]:
+    """What loading would refuse in the drafter's vocabulary maps (`d2t`, speculators' `t2d`) and, for a
+    speculators checkpoint, in its copies of the target's embedding / lm_head rows compared with this target's
+    (`dflash_trt.models.speculators`: the check the runtime makes when it pairs the two). Reads those small
+    tensors of the drafter only when its `drafter_keys` (safetensors header) have them, and the target's
+    embedding and lm_head only when there are copies to compare."""
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.models.loading import read_tensors
+    from dflash_trt.models.speculators import TARGET_COPIES, read_zlab
+    from dflash_trt.training.vocab import draft_to_target
+
+    keys = {"d2t", "t2d", *TARGET_COPIES} & drafter_keys
+    if not keys:
+        return []
+    small = read_tensors(drafter_path, keys=keys)
+    try:
+        _, maps, copies = read_zlab(drafter_path, small)
+        if not copies:
+            return []
+        weights = read_tensors(target_path, keys=("model.embed_tokens.weight", "lm_head.weight"))
+        embed = weights["model.embed_tokens.weight"]
+        copies.check(embed, weights.get("lm_head.weight", embed), None if "d2t" not in maps else draft_to_target(maps["d2t"]))
+    except DFlashError as exc:  # its message names the drafter folder
+        return [str(exc)]
+    return []
 
 
 def _expected_shapes(module_cls, cfg) -> dict[str, list[int]]:
@@ -230,11 +264,15 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
 
     raw = read_config_json(drafter_path)
     speculators = is_speculators(raw)
-    # a speculators checkpoint's vocabulary maps and copies of the target's weights (checked on load)
+    # a speculators checkpoint's vocabulary maps and copies of the target's weights (their values: below)
     extra = TARGET_COPIES + TRAINING_ONLY + ("t2d",) + (("d2t",) if drafter.draft_vocab_size is None else ())
     try:
-        out += [Finding(ERROR, p) for p in _weight_shape_problems(
-            drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter", extra if speculators else ())]
+        found = _header_shapes(drafter_path)
+        shape_problems = _weight_shape_problems(drafter_path, _expected_shapes(DFlashDrafter, drafter), "drafter",
+                                                extra if speculators else (), found)
+        out += [Finding(ERROR, p) for p in shape_problems]
+        if not shape_problems and not any(f.level == ERROR for f in out):
+            out += [Finding(ERROR, p) for p in _vocabulary_problems(target_path, drafter_path, set(found))]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
     arch = raw.get("architectures")

@@ -293,6 +293,9 @@ class DrafterConfig:
     #: `draft_vocab_size` target tokens; its checkpoint then carries `d2t` [draft_vocab_size] int64
     #: offsets (target id = draft id + d2t[draft id]). None: the full target vocabulary.
     draft_vocab_size: int | None = None
+    #: "z-lab" or "speculators" (vLLM's format, converted on read): the file format it was read from, for
+    #: messages that name its fields; not part of the drafter's identity (compare=False), never written
+    checkpoint_format: str = field(default="z-lab", compare=False)
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, flag: str | None = None, source: str | None = None) -> "DrafterConfig":
@@ -309,7 +312,7 @@ class DrafterConfig:
                 dflash_config.target_layer_ids / mask_token_id, wrong shapes, or a field of the wrong type
                 or range (named).
         """
-        from dflash_trt.models.speculators import is_speculators, zlab_config
+        from dflash_trt.models.speculators import FORMAT_KEY, is_speculators, zlab_config
 
         where = source or "drafter config.json"
         cfg = _as_dict(hf_config, where)
@@ -383,6 +386,7 @@ class DrafterConfig:
             model_type=str(cfg.get("model_type", "qwen3")),
             trained=not bool(meta.get("untrained", False)),
             draft_vocab_size=_int(cfg.get("draft_vocab_size"), "draft_vocab_size", where, None, minimum=1),
+            checkpoint_format=cfg.get(FORMAT_KEY, "z-lab"),
         )
 
     @classmethod

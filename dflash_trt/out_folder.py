@@ -102,15 +102,17 @@ DRAFTER_FILES = frozenset({"config.json", "model.safetensors", "training.json", 
 
 
 def _inspect_drafter(folder: Path) -> tuple[str | None, list[str]]:
-    """A drafter folder has a config.json whose architectures name DFlashDraftModel."""
+    """A drafter folder has a config.json whose architectures name DFlashDraftModel, or a speculators-format
+    DFlash config (`speculators_model_type: "dflash"`, whatever its architectures)."""
     import json
 
     try:
         cfg = json.loads((folder / "config.json").read_text())
         arch = cfg.get("architectures") or ()
+        speculators = cfg.get("speculators_model_type") == "dflash"
     except (OSError, ValueError, AttributeError):  # none, unreadable, not JSON, not an object
-        arch = ()
-    if not isinstance(arch, (list, tuple)) or "DFlashDraftModel" not in arch:
+        arch, speculators = (), False
+    if not speculators and (not isinstance(arch, (list, tuple)) or "DFlashDraftModel" not in arch):
         return "a folder that is not a DFlash drafter folder (no config.json of a DFlashDraftModel)", []
     return None, unexpected_files(folder, DRAFTER_FILES.__contains__)
 

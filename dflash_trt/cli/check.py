@@ -13,7 +13,8 @@ from dflash_trt.text import count
 @click.option("--target", type=click.Path(), default=None,
               help="HF target checkpoint folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--drafter", type=click.Path(), default=None,
-              help="DFlash drafter folder, z-lab / ModelOpt format (default: the project's drafter).")
+              help="DFlash drafter folder, z-lab / ModelOpt or vLLM speculators format (default: the project's "
+                   "drafter).")
 def check(target, drafter):
     """Run every compatibility check (configs, both models' weights read from their safetensors headers, tokenizers);
     print each problem with its fix. Warnings do not fail the check."""

@@ -465,11 +465,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
 
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(target_path, device=device)
     if fine_tuned is not None and fine_tuned.target_copies:  # a speculators --init: made for this target?
-        from dflash_trt.models.speculators import check_target_copies
-
-        check_target_copies(fine_tuned.target_copies, model.embed_weight, model.head_weight,
-                            fine_tuned.draft_token_ids(), f"--init {init_dir}")
-        fine_tuned.target_copies = {}
+        fine_tuned.target_copies.check(model.embed_weight, model.head_weight, fine_tuned.draft_token_ids())
+        fine_tuned.target_copies = None
     _check_chat_template(tokenizer, prompts, prompts_file, path)  # fails before generation
     data_layers = () if online_features else tuple(sorted(set(dcfg.target_layer_ids) | {tcfg.num_hidden_layers - 1}))
     try:

@@ -136,13 +136,13 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     (FP8 drafters dequantized on load).
 
     A speculators checkpoint's copies of the target's embedding / lm_head rows are kept as
-    `drafter.target_copies` ({key: tensor}; {} otherwise), for the proposer to check against the
-    target it is paired with (`dflash_trt.models.speculators.check_target_copies`).
+    `drafter.target_copies` (`dflash_trt.models.speculators.TargetCopies`, empty for a z-lab folder), for
+    the proposer to check against the target it is paired with.
 
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
-            (e.g. `fc.weight` of the wrong width: the message gives the expected shape), speculators
-            vocabulary maps that disagree.
+            (e.g. `fc.weight` of the wrong width: the message gives the expected shape), vocabulary maps
+            (`d2t`, speculators' `t2d`) that are malformed or disagree (`check_vocab_maps`).
     """
     from dflash_trt.models.speculators import read_zlab
 

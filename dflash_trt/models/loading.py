@@ -72,16 +72,21 @@ def open_safetensors(file: str | Path, device: str | torch.device = "cpu"):
         raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); re-save or re-download it") from exc
 
 
-def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only).
+def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                 keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder as {name: tensor}, cast to `dtype` (floating tensors only); with
+    `keys`, only those of them the folder has (the others are not read).
 
     Raises:
         CheckpointError: no safetensors weights, or a file that is not readable (`open_safetensors`).
     """
     out: dict[str, torch.Tensor] = {}
+    wanted = None if keys is None else set(keys)
     for file in safetensors_files(folder):
         with open_safetensors(file, device) as f:
             for key in f.keys():
+                if wanted is not None and key not in wanted:
+                    continue
                 t = f.get_tensor(key)
                 if dtype is not None and t.is_floating_point():
                     t = t.to(dtype)

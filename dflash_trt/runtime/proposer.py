@@ -202,8 +202,9 @@ class DFlashProposer:
             draft_confidence outside [0, 1) (and not "auto"), tree_topk < 1 (and not "auto"),
             prompt_lookup outside [0, max_draft_len] (and not "auto"), or max_concurrency < 1 (and
             not None or "auto").
-        IncompatibleModelsError: a speculators-format drafter whose copy of the target's embedding or
-            lm_head rows is another model's (`dflash_trt.models.speculators.check_target_copies`).
+        IncompatibleModelsError / CheckpointError: a speculators-format drafter whose copy of the target's
+            embedding or lm_head rows is another model's, or of the wrong shape
+            (`dflash_trt.models.speculators.TargetCopies.check`).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, block_size: int | None = None,
@@ -248,10 +249,8 @@ class DFlashProposer:
         self.draft_ids = drafter.draft_token_ids()
         copies = getattr(drafter, "target_copies", None)
         if copies:  # a speculators checkpoint's copies of the target's embedding / lm_head rows
-            from dflash_trt.models.speculators import check_target_copies
-
-            check_target_copies(copies, target.embed_weight, target.head_weight, self.draft_ids, "the drafter")
-            drafter.target_copies = {}  # checked: the target's own weights are used, the copies are not kept
+            copies.check(target.embed_weight, target.head_weight, self.draft_ids)
+            drafter.target_copies = None  # checked: the target's own weights are used, the copies are not kept
         self.draft_head = None if self.draft_ids is None else target.head_weight[self.draft_ids].contiguous()
         self.packed_draft_head: torch.nn.Module | None = None
 

@@ -268,26 +268,22 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
     return dst
 
 
-def _target_head(target: Path) -> torch.Tensor:
-    """The lm_head weight [V, H] of a target folder (its embedding when the two are tied), read alone.
+def _target_embed_head(target: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedding and lm_head weights [V, H] of a target folder (the lm_head is the embedding when the two are
+    tied), read alone.
 
     Raises:
-        CheckpointError: the folder's safetensors hold neither `lm_head.weight` nor `model.embed_tokens.weight`.
+        CheckpointError: the folder's safetensors have no `model.embed_tokens.weight`.
     """
     from dflash_trt.errors import CheckpointError
-    from dflash_trt.models.loading import open_safetensors, safetensors_files
+    from dflash_trt.models.loading import read_tensors
 
-    found = {}
-    for file in safetensors_files(target):
-        with open_safetensors(file) as f:
-            for key in ("lm_head.weight", "model.embed_tokens.weight"):
-                if key in f.keys():
-                    found[key] = f.get_tensor(key)
-    head = found.get("lm_head.weight", found.get("model.embed_tokens.weight"))
-    if head is None:
-        raise CheckpointError(f"--target {target}: no lm_head.weight or model.embed_tokens.weight in its safetensors; "
-                              "give a Hugging Face Llama / Qwen3 checkpoint folder")
-    return head
+    found = read_tensors(target, keys=("lm_head.weight", "model.embed_tokens.weight"))
+    if "model.embed_tokens.weight" not in found:
+        raise CheckpointError(f"--target {target}: no model.embed_tokens.weight in its safetensors; give a Hugging Face "
+                              "Llama / Qwen3 checkpoint folder")
+    embed = found["model.embed_tokens.weight"]
+    return embed, found.get("lm_head.weight", embed)
 
 
 def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None = None, verifier: str | None = None,
@@ -296,17 +292,22 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
     (`dflash_trt.models.speculators.speculators_checkpoint`): what `vllm serve TARGET --speculative-config
     '{"model": DST}'` reads, with its reduced draft vocabulary kept (`d2t`, `t2d` and `lm_head.weight`, the
     target's lm_head rows at the draft ids, which is why a reduced-vocabulary `src` needs `target`).
-    config.json names `verifier` as the target (default: `target`'s path). training.json and loss.png are
-    copied and README.md written; the other rules (paths, `force`, publishing) are `full_vocab_copy`'s.
+    config.json names `verifier` as the target (default: `target`'s absolute path; null without either, as
+    speculators reads it: no verifier to load). With `target`, the pair is checked first (`dflash-trt
+    check`'s compatibility checks, and a speculators SRC's copies of its target's weights against
+    `target`'s). training.json and loss.png are copied and README.md written; the other rules (paths, `force`, publishing) are `full_vocab_copy`'s.
 
     Raises:
-        CheckpointError / ConfigError: as `full_vocab_copy`; a reduced-vocabulary `src` without `target`, or a
-            `target` whose lm_head does not fit the drafter (vocabulary or hidden size).
+        CheckpointError / ConfigError: as `full_vocab_copy`; a reduced-vocabulary `src` without `target`.
+        IncompatibleModelsError: a `target` the drafter does not fit (vocabulary, hidden size, layers), or not
+            the one a speculators `src` was trained with (`TargetCopies.check`).
     """
     from dflash_trt.cli.common import model_folder
+    from dflash_trt.compat import compatibility_problems
     from dflash_trt.config import TargetConfig, read_config_json
     from dflash_trt.errors import ConfigError, IncompatibleModelsError
     from dflash_trt.models.speculators import speculators_checkpoint
+    from dflash_trt.training.vocab import draft_to_target
 
     src = Path(src)
     try:
@@ -317,19 +318,20 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
         raise ConfigError(f"SRC {src} drafts over a reduced vocabulary ({cfg.draft_vocab_size} tokens): the speculators "
                           "format stores the target's lm_head rows at its draft ids; give the target with --target")
     _check_copy_paths(src, dst, force)
+    zlab, tensors, copies = read_zlab(src)
     head, arch = None, []
     if target is not None:
-        target = Path(model_folder("--target", str(target), "target"))
+        target = Path(model_folder("--target", str(target), "target")).resolve()
         tcfg = TargetConfig.from_pretrained(target, flag="--target")
-        if (tcfg.vocab_size, tcfg.hidden_size) != (cfg.vocab_size, cfg.target_hidden_size):
-            raise IncompatibleModelsError(f"--target {target}: vocabulary {tcfg.vocab_size} / hidden size "
-                                          f"{tcfg.hidden_size}, the drafter expects {cfg.vocab_size} / "
-                                          f"{cfg.target_hidden_size}; give the drafter's own target")
+        problems = compatibility_problems(tcfg, cfg)
+        if problems:
+            raise IncompatibleModelsError(f"--target {target} does not fit SRC {src}: " + "; ".join(problems))
         arch = list(read_config_json(target).get("architectures") or [])
-        if cfg.draft_vocab_size is not None:
-            head = _target_head(target)
-    zlab, tensors, _ = read_zlab(src)
-    out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or str(target or ""), arch)
+        if cfg.draft_vocab_size is not None or copies:
+            embed, head = _target_embed_head(target)
+            copies.check(embed, head, None if cfg.draft_vocab_size is None else draft_to_target(tensors["d2t"]))
+    out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or (str(target) if target else None),
+                                                  arch)
     dst = write_target(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))

@@ -269,3 +269,24 @@ def test_speculators_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, reduce
     got, want_r = pipe.generate(prompts, params, "dflash"), direct.generate(prompts, params, "dflash")
     assert [r.token_ids for r in got] == [r.token_ids for r in want_r]
     assert [r.metrics.accepted_per_position for r in got] == [r.metrics.accepted_per_position for r in want_r]
+
+
+def test_speculators_drafter_of_another_target_is_not_built(tmp_path, tiny_pair, smollm2_path):
+    """The build's check compares a speculators drafter's copy of its target's lm_head rows with --target: a
+    drafter made for another target is refused before anything is written (it built a bundle that could not run)."""
+    from build_helpers import write_tiny_target
+
+    from dflash_trt.errors import IncompatibleModelsError
+    from dflash_trt.training.export import speculators_copy
+
+    target, plain = tiny_pair
+    other = write_tiny_target(tmp_path / "other", smollm2_path, seed=5)
+    from dflash_trt.models.loading import save_checkpoint
+
+    spec = speculators_copy(plain, tmp_path / "spec", other)  # full vocabulary: no copy stored, so add other's head
+    tensors = read_tensors(spec)
+    tensors["lm_head.weight"] = read_tensors(other, keys=("lm_head.weight",))["lm_head.weight"]
+    save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
+    with pytest.raises(IncompatibleModelsError, match="(?s)dflash-trt check failed, nothing was built:.*is not this target's"):
+        build_bundle(target, spec, tmp_path / "b", quant="none", tp_size=1)
+    assert not (tmp_path / "b").exists()

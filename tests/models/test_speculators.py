@@ -68,10 +68,10 @@ def test_speculators_copy_writes_the_format_and_loads_back(tmp_path, tiny):
     # read back: the same DrafterConfig and weights
     assert DrafterConfig.from_pretrained(out) == DrafterConfig.from_pretrained(zlab)
     loaded, again = load_drafter(out), load_drafter(zlab)
-    assert set(loaded.target_copies) == {"lm_head.weight"}
+    assert set(loaded.target_copies.tensors) == {"lm_head.weight"}
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), again.state_dict().values()))
     DFlashProposer(loaded, load_target(target))  # the copy is this target's: accepted, then dropped
-    assert loaded.target_copies == {}
+    assert loaded.target_copies is None
 
 
 def test_zlab_copy_of_a_speculators_folder_equals_the_original_full_vocab_copy(tmp_path, tiny):
@@ -108,7 +108,7 @@ def test_older_writers_extra_tensors_load_and_a_bad_t2d_is_refused(tmp_path, tin
     tensors["verifier_norm.weight"] = torch.ones(64)
     save_checkpoint(spec, cfg, tensors)
     drafter = load_drafter(spec)
-    assert set(drafter.target_copies) == {"embed_tokens.weight", "lm_head.weight"}
+    assert set(drafter.target_copies.tensors) == {"embed_tokens.weight", "lm_head.weight"}
     DFlashProposer(drafter, load_target(target))
     tensors["t2d"][1] = True  # an id that d2t does not draft
     save_checkpoint(spec, cfg, tensors)
@@ -181,3 +181,102 @@ def test_shipped_drafter_in_speculators_format_drafts_the_same(tmp_path, smollm2
         assert a.metrics.accepted_per_position == b.metrics.accepted_per_position
         assert a.metrics.verify_steps == b.metrics.verify_steps
     assert sum(r.metrics.accepted_tokens for r in ours) > 0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"block_size": None}, "has no 'block_size'"),
+    ({"draft_vocab_size": None}, "has no 'draft_vocab_size'"),
+])
+def test_speculators_config_needs_what_speculators_always_writes(changes, message):
+    with pytest.raises(ConfigError, match=message):  # speculators' own defaults (8, 32000) are no guess for a file
+        zlab_config(_spec_cfg(**changes))
+
+
+def test_speculators_config_flags_read_as_speculators_reads_them():
+    assert zlab_config(_spec_cfg(sample_from_anchor="false", sliding_window_non_causal="0"))
+    with pytest.raises(ConfigError, match="'sample_from_anchor' is true"):
+        zlab_config(_spec_cfg(sample_from_anchor="True"))
+
+
+@pytest.mark.parametrize("speculators", [True, False], ids=["speculators", "zlab"])
+@pytest.mark.parametrize("d2t, message", [
+    (torch.arange(0, 48, 2).float() - torch.arange(24), "'d2t' is torch.float32 of shape \\[24\\]; it must hold int64"),
+    (-torch.arange(24), "'d2t' gives some target id twice"),  # every draft id -> target id 0
+    (torch.full((24,), 60, dtype=torch.int64), "'d2t' gives target ids outside \\[0, 63\\]"),
+])
+def test_malformed_d2t_is_an_error_naming_it(tmp_path, tiny, speculators, d2t, message):
+    """In either format: no IndexError from indexing with it later, no draft id mapped twice."""
+    from dflash_trt.compat import ERROR, check_checkpoints
+
+    target, _, zlab, _ = tiny
+    folder = speculators_copy(zlab, tmp_path / "d", target) if speculators else full_vocab_copy(zlab, tmp_path / "d")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["draft_vocab_size"] = 24
+    tensors = read_tensors(folder)
+    tensors["d2t"] = d2t
+    tensors.pop("t2d", None)
+    save_checkpoint(folder, cfg, tensors)
+    with pytest.raises(CheckpointError, match=message):
+        load_drafter(folder)
+    errors = [f.message for f in check_checkpoints(target, folder) if f.level == ERROR]
+    assert len(errors) == 1 and message.replace("\\", "") in errors[0]
+
+
+def test_check_compares_the_copies_with_the_target(tmp_path, tiny):
+    """`dflash-trt check` finds what pairing refuses: another target's lm_head rows, an inconsistent copy."""
+    from dflash_trt.compat import ERROR, check_checkpoints
+
+    target, other, zlab, _ = tiny
+    spec = speculators_copy(zlab, tmp_path / "spec", target, verifier="org/tiny")
+    assert [f for f in check_checkpoints(target, spec) if f.level == ERROR] == []
+    errors = [f.message for f in check_checkpoints(other, spec) if f.level == ERROR]
+    assert len(errors) == 1 and "'lm_head.weight' (the target's lm_head rows, stored by speculators) is not this " \
+        "target's: the drafter was trained with another target ('org/tiny', its speculators_config.verifier)" in errors[0]
+    tensors = read_tensors(spec)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:20]
+    save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
+    errors = [f.message for f in check_checkpoints(target, spec) if f.level == ERROR]
+    assert len(errors) == 1 and "'lm_head.weight' (its copy of the target's lm_head rows) has shape [20, 64], its " \
+        "vocabulary and hidden size imply [24, 64]; the checkpoint is inconsistent" in errors[0]
+    with pytest.raises(CheckpointError, match="the checkpoint is inconsistent"):
+        DFlashProposer(load_drafter(spec), load_target(target))
+
+
+def test_export_checks_the_pair_and_names_the_verifier(tmp_path, tiny):
+    target, other, zlab, _ = tiny
+    spec = speculators_copy(zlab, tmp_path / "spec", target)
+    cfg = json.loads((spec / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target.resolve())
+    with pytest.raises(IncompatibleModelsError, match="is not this target's"):  # its copy says it is target's
+        speculators_copy(spec, tmp_path / "again", other)
+    assert not (tmp_path / "again").exists()
+    full = full_vocab_copy(zlab, tmp_path / "full")
+    out = speculators_copy(full, tmp_path / "nameless")  # full vocabulary: no target needed, none named
+    assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] is None
+    cfg = json.loads((full / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 9]
+    (full / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="target_layer_ids \\[0, 9\\]: \\[9\\] outside \\[0, 3\\]"):
+        speculators_copy(full, tmp_path / "x", target)
+
+
+def test_layer_id_messages_use_the_speculators_field(tmp_path, tiny):
+    from dflash_trt.compat import compatibility_problems
+
+    target = TargetConfig.from_pretrained(tiny[0])
+    drafter = DrafterConfig.from_hf_config(zlab_config(_spec_cfg(aux_hidden_state_layer_ids=[1, 5], transformer_layer_config={
+        **TINY, "model_type": "qwen3", "num_hidden_layers": 1})))
+    assert drafter.checkpoint_format == "speculators"
+    assert any(p.startswith("aux_hidden_state_layer_ids [1, 5]: [5] outside [1, 4] (hidden_states indices of a "
+                            "target with 4 layers)") for p in compatibility_problems(target, drafter))
+
+
+def test_force_replaces_a_speculators_folder_whatever_its_architectures(tmp_path, tiny):
+    target, _, zlab, _ = tiny
+    spec = speculators_copy(zlab, tmp_path / "spec", target)
+    cfg = json.loads((spec / "config.json").read_text())
+    cfg["architectures"] = ["DFlashSpeculator"]  # speculators' own default
+    (spec / "config.json").write_text(json.dumps(cfg))
+    assert load_drafter(spec).config == DrafterConfig.from_pretrained(zlab)
+    speculators_copy(zlab, spec, target, force=True)
+    assert json.loads((spec / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]

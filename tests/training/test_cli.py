@@ -342,7 +342,7 @@ def test_init_from_a_speculators_drafter(tmp_path, target_with_tokenizer):
     res = _run([*base, "--out", str(tmp_path / "same"), "--init", str(spec), "--lr", "0", "--max-steps", "1"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     a, b = load_drafter(first), load_drafter(tmp_path / "same")
-    assert b.config == a.config and b.target_copies == {}
+    assert b.config == a.config and not b.target_copies
     assert all(v.equal(b.state_dict()[k]) for k, v in a.state_dict().items())
     assert "speculators_model_type" not in json.loads((tmp_path / "same" / "config.json").read_text())
 
@@ -351,7 +351,7 @@ def test_init_from_a_speculators_drafter(tmp_path, target_with_tokenizer):
     save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
     res = _run([*base, "--out", str(tmp_path / "x"), "--init", str(spec)])
     assert isinstance(res.exception, IncompatibleModelsError), repr(res.exception)
-    assert str(res.exception).startswith(f"--init {spec}: its 'lm_head.weight'") and not (tmp_path / "x").exists()
+    assert str(res.exception).startswith(f"drafter {spec}: its 'lm_head.weight'") and not (tmp_path / "x").exists()
 
 
 def test_a_target_given_as_init_names_the_flag(tmp_path, target_with_tokenizer):
