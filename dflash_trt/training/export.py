@@ -221,7 +221,7 @@ def left_out_files(src: Path) -> list[str]:
     return sorted(p.name + ("/" if p.is_dir() else "") for p in src.iterdir() if p.name not in DRAFTER_FILES)
 
 
-def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Path:
+def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False, target: str | Path | None = None) -> Path:
     """Write the full-vocabulary variant of drafter folder `src` to `dst` (no `d2t`, no
     `draft_vocab_size`): the z-lab format every DFlash loader accepts. A `src` in the vLLM `speculators`
     format is converted (`dflash_trt.models.speculators.read_zlab`: its `t2d` and copies of the target's
@@ -231,13 +231,16 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
 
     Written beside `dst` and moved into place with ordinary modes (`publish_folder`). An existing
     `dst` is replaced only with `force`, only when it is an empty folder or a drafter folder holding only
-    what dflash-trt writes there, and only once the copy is written. Returns `dst`.
+    what dflash-trt writes there, and only once the copy is written. With `target`, the pair is checked
+    first (`check_pair`): a speculators `src`'s copies of its target's weights are dropped here, so this is
+    the last point where a drafter trained for another target shows. Returns `dst`.
 
     Raises:
         CheckpointError / ConfigError: `src` is not a drafter folder (missing, a file, no dflash_config,
             no weights); `dst` is, holds or lies inside `src`, or fails `dflash_trt.out_folder.check_out`
             (empty, '.' or '..', inside a bundle, under a file, not writable, existing without `force`, with
             `force` a file or a folder holding anything else; nothing is written then).
+        IncompatibleModelsError: with `target`, a pair that does not fit (`check_pair`).
     """
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
@@ -249,7 +252,9 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False) -> Pa
         raise ConfigError(f"SRC {src}: {e}") from None
     _check_copy_paths(src, dst, force)  # before Path(dst): an empty DST is not '.'
     dst = write_target(dst)  # a link to a drafter folder: that folder is replaced, the link stays
-    hf, tensors, _ = read_zlab(src)  # a speculators-format SRC becomes z-lab (its target copies are dropped)
+    hf, tensors, copies = read_zlab(src)  # a speculators-format SRC becomes z-lab, its target copies dropped:
+    if target is not None:                # checked first against `target`, when given
+        check_pair(src, cfg, tensors, copies, target)
     tensors.pop("d2t", None)
     hf.pop("draft_vocab_size", None)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -286,6 +291,31 @@ def _target_embed_head(target: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return embed, found.get("lm_head.weight", embed)
 
 
+def check_pair(src: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tensor], copies, target: str | Path
+               ) -> tuple[Path, torch.Tensor]:
+    """Check that drafter `src` (its config, z-lab tensors and `TargetCopies` from `read_zlab`) fits `target`,
+    as `dflash-trt check` does: the configs (`compatibility_problems`) and a speculators drafter's copies of
+    its target's weights. Returns (the target's absolute path, its lm_head weight [V, H]).
+
+    Raises:
+        CheckpointError / ConfigError: `target` is not a target folder.
+        IncompatibleModelsError: the drafter does not fit it, or was trained with another target.
+    """
+    from dflash_trt.cli.common import model_folder
+    from dflash_trt.compat import compatibility_problems
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.errors import IncompatibleModelsError
+    from dflash_trt.training.vocab import draft_to_target
+
+    target = Path(model_folder("--target", str(target), "target")).resolve()
+    problems = compatibility_problems(TargetConfig.from_pretrained(target, flag="--target"), cfg)
+    if problems:
+        raise IncompatibleModelsError(f"--target {target} does not fit SRC {src}: " + "; ".join(problems))
+    embed, head = _target_embed_head(target)
+    copies.check(embed, head, None if cfg.draft_vocab_size is None else draft_to_target(tensors["d2t"]))
+    return target, head
+
+
 def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None = None, verifier: str | None = None,
                      force: bool = False) -> Path:
     """Write drafter folder `src` (either format) to `dst` in the vLLM `speculators` format
@@ -303,11 +333,9 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
             the one a speculators `src` was trained with (`TargetCopies.check`).
     """
     from dflash_trt.cli.common import model_folder
-    from dflash_trt.compat import compatibility_problems
-    from dflash_trt.config import TargetConfig, read_config_json
-    from dflash_trt.errors import ConfigError, IncompatibleModelsError
+    from dflash_trt.config import read_config_json
+    from dflash_trt.errors import ConfigError
     from dflash_trt.models.speculators import speculators_checkpoint
-    from dflash_trt.training.vocab import draft_to_target
 
     src = Path(src)
     try:
@@ -321,15 +349,8 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
     zlab, tensors, copies = read_zlab(src)
     head, arch = None, []
     if target is not None:
-        target = Path(model_folder("--target", str(target), "target")).resolve()
-        tcfg = TargetConfig.from_pretrained(target, flag="--target")
-        problems = compatibility_problems(tcfg, cfg)
-        if problems:
-            raise IncompatibleModelsError(f"--target {target} does not fit SRC {src}: " + "; ".join(problems))
+        target, head = check_pair(src, cfg, tensors, copies, target)
         arch = list(read_config_json(target).get("architectures") or [])
-        if cfg.draft_vocab_size is not None or copies:
-            embed, head = _target_embed_head(target)
-            copies.check(embed, head, None if cfg.draft_vocab_size is None else draft_to_target(tensors["d2t"]))
     out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or (str(target) if target else None),
                                                   arch)
     dst = write_target(dst)
@@ -368,21 +389,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("src", metavar="SRC", help="drafter folder (e.g. written by dflash-trt train-drafter)")
     ap.add_argument("dst", metavar="DST", help="output folder (created; must not be SRC, inside it or hold it)")
     ap.add_argument("--format", choices=("zlab", "speculators"), default="zlab", help="what to write (default zlab)")
-    ap.add_argument("--target", help="--format speculators: the drafter's target folder (needed for a reduced draft "
-                                     "vocabulary; named as the verifier unless --verifier is given)")
+    ap.add_argument("--target", help="the drafter's target folder: the pair is checked first (configs, and a "
+                                     "speculators SRC's copies of its target's weights); --format speculators needs "
+                                     "it for a reduced draft vocabulary and names it as the verifier unless "
+                                     "--verifier is given")
     ap.add_argument("--verifier", help="--format speculators: the target's name in config.json "
                                        "(speculators_config.verifier.name_or_path, e.g. a Hugging Face repo id)")
     ap.add_argument("--force", action="store_true",
                     help="replace an existing DST folder (once the copy is written): a DFlash drafter folder holding "
                          "only what dflash-trt writes there, or an empty folder; anything else is never replaced")
     args = ap.parse_args(argv)
-    if args.format == "zlab" and (args.target or args.verifier):
-        ap.error("--target and --verifier are for --format speculators")
+    if args.format == "zlab" and args.verifier:
+        ap.error("--verifier is for --format speculators")
     try:
         if args.format == "speculators":
             out = speculators_copy(args.src, args.dst, args.target, args.verifier, force=args.force)
         else:
-            out = full_vocab_copy(args.src, args.dst, force=args.force)
+            out = full_vocab_copy(args.src, args.dst, force=args.force, target=args.target)
     except (DFlashError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -154,8 +154,25 @@ def test_export_cli_speculators_needs_the_target_for_a_reduced_vocabulary(tmp_pa
     assert exc.value.code == 1 and "give the target with --target" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit) as exc:
-        main([str(zlab), str(tmp_path / "out"), "--target", str(zlab)])
-    assert exc.value.code == 2 and "--target and --verifier are for --format speculators" in capsys.readouterr().err
+        main([str(zlab), str(tmp_path / "out"), "--verifier", "org/tiny"])
+    assert exc.value.code == 2 and "--verifier is for --format speculators" in capsys.readouterr().err
+
+
+def test_zlab_export_of_a_speculators_folder_checks_the_pair_with_target(tmp_path, tiny, capsys):
+    """The z-lab copy drops a speculators drafter's copies of its target's weights: with --target they are
+    checked first, so a drafter of another target is not turned into a z-lab drafter that hides it."""
+    from dflash_trt.training.export import main
+
+    target, other, zlab, _ = tiny
+    spec = speculators_copy(zlab, tmp_path / "spec", target)
+    with pytest.raises(SystemExit) as exc:
+        main([str(spec), str(tmp_path / "out"), "--target", str(other)])
+    assert exc.value.code == 1 and "'lm_head.weight' (the target's lm_head rows, stored by speculators) is not " \
+        "this target's" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    main([str(spec), str(tmp_path / "out"), "--target", str(target)])
+    assert "wrote the full-vocabulary copy" in capsys.readouterr().out
+    assert DrafterConfig.from_pretrained(tmp_path / "out") == DrafterConfig.from_pretrained(zlab).replace(
+        draft_vocab_size=None)
 
 
 @pytest.mark.slow
