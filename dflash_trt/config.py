@@ -371,7 +371,8 @@ class DrafterConfig:
             head_dim=size("head_dim", hidden // heads),
             vocab_size=size("vocab_size"),
             block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", where, 16, minimum=1),
-            mask_token_id=_int(mask, "dflash_config.mask_token_id", where),
+            mask_token_id=_int(mask, "mask_token_id" if cfg.get(FORMAT_KEY) == "speculators" else
+                               "dflash_config.mask_token_id", where),
             target_layer_ids=ids,
             num_target_layers=_int(cfg.get("num_target_layers"), "num_target_layers", where, 0),
             target_hidden_size=_int(dflash.get("target_hidden_size", meta.get("target_hidden_size")),
