@@ -34,6 +34,13 @@ def _tiny_target(folder, seed):
     return folder
 
 
+def _edit_tensors(folder, drop=(), **tensors):
+    """Rewrite `folder`'s model.safetensors with `tensors` set (keys with dots: pass a dict via **{...}) and the
+    keys of `drop` removed; its config.json is kept."""
+    weights = {k: v for k, v in read_tensors(folder).items() if k not in drop}
+    save_checkpoint(folder, json.loads((folder / "config.json").read_text()), {**weights, **tensors})
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(target folder, another target's folder, reduced-vocabulary z-lab drafter folder, its draft ids)."""
@@ -42,9 +49,7 @@ def tiny(tmp_path_factory):
     cfg = new_drafter_config(TargetConfig.from_hf_config(TINY), 2, 4, MASK, [0, 2]).replace(draft_vocab_size=24)
     drafter = init_drafter(cfg, root / "zlab", seed=0)
     ids = torch.arange(0, 48, 2)  # draft ids 0, 2, ..., 46
-    tensors = read_tensors(drafter)
-    tensors["d2t"] = ids - torch.arange(24)
-    save_checkpoint(drafter, json.loads((drafter / "config.json").read_text()), tensors)
+    _edit_tensors(drafter, d2t=ids - torch.arange(24))
     return target, other, drafter, ids
 
 
@@ -90,10 +95,9 @@ def test_another_targets_lm_head_copy_is_refused(tmp_path, tiny):
     spec = speculators_copy(zlab, tmp_path / "spec", other)  # lm_head rows of another model
     with pytest.raises(IncompatibleModelsError, match="lm_head.weight.*trained with another target.*verifier"):
         DFlashProposer(load_drafter(spec), load_target(target))
-    tensors = read_tensors(spec)
-    tensors["embed_tokens.weight"] = read_tensors(target)["model.embed_tokens.weight"] * 1.5
-    tensors["lm_head.weight"] = read_tensors(target)["lm_head.weight"][torch.arange(0, 48, 2)].bfloat16()  # rounding only
-    save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
+    own = read_tensors(target)
+    _edit_tensors(spec, **{"embed_tokens.weight": own["model.embed_tokens.weight"] * 1.5,
+                           "lm_head.weight": own["lm_head.weight"][torch.arange(0, 48, 2)].bfloat16()})  # rounding only
     with pytest.raises(IncompatibleModelsError, match="'embed_tokens.weight' \\(the target's embedding"):
         DFlashProposer(load_drafter(spec), load_target(target))
 
@@ -101,17 +105,16 @@ def test_another_targets_lm_head_copy_is_refused(tmp_path, tiny):
 def test_older_writers_extra_tensors_load_and_a_bad_t2d_is_refused(tmp_path, tiny):
     target, _, zlab, _ = tiny
     spec = speculators_copy(zlab, tmp_path / "spec", target)
-    cfg = json.loads((spec / "config.json").read_text())
     tensors = read_tensors(spec)
-    tensors["embed_tokens.weight"] = read_tensors(target)["model.embed_tokens.weight"]
-    tensors["verifier_lm_head.weight"] = tensors["lm_head.weight"].clone()
-    tensors["verifier_norm.weight"] = torch.ones(64)
-    save_checkpoint(spec, cfg, tensors)
+    _edit_tensors(spec, **{"embed_tokens.weight": read_tensors(target)["model.embed_tokens.weight"],
+                           "verifier_lm_head.weight": tensors["lm_head.weight"].clone(),
+                           "verifier_norm.weight": torch.ones(64)})
     drafter = load_drafter(spec)
     assert set(drafter.target_copies.tensors) == {"embed_tokens.weight", "lm_head.weight"}
     DFlashProposer(drafter, load_target(target))
-    tensors["t2d"][1] = True  # an id that d2t does not draft
-    save_checkpoint(spec, cfg, tensors)
+    t2d = tensors["t2d"].clone()
+    t2d[1] = True  # an id that d2t does not draft
+    _edit_tensors(spec, t2d=t2d)
     with pytest.raises(CheckpointError, match="'t2d' does not mark the target ids 'd2t' gives"):
         load_drafter(spec)
 
@@ -228,11 +231,9 @@ def test_malformed_d2t_is_an_error_naming_it(tmp_path, tiny, speculators, d2t, m
     target, _, zlab, _ = tiny
     folder = speculators_copy(zlab, tmp_path / "d", target) if speculators else full_vocab_copy(zlab, tmp_path / "d")
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["draft_vocab_size"] = 24
-    tensors = read_tensors(folder)
-    tensors["d2t"] = d2t
-    tensors.pop("t2d", None)
-    save_checkpoint(folder, cfg, tensors)
+    cfg["draft_vocab_size"] = 24  # the z-lab copy is the full-vocabulary one
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _edit_tensors(folder, drop=("t2d",), d2t=d2t)
     with pytest.raises(CheckpointError, match=message):
         load_drafter(folder)
     errors = [f.message for f in check_checkpoints(target, folder) if f.level == ERROR]
@@ -249,9 +250,7 @@ def test_check_compares_the_copies_with_the_target(tmp_path, tiny):
     errors = [f.message for f in check_checkpoints(other, spec) if f.level == ERROR]
     assert len(errors) == 1 and "'lm_head.weight' (the target's lm_head rows, stored by speculators) is not this " \
         "target's: the drafter was trained with another target ('org/tiny', its speculators_config.verifier)" in errors[0]
-    tensors = read_tensors(spec)
-    tensors["lm_head.weight"] = tensors["lm_head.weight"][:20]
-    save_checkpoint(spec, json.loads((spec / "config.json").read_text()), tensors)
+    _edit_tensors(spec, **{"lm_head.weight": read_tensors(spec)["lm_head.weight"][:20]})
     errors = [f.message for f in check_checkpoints(target, spec) if f.level == ERROR]
     assert len(errors) == 1 and "'lm_head.weight' (its copy of the target's lm_head rows) has shape [20, 64], its " \
         "vocabulary and hidden size imply [24, 64]; the checkpoint is inconsistent" in errors[0]
