@@ -50,7 +50,7 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
     if not 0 <= drafter.mask_token_id < target.vocab_size:
         problems.append(
             f"mask_token_id {drafter.mask_token_id} is outside the target vocabulary [0, {target.vocab_size}); "
-            "pick a reserved token id of the target's tokenizer"
+            f"set {_mask_field(drafter)} to a reserved token id of the target's tokenizer"
         )
     if drafter.num_target_layers and drafter.num_target_layers != n:
         problems.append(
@@ -62,6 +62,11 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
     if drafter.block_size < 2:
         problems.append(f"block_size {drafter.block_size} < 2: a block must hold the last token and at least one mask")
     return problems
+
+
+def _mask_field(drafter: DrafterConfig) -> str:
+    """The config.json field that holds the drafter's mask token id, in its checkpoint format."""
+    return "mask_token_id" if drafter.checkpoint_format == "speculators" else "dflash_config.mask_token_id"
 
 
 def check_compatible(target: TargetConfig, drafter: DrafterConfig) -> None:
@@ -320,5 +325,5 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     if t_tok is not None and 0 <= drafter.mask_token_id < target.vocab_size and drafter.mask_token_id not in t_tok[1]:
         out.append(Finding(WARNING, (
             f"mask token: id {drafter.mask_token_id} is not a special token of the target's tokenizer; it may occur "
-            "in normal text. Pick a reserved special token as dflash_config.mask_token_id")))
+            f"in normal text. Pick a reserved special token as {_mask_field(drafter)}")))
     return out

@@ -276,15 +276,22 @@ def test_export_checks_the_pair_and_names_the_verifier(tmp_path, tiny):
         speculators_copy(full, tmp_path / "x", target)
 
 
-def test_layer_id_messages_use_the_speculators_field(tmp_path, tiny):
+def test_layer_id_and_mask_messages_use_the_speculators_fields(tmp_path, tiny):
     from dflash_trt.compat import compatibility_problems
 
     target = TargetConfig.from_pretrained(tiny[0])
-    drafter = DrafterConfig.from_hf_config(zlab_config(_spec_cfg(aux_hidden_state_layer_ids=[1, 5], transformer_layer_config={
-        **TINY, "model_type": "qwen3", "num_hidden_layers": 1})))
+    drafter = DrafterConfig.from_hf_config(zlab_config(_spec_cfg(
+        aux_hidden_state_layer_ids=[1, 5], mask_token_id=TINY["vocab_size"],
+        transformer_layer_config={**TINY, "model_type": "qwen3", "num_hidden_layers": 1})))
     assert drafter.checkpoint_format == "speculators"
+    problems = compatibility_problems(target, drafter)
     assert any(p.startswith("aux_hidden_state_layer_ids [1, 5]: [5] outside [1, 4] (hidden_states indices of a "
-                            "target with 4 layers)") for p in compatibility_problems(target, drafter))
+                            "target with 4 layers)") for p in problems)
+    mask = [p for p in problems if p.startswith("mask_token_id")]
+    assert len(mask) == 1 and mask[0].endswith("set mask_token_id to a reserved token id of the target's tokenizer")
+    zlab = DrafterConfig.from_pretrained(tiny[2]).replace(mask_token_id=TINY["vocab_size"])
+    mask = [p for p in compatibility_problems(target, zlab) if p.startswith("mask_token_id")]
+    assert len(mask) == 1 and "set dflash_config.mask_token_id to a reserved" in mask[0]
 
 
 def test_force_replaces_a_speculators_folder_whatever_its_architectures(tmp_path, tiny):
