@@ -370,6 +370,18 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
     return dst
 
 
+def dropped_target_copies(src: Path) -> list[str]:
+    """The keys of the copies of its target's weights (`TARGET_COPIES`) a speculators-format drafter folder `src`
+    holds: what a z-lab copy drops (sorted; [] for a z-lab folder). Reads the config and those tensors only."""
+    from dflash_trt.config import read_config_json
+    from dflash_trt.models.loading import read_tensors
+    from dflash_trt.models.speculators import TARGET_COPIES, is_speculators
+
+    if not is_speculators(read_config_json(src)):
+        return []
+    return sorted(read_tensors(src, keys=TARGET_COPIES))
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m dflash_trt.training.export SRC DST [--format zlab|speculators] [--target T] [--verifier NAME]
     [--force]`: a usage error exits 2, a bad SRC, DST or --target (`full_vocab_copy`'s / `speculators_copy`'s
@@ -416,6 +428,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote the speculators-format copy of {args.src} to {out}")
         return
     print(f"wrote the full-vocabulary copy of {args.src} to {out}")
+    dropped = [] if args.target else dropped_target_copies(Path(args.src))
+    if dropped:
+        print(f"note: SRC's copies of its target's weights ({', '.join(dropped)}) were dropped unchecked, and the "
+              "z-lab copy cannot show a mismatched pair later; rerun with --target TARGET to check the pair first",
+              file=sys.stderr)
     left = left_out_files(Path(args.src))
     if left:
         shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")

@@ -173,7 +173,12 @@ def test_zlab_export_of_a_speculators_folder_checks_the_pair_with_target(tmp_pat
     assert exc.value.code == 1 and "'lm_head.weight' (the target's lm_head rows, stored by speculators) is not " \
         "this target's" in capsys.readouterr().err and not (tmp_path / "out").exists()
     main([str(spec), str(tmp_path / "out"), "--target", str(target)])
-    assert "wrote the full-vocabulary copy" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "wrote the full-vocabulary copy" in out and "note:" not in err
+    main([str(spec), str(tmp_path / "unchecked")])  # no target to compare the copies with: said so
+    assert "note: SRC's copies of its target's weights (lm_head.weight) were dropped unchecked" in capsys.readouterr().err
+    main([str(zlab), str(tmp_path / "plain")])  # a z-lab SRC has no copies to drop
+    assert "note:" not in capsys.readouterr().err
     assert DrafterConfig.from_pretrained(tmp_path / "out") == DrafterConfig.from_pretrained(zlab).replace(
         draft_vocab_size=None)
 
