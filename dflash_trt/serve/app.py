@@ -214,13 +214,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 index = p * req.n + j
                 params = params_of[p][j]
 
-                def on_text(delta, logprobs=None, index=index):
-                    loop.call_soon_threadsafe(events.put_nowait, (index, "text", (delta, logprobs)))
+                text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None)
+
+                def on_text(delta, logprobs=None, index=index, text=text):  # on the generation thread: the count now
+                    loop.call_soon_threadsafe(events.put_nowait, (index, "text", (delta, logprobs, text.generated)))
 
                 def on_done(result, error, index=index):
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
 
-                text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None)
                 streamed = on_text if req.stream and not score_only else None  # scoring: its one token is dropped
                 seqs.append(Sequence(ids, params, text, streamed, on_done, score_only=score_only))
         scheduler.submit(seqs)
@@ -264,23 +265,33 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None). The opening
         chunk is `first_delta`'s (chat: the role), or `opening(index, include_usage)`'s (completions' echo:
         the prompt), sent at once, or, when the choice asks for logprobs, with its first tokens (the
-        prompt's logprobs are read with the prompt)."""
+        prompt's logprobs are read with the prompt).
+
+        With `stream_options.continuous_usage_stats` (and include_usage, as vLLM and trtllm-serve read it) every
+        choice chunk carries `usage` so far: its prompt's tokens and the tokens the choice has generated when the
+        chunk was made (text held back for a possible stop string included; the closing chunk: the choice's
+        `usage.completion_tokens`)."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         unopened = set(range(len(seqs)) if opening is not None else ())
 
-        def sse(obj) -> str:
+        def sse(obj, generated: int | None = None) -> str:
+            if continuous and generated is not None:
+                prompt_tokens = len(prompts[obj["choices"][0]["index"] // req.n])
+                obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                                "total_tokens": prompt_tokens + generated}
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
         async def open_choice(i: int) -> str:
             unopened.discard(i)
-            return sse(await asyncio.to_thread(opening, i, include_usage))  # a long prompt's text: off the loop
+            return sse(await asyncio.to_thread(opening, i, include_usage), 0)  # a long prompt's text: off the loop
 
         results: list = [None] * len(seqs)
         pending = len(seqs)
         try:
             for i in range(len(seqs)):
                 if first_delta is not None:
-                    yield sse(chunk(i, first_delta, None, include_usage, None))
+                    yield sse(chunk(i, first_delta, None, include_usage, None), 0)
                 elif i in unopened and seqs[i].params.logprobs is None:
                     yield await open_choice(i)
             while pending:
@@ -288,8 +299,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 if kind == "text":
                     if index in unopened:
                         yield await open_choice(index)
-                    delta, lps = payload
-                    yield sse(chunk(index, delta, None, include_usage, lps))
+                    delta, lps, generated = payload
+                    yield sse(chunk(index, delta, None, include_usage, lps), generated)
                     continue
                 result, error = payload
                 pending -= 1
@@ -304,7 +315,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 lps = seqs[index].rest_logprobs(result) if result.logprobs is not None else None
                 last = chunk(index, rest, result.finish_reason, include_usage, lps)
                 last["choices"][0]["metrics"] = choice_metrics(seqs[index], result)
-                yield sse(last)
+                yield sse(last, len(result.token_ids))
             else:
                 if include_usage:
                     yield sse({**chunk(0, "", None, False, None), "choices": [], "usage": usage(prompts, results)})

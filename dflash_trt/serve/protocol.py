@@ -74,10 +74,13 @@ def check_stops(stops: tuple[str, ...], field: str = "stop") -> tuple[str, ...]:
 
 
 class StreamOptions(BaseModel):
-    """`stream_options`: include_usage adds a last chunk with `usage` and no choices (OpenAI)."""
+    """`stream_options`: include_usage adds a last chunk with `usage` and no choices (OpenAI); with it,
+    continuous_usage_stats (vLLM's and trtllm-serve's extension, sent by load generators such as GuideLLM and
+    vLLM's `bench serve`) also gives every choice chunk the usage so far."""
 
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class _Request(BaseModel):

@@ -73,6 +73,12 @@ class StopText:
                          len(self.ids))
         return "stop"
 
+    @property
+    def generated(self) -> int:
+        """Tokens received so far, up to the one that completed a stop string once stopped (what
+        `usage.completion_tokens` counts)."""
+        return len(self.ids) if self.used is None else self.used
+
     def _find(self, text: str) -> int:
         """Where the first stop string starts in `text`'s complete characters, or -1. A trailing run of
         U+FFFD is not searched: it is a character whose remaining bytes come in later tokens (`text_to_stream`
@@ -95,7 +101,7 @@ class StopText:
             new = new[: max(0, len(new) - self._held())]
         if self.token_aligned and new:
             shown = self.sent + new
-            k, aligned = self._tokens_within(shown, len(self.ids) if self.used is None else self.used, self._aligned)
+            k, aligned = self._tokens_within(shown, self.generated, self._aligned)
             new = aligned[len(self.sent):] if len(aligned) > len(self.sent) and aligned.startswith(self.sent) else ""
             self._aligned = k
         self.sent += new
@@ -119,8 +125,7 @@ class StopText:
         With `token_aligned`, `delta` found it already."""
         if self.token_aligned:
             return max(self._aligned, lo)
-        n = len(self.ids) if self.used is None else self.used
-        return max(self._tokens_within(self.sent, n, lo)[0], lo)
+        return max(self._tokens_within(self.sent, self.generated, lo)[0], lo)
 
     def rest(self, finish_reason: str | None) -> str:
         """The final text's part not sent yet (at the end of generation; `final_text` drops a trailing

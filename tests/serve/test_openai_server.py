@@ -117,6 +117,39 @@ def test_stream_equals_non_stream(client):
     assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
 
 
+def test_continuous_usage_stats_count_each_choices_tokens_so_far(client, smollm2_pipeline):
+    """stream_options.continuous_usage_stats (vLLM's and trtllm-serve's; GuideLLM sends it): every choice chunk
+    carries its prompt's tokens and the tokens generated so far, whose text holds what was streamed; the closing
+    chunk has the choice's total. Without include_usage it changes nothing, as in vLLM."""
+    pipe = smollm2_pipeline
+    prompts = ["def fibonacci(n):", "The three primary colors are"]
+    ids = [pipe.encode(p) for p in prompts]
+    refs = [ar_tokens(pipe, x, 16)[0] for x in ids]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, temperature=0, stream=True,
+                                            stream_options=options))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == sum(len(r) for r in refs)
+    text, counts = ["", ""], [[], []]
+    for c in chunks[:-1]:
+        i, u = c.choices[0].index, c.usage
+        text[i] += c.choices[0].text
+        counts[i].append(u.completion_tokens)
+        assert (u.prompt_tokens, u.total_tokens) == (len(ids[i]), len(ids[i]) + u.completion_tokens)
+        assert pipe.decode(refs[i][:u.completion_tokens]).startswith(text[i])  # the counted tokens hold the text
+    for i in (0, 1):
+        assert text[i] == pipe.decode(refs[i]) and counts[i] == sorted(counts[i]) and counts[i][-1] == len(refs[i])
+        assert len(counts[i]) > 2  # streamed in several chunks, each counted
+    chat = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+                                               stream_options=options))
+    n_prompt = len(chat_ids(pipe, QUESTION))
+    assert chat[0].choices[0].delta.role == "assistant" and (chat[0].usage.prompt_tokens, chat[0].usage.completion_tokens) \
+        == (n_prompt, 0)
+    assert [c.usage.completion_tokens for c in chat if c.choices][-1] == chat[-1].usage.completion_tokens
+    plain = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
+                                           stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)
+
+
 def test_completions_batch_n_and_token_ids(client, smollm2_pipeline):
     pipe = smollm2_pipeline
     prompts = ["def fibonacci(n):", "The three primary colors are"]
