@@ -576,7 +576,8 @@ class StepStats:
     (one whose last chunk and first decode step share the iteration counts once); active_requests:
     the requests in the batch in this iteration, decoded or still waiting for (the rest of) their prompt
     (TensorRT-LLM's numActiveRequests, context and generation phases both); seconds: its wall time (the
-    decode step and, with chunked prefill, the chunk; a whole prefill is `add`'s)."""
+    decode step and the prefill work it reports: a chunk read within `step`, or the whole prefills `add`
+    did since the previous iteration, as TensorRT-LLM's iteration latency covers its context phase)."""
 
     requests: int = 0
     requests_with_drafts: int = 0
@@ -658,7 +659,8 @@ class DecodeBatch:
         self._prefilling: list[_Prefill] = []  # added, prompts not fully read yet (chunked prefill), in order
         self._added: list[_Request] = []  # every request not yet returned by take_finished
         self._next_id = 0
-        self._context = [0, 0, set()]  # requests / prompt tokens prefilled since the last step's stats, their ids
+        self._context = [0, 0, set(), 0.0]  # since the last step's stats: requests / prompt tokens prefilled, their ids,
+        # and the seconds `add` spent prefilling (a whole prefill; chunks are read within `step`)
 
     @property
     def active(self) -> int:
@@ -702,6 +704,7 @@ class DecodeBatch:
         group = _Prefill(reqs, cache, drafter_cache)
         if self.prefill_chunk is None:
             self._advance(group)  # raises before anything changed here
+            self._context[3] += time.perf_counter() - t0  # the next iteration's latency includes it
         else:
             self._prefilling.append(group)
         self._added.extend(reqs)
@@ -788,11 +791,11 @@ class DecodeBatch:
             if self._drafter_cache is not None:
                 self._drafter_cache.keep_rows(keep, capacity)
             self.live = [self.live[j] for j in keep]
-        context, self._context = self._context, [0, 0, set()]
+        context, self._context = self._context, [0, 0, set(), 0.0]
         # in this iteration: decoded, read (ending at their first token too), or waiting for their next chunk
         active = len({r.index for r in self.live} | context[2] | {r.index for g in self._prefilling for r in g.reqs})
         if not self.live:
-            return StepStats(seconds=time.perf_counter() - t, context_requests=context[0], context_tokens=context[1],
+            return StepStats(seconds=time.perf_counter() - t + context[3], context_requests=context[0], context_tokens=context[1],
                              scheduled_requests=context[0], active_requests=active)
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
@@ -808,7 +811,8 @@ class DecodeBatch:
                          sum(1 for r, b in zip(self.live, before) if r.metrics.drafted_tokens > b[0]),
                          sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
                          sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
-                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t, context[0], context[1],
+                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t + context[3], context[0],
+                         context[1],
                          context[0] + sum(1 for r in self.live if r.index not in context[2]),
                          active)
 
@@ -817,11 +821,11 @@ class DecodeBatch:
         StepStats without a decode step, or None when there was none; it then counts as reported. For a batch
         dropped without another step (its requests all ended at their first token), so its prompts still
         appear in the iteration stats."""
-        context, self._context = self._context, [0, 0, set()]
+        context, self._context = self._context, [0, 0, set(), 0.0]
         if not context[0]:
             return None
-        return StepStats(context_requests=context[0], context_tokens=context[1], scheduled_requests=context[0],
-                         active_requests=context[0])
+        return StepStats(seconds=context[3], context_requests=context[0], context_tokens=context[1],
+                         scheduled_requests=context[0], active_requests=context[0])
 
     def abort_prefill(self, request_ids) -> int:
         """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)

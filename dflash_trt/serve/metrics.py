@@ -11,7 +11,7 @@
   verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
-  in-flight batch (`iter`, `iterLatencyMS`, `numActiveRequests` (decoding, and being prefilled in
+  in-flight batch (`iter`, `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being prefilled in
   chunks), `numQueuedRequests`, `inflightBatchingStats`,
   `specDecodingStats` with `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`,
   `acceptanceLength`: tokens emitted per request in that step), the last MAX_ITER_STATS steps, each

@@ -352,3 +352,29 @@ def test_identical_prompts_are_read_once(engine, mode, chunk, monkeypatch):
     assert [done[i].token_ids for i in ids] == alone
     assert rows[: 1 if chunk is None else 3] == ([2] if chunk is None else [2, 2, 1])  # p and q, then p's last chunk
     assert alone[2] != alone[3]  # the sampled choices of one prompt still differ
+
+
+def test_an_iterations_latency_includes_the_prefill_it_reports(engine, monkeypatch):
+    """TensorRT-LLM's iteration latency covers the context phase: the prefill `add` ran (a whole prefill, here made
+    to last >= 0.2 s) is in the next iteration's seconds, the one whose context_tokens count it, and in
+    `flush_stats` when no step follows; an iteration without prefill does not carry it again."""
+    import time
+
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    real = engine._prefill
+
+    def slow(*args, **kwargs):
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_prefill", slow)
+    batch = DecodeBatch(engine, "ar")
+    batch.add([[5, 6, 7]], [SamplingParams(max_tokens=3, ignore_eos=True)])
+    first = batch.step()
+    assert first.context_tokens == 3 and first.seconds >= 0.2
+    second = batch.step()
+    assert second.context_tokens == 0 and second.seconds < 0.2
+    batch.add([[8, 9]], [SamplingParams(max_tokens=1)])  # ends at its first token: no step follows
+    flushed = batch.flush_stats()
+    assert flushed.context_tokens == 2 and flushed.seconds >= 0.2 and batch.flush_stats() is None
