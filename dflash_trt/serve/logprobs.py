@@ -25,6 +25,15 @@ from typing import Callable
 from dflash_trt.runtime.logprobs import TokenLogprob
 
 
+def _continues(pending: bytes, byte: bytes) -> bool:
+    """Whether `byte` is a valid next byte of the incomplete UTF-8 character `pending` begins."""
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(pending + byte, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class LogprobFormatter:
     """Formats logprobs for one tokenizer, caching each token's text and bytes.
 
@@ -90,8 +99,13 @@ class LogprobFormatter:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         offsets = []
         for t in ids:
-            offsets.append(offset)
-            offset += len(decoder.decode(bytes(self.bytes(t))))
+            data = bytes(self.bytes(t))
+            pending = decoder.getstate()[0]  # earlier tokens' bytes of a character not complete yet
+            # a token that completes that character starts at it; one that does not continue it starts after
+            # the U+FFFD those bytes then become
+            offsets.append(offset + (len(pending.decode("utf-8", "replace"))
+                                     if pending and data and not _continues(pending, data[:1]) else 0))
+            offset += len(decoder.decode(data))
         return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
                 "top_logprobs": [None if lp is None
                                  else {**{self.completion_token(i): v for i, v in lp.top}, tok: lp.logprob}

@@ -249,6 +249,22 @@ def test_partial_character_tokens_keep_their_bytes_names_and_offsets(server, smo
     assert [o for p in streamed for o in p["text_offset"]] == whole["text_offset"]
 
 
+def test_the_token_after_a_broken_character_starts_after_its_replacement(server, smollm2_pipeline):
+    """A prompt of token 10813 (bytes f0 9f: half of an emoji) and then tokens that do not complete it: the text
+    is U+FFFD and theirs, each token's text_offset is where its own text starts (the U+FFFD is the broken
+    token's), and text[offset:] starts with the token's text."""
+    pipe = smollm2_pipeline
+    rest = pipe.encode("-12")
+    body = {"model": MODEL, "prompt": [10813, *rest], "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
+    choice = httpx.post(server[0] + "/v1/completions", timeout=120, json=body).json()["choices"][0]
+    lp, text = choice["logprobs"], choice["text"]
+    assert lp["tokens"][0] == "bytes:\\xf0\\x9f" and text.startswith("\ufffd-12")
+    offsets = lp["text_offset"]
+    assert offsets[: len(rest) + 1] == [0] + [1 + len(pipe.decode(rest[:k])) for k in range(len(rest))]
+    for tok, off in zip(lp["tokens"][1:], offsets[1:]):
+        assert text[off:].startswith(tok)
+
+
 @pytest.mark.parametrize("question", ["Emoji for cat?", "Say 'h\u00e9llo \U0001F30D \u4e16\u754c' three times."])
 def test_each_streamed_chunk_carries_the_logprobs_of_its_own_text(client, question):
     """A character split over several tokens is held back until whole, and with logprobs the text is sent
