@@ -150,7 +150,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
         if errors and errors[0].get("type") == "json_invalid":
             loc = []  # its loc is the character position, not a field
-        return JSONResponse(error_body(validation_message(errors), param=loc[0] if loc else None), status_code=400)
+        return JSONResponse(error_body(validation_message(errors, request.url.path), param=loc[0] if loc else None),
+                            status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):  # 404 / 405 / an unparsable body: OpenAI's body too
@@ -540,17 +541,20 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def validation_message(errors: list[dict]) -> str:
-    """One line from pydantic / FastAPI validation errors: the body that is not JSON or not an object, or
-    each bad field (at most 5) with what it must be and what it got."""
+def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -> str:
+    """One line from pydantic / FastAPI validation errors: the body that is not JSON or not an object (with an
+    example body for the endpoint at `path`), or each bad field (at most 5) with what it must be and what it
+    got."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         pos = first.get("loc", ("body", "?"))[-1]
         return (f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')} at character {pos}); "
                 "send one JSON object with Content-Type: application/json")
     if tuple(first.get("loc", ())) == ("body",):
+        example = ('{"prompt": "Hi", "max_tokens": 16}' if path == "/v1/completions" else
+                   '{"messages": [{"role": "user", "content": "Hi"}]}')
         return ("the body is not a JSON object (or not sent as Content-Type: application/json); send one JSON object "
-                "such as {\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}")
+                f"such as {example}")
     parts = []
     for e in errors[:5]:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"

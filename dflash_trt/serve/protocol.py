@@ -275,9 +275,14 @@ class ChatCompletionRequest(_Request):
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def requested_max_tokens(self) -> int | None:
-        """max_completion_tokens or max_tokens (InvalidRequestError when both are given and differ)."""
+        """max_completion_tokens or max_tokens (InvalidRequestError when both are given and differ, or below 1,
+        naming the field the request used)."""
         a, b = self.max_completion_tokens, self.max_tokens
         if a is not None and b is not None and a != b:
             raise InvalidRequestError(f"max_tokens ({b}) and max_completion_tokens ({a}) differ; give one of them")
-        return a if a is not None else b
+        want = a if a is not None else b
+        if want is not None and want < 1:
+            field = self.max_tokens_field()
+            raise InvalidRequestError(f"{field} must be >= 1, got {want}", param=field)
+        return want
 

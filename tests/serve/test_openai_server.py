@@ -201,6 +201,7 @@ BAD = [
     ({"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
     ({"messages": QUESTION, "top_p": 0}, 400, "top_p must be in (0, 1]"),
     ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens must be >= 1"),
+    ({"messages": QUESTION, "max_completion_tokens": -3}, 400, "max_completion_tokens must be >= 1, got -3"),
     ({"messages": QUESTION, "max_tokens": 100000}, 400, "ask for at most"),
     ({"messages": QUESTION, "model": "gpt-4"}, 404, "'gpt-4' does not exist"),
     ({"messages": QUESTION, "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
@@ -230,6 +231,8 @@ PARAMS = [
     ("completions", {"prompt": "hi", "max_tokens": 9000}, "max_tokens"),
     ("chat/completions", {"messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
     ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 100000}, "max_completion_tokens"),
+    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("chat/completions", {"messages": QUESTION, "max_tokens": -3}, "max_tokens"),
     ("chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
     ("chat/completions", {"messages": QUESTION, "seed": 2**64}, "seed"),
     ("chat/completions", {"messages": QUESTION, "stop": [""]}, "stop"),
@@ -282,6 +285,9 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.json()["error"]["param"] is None  # not the character position
     r = httpx.post(base + "/v1/completions", content=b"hello")
     assert r.status_code == 400 and "not a JSON object" in r.json()["error"]["message"]
+    for endpoint, example in (("completions", '{"prompt": "Hi"'), ("chat/completions", '{"messages": [')):
+        r = httpx.post(f"{base}/v1/{endpoint}", json=[1])  # JSON, not an object: the example fits the endpoint
+        assert r.status_code == 400 and f"such as {example}" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "logprobs": 21})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     r = httpx.post(base + "/v1/completions", json={"prompt": [True, 5]})
