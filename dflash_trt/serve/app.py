@@ -56,9 +56,9 @@ class ClientGone(Exception):
     """The client of a non-streaming request disconnected: its sequences are aborted, nothing is sent."""
 
 
-def error_body(message: str, kind: str = "invalid_request_error", code: str | int | None = None,
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None,
                param: str | None = None) -> dict:
-    """OpenAI's error object."""
+    """OpenAI's error object; `code` is a string or null as there (the HTTP status is the response's)."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -166,7 +166,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                       "/v1/chat/completions, /v1/models, /health, /health_generate, /version, /metrics, /prometheus/metrics")
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}"
-        return JSONResponse(error_body(detail, code=exc.status_code), status_code=exc.status_code)
+        return JSONResponse(error_body(detail), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request, exc: Exception):  # a bug or a failed generation: still an OpenAI error body
@@ -503,7 +503,7 @@ class BodyLimit:
         from fastapi.responses import JSONResponse
 
         body = error_body(f"{what} this server's limit of {self.limit} bytes; a prompt must fit the target's "
-                          f"context ({self.context_len} tokens) anyway", code=413)
+                          f"context ({self.context_len} tokens) anyway")
         await JSONResponse(body, status_code=413)(scope, receive, send)
 
     async def __call__(self, scope, receive, send):

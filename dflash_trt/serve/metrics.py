@@ -7,8 +7,8 @@
   `engine_type`) plus token counters and speculative-decoding counters in vLLM's naming
   (`trtllm_prompt_tokens_total`, `trtllm_generation_tokens_total`,
   `trtllm_spec_decode_num_draft_tokens_total`, `trtllm_spec_decode_num_accepted_tokens_total`,
-  `trtllm_spec_decode_num_verify_steps_total`; acceptance length = (generation tokens - requests) /
-  verify steps, acceptance rate = accepted / draft tokens) and the gauges
+  `trtllm_spec_decode_num_verify_steps_total`; acceptance length = (generation tokens - the requests that
+  generated a token, the count of `trtllm_time_to_first_token_seconds`) / verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
   in-flight batch (`iter`, `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being prefilled in
@@ -92,8 +92,11 @@ class ServerMetrics:
         those read, fewer for one aborted while its prompt was read in chunks)."""
         m = result.metrics
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
-        if m.completion_tokens:  # one aborted before its first token has no latency (as one cancelled in the queue)
+        # one aborted before its first token has no latency (as one cancelled in the queue); a scoring request
+        # (max_tokens 0 with echo) has one, and no first token
+        if m.completion_tokens or result.finish_reason != "abort":
             self.e2e.observe(queue_time_s + m.total_time_s)
+        if m.completion_tokens:
             self.ttft.observe(queue_time_s + m.time_to_first_token_s)
         self.queue.observe(queue_time_s)
         if m.completion_tokens > 1:

@@ -331,6 +331,10 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/chat/completions")
     assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"]
+    r404 = httpx.post(base + "/v1/chat/completions", json={"messages": QUESTION, "model": "gpt-4"})
+    r413 = httpx.post(base + "/v1/completions", content=b"x" * (17 * 2**20))
+    codes = [x.json()["error"]["code"] for x in (r, r404, r413, httpx.post(base + "/v1/completions", content=b"{"))]
+    assert codes == [None, "model_not_found", None, None]  # OpenAI's: a string or null, never the HTTP status
     ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0, user="someone",
                                         extra_body={"top_k": -1})  # vLLM's top_k -1 = off; user ignored
     assert ok.usage.completion_tokens == 4
