@@ -58,9 +58,16 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
             f"target has {n}; use the drafter trained for this target"
         )
     if drafter.draft_vocab_size is not None and not 1 <= drafter.draft_vocab_size <= target.vocab_size:
-        problems.append(f"draft_vocab_size {drafter.draft_vocab_size} outside [1, {target.vocab_size}]")
+        problems.append(f"draft_vocab_size {drafter.draft_vocab_size} outside [1, {target.vocab_size}]: a draft vocabulary "
+                        "is a subset of the target's; set it to the length of the drafter's d2t map, or use the "
+                        "drafter made for this target")
     if drafter.block_size < 2:
         problems.append(f"block_size {drafter.block_size} < 2: a block must hold the last token and at least one mask")
+    room = min(target.max_position_embeddings, drafter.max_position_embeddings)
+    if drafter.block_size >= room:
+        problems.append(f"block_size {drafter.block_size} does not fit the context ({room} positions: the target's and "
+                        "the drafter's max_position_embeddings), so no block could ever be drafted; set block_size to "
+                        "the one the drafter was trained with (DFlash drafters use 8-16)")
     return problems
 
 
@@ -225,6 +232,19 @@ def _vocabulary_problems(target_path: Path, drafter_path: Path, drafter_keys: se
     return []
 
 
+def _nonfinite_problems(drafter_path: Path) -> list[str]:
+    """What loading refuses in the drafter's weight values: NaN or infinite entries (`check_finite`; the
+    drafter's tensors are read, a drafter being small next to its target, whose values are not)."""
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.loading import check_finite, read_tensors
+
+    try:
+        check_finite(read_tensors(drafter_path), "drafter", drafter_path)
+    except CheckpointError as exc:
+        return [str(exc)]
+    return []
+
+
 def _expected_shapes(module_cls, cfg) -> dict[str, list[int]]:
     """{key: shape} of `module_cls(cfg)`'s state dict, built on the meta device (no memory, no init)."""
     import torch
@@ -238,7 +258,8 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
 
     Errors: unreadable configs, target or drafter weights that are missing, unreadable (truncated, a
     shard the index names absent) or do not match their config.json (read from the safetensors headers,
-    no tensor data loaded), every `compatibility_problems` item, different tokenizers. Warnings: an
+    no target tensor data loaded), drafter weights holding NaN or infinite values (the drafter's tensors
+    are read), every `compatibility_problems` item, different tokenizers. Warnings: an
     untrained drafter, a drafter context (max_position_embeddings) shorter than the target's (the
     runtime then stops drafting near the drafter's limit and decodes one token per step), different
     RoPE settings, a mask token that is not a special token of the tokenizer.
@@ -278,6 +299,8 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
         out += [Finding(ERROR, p) for p in shape_problems]
         if not shape_problems and not any(f.level == ERROR for f in out):
             out += [Finding(ERROR, p) for p in _vocabulary_problems(target_path, drafter_path, set(found))]
+        if not shape_problems:
+            out += [Finding(ERROR, p) for p in _nonfinite_problems(drafter_path)]
     except DFlashError as exc:
         out.append(Finding(ERROR, f"drafter: {exc}"))
     arch = raw.get("architectures")

@@ -362,6 +362,9 @@ class DrafterConfig:
             raise ConfigError(f"{where}: 'dflash_config.target_layer_ids' must be a list of integers, got "
                               f"{layer_ids!r}; fix it there")
         ids = tuple(_int(i, "dflash_config.target_layer_ids", where) for i in layer_ids)
+        if not ids:
+            raise ConfigError(f"{where}: 'dflash_config.target_layer_ids' is empty; list the target layers whose "
+                              "hidden states the drafter reads (the ones it was trained with), e.g. [1, 8, 14, 20, 27]")
         return cls(
             hidden_size=hidden,
             intermediate_size=size("intermediate_size"),
@@ -370,7 +373,7 @@ class DrafterConfig:
             num_key_value_heads=size("num_key_value_heads", heads),
             head_dim=size("head_dim", hidden // heads),
             vocab_size=size("vocab_size"),
-            block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", where, 16, minimum=1),
+            block_size=_int(cfg.get("block_size", dflash.get("block_size")), "block_size", where, 16, minimum=2),
             mask_token_id=_int(mask, "mask_token_id" if cfg.get(FORMAT_KEY) == "speculators" else
                                "dflash_config.mask_token_id", where),
             target_layer_ids=ids,
@@ -451,6 +454,9 @@ def read_config_json(path: str | Path) -> dict:
     file = p / "config.json" if p.is_dir() else p
     if not p.exists():
         raise CheckpointError(f"{p}: no such folder; pass the path of a Hugging Face checkpoint folder")
+    if file.is_dir():
+        raise CheckpointError(f"{file} is a folder, not a config.json file; a Hugging Face checkpoint folder holds its "
+                              "config as a JSON file there")
     if not file.is_file():
         raise CheckpointError(f"{p}: no config.json in this folder; is it a Hugging Face checkpoint?")
     try:

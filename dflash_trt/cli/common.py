@@ -50,7 +50,7 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     Raises:
         CheckpointError: `path` is a file (e.g. its config.json) or does not exist, or it is a dflash-trt
             bundle (manifest.json, no config.json: the message names the bundle's model folders and
-            `generate --bundle`); the message names `option`.
+            `generate --bundle`), or a folder without config.json; the message names `option`.
     """
     if path is None:
         return None
@@ -63,6 +63,9 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
         raise CheckpointError(f"{option} {path} is a dflash-trt bundle, not a {what} folder: give its "
                               f"{path}/trtllm/target (--target) and {path}/trtllm/drafter (--drafter) folders, or "
                               f"run it with dflash-trt generate --bundle {path}")
+    if not (p / "config.json").exists():
+        raise CheckpointError(f"{option} {path}: no config.json in this folder; give the {what} folder (a Hugging Face "
+                              "checkpoint folder holding config.json and its safetensors)")
     return path
 
 

@@ -15,7 +15,7 @@ from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_
 from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import use_transposed_weight_layout
-from dflash_trt.models.loading import load_strict, read_tensors, save_checkpoint
+from dflash_trt.models.loading import check_finite, load_strict, read_tensors, save_checkpoint
 from dflash_trt.models.target import TargetModel
 from dflash_trt.text import count
 
@@ -142,13 +142,15 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     Raises:
         CheckpointError / ConfigError: missing folder, missing dflash_config, strict-load failure
             (e.g. `fc.weight` of the wrong width: the message gives the expected shape), vocabulary maps
-            (`d2t`, speculators' `t2d`) that are malformed or disagree (`check_vocab_maps`).
+            (`d2t`, speculators' `t2d`) that are malformed or disagree (`check_vocab_maps`), weights that
+            hold NaN or infinite values (`check_finite`).
     """
     from dflash_trt.models.speculators import read_zlab
 
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
     _, tensors, copies = read_zlab(path, _read_weights(path, dtype, device))
+    check_finite(tensors, "drafter", path)
     load_strict(model, tensors, "drafter", path)
     model.target_copies = copies
     return use_transposed_weight_layout(model.eval().requires_grad_(False))

@@ -94,6 +94,22 @@ def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: s
     return out
 
 
+def check_finite(tensors: dict[str, torch.Tensor], what: str, folder: str | Path) -> None:
+    """Refuse a checkpoint whose floating-point tensors hold a NaN or an infinity (a diverged training run, a
+    broken conversion): such a model would compute garbage without failing.
+
+    Raises:
+        CheckpointError: naming the first keys that hold one and what to do.
+    """
+    bad = sorted(k for k, t in tensors.items()
+                 if t.is_floating_point() and not bool(torch.isfinite(t.float() if t.element_size() == 1 else t).all()))
+    if bad:
+        shown = ", ".join(repr(k) for k in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise CheckpointError(f"{what} checkpoint {folder}: {shown} hold NaN or infinite values; its weights are "
+                              f"corrupt (a diverged training run or a broken conversion): retrain or re-export the "
+                              f"{what}, or use another one")
+
+
 def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, folder: str | Path,
                 ignore: Iterable[str] = ()) -> None:
     """Assign `tensors` to `module`'s parameters by name, strictly.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.errors import ConfigError
+from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
@@ -375,6 +375,9 @@ class DFlashProposer:
         probs: list[torch.Tensor | None] = [None] * n
         for r, q in sampled.items():
             q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify
+            if not bool(torch.isfinite(q).all()):  # (its drafts are sampled from q, and accepted by p / q)
+                raise DFlashError("the drafter produced non-finite draft probabilities (NaN or inf: overflow in this "
+                                  "dtype, or corrupt activations); try --dtype float32, or another drafter")
             if q.shape[0]:
                 tokens[r, : q.shape[0]] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
             if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab

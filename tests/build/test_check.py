@@ -47,7 +47,8 @@ CASES = {
     "fc_width": (dict(target_hidden_size=64), "fc width: fc expects 128 = 2 x 64 input features"),
     "mask_id": (dict(mask_token_id=49152), "mask_token_id 49152 is outside the target vocabulary [0, 49152)"),
     "num_target_layers": (dict(num_target_layers=30), "the drafter was made for a target with 30 layers"),
-    "block_size": (dict(block_size=1), "block_size 1 < 2"),
+    "block_size": (dict(block_size=1), "'block_size' must be at least 2, got 1"),
+    "block_size_context": (dict(block_size=300), "block_size 300 does not fit the context (256 positions"),
     "weights": (dict(intermediate_size=256), "drafter weights: layers.0.mlp.gate_proj.weight has shape [192, 96]"),
 }
 
@@ -153,3 +154,23 @@ def test_a_drafter_config_not_named_dflashdraftmodel_is_a_warning(target, drafte
         "architectures: the drafter's config.json has [\"LlamaForCausalLM\"], not [\"DFlashDraftModel\"] (the z-lab "
         "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "
         'may not: set "architectures": ["DFlashDraftModel"]']
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_drafter_holding_nan_or_inf_is_refused_by_check_and_by_loading(target, drafter, bad):
+    """Non-finite drafter weights never fail a forward loudly (greedy drafts just stop being accepted, sampled
+    ones crashed torch.multinomial): `check` and `load_drafter` name the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.checkpoints import load_drafter
+
+    path = drafter / "model.safetensors"
+    tensors = load_file(path)
+    key = next(k for k in sorted(tensors) if k.endswith("down_proj.weight"))
+    tensors[key][0, 0] = bad
+    save_file(tensors, path, metadata={"format": "pt"})
+    errors = only(check_checkpoints(target, drafter), ERROR)
+    assert len(errors) == 1 and f"'{key}' hold NaN or infinite values" in errors[0] and "retrain or re-export" in errors[0]
+    with pytest.raises(CheckpointError, match=f"'{key}' hold NaN or infinite values"):
+        load_drafter(drafter)

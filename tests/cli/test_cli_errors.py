@@ -52,6 +52,18 @@ def test_missing_drafter_names_the_option(monkeypatch, capsys, tmp_path, tiny):
     assert f"--drafter {tmp_path / 'missing'}: no such folder; give the drafter folder" in err
 
 
+def test_a_folder_without_config_json_names_the_option(monkeypatch, capsys, tmp_path, tiny):
+    target, _ = tiny
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--drafter",
+                            str(tmp_path / "empty"), "--prompt", "hi")
+    assert one_error_line(code, err), err
+    assert f"--drafter {tmp_path / 'empty'}: no config.json in this folder; give the drafter folder" in err
+    (tmp_path / "odd" / "config.json").mkdir(parents=True)
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(tmp_path / "odd"))
+    assert code == 1 and f"{tmp_path / 'odd' / 'config.json'} is a folder, not a config.json file" in err, err
+
+
 def test_prompts_file_that_is_a_directory(monkeypatch, capsys, tmp_path):
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompts-file", str(tmp_path), "--mode", "ar")
     assert one_error_line(code, err), err

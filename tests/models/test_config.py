@@ -118,6 +118,8 @@ def test_fields_of_the_wrong_type_are_named():
     ({"draft_vocab_size": -5}, "'draft_vocab_size' must be at least 1, got -5"),
     ({"dflash_trt": "x"}, "'dflash_trt' (dflash-trt's own notes) must be an object"),
     ({"dflash_config": {"target_layer_ids": [1]}}, "has no dflash_config.mask_token_id"),
+    ({"dflash_config": {"target_layer_ids": [], "mask_token_id": 3}}, "'dflash_config.target_layer_ids' is empty"),
+    ({"block_size": 0}, "'block_size' must be at least 2, got 0"),
 ])
 def test_drafter_fields_of_the_wrong_shape_are_named(tmp_path, change, words):
     """Each once crashed with a traceback (ZeroDivisionError, KeyError: 'factor', float(None), ...) or was

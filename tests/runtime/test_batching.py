@@ -378,3 +378,17 @@ def test_an_iterations_latency_includes_the_prefill_it_reports(engine, monkeypat
     batch.add([[8, 9]], [SamplingParams(max_tokens=1)])  # ends at its first token: no step follows
     flushed = batch.flush_stats()
     assert flushed.context_tokens == 2 and flushed.seconds >= 0.2 and batch.flush_stats() is None
+
+
+def test_non_finite_draft_probabilities_are_an_error_naming_the_drafter(engine, monkeypatch):
+    """A drafter whose activations overflow gives NaN draft logits: a sampled request gets a clear error (it used to
+    be torch.multinomial's "probability tensor contains either inf, nan or element < 0")."""
+    from dflash_trt.errors import DFlashError
+
+    proposer = engine.proposer
+    real = proposer._draft_logits
+    monkeypatch.setattr(proposer, "_draft_logits", lambda hidden: real(hidden) * float("nan"))
+    monkeypatch.setattr(proposer, "draft_confidence", 0.0)
+    monkeypatch.setattr(proposer, "sampled_draft_confidence", 0.0)
+    with pytest.raises(DFlashError, match="the drafter produced non-finite draft probabilities"):
+        engine.generate([[5, 6, 7]], [SamplingParams(temperature=1.0, max_tokens=8, seed=0, ignore_eos=True)], "dflash")
