@@ -16,8 +16,8 @@ from dflash_trt.text import count
               help="DFlash drafter folder, z-lab / ModelOpt or vLLM speculators format (default: the project's "
                    "drafter).")
 def check(target, drafter):
-    """Run every compatibility check (configs, both models' weights read from their safetensors headers, tokenizers);
-    print each problem with its fix. Warnings do not fail the check."""
+    """Run every compatibility check (configs, both models' weights read from their safetensors headers, the
+    drafter's weight values, tokenizers); print each problem with its fix. Warnings do not fail the check."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.errors import ConfigError
@@ -29,8 +29,8 @@ def check(target, drafter):
         raise ConfigError(why)
     drafter = model_folder("--drafter", drafter, "drafter")
     findings = check_checkpoints(target or default_target_path(), drafter or default_drafter_path())
-    for f in findings:
-        click.echo(f"{f.level}: {f.message}", err=f.level == ERROR)
+    for f in findings:  # diagnostics on stderr, as every command prints its warnings; the verdict on stdout
+        click.echo(f"{f.level}: {f.message}", err=True)
     errors = sum(f.level == ERROR for f in findings)
     if errors:
         click.echo(f"check failed: {count(errors, 'error')}, {count(len(findings) - errors, 'warning')}", err=True)

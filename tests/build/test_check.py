@@ -116,7 +116,8 @@ def test_cli_exit_codes(target, drafter, tmp_path):
     run = [sys.executable, "-c", "from dflash_trt.cli import main; main()", "check", "--target", str(target), "--drafter"]
     ok = subprocess.run(run + [str(drafter)], capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1].startswith("ok: the drafter fits the target"), ok.stderr
-    assert ok.stdout.startswith("warning: untrained: ")  # the tiny drafter is init-drafter's
+    assert ok.stderr.startswith("warning: untrained: ")  # the tiny drafter is init-drafter's; diagnostics on stderr
+    assert ok.stdout.startswith("ok: ")
     bad = subprocess.run(run + [str(edit_config(drafter, vocab_size=32000))], capture_output=True, text=True)
     assert bad.returncode == 1 and "error: vocab size: drafter 32000 != target 49152" in bad.stderr
     assert "Traceback" not in bad.stderr
