@@ -11,7 +11,8 @@ line naming the path and the fix, whatever would fail at the end or lose data:
   "$PWD"), one starting with an unexpanded '~', or a symbolic link to nothing (a link to a folder is followed:
   `write_target`);
 - an --out inside a dflash-trt bundle (the bundle's manifest.json would not list it, and its next
-  `build --force` would refuse the bundle);
+  `build --force` would refuse the bundle) or inside a DFlash drafter folder (its next --force would
+  refuse it, holding files dflash-trt does not write there);
 - an existing --out without --force; with --force, anything but an empty folder or a folder of the
   command's own kind (`OutputKind`) holding only the files dflash-trt writes there: a file a user added
   is never deleted;
@@ -157,7 +158,8 @@ def out_path(flag: str, out: str, kind: OutputKind) -> Path:
 
 
 def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
-    """`out` not empty, not naming '.' or '..' (or '/'), not inside a dflash-trt bundle; returns it as a Path.
+    """`out` not empty, not naming '.' or '..' (or '/'), not inside a dflash-trt bundle or a DFlash drafter folder;
+    returns it as a Path.
 
     Raises:
         ConfigError: one line naming `flag`, the path and the fix.
@@ -177,6 +179,11 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
     if bundle is not None and bundle != path.resolve():
         raise ConfigError(f"{flag} {out} is inside the dflash-trt bundle {bundle}; give a path outside it (a "
                           "bundle holds only what its manifest.json lists)")
+    drafter = next((f for f in path.resolve().parents if _inspect_drafter(f)[0] is None), None)
+    if drafter is not None:
+        raise ConfigError(f"{flag} {out} is inside the DFlash drafter folder {drafter}; give a path outside it (a "
+                          "drafter folder holds only what dflash-trt writes there, or --force could no longer "
+                          "replace it)")
     return path
 
 

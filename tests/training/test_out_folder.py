@@ -157,12 +157,15 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
     (here / "eng1").mkdir()
     (here / "eng1" / "manifest.json").write_text(json.dumps({"kind": "dflash-trt-bundle", "schema_version": 1,
                                                               "files": {}}))
+    (here / "drf").mkdir()  # a drafter folder (its config.json names DFlashDraftModel)
+    (here / "drf" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
     cases = [("", "is empty; give a folder path"),
              (".", ". names the current folder, which is never replaced; give the name of a new folder"),
              ("..", ".. names a folder above the current one"),
              ("afile/sub", "afile/sub: afile is a file, not a folder;"),
              ("afile/x/sub", "afile/x/sub: afile is a file, not a folder;"),
-             ("eng1/sub", f"eng1/sub is inside the dflash-trt bundle {here.resolve() / 'eng1'}; give a path outside it")]
+             ("eng1/sub", f"eng1/sub is inside the dflash-trt bundle {here.resolve() / 'eng1'}; give a path outside it"),
+             ("drf/sub", f"drf/sub is inside the DFlash drafter folder {here.resolve() / 'drf'}; give a path outside it")]
     if Path("/proc/self").is_dir():  # root may write anywhere by its access bits, yet mkdir fails in /proc
         cases.append(("/proc/xx", "/proc/xx: cannot write in /proc ("))
     return cases  # the error line is `error: FLAG ` and the text
