@@ -444,9 +444,7 @@ class Engine:
             m.drafted_tokens += kj
             kept = min(acc, taken)
             m.accepted_tokens += kept
-            if mode == "dflash":
-                if not m.accepted_per_position:
-                    m.accepted_per_position = [0] * self.proposer.max_draft_len
+            if mode == "dflash":  # (its list has max_draft_len zeros from `DecodeBatch._add` on)
                 for pos in range(kept):
                     m.accepted_per_position[pos] += 1
             if path:  # the accepted nodes' K/V to slots start + 1 .. start + acc
@@ -698,6 +696,8 @@ class DecodeBatch:
         if mode == "dflash":
             eng.proposer.reset(len(reqs), capacity)  # a context cache for the new rows
             drafter_cache = eng.proposer.cache
+            for r in reqs:  # one count per draft position, also for a request that ends before any verify step
+                r.metrics.accepted_per_position = [0] * eng.proposer.max_draft_len
             if eng.proposer.prompt_lookup:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)

@@ -392,3 +392,15 @@ def test_non_finite_draft_probabilities_are_an_error_naming_the_drafter(engine, 
     monkeypatch.setattr(proposer, "sampled_draft_confidence", 0.0)
     with pytest.raises(DFlashError, match="the drafter produced non-finite draft probabilities"):
         engine.generate([[5, 6, 7]], [SamplingParams(temperature=1.0, max_tokens=8, seed=0, ignore_eos=True)], "dflash")
+
+
+def test_acceptance_per_position_has_one_count_per_draft_position_from_the_start(engine):
+    """A request that ends at its first token (no verify step) reports max_draft_len zeros, as every other
+    DFlash request reports max_draft_len counts (`--json`'s accepted_per_position had [] then); ar reports none."""
+    k = engine.proposer.max_draft_len
+    [one] = engine.generate([[5, 6, 7]], [SamplingParams(max_tokens=1)], "dflash")
+    [more] = engine.generate([[5, 6, 7]], [SamplingParams(max_tokens=9, ignore_eos=True)], "dflash")
+    [ar] = engine.generate([[5, 6, 7]], [SamplingParams(max_tokens=9, ignore_eos=True)], "ar")
+    assert one.metrics.accepted_per_position == [0] * k and one.metrics.verify_steps == 0
+    assert len(more.metrics.accepted_per_position) == k and more.metrics.verify_steps > 0
+    assert ar.metrics.accepted_per_position == []
