@@ -88,12 +88,17 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         raise click.UsageError(f"this is one of {world} processes started by torchrun, but --tp-size is {tp_size}: "
                                f"pass --tp-size {world} (or start one process)")
     if tp_size > 1:
-        from dflash_trt.runtime.tensor_parallel import init_from_env
+        from dflash_trt.config import TargetConfig
+        from dflash_trt.models.default import default_target_path
+        from dflash_trt.runtime.tensor_parallel import check_tp, init_from_env
 
         if bundle is not None:
             raise click.UsageError("--tp-size with --bundle is not supported by dflash-trt's runtime (FP8 / NVFP4 "
                                    "layers are not split): give the bundle's --target/--drafter folders, or serve it "
                                    "with TensorRT-LLM (its trtllm/launch.sh)")
+        # a split the target does not allow, before asking for a torchrun launch that would then fail on it
+        cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(), flag="--target")
+        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)
         if not init_from_env(options.get("device", "cpu")):
             raise click.UsageError(f"--tp-size {tp_size} runs one process per rank: launch it with torchrun --nproc-per-node "
                                    f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}")
