@@ -350,10 +350,17 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     async def version():
         return {"version": dflash_trt.__version__}
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "dflash-trt",
+            "max_model_len": context_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "dflash-trt", "max_model_len": context_len}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):  # OpenAI's "retrieve model" (the openai client's models.retrieve)
+        check_model(name)
+        return card
 
     @app.get("/metrics")
     async def iteration_stats():

@@ -458,7 +458,9 @@ def test_prometheus_counts_match_the_responses(server, client):
     assert not any(k.split("{")[0].endswith("_created") for k in after)
 
 
-def test_health_version_models(server):
+def test_health_version_models(server, client):
+    import openai
+
     import dflash_trt
 
     base = server[0]
@@ -472,6 +474,11 @@ def test_health_version_models(server):
     assert httpx.get(base + "/version").json() == {"version": dflash_trt.__version__}
     [model] = httpx.get(base + "/v1/models").json()["data"]
     assert model["id"] == MODEL and model["object"] == "model" and model["max_model_len"] == 8192
+    got = client.models.retrieve(MODEL).model_dump()  # the openai client's "retrieve model"
+    assert {k: got[k] for k in model} == model
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.models.retrieve("gpt-4")
+    assert exc.value.code == "model_not_found" and "'gpt-4' does not exist" in exc.value.message
 
 
 def test_a_client_that_leaves_mid_stream_is_aborted(server, client):
