@@ -465,6 +465,7 @@ def test_health_version_models(server, client):
 
     base = server[0]
     assert httpx.get(base + "/health").status_code == 200
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)  # the counters exist, run alone too
     before = prometheus(base)
     assert httpx.get(base + "/health_generate", timeout=60).status_code == 200
     after = prometheus(base)  # a probe is not a request
