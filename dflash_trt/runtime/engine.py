@@ -795,8 +795,8 @@ class DecodeBatch:
         # in this iteration: decoded, read (ending at their first token too), or waiting for their next chunk
         active = len({r.index for r in self.live} | context[2] | {r.index for g in self._prefilling for r in g.reqs})
         if not self.live:
-            return StepStats(seconds=time.perf_counter() - t + context[3], context_requests=context[0], context_tokens=context[1],
-                             scheduled_requests=context[0], active_requests=active)
+            return StepStats(seconds=time.perf_counter() - t + context[3], context_requests=context[0],
+                             context_tokens=context[1], scheduled_requests=context[0], active_requests=active)
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
