@@ -64,10 +64,10 @@ def compatibility_problems(target: TargetConfig, drafter: DrafterConfig) -> list
     if drafter.block_size < 2:
         problems.append(f"block_size {drafter.block_size} < 2: a block must hold the last token and at least one mask")
     room = min(target.max_position_embeddings, drafter.max_position_embeddings)
-    if drafter.block_size >= room:
+    if drafter.block_size >= room - 1:  # a block starts at the last committed token: after a prompt of >= 2 tokens
         problems.append(f"block_size {drafter.block_size} does not fit the context ({room} positions: the target's and "
-                        "the drafter's max_position_embeddings), so no block could ever be drafted; set block_size to "
-                        "the one the drafter was trained with (DFlash drafters use 8-16)")
+                        "the drafter's max_position_embeddings), so no block could be drafted after a prompt of 2 or "
+                        "more tokens; set block_size to the one the drafter was trained with (DFlash drafters use 8-16)")
     return problems
 
 

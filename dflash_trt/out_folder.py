@@ -173,8 +173,11 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
     cwd = Path.cwd().resolve()
     if path.name in ("", "..") or path.resolve() == cwd or path.resolve() in cwd.parents:
         here = path.resolve() == cwd  # '.', '..', '/', 'a/..', "$PWD": the current folder or one that holds it
-        raise ConfigError(f"{flag} {out} names {'the current folder' if here else 'a folder above the current one'}, "
-                          f"which is never replaced; give the name of a new folder (e.g. {flag} {kind.example})")
+        above = path.resolve() in cwd.parents
+        what = "the current folder" if here else "a folder above the current one" if above else \
+            f"{path.resolve()} through '..'"
+        raise ConfigError(f"{flag} {out} names {what}, which is never replaced; give the name of a new folder "
+                          f"(e.g. {flag} {kind.example})")
     bundle = enclosing_bundle(path)
     if bundle is not None and bundle != path.resolve():
         raise ConfigError(f"{flag} {out} is inside the dflash-trt bundle {bundle}; give a path outside it (a "

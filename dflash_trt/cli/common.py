@@ -54,6 +54,8 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     """
     if path is None:
         return None
+    if not str(path).strip():  # Path("") would be the current folder
+        raise CheckpointError(f"{option} is empty; give the {what} folder (the one holding config.json)")
     p = Path(path)
     if p.is_file():
         raise CheckpointError(f"{option} {path} is a file; give the {what} folder (the one holding config.json)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.config import DrafterConfig, TargetConfig, default_target_layer_ids
-from dflash_trt.errors import ConfigError
+from dflash_trt.errors import CheckpointError, ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import use_transposed_weight_layout
 from dflash_trt.models.loading import check_finite, load_strict, read_tensors, save_checkpoint
@@ -150,7 +150,16 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
     _, tensors, copies = read_zlab(path, _read_weights(path, dtype, device))
-    check_finite(tensors, "drafter", path)
+    try:
+        check_finite({**tensors, **copies.tensors}, "drafter", path)
+    except CheckpointError:
+        if dtype == torch.float32:
+            raise
+        _, wide, wide_copies = read_zlab(path, _read_weights(path, torch.float32, device))
+        check_finite({**wide, **wide_copies.tensors}, "drafter", path)  # corrupt as stored: that error
+        raise CheckpointError(f"drafter checkpoint {path}: its weights overflow {str(dtype).removeprefix('torch.')} "
+                              "(values beyond its range become infinite); load it in float32 or bfloat16 "
+                              "(--dtype)") from None
     load_strict(model, tensors, "drafter", path)
     model.target_copies = copies
     return use_transposed_weight_layout(model.eval().requires_grad_(False))

@@ -105,9 +105,9 @@ def check_finite(tensors: dict[str, torch.Tensor], what: str, folder: str | Path
                  if t.is_floating_point() and not bool(torch.isfinite(t.float() if t.element_size() == 1 else t).all()))
     if bad:
         shown = ", ".join(repr(k) for k in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise CheckpointError(f"{what} checkpoint {folder}: {shown} hold NaN or infinite values; its weights are "
-                              f"corrupt (a diverged training run or a broken conversion): retrain or re-export the "
-                              f"{what}, or use another one")
+        raise CheckpointError(f"{what} checkpoint {folder}: {shown} {'holds' if len(bad) == 1 else 'hold'} NaN or "
+                              f"infinite values; its weights are corrupt (a diverged training run or a broken "
+                              f"conversion): retrain or re-export the {what}, or use another one")
 
 
 def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, folder: str | Path,

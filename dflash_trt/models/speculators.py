@@ -218,7 +218,8 @@ class TargetCopies:
                                       f"shape {list(copy.shape)}, its vocabulary and hidden size imply {list(want.shape)}; "
                                       "the checkpoint is inconsistent: re-save the drafter")
             want = want.detach().float()
-            if float((copy.to(want.device, torch.float32) - want).norm()) > COPY_TOLERANCE * float(want.norm()):
+            distance = float((copy.to(want.device, torch.float32) - want).norm())
+            if not distance <= COPY_TOLERANCE * float(want.norm()):  # NaN (a corrupt copy) is not close either
                 named = f" ({self.verifier!r}, its speculators_config.verifier)" if self.verifier else ""
                 raise IncompatibleModelsError(
                     f"drafter {self.folder}: its '{key}' (the target's {what}, stored by speculators) is not this "

@@ -163,7 +163,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
-                      "/v1/chat/completions, /v1/models, /health, /health_generate, /version, /metrics, /prometheus/metrics")
+                      "/v1/chat/completions, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
+                      "/prometheus/metrics")
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}"
         return JSONResponse(error_body(detail), status_code=exc.status_code)
@@ -184,7 +185,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
-            raise ModelNotFound(f"the model {name!r} does not exist on this server; it serves {model_name!r} "
+            shown = repr(name) if len(name) <= 200 else repr(name[:200]) + f" (cut; {len(name)} characters)"
+            raise ModelNotFound(f"the model {shown} does not exist on this server; it serves {model_name!r} "
                                 "(GET /v1/models)")
 
     def encode_text(text: str, what: str) -> list[int]:

@@ -80,7 +80,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
-    continuous_usage_stats: StrictBool = False
+    continuous_usage_stats: StrictBool | None = False  # null: off (vLLM's Optional[bool])
 
 
 class _Request(BaseModel):

@@ -49,6 +49,7 @@ CASES = {
     "num_target_layers": (dict(num_target_layers=30), "the drafter was made for a target with 30 layers"),
     "block_size": (dict(block_size=1), "'block_size' must be at least 2, got 1"),
     "block_size_context": (dict(block_size=300), "block_size 300 does not fit the context (256 positions"),
+    "block_size_edge": (dict(block_size=255), "block_size 255 does not fit the context (256 positions"),
     "weights": (dict(intermediate_size=256), "drafter weights: layers.0.mlp.gate_proj.weight has shape [192, 96]"),
 }
 
@@ -172,6 +173,31 @@ def test_a_drafter_holding_nan_or_inf_is_refused_by_check_and_by_loading(target,
     tensors[key][0, 0] = bad
     save_file(tensors, path, metadata={"format": "pt"})
     errors = only(check_checkpoints(target, drafter), ERROR)
-    assert len(errors) == 1 and f"'{key}' hold NaN or infinite values" in errors[0] and "retrain or re-export" in errors[0]
-    with pytest.raises(CheckpointError, match=f"'{key}' hold NaN or infinite values"):
+    assert len(errors) == 1 and f"'{key}' holds NaN or infinite values" in errors[0] and "retrain or re-export" in errors[0]
+    with pytest.raises(CheckpointError, match=f"'{key}' holds NaN or infinite values"):
         load_drafter(drafter)
+
+
+def test_the_largest_block_that_fits_the_context_passes(target, drafter):
+    """A block starts at the last committed token: 254 positions of 256 leave room after a 2-token prompt."""
+    assert only(check_checkpoints(target, edit_config(drafter, block_size=254)), ERROR) == []
+
+
+def test_weights_that_overflow_float16_are_named_as_such(drafter):
+    """A finite checkpoint whose values overflow the --dtype it is loaded in is not called corrupt: the message
+    says to load it wider; in float32 it loads."""
+    from safetensors.torch import load_file, save_file
+
+    import torch
+
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.checkpoints import load_drafter
+
+    path = drafter / "model.safetensors"
+    tensors = load_file(path)
+    key = next(k for k in sorted(tensors) if k.endswith("input_layernorm.weight"))
+    tensors[key][0] = 70000.0  # above float16's largest, 65504
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert load_drafter(drafter).layers[0].input_layernorm.weight[0].item() == 70000.0
+    with pytest.raises(CheckpointError, match="its weights overflow float16 .* load it in float32 or bfloat16"):
+        load_drafter(drafter, dtype=torch.float16)

@@ -59,6 +59,8 @@ def test_a_folder_without_config_json_names_the_option(monkeypatch, capsys, tmp_
                             str(tmp_path / "empty"), "--prompt", "hi")
     assert one_error_line(code, err), err
     assert f"--drafter {tmp_path / 'empty'}: no config.json in this folder; give the drafter folder" in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(target), "--drafter", "", "--prompt", "hi")
+    assert one_error_line(code, err) and "--drafter is empty; give the drafter folder" in err, err  # not '.'
     (tmp_path / "odd" / "config.json").mkdir(parents=True)
     code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(tmp_path / "odd"))
     assert code == 1 and f"{tmp_path / 'odd' / 'config.json'} is a folder, not a config.json file" in err, err

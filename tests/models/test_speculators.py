@@ -308,3 +308,24 @@ def test_force_replaces_a_speculators_folder_whatever_its_architectures(tmp_path
     assert load_drafter(spec).config == DrafterConfig.from_pretrained(zlab)
     speculators_copy(zlab, spec, target, force=True)
     assert json.loads((spec / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+def test_a_corrupt_copy_of_the_targets_weights_is_refused_by_check_and_loading(tmp_path, tiny):
+    """A NaN in speculators' lm_head copy: its distance to the target's rows is NaN, which used to pass the
+    closeness test (NaN > tolerance is false); loading and check refuse it as corrupt."""
+    from dflash_trt.compat import ERROR, check_checkpoints
+
+    target, _, zlab, _ = tiny
+    spec = speculators_copy(zlab, tmp_path / "spec", target)
+    head = read_tensors(spec)["lm_head.weight"].clone()
+    head[0, 0] = float("nan")
+    _edit_tensors(spec, **{"lm_head.weight": head})
+    errors = [f.message for f in check_checkpoints(target, spec) if f.level == ERROR]
+    assert any("'lm_head.weight' holds NaN or infinite values" in e for e in errors), errors
+    with pytest.raises(CheckpointError, match="'lm_head.weight' holds NaN or infinite values"):
+        load_drafter(spec)
+    with pytest.raises(IncompatibleModelsError, match="is not this target's"):  # the closeness test alone
+        from dflash_trt.models.speculators import TargetCopies
+
+        want = read_tensors(target)["model.embed_tokens.weight"]
+        TargetCopies({"embed_tokens.weight": torch.full_like(want, float("nan"))}, str(spec)).check(want, want, None)

@@ -148,6 +148,9 @@ def test_continuous_usage_stats_count_each_choices_tokens_so_far(client, smollm2
     plain = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
                                            stream_options={"continuous_usage_stats": True}))
     assert all(c.usage is None for c in plain)
+    off = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
+                                         stream_options={"include_usage": True, "continuous_usage_stats": None}))
+    assert all(c.usage is None for c in off[:-1]) and off[-1].usage.completion_tokens == 4  # null: off, as vLLM reads it
 
 
 def test_completions_batch_n_and_token_ids(client, smollm2_pipeline):

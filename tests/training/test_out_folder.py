@@ -165,7 +165,8 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
              ("afile/sub", "afile/sub: afile is a file, not a folder;"),
              ("afile/x/sub", "afile/x/sub: afile is a file, not a folder;"),
              ("eng1/sub", f"eng1/sub is inside the dflash-trt bundle {here.resolve() / 'eng1'}; give a path outside it"),
-             ("drf/sub", f"drf/sub is inside the DFlash drafter folder {here.resolve() / 'drf'}; give a path outside it")]
+             ("drf/sub", f"drf/sub is inside the DFlash drafter folder {here.resolve() / 'drf'}; give a path outside it"),
+             ("drf/x/..", f"drf/x/.. names {here.resolve() / 'drf'} through '..', which is never replaced")]
     if Path("/proc/self").is_dir():  # root may write anywhere by its access bits, yet mkdir fails in /proc
         cases.append(("/proc/xx", "/proc/xx: cannot write in /proc ("))
     return cases  # the error line is `error: FLAG ` and the text
