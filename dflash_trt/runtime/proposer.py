@@ -373,11 +373,12 @@ class DFlashProposer:
         lengths = None if max(thresholds) == 0 else \
             confident_prefix_lengths(self._confidence(logits, sampled), thresholds)
         probs: list[torch.Tensor | None] = [None] * n
+        # sampled drafts come from q and are accepted by p / q: one check (one device sync) per step, not per row
+        if sampled and not bool(torch.isfinite(logits).all()):
+            raise DFlashError("the drafter produced non-finite draft probabilities (NaN or inf: overflow in this "
+                              "dtype, or corrupt activations); try --dtype float32, or another drafter")
         for r, q in sampled.items():
             q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify
-            if not bool(torch.isfinite(q).all()):  # (its drafts are sampled from q, and accepted by p / q)
-                raise DFlashError("the drafter produced non-finite draft probabilities (NaN or inf: overflow in this "
-                                  "dtype, or corrupt activations); try --dtype float32, or another drafter")
             if q.shape[0]:
                 tokens[r, : q.shape[0]] = torch.multinomial(q, 1, generator=generators[r])[:, 0]
             if self.draft_ids is not None:  # q over the full vocabulary: zero off the draft vocab
