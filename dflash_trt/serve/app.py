@@ -166,8 +166,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                       "/v1/chat/completions, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
                       "/prometheus/metrics")
         elif exc.status_code == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}"
-        return JSONResponse(error_body(detail), status_code=exc.status_code)
+            allowed = (exc.headers or {}).get("Allow")
+            detail = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
+        return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request, exc: Exception):  # a bug or a failed generation: still an OpenAI error body
@@ -327,7 +328,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             for s in seqs:
                 s.cancelled = True
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checkers' probe
     async def health():
         return Response(status_code=200)
 

@@ -334,6 +334,7 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 404 and "no endpoint GET /v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(base + "/v1/chat/completions")
     assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"]
+    assert r.headers["allow"] == "POST" and "use POST" in r.json()["error"]["message"]  # RFC 9110: a 405 names them
     r404 = httpx.post(base + "/v1/chat/completions", json={"messages": QUESTION, "model": "gpt-4"})
     r413 = httpx.post(base + "/v1/completions", content=b"x" * (17 * 2**20))
     codes = [x.json()["error"]["code"] for x in (r, r404, r413, httpx.post(base + "/v1/completions", content=b"{"))]
@@ -468,6 +469,8 @@ def test_health_version_models(server, client):
 
     base = server[0]
     assert httpx.get(base + "/health").status_code == 200
+    head = httpx.head(base + "/health")  # load balancers' probe
+    assert head.status_code == 200 and head.content == b""
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)  # the counters exist, run alone too
     before = prometheus(base)
     assert httpx.get(base + "/health_generate", timeout=60).status_code == 200
