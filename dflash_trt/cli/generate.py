@@ -145,7 +145,13 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     plist = [dataclasses.replace(params, seed=offset_seed(seed, i)) for i in range(len(prompts))]
     for lo in range(0, len(prompts), batch_size):
         chunk = prompts[lo : lo + batch_size]
-        results = pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None)
+        try:
+            results = pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None)
+        except BaseException:  # a failure mid-stream: end the partial answer's line, so the error starts its own
+            if shown["text"] and not shown["text"].endswith("\n"):
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            raise
         for j, res in enumerate(results):
             m = res.metrics
             text = final_text(res.text, res.finish_reason)

@@ -130,6 +130,28 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
     assert (code, out, err) == (130, "", "\ninterrupted (Ctrl-C)\n")  # click ends the terminal's ^C line first
 
 
+def test_an_error_mid_stream_starts_on_its_own_line(monkeypatch, capsys):
+    """A generation that fails after streaming part of its answer (e.g. the drafter's non-finite draft
+    probabilities) ends the partial answer's line on stdout; the error is stderr's own line, exit 1."""
+    import dflash_trt.api
+    from dflash_trt.errors import DFlashError
+
+    real = dflash_trt.api.Pipeline.generate
+
+    def fails_after_a_token(self, prompts, params=None, mode="dflash", on_tokens=None):
+        def tokens(i, toks, *rest):  # " Paris": the first token streamed, then the failure
+            on_tokens(i, toks, *rest)
+            raise DFlashError("the drafter produced non-finite draft probabilities")
+
+        return real(self, prompts, params, mode, tokens)
+
+    monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", fails_after_a_token)
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "The capital of France is", "--mode", "ar",
+                              "--max-tokens", "8")
+    assert code == 1 and out == " Paris\n", (code, out, err)  # it had been " Paris" with stderr's line after it
+    assert err.startswith("error: the drafter produced non-finite"), (out, err)
+
+
 def test_json_logprobs_are_the_targets_and_need_json(monkeypatch, capsys, smollm2_pipeline):
     """`--logprobs N --json`: one entry per token id, the runtime's own values (greedy: each token is its
     distribution's most likely, first among its alternatives); without --json a usage error (exit 2)."""
