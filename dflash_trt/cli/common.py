@@ -100,7 +100,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
                                    "with TensorRT-LLM (its trtllm/launch.sh)")
         # a split the target does not allow, before asking for a torchrun launch that would then fail on it
         cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(), flag="--target")
-        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)
+        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, "--tp-size")
         if not init_from_env(options.get("device", "cpu")):
             raise click.UsageError(f"--tp-size {tp_size} runs one process per rank: launch it with torchrun --nproc-per-node "
                                    f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}")

@@ -77,13 +77,14 @@ def _columns(linear: nn.Linear, start: int, stop: int, group) -> RowParallelLine
     return RowParallelLinear(part, linear.bias, group)
 
 
-def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int) -> None:
-    """Raises ConfigError when the target's heads, KV heads or MLP width do not split into tp_size equal parts."""
+def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int, name: str = "tp_size") -> None:
+    """Raises ConfigError when the target's heads, KV heads or MLP width do not split into tp_size equal parts;
+    the message calls the value `name` (the CLI's `--tp-size`)."""
     bad = [f"{what} ({n})" for what, n in (("attention heads", heads), ("KV heads", kv_heads),
                                            ("MLP intermediate features", intermediate)) if n % tp_size]
     if bad:
         ok = [d for d in range(1, heads + 1) if heads % d == 0 and kv_heads % d == 0 and intermediate % d == 0]
-        raise ConfigError(f"tp_size {tp_size} does not divide the target's {', '.join(bad)}; use a tp_size that "
+        raise ConfigError(f"{name} {tp_size} does not divide the target's {', '.join(bad)}; use a {name} that "
                           f"divides them: {', '.join(map(str, ok))}")
 
 

@@ -100,5 +100,5 @@ def test_torchrun_without_a_matching_tp_size_is_refused(monkeypatch, capsys):
     assert code == 2 and "--tp-size 3 runs one process per rank: launch it with torchrun --nproc-per-node 3" in err
     # a split SmolLM2 (9 heads, 3 KV heads) does not allow: said first, not after a torchrun launch
     code, out, err = run_main(monkeypatch, capsys, "generate", "--tp-size", "2", "--chat", "Hi", "--max-tokens", "2")
-    assert code == 1 and "tp_size 2 does not divide the target's attention heads (9), KV heads (3); use a tp_size " \
+    assert code == 1 and "--tp-size 2 does not divide the target's attention heads (9), KV heads (3); use a --tp-size " \
         "that divides them: 1, 3" in err and "torchrun" not in err
