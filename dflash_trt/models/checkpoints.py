@@ -147,8 +147,12 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: s
     """
     from dflash_trt.models.speculators import read_zlab
 
+    from dflash_trt.models.dequant import quant_algo
+
     cfg = DrafterConfig.from_pretrained(path)
     model = _build_on_meta(DFlashDrafter, cfg)
+    if quant_algo(path) is not None:  # as stored: a non-finite scale is named itself, not the weight it dequantizes
+        check_finite(read_tensors(path, None, device), "drafter", path)
     _, tensors, copies = read_zlab(path, _read_weights(path, dtype, device))
     try:
         check_finite({**tensors, **copies.tensors}, "drafter", path)

@@ -178,6 +178,36 @@ def test_a_drafter_holding_nan_or_inf_is_refused_by_check_and_by_loading(target,
         load_drafter(drafter)
 
 
+def test_an_fp8_drafter_with_a_non_finite_scale_is_refused_naming_the_scale(target, drafter):
+    """A ModelOpt FP8 drafter whose weight_scale is inf: `check` and `load_drafter` name the scale (loading had
+    named the weight it dequantizes to, which holds no inf as stored)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.checkpoints import load_drafter
+
+    path = drafter / "model.safetensors"
+    tensors = load_file(path)
+    key = next(k for k in sorted(tensors) if k.endswith("down_proj.weight"))
+    base = key.removesuffix(".weight")
+    tensors[key] = tensors[key].to(torch.float8_e4m3fn)
+    tensors[base + ".weight_scale"] = torch.tensor(float("inf"))
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    errors = only(check_checkpoints(target, drafter), ERROR)
+    assert len(errors) == 1 and f"'{base}.weight_scale' holds NaN or infinite values" in errors[0], errors
+    with pytest.raises(CheckpointError, match=f"'{base}.weight_scale' holds NaN or infinite values"):
+        load_drafter(drafter)
+    tensors[base + ".weight_scale"] = torch.tensor(0.5)  # the same drafter with a finite scale loads
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert load_drafter(drafter).layers[0].mlp.down_proj.weight.dtype == torch.float32
+
+
 def test_the_largest_block_that_fits_the_context_passes(target, drafter):
     """A block starts at the last committed token: 254 positions of 256 leave room after a 2-token prompt."""
     assert only(check_checkpoints(target, edit_config(drafter, block_size=254)), ERROR) == []
