@@ -328,7 +328,12 @@ class Scheduler:
     def _join(self, live: list[Sequence]) -> None:
         """Prefill `live` into the running batch (a new one if none runs)."""
         if self._batch is None:
-            self._batch = self._open_batch()
+            try:
+                self._batch = self._open_batch()
+            except Exception as exc:  # noqa: BLE001 - e.g. a mode the engine refuses: each request gets the error
+                for s in live:
+                    _done(s, None, exc)
+                return
         try:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
                                   lambda k, ids, *more: live[k].on_tokens(ids, *more))
@@ -386,8 +391,8 @@ class Scheduler:
     def _run_alone(self, s: Sequence) -> None:
         """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""
         self._pending = [s]
-        self._batch = self._open_batch()
         try:
+            self._batch = self._open_batch()
             (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, *more: s.on_tokens(ids, *more))
             self._seqs[rid] = s
             self._finish()

@@ -8,8 +8,10 @@ per text delta, then a final one with the statistics; otherwise one response. Re
 together decode as one batch (`dflash_trt.serve.scheduler`). Tensor names follow the TensorRT-LLM
 backend's ensemble (`text_input`, `max_tokens`, `temperature`, `top_p`, `top_k`, `random_seed`,
 `stream`, `stop_words` -> `text_output`), so requests to Triton's `/v2/models/NAME/generate` and
-`/generate_stream` endpoints written for that ensemble work here. Its tensor clients (`/infer`, gRPC)
-need one change: the ensemble has `max_batch_size` > 0, so they send shapes [batch, 1]; this model has
+`/generate_stream` endpoints written for that ensemble work here (a JSON key that is not one of these
+inputs is refused, naming it). Triton's HTTP `/v2/models/NAME/infer` does not serve decoupled models
+(it answers 501); tensor clients use gRPC streaming (`ModelStreamInfer`), with one change from the
+ensemble's: it has `max_batch_size` > 0, so they send shapes [batch, 1]; this model has
 `max_batch_size: 0` (Triton does not batch: the scheduler does) and takes shape [1] per request:
 
     curl -X POST localhost:8000/v2/models/dflash/generate \\
@@ -27,6 +29,9 @@ streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their s
 response). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
 that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words or an empty one.
+Triton's JSON frontend converts the values before the model sees them: a `max_tokens` beyond INT32 wraps
+(4294967297 arrives as 1), a value of the wrong JSON type is its 500 parse error, and `"stream": true`
+sent to `/generate` (not `/generate_stream`) is answered 200 with an error body.
 
 A request whose client leaves (an HTTP connection closed, a gRPC stream cancelled) is marked cancelled by
 Triton (`response_sender.is_cancelled()`, Triton 23.10+); the model polls that every CANCEL_POLL_S and aborts
@@ -77,6 +82,8 @@ DEFAULT_MAX_TOKENS = 256
 CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
 PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size")
+#: config.pbtxt parameters that Triton's Python backend reads itself (its README: a custom execution environment)
+BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
 MODEL_PY = "from dflash_trt.serve.triton import TritonPythonModel  # noqa: F401  (Triton Python backend)\n"
 
@@ -105,16 +112,37 @@ def write_model_repository(repo: str | Path, name: str = "dflash", **parameters:
     bundle="../..", or target=..., drafter=...). Returns the model's folder.
 
     Raises:
-        ValueError: an unknown parameter name.
+        ValueError: parameters that `check_parameters` refuses.
     """
-    unknown = sorted(set(parameters) - set(PARAMETERS))
-    if unknown:
-        raise ValueError(f"unknown Triton model parameter(s) {unknown}; known: {', '.join(PARAMETERS)}")
+    check_parameters(parameters)
     folder = Path(repo) / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(model_config(name, parameters))
     (folder / "1" / "model.py").write_text(MODEL_PY)
     return folder
+
+
+def check_parameters(params: dict[str, str]) -> None:
+    """Refuse model parameters the model would otherwise ignore or fail on later: an unknown name (a typo such
+    as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), or `bundle`
+    together with `target` / `drafter` (a bundle holds both). Triton's Python backend's own
+    `EXECUTION_ENV_PATH` is allowed.
+
+    Raises:
+        ValueError: naming the parameter and the fix (Triton then fails the model's load with it).
+    """
+    from dflash_trt.runtime.engine import MODES
+
+    unknown = sorted(set(params) - set(PARAMETERS) - set(BACKEND_PARAMETERS))
+    if unknown:
+        raise ValueError(f"unknown Triton model parameter(s) {unknown} in config.pbtxt; known: {', '.join(PARAMETERS)} "
+                         f"(and the Python backend's {', '.join(BACKEND_PARAMETERS)})")
+    mode = params.get("mode") or "dflash"
+    if mode not in MODES:
+        raise ValueError(f"config.pbtxt parameter 'mode' must be one of {', '.join(MODES)} (empty: dflash), got {mode!r}")
+    if params.get("bundle") and (params.get("target") or params.get("drafter")):
+        raise ValueError("config.pbtxt parameters 'bundle' and 'target' / 'drafter' exclude each other (a bundle holds "
+                         "its target and drafter): keep one of them")
 
 
 def load_from_parameters(params: dict[str, str], model_dir: Path):
@@ -155,13 +183,14 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        check_parameters(params)  # all of them before loading anything
+        batch_size = _whole_number(params, "max_batch_size", 8)
+        chunk = _whole_number(params, "prefill_chunk_size", None)
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
         for line in self.pipe.warnings:  # a bundle's altered files that the runtime does not load (into Triton's log)
             print(f"dflash-trt: warning: {line}", file=sys.stderr, flush=True)
         mode = params.get("mode") or "dflash"
         engine = self.pipe.engine
-        batch_size = _whole_number(params, "max_batch_size", 8)
-        chunk = _whole_number(params, "prefill_chunk_size", None)
         self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode, chunk), batch_size)
         self._tokenizer_lock = threading.Lock()
         self._live: dict[int, tuple] = {}  # id(sequence) -> (sequence, its response sender), until its final response
@@ -216,6 +245,11 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, name)
             return default if t is None else t.as_numpy().reshape(-1)[0]
 
+        extra = json.loads(request.parameters() or "{}")  # JSON keys of /generate that are not inputs land here
+        if extra:
+            known = ", ".join(name for name, *_ in INPUTS)
+            raise InvalidRequestError(f"unknown field(s) {sorted(extra)}: this model's inputs are {known} (a typo, or "
+                                      "a TensorRT-LLM ensemble input this model does not have); remove or correct them")
         raw = scalar("text_input", None)
         if raw is None:
             raise InvalidRequestError("text_input is required: the prompt text")

@@ -187,6 +187,32 @@ def test_a_failing_request_does_not_fail_its_batch(bad, log):
     assert sched.running == 0
 
 
+def test_a_batch_that_cannot_open_fails_its_requests_and_the_thread_goes_on():
+    """When the decode batch cannot be made (e.g. a Triton model whose `mode` the engine refuses), every request
+    admitted gets that error; they used to wait forever, the error logged as a failed step. A later batch that
+    opens serves normally."""
+    log, done, opens = [], {}, []
+
+    def open_batch():
+        opens.append(1)
+        if len(opens) == 1:
+            raise InvalidRequestError("mode must be one of ('dflash', 'ar'), got 'beam'")
+        return ScriptedBatch(log)
+
+    def seq(prompt, name):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
+                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
+
+    sched = Scheduler(open_batch, 8)
+    sched.submit([seq([1], "a"), seq([2], "b")])
+    wait_for(lambda: len(done) == 2)
+    assert all(r is None and "got 'beam'" in str(e) for r, e in done.values())
+    sched.submit([seq([3], "c")])
+    wait_for(lambda: "c" in done)
+    sched.close()
+    assert done["c"][0].text == "Hello." and done["c"][1] is None and sched.running == 0
+
+
 def test_a_failing_abort_is_a_failed_step_not_a_spinning_thread():
     """Under `serve --tp-size` an abort is broadcast to the other ranks; when they are gone (SIGTERM reached them
     first) the broadcast raises: the batch is dropped and its sequence gets the error, the thread goes idle

@@ -29,6 +29,26 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
         write_model_repository(tmp_path / "repo", "x", bundel="typo")
 
 
+@pytest.mark.parametrize("params, words", [
+    ({"mode": "beam"}, "'mode' must be one of dflash, ar (empty: dflash), got 'beam'"),
+    ({"max_batch_sise": "2"}, "unknown Triton model parameter(s) ['max_batch_sise']"),
+    ({"bundle": "/b", "target": "/t"}, "'bundle' and 'target' / 'drafter' exclude each other"),
+    ({"max_batch_size": "0"}, "'max_batch_size' must be a whole number >= 1"),
+])
+def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words):
+    """Triton fails the model's load with the message (a bad `mode` used to load as READY, then every request
+    waited forever; a misspelt parameter was ignored). Checked before any model loads: `bundle` names no folder."""
+    import json as json_
+
+    from dflash_trt.serve.triton import TritonPythonModel
+
+    config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+    with pytest.raises(ValueError) as info:
+        TritonPythonModel().initialize({"model_config": json_.dumps(config), "model_repository": str(tmp_path)})
+    assert words in str(info.value)
+    write_model_repository(tmp_path / "repo", "ok", EXECUTION_ENV_PATH="$$TRITON_MODEL_DIRECTORY/env.tar.gz", mode="ar")
+
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     work = tmp_path_factory.mktemp("triton")
@@ -101,6 +121,8 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
              ({"text_input": "hello " * 9000}, "shorten it to at most 8191"),
              ({"text_input": "hi", "stop_words": ["a", "b", "c", "d", "e"]}, "at most 4"),
              ({"text_input": "hi", "stop_words": [""]}, "stop_words holds an empty string"),
+             ({"text_input": "hi", "temprature": 0.9}, "unknown field(s) ['temprature']: this model's inputs are "
+                                                       "text_input, max_tokens"),
              ({"text_input": "hi", "max_tokens": 9000}, "max_tokens is 9000: 9001 > the target's context of 8192 "
                                                          "tokens; ask for at most 8191 tokens")]
     for body, words in cases:
