@@ -205,7 +205,7 @@ def read_calibration_jsonl(path: str | Path, n: int) -> list:
     if any(m in path.name.lower() for m in EVAL_SET_MARKERS):
         raise ConfigError(f"{path}: looks like an evaluation set; calibrate on training-style prompts, never on "
                           "MT-Bench or HumanEval (their figures would no longer be honest)")
-    if not path.is_file():
+    if path.is_dir() or not path.exists():  # a pipe (bash's <(...)) is read as a file
         what = "a folder, not a file" if path.is_dir() else "no such file"
         raise ConfigError(f"cannot read --calib-prompts {path}: {what}; give an existing JSONL file of "
                           '{"prompt": ...} or {"messages": [...]} lines')

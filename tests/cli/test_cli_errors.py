@@ -224,6 +224,8 @@ def test_build_dry_run_checks_calib_prompts(monkeypatch, capsys, tmp_path, tiny)
     assert one_error_line(code, err) and " ".join(err.split()) == (
         f'error: cannot read --calib-prompts {tmp_path}: a folder, not a file; give an existing JSONL file of '
         '{"prompt": ...} or {"messages": [...]} lines'), err
+    code, _, err = run_main(monkeypatch, capsys, *args, "/dev/null")  # a device: read, and found empty
+    assert one_error_line(code, err[err.index("error: "):]) and "/dev/null: the prompts file is empty" in err, err
     bad = tmp_path / "calib.jsonl"
     bad.write_text('{"prompt": "ok"}\n{not json\n')
     code, _, err = run_main(monkeypatch, capsys, *args, str(bad))
