@@ -13,9 +13,9 @@ Bundle layout (docs/build.md):
                                  trtllm/target/ and the drafter folders get a README saying their quantization)
     NAME/trtllm/target/          unified HF checkpoint (ModelOpt) + tokenizer
     NAME/trtllm/drafter/         DFlash drafter (z-lab format, full target vocabulary: what TensorRT-LLM loads)
-    NAME/runtime/drafter/        only for a reduced-vocabulary drafter (d2t) or one in the vLLM speculators format:
-                                 that drafter as given, which `dflash-trt generate --bundle` loads (drafting over
-                                 fewer lm_head rows is faster)
+    NAME/runtime/drafter/        only for a reduced-vocabulary drafter (d2t), one in the vLLM speculators format or an
+                                 FP8 one (--drafter-quant fp8): what `dflash-trt generate --bundle` loads (drafting
+                                 over fewer lm_head rows is faster); trtllm/drafter then holds TensorRT-LLM's copy
     NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
     NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
     NAME/triton/dflash/          Triton model repository: the Python-backend model over this bundle
@@ -233,19 +233,32 @@ def calibration_prompts(opts: BuildOptions) -> tuple[list | None, str | None]:
 
 
 def drafter_as_given(opts: BuildOptions, dcfg: DrafterConfig) -> str | None:
-    """What keeps the drafter out of TensorRT-LLM's z-lab full-vocabulary format, so that the bundle holds it as
-    given in runtime/drafter (for dflash-trt) beside a z-lab copy in trtllm/drafter: "draft vocabulary N" and/or
-    "speculators format" (an FP8 drafter is written in the z-lab format anyway), or None."""
+    """What keeps the drafter that dflash-trt loads out of TensorRT-LLM's format (z-lab, full vocabulary, not
+    quantized), so that the bundle holds it in runtime/drafter (for dflash-trt) beside TensorRT-LLM's copy in
+    trtllm/drafter: "draft vocabulary N", "speculators format" and/or "FP8", or None. FP8 (`--drafter-quant
+    fp8`) is for dflash-trt alone: TensorRT-LLM's DFlash loader (`tensorrt_llm/_torch/models/modeling_dflash.py`,
+    `DFlashForCausalLM.load_weights`) makes `fc` a plain Linear in the checkpoint's dtype and reads no FP8
+    scales, so an FP8 drafter there would compute in float8 without its scales."""
     from dflash_trt.config import read_config_json
     from dflash_trt.models.speculators import is_speculators
 
     why = [f"draft vocabulary {dcfg.draft_vocab_size}"] if dcfg.draft_vocab_size is not None else []
-    if opts.drafter_quant != "fp8" and is_speculators(read_config_json(opts.drafter)):
+    if is_speculators(read_config_json(opts.drafter)):
         why.append("speculators format")
+    if opts.drafter_quant == "fp8":
+        why.append("FP8")
     return ", ".join(why) or None
 
 
-#: where a reduced-vocabulary drafter goes as given, for our runtime (trtllm/drafter gets the full-vocabulary one)
+def trtllm_drafter_how(given: str) -> str:
+    """How trtllm/drafter is made from a drafter that `drafter_as_given` keeps in runtime/drafter."""
+    if given == "FP8":
+        return "the drafter as given, not quantized"
+    return "z-lab format, full vocabulary, no d2t" + (", not quantized" if "FP8" in given else "")
+
+
+#: where a drafter TensorRT-LLM cannot load as it is (`drafter_as_given`) goes, for our runtime (trtllm/drafter gets
+#: TensorRT-LLM's copy: z-lab format, full vocabulary, not quantized)
 RUNTIME_DRAFTER = "runtime/drafter"
 TRTLLM_DRAFTER = "trtllm/drafter"
 #: the Triton model repository in a bundle, and its one model (`dflash_trt.serve.triton`)
@@ -303,8 +316,8 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
     given = drafter_as_given(opts, d)
     if given is not None:
-        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ ({given}, for dflash-trt); z-lab full-vocabulary "
-                       "variant (no d2t) for TensorRT-LLM")
+        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ ({given}, for dflash-trt); {trtllm_drafter_how(given)} "
+                       "for TensorRT-LLM")
     existing = existing_out(opts.out)
     publish = f"move the bundle to {opts.out}"
     if existing == "a dflash-trt bundle":
@@ -530,9 +543,9 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         trtllm.export_target_hf(state["model"], root / "trtllm" / "target", Path(opts.target))
         del state["model"]
 
-    # A reduced-vocabulary drafter (d2t) or one in the speculators format stays as given in runtime/drafter for
-    # our runtime; TensorRT-LLM's DFlash loader reads the z-lab format over the full target vocabulary, written
-    # by full_vocab_copy.
+    # A reduced-vocabulary (d2t), speculators-format or FP8 drafter goes to runtime/drafter for our runtime;
+    # TensorRT-LLM's DFlash loader reads the z-lab format over the full target vocabulary, not quantized
+    # (`drafter_as_given`): trtllm/drafter gets that copy.
     given = drafter_as_given(opts, dcfg)
     reduced = given is not None
     runtime_drafter = RUNTIME_DRAFTER if reduced else TRTLLM_DRAFTER
@@ -551,9 +564,11 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         if reduced:
             from dflash_trt.training.export import full_vocab_copy
 
-            full_vocab_copy(dst, root / TRTLLM_DRAFTER)
-            detail += (f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; "
-                       f"{TRTLLM_DRAFTER}/: z-lab format, full vocabulary, no d2t)")
+            if given == "FP8":  # z-lab, full vocabulary already: a plain copy of the drafter as given
+                trtllm.copy_drafter(Path(opts.drafter), root / TRTLLM_DRAFTER)
+            else:  # from the source: the FP8 copy is not what TensorRT-LLM gets
+                full_vocab_copy(Path(opts.drafter), root / TRTLLM_DRAFTER)
+            detail += f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; {TRTLLM_DRAFTER}/: {trtllm_drafter_how(given)})"
         return detail.strip()
 
     def serving():
@@ -582,8 +597,10 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                             "trained": dcfg.trained, "path": runtime_drafter,
                             "draft_vocab_size": dcfg.draft_vocab_size, "trtllm_path": TRTLLM_DRAFTER,
                             "trtllm_vocabulary": ("full (dflash_trt.training.export.full_vocab_copy: same weights, "
-                                                  "no d2t)") if reduced else "full (as given)",
-                            # why runtime/drafter holds the drafter as given (`drafter_as_given`), or None
+                                                  "no d2t)") if reduced and given != "FP8" else "full (as given)",
+                            # trtllm/drafter is never quantized (`drafter_as_given`); quantization.drafter is path's
+                            "trtllm_quantization": "none",
+                            # why runtime/drafter holds the drafter dflash-trt loads (`drafter_as_given`), or None
                             "as_given": given},
             },
             "quantization": {"target": opts.quant, "drafter": opts.drafter_quant, "kv_cache_dtype": opts.kv_cache_dtype,

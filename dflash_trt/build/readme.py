@@ -74,16 +74,28 @@ def target_lines(manifest: dict) -> list[str]:
     return lines
 
 
-def drafter_lines(manifest: dict) -> list[str]:
-    """Markdown bullets: the drafter's quantization, as recorded in `manifest`."""
-    if manifest["quantization"]["drafter"] == "fp8":
-        return ["- Drafter: **FP8** (`--drafter-quant fp8`, ModelOpt `FP8_DEFAULT_CFG`, calibrated while it drafted "
-                "for the target): the weight of each Linear is float8_e4m3fn with a per-tensor float32 `weight_scale` "
-                "(value = weight * weight_scale) and a static `input_scale`, the layout of the target's FP8 "
-                "checkpoints; `quant_algo: FP8` in config.json `quantization_config` and hf_quant_config.json. "
-                "trtllm/drafter/ is what serve.yaml gives TensorRT-LLM's DFlash loader (FP8 kernels: compute "
-                "capability >= 8.9); dflash-trt dequantizes it at load time into the model dtype, on every device."]
-    return ["- Drafter: not quantized (its weights as given)."]
+#: why trtllm/drafter is not FP8 when the bundle's runtime drafter is (`dflash_trt.build.pipeline.drafter_as_given`)
+TRTLLM_NOT_FP8 = ("TensorRT-LLM's DFlash loader (`tensorrt_llm/_torch/models/modeling_dflash.py`) makes `fc` a plain "
+                  "Linear in the checkpoint's dtype and reads no FP8 scales")
+
+
+def drafter_lines(manifest: dict, folder: str | None = None) -> list[str]:
+    """Markdown bullets: the drafter's quantization, as recorded in `manifest`; for the bundle (`folder` None) or
+    for one of its drafter folders (`folder`: "trtllm/drafter" or "runtime/drafter")."""
+    d = manifest["models"]["drafter"]
+    if manifest["quantization"]["drafter"] != "fp8":
+        return ["- Drafter: not quantized (its weights as given)."]
+    fp8 = ("**FP8** (`--drafter-quant fp8`, ModelOpt `FP8_DEFAULT_CFG`, calibrated while it drafted for the target): "
+           "the weight of each Linear is float8_e4m3fn with a per-tensor float32 `weight_scale` (value = weight * "
+           "weight_scale) and a static `input_scale`, the layout of the target's FP8 checkpoints; `quant_algo: FP8` in "
+           "config.json `quantization_config` and hf_quant_config.json. dflash-trt dequantizes it at load time into "
+           "the model dtype, on every device")
+    plain = f"not quantized: {TRTLLM_NOT_FP8}, so TensorRT-LLM gets the drafter's own weights"
+    if folder == d.get("trtllm_path"):
+        return [f"- Drafter: {plain} (the FP8 drafter dflash-trt loads is in `{d['path']}/`)."]
+    if folder is not None:
+        return [f"- Drafter: {fp8}."]
+    return [f"- Drafter: {fp8}, in `{d['path']}/`.", f"- TensorRT-LLM's drafter (`{d.get('trtllm_path')}/`): {plain}."]
 
 
 def calibration_line(manifest: dict) -> list[str]:
@@ -139,11 +151,12 @@ def bundle_readme(manifest: dict) -> str:
         "- manifest.json: how this bundle was made and the sha256 of every file (checked before dflash-trt loads it; "
         "files added later are not checked: keep other outputs out of this folder).",
         "- trtllm/target/: the target, a ModelOpt unified HF checkpoint, and the tokenizer.",
-        "- trtllm/drafter/: the drafter TensorRT-LLM loads (z-lab format over the full target vocabulary).",
+        "- trtllm/drafter/: the drafter TensorRT-LLM loads (z-lab format over the full target vocabulary, not "
+        "quantized).",
     ]
     if d.get("path") != d.get("trtllm_path", d.get("path")):
         given = d.get("as_given") or f"draft vocabulary {d['draft_vocab_size']}"
-        lines.append(f"- {d['path']}/: the drafter as given ({given}), which dflash-trt loads.")
+        lines.append(f"- {d['path']}/: the drafter dflash-trt loads ({given}).")
     lines += [
         "- trtllm/serve.yaml, launch.sh, llm_api_example.py: serving with TensorRT-LLM.",
         "- triton/dflash/: config.pbtxt and 1/model.py, the Triton model (parameter `bundle`: this folder, `../..` "
@@ -174,16 +187,17 @@ def target_readme(manifest: dict) -> str:
     ]) + "\n"
 
 
-def drafter_section(manifest: dict) -> str:
-    """The section appended to a bundle drafter folder's README.md."""
+def drafter_section(manifest: dict, folder: str | None = None) -> str:
+    """The section appended to the README.md of the bundle's drafter folder `folder` ("trtllm/drafter" or
+    "runtime/drafter")."""
     drafter = manifest["models"]["drafter"]
     copy = drafter.get("trtllm_path")
-    if copy and copy != drafter.get("path"):  # a reduced-vocabulary or speculators drafter: build wrote the z-lab copy
+    if copy and copy != drafter.get("path") and folder != copy:  # build wrote TensorRT-LLM's copy
         where = [f"In this bundle the full-vocabulary copy that TensorRT-LLM, vLLM and SGLang load is already at "
-                 f"`{copy}` (what `serve.yaml` names): no export step is needed.", ""]
+                 f"`{copy}` (what `serve.yaml` names; z-lab format, not quantized): no export step is needed.", ""]
     else:
         where = []
-    return "\n".join(["", QUANT_HEADING, "", *drafter_lines(manifest), "", *where,
+    return "\n".join(["", QUANT_HEADING, "", *drafter_lines(manifest, folder), "", *where,
                       "(Added by `dflash-trt build`; the bundle's README.md, two folders up, describes every part.)"]) + "\n"
 
 
@@ -209,4 +223,4 @@ def write_readmes(root: Path, manifest: dict, drafter_folders: list[str]) -> Non
         path = folder / README
         text = path.read_text() if path.is_file() else drafter_folder_readme(folder)
         path.unlink(missing_ok=True)  # copy2 keeps a read-only README read-only; publish_folder sets the modes
-        path.write_text(text.rstrip("\n") + "\n" + drafter_section(manifest))
+        path.write_text(text.rstrip("\n") + "\n" + drafter_section(manifest, rel))

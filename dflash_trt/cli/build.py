@@ -26,7 +26,9 @@ from dflash_trt.cli.common import lower_word
 @click.option("--out", required=True, type=click.Path(), help="Bundle folder to create, e.g. engines/smollm2-fp8.")
 @click.option("--quant", type=click.Choice(["none", "fp8", "nvfp4"], case_sensitive=False), default="none", show_default=True,
               help="Target quantization (ModelOpt FP8_DEFAULT_CFG / NVFP4_DEFAULT_CFG).")
-@click.option("--drafter-quant", type=click.Choice(["none", "fp8"], case_sensitive=False), default="none", show_default=True)
+@click.option("--drafter-quant", type=click.Choice(["none", "fp8"], case_sensitive=False), default="none", show_default=True,
+              help="fp8: an FP8 drafter (ModelOpt, calibrated while drafting) in runtime/drafter for dflash-trt; "
+                   "trtllm/drafter stays unquantized (TensorRT-LLM's DFlash loader reads no FP8 drafter).")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"], case_sensitive=False), default="auto", show_default=True)
 @click.option("--tp-size", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--calib-prompts", type=click.Path(), default=None,

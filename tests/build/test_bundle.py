@@ -333,7 +333,10 @@ def test_quantized_bundle_dflash_equals_ar_of_the_same_quantized_target(tmp_path
     out = tmp_path / f"{quant}-{tp}"
     report = build_bundle(*tiny_pair, out, quant=quant, tp_size=tp, drafter_quant=drafter_quant, kv_cache_dtype=kv)
     assert quant_algo(out / "trtllm/target") == {"none": None, "fp8": "FP8", "nvfp4": "NVFP4"}[quant]
-    assert quant_algo(out / "trtllm/drafter") == ("FP8" if drafter_quant == "fp8" else None)
+    assert quant_algo(out / "trtllm/drafter") is None  # TensorRT-LLM's DFlash loader reads no FP8 drafter
+    assert (out / "runtime/drafter").is_dir() == (drafter_quant == "fp8")  # dflash-trt's FP8 drafter
+    if drafter_quant == "fp8":
+        assert quant_algo(out / "runtime/drafter") == "FP8"
     assert report.sizes["total"] > 0 and len(report.steps) == 8  # step_titles: the same 8 for every option
     if kv == "fp8":
         assert json.loads((out / "trtllm/target/hf_quant_config.json").read_text())["quantization"]["kv_cache_quant_algo"] == "FP8"

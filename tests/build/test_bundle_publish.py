@@ -108,8 +108,10 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
 
 
 def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umask022):
-    """--drafter-quant fp8: both drafter folders FP8 and readable (their weights used to be 0600); the
-    trtllm one without d2t, otherwise the same tensors as the runtime one; the bundle stays lossless."""
+    """--drafter-quant fp8: runtime/drafter (what dflash-trt loads) is FP8 with its d2t; trtllm/drafter is
+    TensorRT-LLM's copy, NOT quantized (its DFlash loader makes `fc` a plain Linear in the checkpoint's dtype and
+    reads no FP8 scales): the given drafter's weights, without d2t. Both readable (their weights used to be 0600);
+    the bundle stays lossless."""
     from dflash_trt.api import load_bundle
     from dflash_trt.models.dequant import quant_algo
 
@@ -118,20 +120,45 @@ def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, 
     shutil.copytree(reduced_drafter, given)
     (given / "training.json").write_text('{"steps": 3}\n')
     out = tmp_path / "fp8-drafter"
-    build_bundle(target, given, out, quant="none", drafter_quant="fp8")
+    report = build_bundle(target, given, out, quant="none", drafter_quant="fp8")
     assert_shareable(out, scripts=SCRIPTS)
     trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
-    assert quant_algo(trt) == "FP8" and quant_algo(runtime) == "FP8"
-    full, reduced = read_tensors(trt), read_tensors(runtime)
-    assert "d2t" in reduced and set(full) == set(reduced) - {"d2t"}
-    assert full["fc.weight"].dtype == torch.float8_e4m3fn
-    assert all(torch.equal(full[k].view(torch.uint8) if full[k].dtype == torch.float8_e4m3fn else full[k],
-                           reduced[k].view(torch.uint8) if reduced[k].dtype == torch.float8_e4m3fn else reduced[k])
-               for k in full)
-    assert (trt / "hf_quant_config.json").read_text() == (runtime / "hf_quant_config.json").read_text()
+    assert quant_algo(trt) is None and quant_algo(runtime) == "FP8"
+    full, reduced, source = read_tensors(trt), read_tensors(runtime), read_tensors(given)
+    assert "d2t" in reduced and set(full) == set(source) - {"d2t"}
+    assert reduced["fc.weight"].dtype == torch.float8_e4m3fn and all(torch.equal(full[k], source[k]) for k in full)
+    assert not (trt / "hf_quant_config.json").exists() and (runtime / "hf_quant_config.json").is_file()
     assert "draft_vocab_size" not in json.loads((trt / "config.json").read_text())
     for folder in (trt, runtime):  # how the drafter was made survives quantization (its README said "elsewhere")
         assert (folder / "training.json").read_text() == '{"steps": 3}\n'
+    m = load_manifest(out)["models"]["drafter"]
+    assert m["as_given"] == f"draft vocabulary {DRAFT_VOCAB}, FP8" and m["trtllm_quantization"] == "none"
+    assert "full vocabulary, no d2t, not quantized" in report.steps[4].detail
+    assert "- Drafter: not quantized: TensorRT-LLM's DFlash loader" in (trt / "README.md").read_text()
+    assert "- Drafter: **FP8**" in (runtime / "README.md").read_text()
+
+
+def test_fp8_drafter_bundle_keeps_trtllms_drafter_as_given(tmp_path, tiny_pair):
+    """A full-vocabulary z-lab drafter with --drafter-quant fp8: trtllm/drafter is a copy of it as given (what
+    serve.yaml names), runtime/drafter its FP8 variant, which `generate --bundle` loads (lossless)."""
+    from dflash_trt.api import load_bundle
+    from dflash_trt.models.dequant import quant_algo
+
+    target, drafter = tiny_pair
+    out = tmp_path / "b"
+    report = build_bundle(target, drafter, out, quant="none", drafter_quant="fp8")
+    trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
+    assert sha256_file(trt / "model.safetensors") == sha256_file(drafter / "model.safetensors")
+    assert quant_algo(trt) is None and quant_algo(runtime) == "FP8"
+    m = load_manifest(out)["models"]["drafter"]
+    assert (m["path"], m["trtllm_path"], m["as_given"]) == ("runtime/drafter", "trtllm/drafter", "FP8")
+    assert m["trtllm_vocabulary"] == "full (as given)"
+    assert "(FP8 in runtime/drafter/ for dflash-trt; trtllm/drafter/: the drafter as given, not quantized)" in \
+        report.steps[4].detail
+    assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["speculative_config"]["speculative_model"] == "./drafter"
+    pipe = load_bundle(out)
+    assert Path(pipe.drafter_path).resolve() == runtime.resolve()
+    assert_greedy_dflash_equals_ar(pipe, max_tokens=16)
     assert_greedy_dflash_equals_ar(load_bundle(out), max_tokens=16)
 
 
@@ -258,7 +285,7 @@ def test_speculators_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, reduce
     given = (f"draft vocabulary {DRAFT_VOCAB}, " if reduced else "") + "speculators format"
     assert m["path"] == "runtime/drafter" and m["as_given"] == given
     assert given in report.steps[4].detail and "z-lab format, full vocabulary" in report.steps[4].detail
-    assert f"- runtime/drafter/: the drafter as given ({given})" in (out / "README.md").read_text()
+    assert f"- runtime/drafter/: the drafter dflash-trt loads ({given})" in (out / "README.md").read_text()
     assert "vLLM `speculators` format" in (runtime / "README.md").read_text()
     assert "z-lab / ModelOpt format" in (trt / "README.md").read_text()
 

@@ -74,9 +74,17 @@ def test_readmes_state_the_quantization_the_manifest_records(bundles):
     assert "ModelOpt max calibration on 4 prompts (built-in corpus)" in top
     target = (fp8 / "trtllm/target/README.md").read_text()
     assert "- Target: **FP8**" in target and "on a CPU dequantizes the FP8 weights" in target
-    drafter = (fp8 / "trtllm/drafter/README.md").read_text()
+    assert "- TensorRT-LLM's drafter (`trtllm/drafter/`): not quantized: TensorRT-LLM's DFlash loader" in top
+    assert m["models"]["drafter"]["path"] == "runtime/drafter"
+    drafter = (fp8 / "runtime/drafter/README.md").read_text()
     assert drafter.startswith("# DFlash drafter\n")  # written for the FP8 drafter: the source's described it unquantized
     assert "## Quantization in this bundle\n\n- Drafter: **FP8**" in drafter
+    assert "already at `trtllm/drafter` (what `serve.yaml` names; z-lab format, not quantized)" in drafter
+    trt = (fp8 / "trtllm/drafter/README.md").read_text()  # TensorRT-LLM's: the source's own README, then the section
+    assert trt.startswith((bundles["full"] / "README.md").read_text())
+    assert ("## Quantization in this bundle\n\n- Drafter: not quantized: TensorRT-LLM's DFlash loader "
+            "(`tensorrt_llm/_torch/models/modeling_dflash.py`) makes `fc` a plain Linear") in trt
+    assert "(the FP8 drafter dflash-trt loads is in `runtime/drafter/`)" in trt and "already at" not in trt
 
     assert load_manifest(plain)["quantization"]["target"] == "none"
     readmes = ["README.md", "trtllm/target/README.md", "trtllm/drafter/README.md", "runtime/drafter/README.md"]
@@ -103,15 +111,16 @@ def test_drafter_figures_are_copied_and_readme_links_resolve(bundles):
     for name in pngs:
         assert (runtime / name).read_bytes() == (bundles["reduced"] / name).read_bytes()
     assert {f.name for f in (plain / "trtllm/drafter").glob("*.png")} == {"loss.png"}
-    assert {f.name for f in (fp8 / "trtllm/drafter").glob("*.png")} == {"loss.png"}
+    assert {f.name for f in (fp8 / "trtllm/drafter").glob("*.png")} == pngs  # the drafter as given: its acceptance too
+    assert {f.name for f in (fp8 / "runtime/drafter").glob("*.png")} == {"loss.png"}  # FP8: acceptance measured before
     assert set(relative_links(runtime / "README.md")) == {"loss.png", "./acceptance.png", "acceptance.md"}
     checked = 0
-    for folder in (runtime, plain / "trtllm/drafter", fp8 / "trtllm/drafter"):
+    for folder in (runtime, plain / "trtllm/drafter", fp8 / "trtllm/drafter", fp8 / "runtime/drafter"):
         for md in ("README.md", "acceptance.md"):
             if (folder / md).is_file():
                 for link in relative_links(folder / md):
                     assert (folder / link).is_file(), f"{folder / md}: {link}"
                     checked += 1
-    assert checked == 3
+    assert checked == 6
     manifest = load_manifest(plain)["files"]
     assert {"runtime/drafter/loss.png", "runtime/drafter/acceptance.png", "trtllm/drafter/loss.png"} <= set(manifest)
