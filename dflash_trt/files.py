@@ -1,6 +1,7 @@
 """Atomic, durable file writes, shared by every command that records results (bench, train-drafter's
 data cache and checkpoints, the drafter evaluation): a reader never sees a half-written file, and a
-file reported written survives a power loss."""
+file reported written survives a power loss. Reading them back (`read_json`, `read_torch`), a file damaged
+some other way (a partial copy between machines, a disk fault) is an error naming it and the fix."""
 
 from __future__ import annotations
 
@@ -68,3 +69,37 @@ def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
     text = json.dumps(obj, indent=indent) + "\n"
     with atomic_write(path, "w") as f:
         f.write(text)
+
+
+def read_json(path: Path, fix: str):
+    """The JSON value in `path`.
+
+    Raises:
+        DFlashError: the file is not UTF-8 JSON (damaged: a partial copy, a disk fault), naming it and `fix`.
+    """
+    from dflash_trt.errors import DFlashError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DFlashError(f"{path} is damaged (not JSON: {exc}); {fix}") from None
+
+
+def read_torch(path: Path, fix: str, **kwargs):
+    """`torch.load(path, **kwargs)`.
+
+    Raises:
+        DFlashError: the file cannot be read as a torch file (cut short, empty, overwritten), naming it and `fix`.
+    """
+    import pickle
+
+    import torch
+
+    from dflash_trt.errors import DFlashError
+
+    try:
+        return torch.load(path, **kwargs)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:  # a cut zip: EINVAL
+        raise DFlashError(f"{path} is damaged and cannot be read ({str(exc).splitlines()[0][:200]}); {fix}") from None

@@ -58,6 +58,35 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return files
 
 
+def weights_fingerprint(folder: str | Path, samples: int = 16, chunk: int = 1 << 16) -> str:
+    """A sha256 hex digest that tells a checkpoint's weights apart without reading them all: config.json, and per
+    safetensors file (`safetensors_files` order) its name, size, header and `samples` chunks of `chunk` bytes at
+    evenly spaced offsets of its data. The same folder copied anywhere gives the same digest; a fine-tuned or
+    re-initialized model of the same shapes (same header) differs in its sampled bytes. Reads about
+    samples * chunk bytes per file (1 MiB by default).
+
+    Raises:
+        CheckpointError: as `safetensors_files`; OSError: a file cannot be read.
+    """
+    import hashlib
+
+    folder = Path(folder)
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    for file in safetensors_files(folder):
+        size = file.stat().st_size
+        h.update(f"{file.name}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            head = f.read(8)
+            header_len = int.from_bytes(head, "little") if len(head) == 8 else 0
+            h.update(head + f.read(min(header_len, size)))
+            start = 8 + header_len
+            span = max(size - start - chunk, 0)
+            for i in range(samples):
+                f.seek(start + span * i // max(samples - 1, 1))
+                h.update(f.read(chunk))
+    return h.hexdigest()
+
+
 def open_safetensors(file: str | Path, device: str | torch.device = "cpu"):
     """`safetensors.safe_open(file, framework="pt", device=device)`: a context manager giving the file's
     reader (keys, shapes via `get_slice`, tensors via `get_tensor`); opening reads only the header.

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.files import atomic_write, write_json_atomic
+from dflash_trt.files import atomic_write, read_json, read_torch, write_json_atomic
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
 
@@ -121,7 +121,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     manifest_path = out / "manifest.json"
     settings = dict(settings or {}, layer_ids=list(layer_ids), max_new_tokens=max_new_tokens,
                     batch_size=batch_size, num_prompts=len(prompt_ids))
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = read_json(manifest_path, _damaged_fix(out)) if manifest_path.is_file() else {}
     if manifest and manifest.get("settings") != settings:
         differ = settings_differences(manifest.get("settings") or {}, settings)
         raise DFlashError(f"{out} holds training data made with other settings ({differ}); rerun with the settings "
@@ -138,7 +138,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
             entry = manifest["shards"].get(shard.name, {})
             if shard.is_file() and entry.get("samples", 0) >= len(idxs):
                 if len(idxs) < entry["samples"] and "lengths" not in entry:  # a shard from before lengths were kept
-                    entry["lengths"] = _lengths(torch.load(shard, weights_only=True))
+                    entry["lengths"] = _lengths(read_torch(shard, _damaged_fix(out), weights_only=True))
                 bar.update(1)
                 continue
             recorder = FeatureRecorder(layer_ids, len(idxs)) if layer_ids else None
@@ -180,21 +180,23 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
 
 
 #: train-drafter's flag behind each data-cache setting (`settings_differences` names it).
-_SETTING_FLAGS = {"target": "--target", "prompts_sha256": "--prompts", "num_prompts": "--prompts",
+_SETTING_FLAGS = {"target": "--target", "target_weights": "--target: its weights", "prompts_sha256": "--prompts",
+                  "num_prompts": "--prompts",
                   "layer_ids": "--target-layer-ids, plus the last layer; none with --online-features",
                   "max_new_tokens": "--max-new-tokens", "batch_size": "--gen-batch-size"}
 
 
 def settings_differences(cached: dict, wanted: dict) -> str:
     """How a data cache's settings differ from a run's, e.g. "layer_ids (--target-layer-ids ...)
-    [0, 1, 3] -> [0, 2, 3]"; the prompts' hash as "differ" rather than two hashes."""
+    [0, 1, 3] -> [0, 2, 3]"; the prompts' and the target weights' hashes as "differs" rather than two hashes."""
     out = []
     for key in sorted(set(cached) | set(wanted)):
         old, new = cached.get(key), wanted.get(key)
         if old == new:
             continue
         flag = f" ({_SETTING_FLAGS[key]})" if key in _SETTING_FLAGS else ""
-        out.append(f"{key}{flag} differs" if key == "prompts_sha256" else f"{key}{flag} {old} -> {new}")
+        hashed = key in ("prompts_sha256", "target_weights")  # said to differ, the digests not shown
+        out.append(f"{key}{flag} differs" if hashed else f"{key}{flag} {old} -> {new}")
     return "; ".join(out)
 
 
@@ -206,13 +208,18 @@ def load_shards(out_dir: str | Path) -> list[dict]:
     """
     out = Path(out_dir)
     manifest = out / "manifest.json"
-    if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
+    m = read_json(manifest, _damaged_fix(out)) if manifest.is_file() else {}
+    if not m.get("complete"):
         raise DFlashError(f"{out}: no complete training data cache; run the data generation first")
-    m = json.loads(manifest.read_text())
     samples: list[dict] = []
     for name, count in zip(m["used_shards"], m.get("used_samples") or [None] * len(m["used_shards"])):
-        samples.extend(torch.load(out / name, weights_only=True)[:count])
+        samples.extend(read_torch(out / name, _damaged_fix(out), weights_only=True)[:count])
     return samples
+
+
+def _damaged_fix(out: Path) -> str:
+    """What to do about a damaged file of the data cache `out`."""
+    return f"remove {out} (the target's responses are generated again) or pass another --work-dir"
 
 
 def dataset_stats(manifest: dict) -> DataStats:

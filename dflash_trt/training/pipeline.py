@@ -104,8 +104,12 @@ def build_data(target_path: Path, model, tokenizer, stops, prompts: list[Prompt]
 
         check_prompt_window([len(x) for x in ids], max_seq_len)
     engine = Engine(model, None, stops)
-    # the target's name, not its path: a cache made on one machine is valid on another
-    settings = {"target": Path(target_path).resolve().name, "prompts_sha256": prompts_fingerprint(prompts),
+    # the target's name, not its path: a cache made on one machine is valid on another; its weights' fingerprint:
+    # another model in a folder of the same name (a fine-tuned one saved over it) does not reuse this data
+    from dflash_trt.models.loading import weights_fingerprint
+
+    settings = {"target": Path(target_path).resolve().name, "target_weights": weights_fingerprint(target_path),
+                "prompts_sha256": prompts_fingerprint(prompts),
                 "max_prompt_len": max_prompt_len, "dtype": "float32"}
     return generate_dataset(engine, ids, Path(work_dir) / "data", tuple(layer_ids), max_new_tokens, batch_size,
                             settings, progress, max_samples)

@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError, TrainingInterrupted
-from dflash_trt.files import atomic_write
+from dflash_trt.files import atomic_write, read_torch
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.objective import (block_inputs, block_loss, cosine_lr, decay_weights, default_gamma,
                                            decode_walk_steps, drafter_block_hidden, sample_anchors)
@@ -217,14 +217,19 @@ def checkpoint_target_layer_ids(run_dir: str | Path) -> tuple[int, ...] | None:
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file():
         return None
-    ids = torch.load(path, weights_only=False, mmap=True).get("target_layer_ids")
+    ids = read_torch(path, _damaged_checkpoint_fix(path), weights_only=False, mmap=True).get("target_layer_ids")
     return tuple(ids) if ids is not None else None
 
 
 def _best_step(run: Path) -> int | None:
     """The step whose weights run/best.pt holds; None without one."""
     path = run / BEST
-    return torch.load(path, weights_only=True, mmap=True)["step"] if path.is_file() else None
+    return read_torch(path, _damaged_checkpoint_fix(path), weights_only=True, mmap=True)["step"] if path.is_file() else None
+
+
+def _damaged_checkpoint_fix(path: Path) -> str:
+    """What to do about a damaged training checkpoint at `path`."""
+    return f"restore it from a copy, or remove {path.parent} and run without --resume to train from the start"
 
 
 @dataclass
@@ -484,7 +489,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         if not resume:
             raise DFlashError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
                               "or remove the folder to start over")
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = read_torch(ckpt_path, _damaged_checkpoint_fix(ckpt_path), weights_only=False)
         # fields added later take their defaults in older checkpoints
         saved = {**asdict(TrainConfig()), **ck["config"]}
         differ = [f"{k}{_flag(k)} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]

@@ -813,3 +813,71 @@ def test_a_corrupt_init_drafter_is_refused_before_any_work(tmp_path, target_with
                                                                 "file ("), repr(res.exception)
     assert str(res.exception).endswith("re-save or re-download it")
     assert not out.exists() and not (tmp_path / "d.work").exists()
+
+
+def test_a_target_of_the_same_name_with_other_weights_does_not_reuse_the_data(tmp_path, target_with_tokenizer):
+    """The data cache is keyed by the target's folder name and its weights' fingerprint: a model of the same
+    name and shapes but other weights (a fine-tuned one saved over it) is refused, naming --target, instead of
+    training on the first model's responses and hidden states."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.models.loading import weights_fingerprint
+
+    other = tmp_path / "elsewhere" / target_with_tokenizer.name
+    shutil.copytree(target_with_tokenizer, other)
+    assert weights_fingerprint(other) == weights_fingerprint(target_with_tokenizer)  # a copy: the same data
+    work = tmp_path / "w"
+    base = ["--prompts", str(_prompts(tmp_path, 4)), "--num-layers", "1", "--block-size", "4", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--init", "random", "--target-layer-ids", "0,1", "--work-dir", str(work),
+            "--data-only"]
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "a"), *base])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = _run(["--target", str(other), "--out", str(tmp_path / "a"), *base])  # the copy reuses it
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    (file,) = other.glob("*.safetensors")
+    tensors = load_file(file)
+    tensors = {k: v * 1.01 if v.is_floating_point() else v for k, v in tensors.items()}  # fine-tuned: same shapes
+    save_file(tensors, file, metadata={"format": "pt"})
+    assert weights_fingerprint(other) != weights_fingerprint(target_with_tokenizer)
+    res = _run(["--target", str(other), "--out", str(tmp_path / "a"), *base])
+    assert isinstance(res.exception, DFlashError) and "holds training data made with other settings (target_weights " \
+        "(--target: its weights) differs)" in str(res.exception), repr(res.exception)
+
+
+def test_damaged_work_dir_files_are_named_with_the_fix(tmp_path, target_with_tokenizer):
+    """A data-cache manifest or shard, or a training checkpoint, damaged outside dflash-trt (a partial copy, a disk
+    fault): an error naming the file and what to do, not a traceback from json / torch.load."""
+    import shutil
+
+    work = tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+            str(_prompts(tmp_path, 4)), "--num-layers", "1", "--block-size", "4", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--init", "random", "--target-layer-ids", "0,1", "--work-dir", str(work),
+            "--max-steps", "1"]
+    res = _run(args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    kept = tmp_path / "kept"
+    shutil.copytree(work, kept)
+    fix = f"remove {work / 'data'} (the target's responses are generated again) or pass another --work-dir"
+    (work / "data" / "manifest.json").write_text("{")
+    res = _run(args + ["--resume"])
+    assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(
+        f"{work / 'data' / 'manifest.json'} is damaged (not JSON: ") and str(res.exception).endswith(fix), repr(res.exception)
+    shutil.rmtree(work)
+    shutil.copytree(kept, work)
+    shard = next((work / "data").glob("shard-*.pt"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    res = _run(args + ["--resume"])
+    assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(f"{shard} is damaged and cannot be "
+                                                                                   "read (") and fix in str(res.exception)
+    shutil.rmtree(work)
+    shutil.copytree(kept, work)
+    ckpt = work / "run" / "checkpoint.pt"
+    for size in (1000, 0):
+        ckpt.write_bytes(ckpt.read_bytes()[:size])
+        res = _run(args + ["--resume"])
+        assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(f"{ckpt} is damaged") and \
+            f"remove {work / 'run'} and run without --resume to train from the start" in str(res.exception), \
+            (size, repr(res.exception))

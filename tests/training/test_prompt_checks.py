@@ -163,10 +163,11 @@ def test_build_data_warns_about_cut_prompts_and_keeps_its_cache_settings(tmp_pat
 
     monkeypatch.setattr(pipeline, "generate_dataset", fake_generate)
     monkeypatch.setattr("dflash_trt.runtime.engine.Engine", lambda *a, **k: None)
+    monkeypatch.setattr("dflash_trt.models.loading.weights_fingerprint", lambda path: "sha")
     assert pipeline.build_data(tmp_path / "t", None, _Tok(), (), ["abcdef", "ab"], tmp_path, (), max_prompt_len=3) == "stats"
     assert seen["ids"] == [[ord(c) for c in "def"], [ord(c) for c in "ab"]]
-    assert seen["settings"]["max_prompt_len"] == 3 and set(seen["settings"]) == {"target", "prompts_sha256",
-                                                                                 "max_prompt_len", "dtype"}
+    assert seen["settings"]["max_prompt_len"] == 3 and set(seen["settings"]) == {"target", "target_weights",
+                                                                                 "prompts_sha256", "max_prompt_len", "dtype"}
     assert capsys.readouterr().err.startswith("warning: 1 of 2 prompts is longer than 3 tokens")
 
 
