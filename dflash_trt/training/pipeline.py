@@ -38,10 +38,25 @@ def load_target_and_tokenizer(target: str | Path | None, dtype: torch.dtype = to
 
 def training_prompts(prompts_file: str | Path | None, num_chat: int | None = None,
                      num_code: int | None = None) -> list[Prompt]:
-    """User prompts from a JSONL file, or the default corpus (see `prompts`)."""
-    if prompts_file is not None:
-        return load_prompts_jsonl(prompts_file)
-    return default_corpus(num_chat, num_code)
+    """User prompts from a JSONL file, or the default corpus (see `prompts`). A conversation that ends with
+    assistant turns (the usual shape of SFT datasets: ShareGPT, UltraChat) loses them, with one stderr line
+    counting such conversations: the target writes its own answer there (DFlash trains on the target's responses,
+    DFLASH.md sec. 5); kept, the chat template's generation prompt would follow the finished turn, a layout
+    that serving never produces."""
+    if prompts_file is None:
+        return default_corpus(num_chat, num_code)
+    prompts = load_prompts_jsonl(prompts_file)
+    ended = [i for i, p in enumerate(prompts) if not isinstance(p, str) and p[-1]["role"] == "assistant"]
+    for i in ended:
+        turns = list(prompts[i])
+        while turns[-1]["role"] == "assistant":
+            turns.pop()
+        prompts[i] = turns
+    if ended:
+        print(f"note: {len(ended)} of {len(prompts)} prompts in {prompts_file} end with an assistant turn (the "
+              f"first is prompt {ended[0] + 1}); it is dropped and the target writes its own answer "
+              "there", file=sys.stderr, flush=True)
+    return prompts
 
 
 MIN_PROMPT_BUDGET = 384

@@ -144,3 +144,21 @@ def test_a_pipe_is_read_once_and_seen_by_every_reader(tmp_path):
     with pytest.raises(DFlashError, match=re.escape("-: no such prompts file; give an existing JSONL file (for "
                                                     "standard input, give /dev/stdin)")):
         load_prompts_jsonl("-")
+
+
+def test_a_conversation_ending_with_an_assistant_turn_loses_it_for_training(tmp_path, capsys):
+    """SFT-style lines (the answer included): train-drafter drops the trailing assistant turns, so the target
+    writes its own answer after the generation prompt (it had followed the finished turn), and says so once."""
+    import json
+
+    from dflash_trt.training.pipeline import training_prompts
+
+    say = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there"}]
+    multi = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A?"},
+             {"role": "assistant", "content": "a"}, {"role": "user", "content": "B?"}]
+    f = tmp_path / "sft.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in ({"prompt": "plain"}, {"messages": multi}, {"messages": say},
+                                                   {"messages": say + [{"role": "assistant", "content": "More"}]})))
+    assert training_prompts(f) == ["plain", multi, say[:1], say[:1]]  # an answer inside a conversation stays
+    assert capsys.readouterr().err == (f"note: 2 of 4 prompts in {f} end with an assistant turn (the first is "
+                                       "prompt 3); it is dropped and the target writes its own answer there\n")
