@@ -309,6 +309,14 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"architectures: the drafter's config.json has {json.dumps(arch)}, not [\"DFlashDraftModel\"] (the z-lab "
             "format); dflash-trt reads it by its dflash_config, but TensorRT-LLM's, SGLang's and vLLM's DFlash loaders "
             'may not: set "architectures": ["DFlashDraftModel"]')))
+    ids = list(drafter.target_layer_ids)
+    if ids != sorted(ids):
+        field = ("aux_hidden_state_layer_ids", [i + 1 for i in ids]) if speculators else ("target_layer_ids", ids)
+        out.append(Finding(WARNING, (
+            f"layer order: {field[0]} {field[1]} is not in increasing order; dflash-trt and the z-lab reference "
+            "concatenate the target's hidden states in the order given, but vLLM collects its aux hidden states as the "
+            "target's layers run (increasing order), so fc would get its inputs permuted there: retrain (or re-export) the "
+            "drafter with sorted layer ids")))
     info = _training_info(drafter_path)
     if drafter.trained and info.get("finished") is False:
         out.append(Finding(WARNING, (

@@ -23,7 +23,7 @@ def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
 
     Raises:
         ConfigError: not comma-separated integers, empty, an id outside [0, num_layers - 1] (the
-            target's layers), or an id given twice.
+            target's layers), an id given twice, or ids not in increasing order.
     """
     if text is None:
         return None
@@ -41,6 +41,10 @@ def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise ConfigError(f"--target-layer-ids {ids}: {twice} given more than once; name each target layer once")
+    if ids != sorted(ids):  # vLLM collects the hidden states as the layers run: in increasing order
+        raise ConfigError(f"--target-layer-ids {ids}: give them in increasing order ({','.join(map(str, sorted(ids)))}); "
+                          "vLLM collects the target's hidden states as its layers run, so a drafter trained on "
+                          "another order would get its fc inputs permuted there")
     return ids
 
 

@@ -231,3 +231,20 @@ def test_weights_that_overflow_float16_are_named_as_such(drafter):
     assert load_drafter(drafter).layers[0].input_layernorm.weight[0].item() == 70000.0
     with pytest.raises(CheckpointError, match="its weights overflow float16 .* load it in float32 or bfloat16"):
         load_drafter(drafter, dtype=torch.float16)
+
+
+def test_target_layer_ids_out_of_order_are_warned(target, drafter):
+    """vLLM collects the target's hidden states (aux hidden states) as its layers run; a drafter whose
+    target_layer_ids are not increasing would get its fc inputs permuted there: a warning, not an error (dflash-trt
+    and the z-lab reference read them in the order given)."""
+    ids = json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"]
+    assert len(ids) >= 2 and ids == sorted(ids)
+    assert not [w for w in only(check_checkpoints(target, drafter), WARNING) if w.startswith("layer order:")]
+    edit_config(drafter, target_layer_ids=ids[::-1])
+    findings = check_checkpoints(target, drafter)
+    assert only(findings, ERROR) == []
+    assert [w for w in only(findings, WARNING) if w.startswith("layer order:")] == [
+        f"layer order: target_layer_ids {ids[::-1]} is not in increasing order; dflash-trt and the z-lab reference "
+        "concatenate the target's hidden states in the order given, but vLLM collects its aux hidden states as the "
+        "target's layers run (increasing order), so fc would get its inputs permuted there: retrain (or re-export) the drafter "
+        "with sorted layer ids"]

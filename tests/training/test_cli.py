@@ -130,6 +130,7 @@ def test_max_samples_is_a_nested_subset_that_seed_does_not_change(tmp_path, targ
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "0,4"], ConfigError, "outside [0, 3]"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "a,b"], ConfigError, "comma-separated integers"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "1,0,1"], ConfigError, "[1] given more than once"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "2,0"], ConfigError, "give them in increasing order (0,2)"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", ""], ConfigError, "--target-layer-ids is empty"),
 ])
 def test_bad_inputs_fail_cleanly(tmp_path, target_with_tokenizer, content, extra, err, msg):
