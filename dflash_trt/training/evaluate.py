@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128,
                     help="most new tokens per prompt, >= 1 (default: %(default)s)")
     ap.add_argument("--block-size", type=int, default=None,
-                    help="draft block size, >= 2: block_size - 1 drafts per verify step (default: each drafter's own)")
+                    help="draft block size, 2 to 64: block_size - 1 drafts per verify step (default: each drafter's own)")
     ap.add_argument("--out", default=None, help="report folder (default: print only)")
     ap.add_argument("--cache", default=None, help="JSON cache of AR outputs and drafter results (default: OUT/eval_cache.json)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> dict:
         value = getattr(args, name)
         if value is not None and value < low:
             ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if args.block_size is not None and args.block_size > 64:  # as generate / bench take it
+        ap.error(f"--block-size must be <= 64 (as generate and bench take it), got {args.block_size}")
     if args.sets_file:
         try:
             sets = load_sets(args.sets_file)
@@ -376,6 +378,11 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
             check_compatible(target.config, drafter.config)
         except DFlashError as e:
             raise type(e)(f"--drafter {p}: {e}") from None
+    for p, drafter in zip(paths, drafters.values()):
+        if args.block_size is not None and args.block_size > drafter.config.block_size:  # as generate warns
+            print(f"warning: --block-size {args.block_size} is larger than the trained block size "
+                  f"{drafter.config.block_size} of --drafter {p}; the extra draft positions are rarely accepted",
+                  file=sys.stderr, flush=True)
     if prompt_format(tokenizer) == PLAIN_PROMPTS:  # measured all the same: a base model's drafter trains on plain text
         print(f"warning: the target at {path} has no chat template: the prompts are fed as plain text (as train-drafter "
               "feeds them to such a target); the report says so", file=sys.stderr, flush=True)

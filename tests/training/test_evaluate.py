@@ -139,6 +139,7 @@ def test_num_prompts_must_be_positive(capsys):
     (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
     (["--max-tokens", "-4"], "--max-tokens must be >= 1, got -4"),
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
+    (["--block-size", "100"], "--block-size must be <= 64 (as generate and bench take it), got 100"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
 def test_out_of_range_values_are_usage_errors(capsys, args, msg):
