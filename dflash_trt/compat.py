@@ -357,4 +357,24 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
         out.append(Finding(WARNING, (
             f"mask token: id {drafter.mask_token_id} is not a special token of the target's tokenizer; it may occur "
             f"in normal text. Pick a reserved special token as {_mask_field(drafter)}")))
+    elif t_tok is not None and 0 <= drafter.mask_token_id < target.vocab_size:
+        streamed = _streamed_special_token(target_path, drafter.mask_token_id)
+        if streamed is not None:
+            out.append(Finding(WARNING, (
+                f"mask token: id {drafter.mask_token_id} ({streamed}) is a special token that occurs in the target's "
+                "text (BOS / EOS / PAD / UNK or a chat-template marker), so a block can hold it as both a mask and a "
+                f"word. Pick a special token that text never holds as {_mask_field(drafter)} (init-drafter chooses one)")))
     return out
+
+
+def _streamed_special_token(target_path: Path, mask_id: int) -> str | None:
+    """The token string of `mask_id` when it is a special token that occurs in the target's token streams
+    (`dflash_trt.models.mask_token.streamed_special_ids`), else None (also when the tokenizer does not load)."""
+    from dflash_trt.api import load_tokenizer
+    from dflash_trt.models.mask_token import streamed_special_ids, token_name
+
+    try:
+        tokenizer = load_tokenizer(target_path)
+    except Exception:  # noqa: BLE001 - a tokenizer transformers cannot load: the other checks still stand
+        return None
+    return token_name(tokenizer, mask_id) if mask_id in streamed_special_ids(tokenizer) else None

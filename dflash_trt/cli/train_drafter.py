@@ -441,6 +441,19 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
             mask_tokenizer = None
         mask, why = default_mask_token(mask_tokenizer, tcfg.vocab_size)
         click.echo(f"mask token id {mask}: {why} (the default; pass --mask-token-id to choose another)", err=True)
+    elif mask_token_id is not None and init_dir is None:  # chosen: warned as init-drafter warns
+        from dflash_trt.api import load_tokenizer
+        from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
+
+        try:
+            mask_tokenizer = load_tokenizer(target_path)
+        except CheckpointError:
+            mask_tokenizer = None
+        if mask_tokenizer is not None:
+            default_id = DEFAULT_MASK_TOKEN_ID if default_target else default_mask_token(mask_tokenizer, tcfg.vocab_size)[0]
+            warning = mask_token_warning(mask_tokenizer, mask, default_id)
+            if warning:
+                click.echo(warning, err=True)
     dcfg = new_drafter_config(tcfg, num_layers, block_size, mask, layer_ids)
     if draft_vocab_size and draft_vocab_size < tcfg.vocab_size:
         dcfg = dcfg.replace(draft_vocab_size=draft_vocab_size)

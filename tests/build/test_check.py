@@ -248,3 +248,18 @@ def test_target_layer_ids_out_of_order_are_warned(target, drafter):
         "concatenate the target's hidden states in the order given, but vLLM collects its aux hidden states as the "
         "target's layers run (increasing order), so fc would get its inputs permuted there: retrain (or re-export) the drafter "
         "with sorted layer ids"]
+
+
+def test_a_mask_token_that_occurs_in_text_is_warned(target, drafter):
+    """A special token that text or the chat template produces (SmolLM2's <|endoftext|> = 0, <|im_start|> = 1)
+    as the mask: warned as init-drafter warns (check had only warned on ordinary tokens)."""
+    def mask_warnings():
+        return [w for w in only(check_checkpoints(target, drafter), WARNING) if w.startswith("mask token:")]
+
+    assert mask_warnings() == []  # the tiny drafter's mask: a spare special token
+    for mask, name in ((0, "'<|endoftext|>'"), (1, "'<|im_start|>'")):
+        edit_config(drafter, mask_token_id=mask)
+        assert mask_warnings() == [
+            f"mask token: id {mask} ({name}) is a special token that occurs in the target's text (BOS / EOS / PAD / UNK "
+            "or a chat-template marker), so a block can hold it as both a mask and a word. Pick a special token that "
+            "text never holds as dflash_config.mask_token_id (init-drafter chooses one)"]

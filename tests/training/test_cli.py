@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.training.conftest import MASK, VOCAB
+from tests.training.conftest import EOS, MASK, VOCAB
 from dflash_trt.cli import cli
 from dflash_trt.errors import ConfigError, DFlashError
 from dflash_trt.models.checkpoints import load_drafter
@@ -882,3 +882,13 @@ def test_damaged_work_dir_files_are_named_with_the_fix(tmp_path, target_with_tok
         assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(f"{ckpt} is damaged") and \
             f"remove {work / 'run'} and run without --resume to train from the start" in str(res.exception), \
             (size, repr(res.exception))
+
+
+def test_a_chosen_mask_token_that_occurs_in_text_is_warned(tmp_path, target_with_tokenizer):
+    """--mask-token-id of a token the target's text holds (here its EOS) is warned as init-drafter warns it."""
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts", str(_prompts(tmp_path, 2)),
+            "--num-layers", "1", "--block-size", "4", "--max-new-tokens", "2", "--init", "random", "--data-only",
+            "--target-layer-ids", "0,1", "--mask-token-id"]
+    res = _run(args + [str(EOS)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert f"warning: mask token id {EOS} ('w{EOS}') is a special token that occurs in the target's text" in res.output
