@@ -12,7 +12,8 @@ line naming the path and the fix, whatever would fail at the end or lose data:
   `write_target`);
 - an --out inside a dflash-trt bundle (the bundle's manifest.json would not list it, and its next
   `build --force` would refuse the bundle) or inside a DFlash drafter folder (its next --force would
-  refuse it, holding files dflash-trt does not write there);
+  refuse it, holding files dflash-trt does not write there), or inside another model folder (a config.json
+  naming a model_type or architectures: a target's folder travels, and is uploaded, as a whole);
 - an existing --out without --force; with --force, anything but an empty folder or a folder of the
   command's own kind (`OutputKind`) holding only the files dflash-trt writes there: a file a user added
   is never deleted;
@@ -24,6 +25,7 @@ line naming the path and the fix, whatever would fail at the end or lose data:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -187,7 +189,20 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
         raise ConfigError(f"{flag} {out} is inside the DFlash drafter folder {drafter}; give a path outside it (a "
                           "drafter folder holds only what dflash-trt writes there, or --force could no longer "
                           "replace it)")
+    model = next((f for f in path.resolve().parents if _is_model_folder(f)), None)
+    if model is not None:
+        raise ConfigError(f"{flag} {out} is inside the model folder {model}; give a path outside it (a model folder "
+                          "is copied, uploaded and loaded as a whole: the new folder would travel with it)")
     return path
+
+
+def _is_model_folder(folder: Path) -> bool:
+    """A Hugging Face model folder: a config.json object naming a model_type or architectures."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and ("model_type" in cfg or "architectures" in cfg)
 
 
 def _parent_to_create(flag: str, path: Path) -> Path | None:

@@ -159,6 +159,8 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
                                                               "files": {}}))
     (here / "drf").mkdir()  # a drafter folder (its config.json names DFlashDraftModel)
     (here / "drf" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
+    (here / "mdl").mkdir()  # a target's folder
+    (here / "mdl" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     cases = [("", "is empty; give a folder path"),
              (".", ". names the current folder, which is never replaced; give the name of a new folder"),
              ("..", ".. names a folder above the current one"),
@@ -166,7 +168,8 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
              ("afile/x/sub", "afile/x/sub: afile is a file, not a folder;"),
              ("eng1/sub", f"eng1/sub is inside the dflash-trt bundle {here.resolve() / 'eng1'}; give a path outside it"),
              ("drf/sub", f"drf/sub is inside the DFlash drafter folder {here.resolve() / 'drf'}; give a path outside it"),
-             ("drf/x/..", f"drf/x/.. names {here.resolve() / 'drf'} through '..', which is never replaced")]
+             ("drf/x/..", f"drf/x/.. names {here.resolve() / 'drf'} through '..', which is never replaced"),
+             ("mdl/sub", f"mdl/sub is inside the model folder {here.resolve() / 'mdl'}; give a path outside it")]
     if Path("/proc/self").is_dir():  # root may write anywhere by its access bits, yet mkdir fails in /proc
         cases.append(("/proc/xx", "/proc/xx: cannot write in /proc ("))
     return cases  # the error line is `error: FLAG ` and the text
