@@ -234,7 +234,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         dcfg = DrafterConfig.from_pretrained(drafter_path)
         check_compatible(tcfg, dcfg)
         # before any weights load
-        check_prompt_lookup(prompt_lookup, check_draft_len(block_size or dcfg.block_size, max_draft_len))
+        check_prompt_lookup(prompt_lookup, check_draft_len(dcfg.block_size if block_size is None else block_size,
+                                                           max_draft_len))
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     if fused_cuda:
         require_cuda_kernels(device)

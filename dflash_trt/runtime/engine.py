@@ -33,7 +33,7 @@ from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
-from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits, sample
+from dflash_trt.runtime.sampling import SamplingParams, generator_seed, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.runtime.verifier import ChunkedProbs, lazy_greedy_accept, speculative_sample
 
@@ -182,8 +182,9 @@ class Engine:
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-        return _Request(list(prompt), params, frozenset() if params.ignore_eos else frozenset(stop),
+            gen = torch.Generator(device=self.device).manual_seed(generator_seed(seed, self.device))
+        ignored = params.ignore_eos and params.stop_token_ids is None  # ignore_eos drops the EOS ids, not given ones
+        return _Request(list(prompt), params, frozenset() if ignored else frozenset(stop),
                         self.context_len, gen, logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None])
 
@@ -211,9 +212,13 @@ class Engine:
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
             the target's context, and a request cut there has finish_reason "length" with fewer tokens.
         Raises:
-            InvalidRequestError, PromptTooLongError: bad request (nothing is generated).
+            InvalidRequestError, PromptTooLongError: bad request, or an on_tokens that is not callable (nothing is
+                generated).
             DFlashError: mode "dflash" without a drafter; non-finite target logits.
         """
+        if on_tokens is not None and not callable(on_tokens):  # before any work, not a TypeError after the prefill
+            raise InvalidRequestError(f"on_tokens must be a function (prompt_index, token_ids, ...) or None, got "
+                                      f"{_short(on_tokens)} ({type(on_tokens).__name__})")
         batch = DecodeBatch(self, mode)
         reqs = self._requests(prompts, params)
         if not reqs:

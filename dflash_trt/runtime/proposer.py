@@ -213,7 +213,7 @@ class DFlashProposer:
                  max_concurrency: int | str | None = None):
         self.drafter = drafter
         self.target = target
-        self.block_size = block_size or drafter.config.block_size
+        self.block_size = drafter.config.block_size if block_size is None else block_size  # 0 is refused, not a default
         self.max_draft_len = check_draft_len(self.block_size, max_draft_len)
         sampled_draft_confidence = draft_confidence
         if draft_confidence == "auto":
@@ -230,6 +230,10 @@ class DFlashProposer:
         if isinstance(tree_topk, bool) or not isinstance(tree_topk, int) or tree_topk < 1:
             raise ConfigError(f'tree_topk must be "auto" or an integer >= 1 (1 = a chain of drafts, the paper\'s DFlash), '
                               f"got {tree_topk!r}")
+        vocab = drafter.config.draft_vocab_size or target.config.vocab_size
+        if tree_topk > vocab:
+            raise ConfigError(f"tree_topk {tree_topk} is more than the drafter's {vocab} draft tokens; use at most {vocab} "
+                              "(the CLI's --tree-topk takes 1 to 16)")
         self.tree_topk = tree_topk
         if prompt_lookup == "auto":
             prompt_lookup = min(auto_prompt_lookup(target.embed_weight.device), self.max_draft_len)

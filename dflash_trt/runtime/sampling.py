@@ -23,8 +23,9 @@ class SamplingParams:
 
     max_tokens: completion tokens at most (>= 1). stop_token_ids: tokens that end the output
     (included once; a list is stored as a tuple); None means the target's EOS ids. seed: per-request
-    RNG seed (sampling); None draws one from torch's global RNG. ignore_eos: do not stop at EOS
-    (benchmarks). logprobs: None (off), or 0 .. MAX_LOGPROBS: return each emitted token's log-probability
+    RNG seed (sampling; on the CPU folded to 32 bits, `generator_seed`); None draws one from torch's global
+    RNG. ignore_eos: do not stop at the target's EOS ids (benchmarks); stop_token_ids given explicitly still
+    stop (vLLM's meaning). logprobs: None (off), or 0 .. MAX_LOGPROBS: return each emitted token's log-probability
     under the target and that many of the most likely alternatives (`dflash_trt.runtime.logprobs`;
     the output is the same either way). prompt_logprobs: the same for the prompt's tokens (vLLM's name;
     the first has none: nothing predicts it). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
@@ -87,6 +88,23 @@ def check_seed(seed) -> int | None:
     if not -(2**63) <= seed < 2**64:
         raise InvalidRequestError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {seed}")
     return seed
+
+
+def generator_seed(seed: int, device: torch.device) -> int:
+    """The value given to `torch.Generator(device).manual_seed` for a request's 64-bit `seed` ([-2**63, 2**64)).
+
+    torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, so seeds 1 and 2**32 + 1 sampled the
+    same tokens. On the CPU a seed in [0, 2**32) is used as it is (its samples unchanged), and any other is
+    first mixed by splitmix64 (Steele et al. 2014) into 32 bits, so seeds that differ only in their high bits
+    (or their sign) no longer coincide; two seeds still share a stream by chance, with probability 2**-32.
+    CUDA's generator (Philox) keeps all 64 bits: the seed goes as it is.
+    """
+    if torch.device(device).type != "cpu" or 0 <= seed < 2**32:
+        return seed
+    x = (seed + 0x9E3779B97F4A7C15) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) & 0xFFFFFFFF
 
 
 def offset_seed(seed: int | None, offset: int) -> int | None:

@@ -190,3 +190,62 @@ def test_load_pipeline_names_a_wrong_argument_type(kwargs, words):
     with pytest.raises(ConfigError) as exc:
         load_pipeline(**kwargs)
     assert words in str(exc.value)
+
+
+def test_bad_proposer_options_are_refused_when_the_engine_is_made(engine):
+    """A block size of 0 had silently meant the drafter's; a tree_topk above the draft vocabulary had loaded, then
+    failed in torch.topk at the first step."""
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.runtime.proposer import DFlashProposer
+
+    drafter, target = engine.proposer.drafter, engine.target
+    with pytest.raises(ConfigError, match="block size must be >= 2, got 0"):
+        DFlashProposer(drafter, target, block_size=0)
+    assert DFlashProposer(drafter, target, tree_topk=96).tree_topk == 96  # the whole vocabulary: allowed
+    with pytest.raises(ConfigError, match="tree_topk 97 is more than the drafter's 96 draft tokens; use at most 96"):
+        DFlashProposer(drafter, target, tree_topk=97)
+
+
+def test_an_on_tokens_that_is_not_callable_is_refused_before_any_work(engine):
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    with pytest.raises(InvalidRequestError, match=r"on_tokens must be a function .* got 5 \(int\)"):
+        engine.generate([[5, 6]], SamplingParams(max_tokens=2), on_tokens=5)
+
+
+def test_ignore_eos_keeps_the_stop_token_ids_given(engine):
+    """ignore_eos drops the target's EOS ids only (vLLM's meaning): stop_token_ids given explicitly still end the
+    output (they had been dropped too)."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    free = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=24, ignore_eos=True), "ar")[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 24
+    stop = free.token_ids[9]
+    first = free.token_ids.index(stop)
+    for mode in ("ar", "dflash"):
+        out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop]),
+                              mode)[0]
+        assert (out.token_ids, out.finish_reason) == (free.token_ids[: first + 1], "stop"), mode
+
+
+def test_seeds_that_differ_in_their_high_bits_sample_differently_on_the_cpu(engine):
+    """torch's CPU generator keeps 32 bits of its seed: seeds 1, 2**32 + 1 and -2**63 + 1 had sampled the same
+    tokens. A seed in [0, 2**32) samples as before (the generator seeded with it)."""
+    import torch
+
+    from dflash_trt.runtime.sampling import SamplingParams, generator_seed
+
+    cpu = torch.device("cpu")
+    assert generator_seed(1, cpu) == 1 and generator_seed(2**32 - 1, cpu) == 2**32 - 1
+    assert len({generator_seed(s, cpu) for s in (1, 2**32 + 1, 2**40 + 1, -(2**63) + 1, 2**64 - 1)}) == 5
+    assert generator_seed(-1, cpu) == generator_seed(2**64 - 1, cpu)  # one 64-bit value, as torch reads it
+    assert all(0 <= generator_seed(s, cpu) < 2**32 for s in (2**32, 2**64 - 1, -(2**63)))
+    assert generator_seed(2**40 + 1, torch.device("cuda")) == 2**40 + 1  # Philox keeps 64 bits
+
+    def sample(seed):
+        p = SamplingParams(temperature=1.0, max_tokens=12, seed=seed, ignore_eos=True)
+        return engine.generate([[5, 6, 7]], p, "ar")[0].token_ids
+
+    outs = [sample(s) for s in (1, 2**32 + 1, 2**40 + 1)]
+    assert outs[0] != outs[1] and outs[0] != outs[2] and outs[1] != outs[2]
+    assert sample(2**32 + 1) == outs[1]  # still reproducible
