@@ -179,6 +179,9 @@ class Engine:
                 f"tokens; shorten it to at most {self.context_len - 1} tokens"
             )
         stop = params.stop_token_ids if params.stop_token_ids is not None else self.eos_token_ids
+        beyond = [t for t in params.stop_token_ids or () if t >= vocab]
+        if beyond:  # the target never emits them: such a stop could never fire
+            raise InvalidRequestError(f"stop_token_ids holds {beyond[0]}, outside the vocabulary [0, {vocab})")
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())

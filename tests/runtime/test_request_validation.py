@@ -209,6 +209,9 @@ def test_bad_proposer_options_are_refused_when_the_engine_is_made(engine):
 def test_an_on_tokens_that_is_not_callable_is_refused_before_any_work(engine):
     from dflash_trt.runtime.sampling import SamplingParams
 
+    with pytest.raises(InvalidRequestError, match=r"stop_token_ids holds 96, outside the vocabulary \[0, 96\)"):
+        engine.generate([[5, 6]], SamplingParams(max_tokens=2, stop_token_ids=[3, 96]))  # one that could never fire
+
     with pytest.raises(InvalidRequestError, match=r"on_tokens must be a function .* got 5 \(int\)"):
         engine.generate([[5, 6]], SamplingParams(max_tokens=2), on_tokens=5)
 
