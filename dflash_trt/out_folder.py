@@ -196,6 +196,14 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
     return path
 
 
+def enclosing_model_folder(path: str | Path) -> Path | None:
+    """`path` itself or the nearest folder above it that is a model folder (a DFlash drafter folder, or one whose
+    config.json names a model_type or architectures), resolved; None when there is none. For commands whose
+    output is not a model (bench's results), which belong in no model folder."""
+    p = Path(path).resolve()
+    return next((f for f in (p, *p.parents) if _is_model_folder(f) or _inspect_drafter(f)[0] is None), None)
+
+
 def _is_model_folder(folder: Path) -> bool:
     """A Hugging Face model folder: a config.json object naming a model_type or architectures."""
     try:

@@ -275,6 +275,21 @@ def test_bench_refuses_an_out_inside_a_bundle_before_loading_models(tmp_path, mo
         assert err.strip() == (f"error: --out {out} is inside the dflash-trt bundle {bundle.resolve()}; choose an "
                                "--out outside the bundle (e.g. --out bench_out)"), err
     assert sorted(p.relative_to(bundle) for p in bundle.rglob("*")) == before
+    model = tmp_path / "models" / "m"  # a target's folder, and a drafter folder (the packaged one's layout)
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"model_type": "llama"}\n')
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text('{"architectures": ["DFlashDraftModel"]}\n')
+    for out, folder, where in ((model, model, "is"), (model / "bench", model, "is inside"),
+                               (drafter / "b" / "c", drafter, "is inside")):
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--out", str(out)])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 1 and err.strip() == (f"error: --out {out} {where} the model folder {folder.resolve()}; "
+                                                       "choose an --out outside it (e.g. --out bench_out)"), err
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"] and not (drafter / "b").exists()
 
     other = tmp_path / "other"
     other.mkdir()
