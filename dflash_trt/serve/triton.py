@@ -20,15 +20,17 @@ ensemble's: it has `max_batch_size` > 0, so they send shapes [batch, 1]; this mo
 Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256);
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
 INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
-strings, at most 4); apply_chat_template BOOL [1] (wrap text_input as one user message in the
-target's chat template); return_log_probs BOOL [1] (the TensorRT-LLM backend's name). Outputs:
+strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
+[1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
+(the TensorRT-LLM backend's name). The ensemble's inputs this model does not have pass only at their
+defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
 streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their sum, in the last
 response). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
-that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words or an empty one.
+that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words.
 Triton's JSON frontend converts the values before the model sees them: a `max_tokens` beyond INT32 wraps
 (4294967297 arrives as 1), a value of the wrong JSON type is its 500 parse error, and `"stream": true`
 sent to `/generate` (not `/generate_stream`) is answered 200 with an error body.
@@ -160,6 +162,46 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
                          load_drafter_model=mode == "dflash", device=device)
 
 
+#: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what
+#: it does anyway (its examples send `"bad_words": ""`); `end_id` is checked against the target's EOS ids
+ENSEMBLE_NEUTRAL = {"bad_words": ("", []), "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
+                    "num_return_sequences": (1,), "return_context_logits": (False,), "return_generation_logits": (False,),
+                    "length_penalty": (1,), "repetition_penalty": (1,), "presence_penalty": (0,),
+                    "frequency_penalty": (0,), "min_length": (0, 1), "min_tokens": (0, 1)}
+
+
+def check_extra_fields(extra: dict, eos_token_ids) -> None:
+    """Refuse the JSON keys of a `/generate` request that are not this model's inputs (Triton hands them over as
+    request parameters), unless they are TensorRT-LLM ensemble inputs holding the value that asks for what this
+    model does anyway (`ENSEMBLE_NEUTRAL`; `end_id` one of the target's EOS ids): a typo such as `temprature` had
+    been ignored, giving greedy output.
+
+    Raises:
+        InvalidRequestError: naming the fields, and this model's inputs.
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    bad = []
+    for key, value in extra.items():
+        if key == "end_id" and not isinstance(value, bool) and value in tuple(eos_token_ids):
+            continue
+        if key in ENSEMBLE_NEUTRAL and (ENSEMBLE_NEUTRAL[key] is None or any(_same(value, v) for v in ENSEMBLE_NEUTRAL[key])):
+            continue
+        bad.append(key)
+    if bad:
+        known = ", ".join(name for name, *_ in INPUTS)
+        raise InvalidRequestError(f"unknown field(s) {sorted(bad)}: this model's inputs are {known} (a typo, or a "
+                                  "TensorRT-LLM ensemble input this model does not implement, at a value other than "
+                                  "its default); remove or correct them")
+
+
+def _same(value, neutral) -> bool:
+    """`value == neutral`, where a bool equals only a bool (true is not a beam width of 1)."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    return value == neutral
+
+
 def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
     """Model parameter `key` as a whole number >= 1 (`default` when absent or empty).
 
@@ -245,11 +287,7 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, name)
             return default if t is None else t.as_numpy().reshape(-1)[0]
 
-        extra = json.loads(request.parameters() or "{}")  # JSON keys of /generate that are not inputs land here
-        if extra:
-            known = ", ".join(name for name, *_ in INPUTS)
-            raise InvalidRequestError(f"unknown field(s) {sorted(extra)}: this model's inputs are {known} (a typo, or "
-                                      "a TensorRT-LLM ensemble input this model does not have); remove or correct them")
+        check_extra_fields(json.loads(request.parameters() or "{}"), self.pipe.engine.eos_token_ids)
         raw = scalar("text_input", None)
         if raw is None:
             raise InvalidRequestError("text_input is required: the prompt text")
@@ -257,8 +295,10 @@ class TritonPythonModel:
         if not text:
             raise InvalidRequestError("text_input is empty; give some text")
         words = pb_utils.get_input_tensor_by_name(request, "stop_words")
-        stops = check_stops(tuple(w.decode("utf-8") if isinstance(w, bytes) else str(w)
-                                  for w in (words.as_numpy().reshape(-1) if words is not None else ())), "stop_words")
+        texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w)
+                 for w in (words.as_numpy().reshape(-1) if words is not None else ()))
+        # an empty one means none, as in the TensorRT-LLM backend (its example request sends "stop_words": "")
+        stops = check_stops(tuple(t for t in texts if t), "stop_words")
         with self._tokenizer_lock:
             if bool(scalar("apply_chat_template", False)):
                 if not getattr(self.pipe.tokenizer, "chat_template", None):
