@@ -203,7 +203,7 @@ def test_help_names_the_module_and_shows_defaults(capsys, monkeypatch):
     for text in ("--num-prompts NUM_PROMPTS prompts per set of the HumanEval / MT-Bench subsets (not used with "
                  "--sets-file; default: 40)",
                  "--max-tokens MAX_TOKENS most new tokens per prompt, >= 1 (default: 128)",
-                 "--block-size BLOCK_SIZE draft block size, >= 2: block_size - 1 drafts per verify step (default: "
+                 "--block-size BLOCK_SIZE draft block size, 2 to 64: block_size - 1 drafts per verify step (default: "
                  "each drafter's own)",
                  "--threads THREADS torch CPU threads (default: 1)",
                  "--device DEVICE cpu, cuda or cuda:N (float32 either way; TF32 stays off; default: cpu)"):
