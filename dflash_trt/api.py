@@ -275,8 +275,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     any other file altered or missing since the build, e.g. a tuned trtllm/serve.yaml, is named in the
     one line of the returned Pipeline's `warnings`), then load the target
     from `trtllm/target` and the drafter from the manifest's drafter path: `trtllm/drafter`, or
-    `runtime/drafter` for a reduced-vocabulary drafter (kept as given, d2t included; `trtllm/drafter`
-    then holds the full-vocabulary variant TensorRT-LLM loads).
+    `runtime/drafter` for a reduced-vocabulary drafter (kept as given, d2t included), a speculators-format one
+    (as given) or an FP8 one (`--drafter-quant fp8`); `trtllm/drafter` then holds the z-lab, full-vocabulary,
+    unquantized variant TensorRT-LLM loads (`dflash_trt.build.pipeline.drafter_as_given`).
 
     NVFP4 weights (and FP8 drafter weights) are dequantized to `dtype` on load (`dflash_trt.models.dequant`:
     activations not quantized). An FP8 target runs FP8 matmuls with the checkpoint's weight and input scales

@@ -101,5 +101,6 @@ def read_torch(path: Path, fix: str, **kwargs):
         return torch.load(path, **kwargs)
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:  # a cut zip: EINVAL
-        raise DFlashError(f"{path} is damaged and cannot be read ({str(exc).splitlines()[0][:200]}); {fix}") from None
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:  # a cut zip: EINVAL
+        why = (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__  # an empty file: EOFError('')
+        raise DFlashError(f"{path} is damaged and cannot be read ({why}); {fix}") from None

@@ -243,18 +243,28 @@ def drafter_as_given(opts: BuildOptions, dcfg: DrafterConfig) -> str | None:
     from dflash_trt.models.speculators import is_speculators
 
     why = [f"draft vocabulary {dcfg.draft_vocab_size}"] if dcfg.draft_vocab_size is not None else []
-    if is_speculators(read_config_json(opts.drafter)):
-        why.append("speculators format")
-    if opts.drafter_quant == "fp8":
+    if opts.drafter_quant == "fp8":  # written in the z-lab format, whatever the source's
         why.append("FP8")
+    elif is_speculators(read_config_json(opts.drafter)):
+        why.append("speculators format")
     return ", ".join(why) or None
 
 
-def trtllm_drafter_how(given: str) -> str:
-    """How trtllm/drafter is made from a drafter that `drafter_as_given` keeps in runtime/drafter."""
-    if given == "FP8":
+def trtllm_needs_conversion(opts: BuildOptions, dcfg: DrafterConfig) -> bool:
+    """Whether TensorRT-LLM's copy of the drafter is converted (`full_vocab_copy`: a reduced vocabulary, or the
+    speculators format) rather than copied as given."""
+    from dflash_trt.config import read_config_json
+    from dflash_trt.models.speculators import is_speculators
+
+    return dcfg.draft_vocab_size is not None or is_speculators(read_config_json(opts.drafter))
+
+
+def trtllm_drafter_how(converted: bool, fp8: bool) -> str:
+    """How trtllm/drafter is made when runtime/drafter holds the drafter dflash-trt loads (`drafter_as_given`):
+    `converted` (`trtllm_needs_conversion`) or copied as given, and not quantized when that one is FP8."""
+    if not converted:
         return "the drafter as given, not quantized"
-    return "z-lab format, full vocabulary, no d2t" + (", not quantized" if "FP8" in given else "")
+    return "z-lab format, full vocabulary, no d2t" + (", not quantized" if fp8 else "")
 
 
 #: where a drafter TensorRT-LLM cannot load as it is (`drafter_as_given`) goes, for our runtime (trtllm/drafter gets
@@ -316,8 +326,8 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
     drafter_how = "FP8 (ModelOpt calibration while drafting)" if opts.drafter_quant == "fp8" else "copied"
     given = drafter_as_given(opts, d)
     if given is not None:
-        drafter_how = (f"{drafter_how} to {RUNTIME_DRAFTER}/ ({given}, for dflash-trt); {trtllm_drafter_how(given)} "
-                       "for TensorRT-LLM")
+        how = trtllm_drafter_how(trtllm_needs_conversion(opts, d), opts.drafter_quant == "fp8")
+        drafter_how = f"{drafter_how} to {RUNTIME_DRAFTER}/ ({given}, for dflash-trt); {how} to {TRTLLM_DRAFTER}/ for TensorRT-LLM"
     existing = existing_out(opts.out)
     publish = f"move the bundle to {opts.out}"
     if existing == "a dflash-trt bundle":
@@ -332,7 +342,8 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
          f"({count(t.num_attention_heads // opts.tp_size, 'head')}, {count(kv_per_rank, 'KV head')} per rank)"
          " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
         "export trtllm/target/: unified HF checkpoint + tokenizer",
-        (f"drafter -> trtllm/drafter/: {drafter_how} ({d.num_hidden_layers} layers, block {d.block_size}, "
+        (f"drafter{'' if given is not None else ' -> trtllm/drafter/'}: {drafter_how} ({d.num_hidden_layers} layers, "
+         f"block {d.block_size}, "
          f"target layers {list(d.target_layer_ids)}, mask id {d.mask_token_id})"),
         (f"write trtllm/serve.yaml (max_draft_len {d.block_size - 1}, tensor_parallel_size {opts.tp_size}, "
          f"kv cache {opts.kv_cache_dtype}), launch.sh, llm_api_example.py; schema-check the YAML; "
@@ -548,6 +559,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
     # (`drafter_as_given`): trtllm/drafter gets that copy.
     given = drafter_as_given(opts, dcfg)
     reduced = given is not None
+    converted = trtllm_needs_conversion(opts, dcfg)
     runtime_drafter = RUNTIME_DRAFTER if reduced else TRTLLM_DRAFTER
 
     def drafter():
@@ -564,11 +576,12 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         if reduced:
             from dflash_trt.training.export import full_vocab_copy
 
-            if given == "FP8":  # z-lab, full vocabulary already: a plain copy of the drafter as given
-                trtllm.copy_drafter(Path(opts.drafter), root / TRTLLM_DRAFTER)
-            else:  # from the source: the FP8 copy is not what TensorRT-LLM gets
+            if converted:  # from the source: the FP8 copy is not what TensorRT-LLM gets
                 full_vocab_copy(Path(opts.drafter), root / TRTLLM_DRAFTER)
-            detail += f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; {TRTLLM_DRAFTER}/: {trtllm_drafter_how(given)})"
+            else:  # z-lab, full vocabulary already: a plain copy of the drafter as given
+                trtllm.copy_drafter(Path(opts.drafter), root / TRTLLM_DRAFTER)
+            how = trtllm_drafter_how(converted, opts.drafter_quant == "fp8")
+            detail += f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; {TRTLLM_DRAFTER}/: {how})"
         return detail.strip()
 
     def serving():
@@ -597,7 +610,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                             "trained": dcfg.trained, "path": runtime_drafter,
                             "draft_vocab_size": dcfg.draft_vocab_size, "trtllm_path": TRTLLM_DRAFTER,
                             "trtllm_vocabulary": ("full (dflash_trt.training.export.full_vocab_copy: same weights, "
-                                                  "no d2t)") if reduced and given != "FP8" else "full (as given)",
+                                                  "no d2t)") if converted else "full (as given)",
                             # trtllm/drafter is never quantized (`drafter_as_given`); quantization.drafter is path's
                             "trtllm_quantization": "none",
                             # why runtime/drafter holds the drafter dflash-trt loads (`drafter_as_given`), or None

@@ -18,8 +18,9 @@ from dflash_trt.errors import CheckpointError, ConfigError, InvalidRequestError
 from dflash_trt.text import count
 
 
-def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
-    """--target-layer-ids "a,b,c" -> [a, b, c]; None when the flag is absent (the z-lab default).
+def parse_layer_ids(text: str | None, num_layers: int, keep_order: tuple[int, ...] | None = None) -> list[int] | None:
+    """--target-layer-ids "a,b,c" -> [a, b, c]; None when the flag is absent (the z-lab default). `keep_order`: ids
+    accepted out of order when they are exactly these (a run being resumed that an older version started so).
 
     Raises:
         ConfigError: not comma-separated integers, empty, an id outside [0, num_layers - 1] (the
@@ -41,7 +42,7 @@ def parse_layer_ids(text: str | None, num_layers: int) -> list[int] | None:
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise ConfigError(f"--target-layer-ids {ids}: {twice} given more than once; name each target layer once")
-    if ids != sorted(ids):  # vLLM collects the hidden states as the layers run: in increasing order
+    if ids != sorted(ids) and tuple(ids) != tuple(keep_order or ()):  # vLLM collects them as the layers run
         raise ConfigError(f"--target-layer-ids {ids}: give them in increasing order ({','.join(map(str, sorted(ids)))}); "
                           "vLLM collects the target's hidden states as its layers run, so a drafter trained on "
                           "another order would get its fc inputs permuted there")

@@ -420,7 +420,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     default_target = target is None
     target_path = Path(target) if target is not None else default_target_path()
     tcfg = TargetConfig.from_pretrained(target_path, flag="--target")  # CheckpointError / ConfigError before any work
-    layer_ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers)
+    from dflash_trt.training.trainer import checkpoint_target_layer_ids
+
+    resumed = checkpoint_target_layer_ids(work / "run") if resume and not data_only else None
+    # a run started (by an older version) with ids out of order continues with them
+    layer_ids = parse_layer_ids(target_layer_ids, tcfg.num_hidden_layers, keep_order=resumed)
     prompts = pipeline.training_prompts(prompts_file)  # empty / malformed file: error now
     usable = len(prompts) if max_samples is None else min(max_samples, len(prompts))
     if val_samples and val_samples >= usable:  # before the target writes any data

@@ -59,7 +59,8 @@ def safetensors_files(folder: str | Path) -> list[Path]:
 
 
 def weights_fingerprint(folder: str | Path, samples: int = 16, chunk: int = 1 << 16) -> str:
-    """A sha256 hex digest that tells a checkpoint's weights apart without reading them all: config.json, and per
+    """A sha256 hex digest that tells a checkpoint's weights apart without reading them all: config.json (its
+    parsed content), and per
     safetensors file (`safetensors_files` order) its name, size, header and `samples` chunks of `chunk` bytes at
     evenly spaced offsets of its data. The same folder copied anywhere gives the same digest; a fine-tuned or
     re-initialized model of the same shapes (same header) differs in its sampled bytes. Reads about
@@ -71,7 +72,8 @@ def weights_fingerprint(folder: str | Path, samples: int = 16, chunk: int = 1 <<
     import hashlib
 
     folder = Path(folder)
-    h = hashlib.sha256((folder / "config.json").read_bytes())
+    config = json.loads((folder / "config.json").read_text())  # parsed: a reformatted file is the same model
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     for file in safetensors_files(folder):
         size = file.stat().st_size
         h.update(f"{file.name}\0{size}\0".encode())

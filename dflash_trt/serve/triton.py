@@ -85,7 +85,7 @@ CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
 PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size")
 #: config.pbtxt parameters that Triton's Python backend reads itself (its README: a custom execution environment)
-BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH",)
+BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
 MODEL_PY = "from dflash_trt.serve.triton import TritonPythonModel  # noqa: F401  (Triton Python backend)\n"
 
@@ -163,8 +163,9 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 
 
 #: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what
-#: it does anyway (its examples send `"bad_words": ""`); `end_id` is checked against the target's EOS ids
-ENSEMBLE_NEUTRAL = {"bad_words": ("", []), "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
+#: it does anyway (its examples send `"bad_words": ""`; None: any value); `end_id` is checked against the target's
+#: EOS ids; `id` is the request id of Triton's JSON requests
+ENSEMBLE_NEUTRAL = {"id": None, "bad_words": ("", []), "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
                     "num_return_sequences": (1,), "return_context_logits": (False,), "return_generation_logits": (False,),
                     "length_penalty": (1,), "repetition_penalty": (1,), "presence_penalty": (0,),
                     "frequency_penalty": (0,), "min_length": (0, 1), "min_tokens": (0, 1)}

@@ -122,8 +122,11 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
     settings = dict(settings or {}, layer_ids=list(layer_ids), max_new_tokens=max_new_tokens,
                     batch_size=batch_size, num_prompts=len(prompt_ids))
     manifest = read_json(manifest_path, _damaged_fix(out)) if manifest_path.is_file() else {}
-    if manifest and manifest.get("settings") != settings:
-        differ = settings_differences(manifest.get("settings") or {}, settings)
+    cached = manifest.get("settings") or {}
+    if manifest and "target_weights" not in cached:  # a cache made before fingerprints: the target's name decides
+        cached["target_weights"] = settings.get("target_weights")
+    if manifest and cached != settings:
+        differ = settings_differences(cached, settings)
         raise DFlashError(f"{out} holds training data made with other settings ({differ}); rerun with the settings "
                           "it was made with, or remove it, or pass another --work-dir")
     manifest.setdefault("settings", settings)
@@ -180,7 +183,7 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
 
 
 #: train-drafter's flag behind each data-cache setting (`settings_differences` names it).
-_SETTING_FLAGS = {"target": "--target", "target_weights": "--target: its weights", "prompts_sha256": "--prompts",
+_SETTING_FLAGS = {"target": "--target", "target_weights": "--target: its weights or config.json", "prompts_sha256": "--prompts",
                   "num_prompts": "--prompts",
                   "layer_ids": "--target-layer-ids, plus the last layer; none with --online-features",
                   "max_new_tokens": "--max-new-tokens", "batch_size": "--gen-batch-size"}

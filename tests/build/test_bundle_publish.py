@@ -317,3 +317,24 @@ def test_speculators_drafter_of_another_target_is_not_built(tmp_path, tiny_pair,
     with pytest.raises(IncompatibleModelsError, match="(?s)dflash-trt check failed, nothing was built:.*is not this target's"):
         build_bundle(target, spec, tmp_path / "b", quant="none", tp_size=1)
     assert not (tmp_path / "b").exists()
+
+
+def test_fp8_bundle_of_a_speculators_drafter_says_what_each_folder_holds(tmp_path, tiny_pair):
+    """--drafter-quant fp8 on a speculators-format drafter: runtime/drafter is FP8 in the z-lab format (the manifest
+    and README say "FP8", not "speculators format"); trtllm/drafter is its z-lab conversion, not quantized."""
+    from dflash_trt.models.dequant import quant_algo
+    from dflash_trt.training.export import speculators_copy
+
+    target, plain = tiny_pair
+    spec = speculators_copy(plain, tmp_path / "spec", target)
+    out = tmp_path / "b"
+    report = build_bundle(target, spec, out, quant="none", drafter_quant="fp8")
+    runtime, trt = out / "runtime/drafter", out / "trtllm/drafter"
+    assert quant_algo(runtime) == "FP8" and quant_algo(trt) is None
+    for folder in (runtime, trt):
+        cfg = json.loads((folder / "config.json").read_text())
+        assert cfg["architectures"] == ["DFlashDraftModel"] and "speculators_model_type" not in cfg
+    m = load_manifest(out)["models"]["drafter"]
+    assert m["as_given"] == "FP8" and "full_vocab_copy" in m["trtllm_vocabulary"]
+    assert "- runtime/drafter/: the drafter dflash-trt loads (FP8)." in (out / "README.md").read_text()
+    assert "trtllm/drafter/: z-lab format, full vocabulary, no d2t, not quantized" in report.steps[4].detail

@@ -34,6 +34,7 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     ({"max_batch_sise": "2"}, "unknown Triton model parameter(s) ['max_batch_sise']"),
     ({"bundle": "/b", "target": "/t"}, "'bundle' and 'target' / 'drafter' exclude each other"),
     ({"max_batch_size": "0"}, "'max_batch_size' must be a whole number >= 1"),
+    ({"EXECUTION_ENV_PATH": "env.tar.gz", "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "mode": "x"}, "got 'x'"),  # theirs
 ])
 def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words):
     """Triton fails the model's load with the message (a bad `mode` used to load as READY, then every request
@@ -56,7 +57,7 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.serve.triton import check_extra_fields
 
-    check_extra_fields({"bad_words": "", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
+    check_extra_fields({"id": "42", "bad_words": "", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
                         "repetition_penalty": 1.0, "presence_penalty": 0, "min_length": 1}, eos_token_ids=(2,))
     for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5}, {"bad_words": "x"},
                   {"exclude_input_in_output": False}, {"repetition_penalty": 1.2}):

@@ -844,7 +844,19 @@ def test_a_target_of_the_same_name_with_other_weights_does_not_reuse_the_data(tm
     assert weights_fingerprint(other) != weights_fingerprint(target_with_tokenizer)
     res = _run(["--target", str(other), "--out", str(tmp_path / "a"), *base])
     assert isinstance(res.exception, DFlashError) and "holds training data made with other settings (target_weights " \
-        "(--target: its weights) differs)" in str(res.exception), repr(res.exception)
+        "(--target: its weights or config.json) differs)" in str(res.exception), repr(res.exception)
+    manifest = work / "data" / "manifest.json"  # a cache made before the fingerprint: the target's name decides
+    m = json.loads(manifest.read_text())
+    del m["settings"]["target_weights"]
+    manifest.write_text(json.dumps(m))
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "a"), *base])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert "target_weights" in json.loads(manifest.read_text())["settings"]  # recorded from now on
+    same = tmp_path / "reformatted"  # the same config, reformatted: the same model
+    shutil.copytree(target_with_tokenizer, same)
+    (same / "config.json").write_text(json.dumps(json.loads((same / "config.json").read_text()), indent=4,
+                                                 sort_keys=True))
+    assert weights_fingerprint(same) == weights_fingerprint(target_with_tokenizer)
 
 
 def test_damaged_work_dir_files_are_named_with_the_fix(tmp_path, target_with_tokenizer):
@@ -869,10 +881,11 @@ def test_damaged_work_dir_files_are_named_with_the_fix(tmp_path, target_with_tok
     shutil.rmtree(work)
     shutil.copytree(kept, work)
     shard = next((work / "data").glob("shard-*.pt"))
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    res = _run(args + ["--resume"])
-    assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(f"{shard} is damaged and cannot be "
-                                                                                   "read (") and fix in str(res.exception)
+    for size in (shard.stat().st_size // 2, 0):  # cut short; empty (EOFError with no message)
+        shard.write_bytes(shard.read_bytes()[:size])
+        res = _run(args + ["--resume"])
+        assert isinstance(res.exception, DFlashError) and str(res.exception).startswith(
+            f"{shard} is damaged and cannot be read (") and fix in str(res.exception), (size, repr(res.exception))
     shutil.rmtree(work)
     shutil.copytree(kept, work)
     ckpt = work / "run" / "checkpoint.pt"
@@ -892,3 +905,22 @@ def test_a_chosen_mask_token_that_occurs_in_text_is_warned(tmp_path, target_with
     res = _run(args + [str(EOS)])
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert f"warning: mask token id {EOS} ('w{EOS}') is a special token that occurs in the target's text" in res.output
+
+
+def test_a_run_started_with_layer_ids_out_of_order_can_be_resumed(tmp_path, target_with_tokenizer):
+    """Layer ids must be increasing now; a run an older version started with others continues with its own ids
+    (they had been refused either way: as out of order, or as differing from the run's)."""
+    work = tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+            str(_prompts(tmp_path, 4)), "--num-layers", "1", "--block-size", "4", "--max-new-tokens", "4",
+            "--mask-token-id", str(MASK), "--init", "random", "--work-dir", str(work)]
+    res = _run(args + ["--target-layer-ids", "0,1", "--max-steps", "1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    ckpt = work / "run" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    state["target_layer_ids"] = [1, 0]  # as an older version could have written
+    torch.save(state, ckpt)
+    res = _run(args + ["--target-layer-ids", "1,0", "--max-steps", "2", "--resume", "--force"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = _run(args + ["--target-layer-ids", "2,0", "--max-steps", "2", "--resume", "--force"])
+    assert isinstance(res.exception, ConfigError) and "give them in increasing order (0,2)" in str(res.exception)
