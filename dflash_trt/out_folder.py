@@ -12,8 +12,8 @@ line naming the path and the fix, whatever would fail at the end or lose data:
   `write_target`);
 - an --out inside a dflash-trt bundle (the bundle's manifest.json would not list it, and its next
   `build --force` would refuse the bundle) or inside a DFlash drafter folder (its next --force would
-  refuse it, holding files dflash-trt does not write there), or inside another model folder (a config.json
-  naming a model_type or architectures: a target's folder travels, and is uploaded, as a whole);
+  refuse it, holding files dflash-trt does not write there); one inside another model folder (a config.json
+  naming a model_type or architectures: a target's folder travels, and is uploaded, as a whole) is warned of;
 - an existing --out without --force; with --force, anything but an empty folder or a folder of the
   command's own kind (`OutputKind`) holding only the files dflash-trt writes there: a file a user added
   is never deleted;
@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,18 +191,29 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
                           "drafter folder holds only what dflash-trt writes there, or --force could no longer "
                           "replace it)")
     model = next((f for f in path.resolve().parents if _is_model_folder(f)), None)
-    if model is not None:
-        raise ConfigError(f"{flag} {out} is inside the model folder {model}; give a path outside it (a model folder "
-                          "is copied, uploaded and loaded as a whole: the new folder would travel with it)")
+    if model is not None:  # allowed (a drafter kept beside its target's files is a layout some choose): said once
+        warn_inside_model(flag, out, model)
     return path
 
 
-def enclosing_model_folder(path: str | Path) -> Path | None:
-    """`path` itself or the nearest folder above it that is a model folder (a DFlash drafter folder, or one whose
-    config.json names a model_type or architectures), resolved; None when there is none. For commands whose
-    output is not a model (bench's results), which belong in no model folder."""
+def warn_inside_model(flag: str, out: str | Path, model: Path) -> None:
+    """One stderr line: `out` lies inside the model folder `model` (not a dflash-trt folder: allowed), which is
+    copied, uploaded and loaded as a whole."""
+    print(f"warning: {flag} {out} is inside the model folder {model}; the new folder travels with that model's files "
+          "(copies, uploads); give a path outside it to keep them apart", file=sys.stderr, flush=True)
+
+
+def enclosing_model_folder(path: str | Path) -> tuple[Path, bool] | None:
+    """`path` itself or the nearest folder above it that is a model folder, resolved, and whether it is a DFlash
+    drafter folder (else one whose config.json names a model_type or architectures); None when there is none. For
+    commands whose output is not a model (bench's results)."""
     p = Path(path).resolve()
-    return next((f for f in (p, *p.parents) if _is_model_folder(f) or _inspect_drafter(f)[0] is None), None)
+    for f in (p, *p.parents):
+        if _inspect_drafter(f)[0] is None:
+            return f, True
+        if _is_model_folder(f):
+            return f, False
+    return None
 
 
 def _is_model_folder(folder: Path) -> bool:

@@ -159,8 +159,6 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
                                                               "files": {}}))
     (here / "drf").mkdir()  # a drafter folder (its config.json names DFlashDraftModel)
     (here / "drf" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
-    (here / "mdl").mkdir()  # a target's folder
-    (here / "mdl" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     cases = [("", "is empty; give a folder path"),
              (".", ". names the current folder, which is never replaced; give the name of a new folder"),
              ("..", ".. names a folder above the current one"),
@@ -168,8 +166,7 @@ def _bad_outs(here: Path) -> list[tuple[str, str]]:
              ("afile/x/sub", "afile/x/sub: afile is a file, not a folder;"),
              ("eng1/sub", f"eng1/sub is inside the dflash-trt bundle {here.resolve() / 'eng1'}; give a path outside it"),
              ("drf/sub", f"drf/sub is inside the DFlash drafter folder {here.resolve() / 'drf'}; give a path outside it"),
-             ("drf/x/..", f"drf/x/.. names {here.resolve() / 'drf'} through '..', which is never replaced"),
-             ("mdl/sub", f"mdl/sub is inside the model folder {here.resolve() / 'mdl'}; give a path outside it")]
+             ("drf/x/..", f"drf/x/.. names {here.resolve() / 'drf'} through '..', which is never replaced")]
     if Path("/proc/self").is_dir():  # root may write anywhere by its access bits, yet mkdir fails in /proc
         cases.append(("/proc/xx", "/proc/xx: cannot write in /proc ("))
     return cases  # the error line is `error: FLAG ` and the text
@@ -268,3 +265,15 @@ def test_tilde_and_the_current_folder_by_any_spelling_are_refused(cli, out, why)
         code, _, err = cli(command, out, "--force")
         assert code != 0 and why in err and "Traceback" not in err, (command, err)
     assert not (cli.here / "~").exists() and sorted(cli.here.iterdir()) == []
+
+
+def test_an_out_inside_a_targets_folder_is_warned_and_written(cli):
+    """A drafter kept inside its target's folder is a layout some choose: written, with one warning that it travels
+    with the model's files (a drafter folder or a bundle as the parent is refused: above)."""
+    model = cli.here / "mdl"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    code, _, err = cli("init-drafter", "mdl/dflash")
+    assert code == 0, err
+    assert f"warning: --out mdl/dflash is inside the model folder {model.resolve()}; the new folder travels with" in err
+    assert (model / "dflash" / "config.json").is_file()
