@@ -250,6 +250,14 @@ def drafter_as_given(opts: BuildOptions, dcfg: DrafterConfig) -> str | None:
     return ", ".join(why) or None
 
 
+def calibration_source(path: Path) -> str:
+    """How the manifest names --calib-prompts: a file by its absolute path; a pipe or device (bash's <(...), read
+    once) by what was given, with what it is (its resolved name, e.g. /proc/PID/fd/pipe:[N], means nothing later)."""
+    if path.is_file():
+        return str(path.resolve())
+    return f"{path} (a pipe or device, read once at build time)"
+
+
 def trtllm_needs_conversion(opts: BuildOptions, dcfg: DrafterConfig) -> bool:
     """Whether TensorRT-LLM's copy of the drafter is converted (`full_vocab_copy`: a reduced vocabulary, or the
     speculators format) rather than copied as given."""
@@ -622,7 +630,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                              # holds fewer); source, requested: the prompts, --calib-size (None: nothing was
                              # calibrated)
                              "calibration": {"source": None if not opts.calibrates else
-                                             str(Path(opts.calib_prompts).resolve()) if opts.calib_prompts
+                                             calibration_source(Path(opts.calib_prompts)) if opts.calib_prompts
                                              else "built-in corpus",
                                              "num_prompts": len(state.get("calib", [])),
                                              "requested": opts.calib_size if opts.calibrates else None}},

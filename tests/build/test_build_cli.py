@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -434,3 +435,14 @@ def test_unfinished_build_folders_beside_out_are_named_not_removed(tmp_path, tin
         assert [line for line in err.splitlines() if "unfinished build folder" in line] == [want], err
     assert (stale / "rank0.safetensors").read_text() == "partial" and (tmp_path / ".other.building-x").is_dir()
     assert (tmp_path / "b" / "manifest.json").is_file()
+
+
+def test_the_manifest_names_a_calibration_pipe_as_given(tmp_path):
+    """--calib-prompts <(...) is read once; the manifest records the path given and what it was, not the
+    /proc/PID/fd/pipe:[N] it resolves to. A file is recorded by its absolute path."""
+    from dflash_trt.build.pipeline import calibration_source
+
+    f = tmp_path / "calib.jsonl"
+    f.write_text('{"prompt": "x"}\n')
+    assert calibration_source(f) == str(f.resolve())
+    assert calibration_source(Path("/dev/null")) == "/dev/null (a pipe or device, read once at build time)"
