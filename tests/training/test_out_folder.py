@@ -195,10 +195,15 @@ def test_an_unusable_work_dir_is_refused_before_any_work(cli, extra):
              (("--work-dir", "afile/w"), "--work-dir afile/w: afile is a file, not a folder"),
              (("--work-dir", "d/w"), "--work-dir d/w is inside --out d; the export replaces --out as a whole"),
              (("--work-dir", "d"), "--work-dir d is --out d;")]
+    (cli.here / "drf").mkdir()  # a drafter folder
+    (cli.here / "drf" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
+    cases.append((("--work-dir", "drf/w"), f"--work-dir drf/w is inside the DFlash drafter folder "
+                                           f"{(cli.here / 'drf').resolve()}; give a --work-dir outside it"))
     for args, want in cases:
         code, _, err = cli("train-drafter", "d", *args, *extra)
         assert _one_error_line(code, err, want), (args, err)
-        assert sorted(p.name for p in cli.here.iterdir()) == ["afile"], args
+        assert sorted(p.name for p in cli.here.iterdir()) == ["afile", "drf"], args
+        assert sorted(p.name for p in (cli.here / "drf").iterdir()) == ["config.json"], args
 
 
 def test_train_drafter_checks_out_again_before_the_export(cli, monkeypatch):
@@ -277,3 +282,5 @@ def test_an_out_inside_a_targets_folder_is_warned_and_written(cli):
     assert code == 0, err
     assert f"warning: --out mdl/dflash is inside the model folder {model.resolve()}; the new folder travels with" in err
     assert (model / "dflash" / "config.json").is_file()
+    code, _, err = cli("train-drafter", "d", "--work-dir", "mdl/work", "--data-only")  # its data cache too: warned
+    assert code == 0 and f"warning: --work-dir mdl/work is inside the model folder {model.resolve()}" in err, err
