@@ -123,8 +123,8 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
                     batch_size=batch_size, num_prompts=len(prompt_ids))
     manifest = read_json(manifest_path, _damaged_fix(out)) if manifest_path.is_file() else {}
     cached = manifest.get("settings") or {}
-    if manifest and "target_weights" not in cached:  # a cache made before fingerprints: the target's name decides
-        cached["target_weights"] = settings.get("target_weights")
+    if manifest and "target_weights" in settings and "target_weights" not in cached:  # made before fingerprints:
+        cached["target_weights"] = settings["target_weights"]                        # the target's name decides
     if manifest and cached != settings:
         differ = settings_differences(cached, settings)
         raise DFlashError(f"{out} holds training data made with other settings ({differ}); rerun with the settings "
