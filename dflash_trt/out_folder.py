@@ -191,29 +191,42 @@ def _check_place(flag: str, out: str | Path, kind: OutputKind) -> Path:
                           "drafter folder holds only what dflash-trt writes there, or --force could no longer "
                           "replace it)")
     model = next((f for f in path.resolve().parents if _is_model_folder(f)), None)
-    if model is not None:  # allowed (a drafter kept beside its target's files is a layout some choose): said once
+    if model is not None:  # allowed (a drafter kept beside its target's files is a layout some choose)
         warn_inside_model(flag, out, model)
     return path
 
 
+_WARNED: set[tuple[str, str]] = set()  # (flag, resolved path) warned of in this process (commands check twice)
+
+
 def warn_inside_model(flag: str, out: str | Path, model: Path) -> None:
-    """One stderr line: `out` lies inside the model folder `model` (not a dflash-trt folder: allowed), which is
-    copied, uploaded and loaded as a whole."""
+    """One stderr line, once per process: `out` lies inside the model folder `model` (not a dflash-trt folder:
+    allowed), which is copied, uploaded and loaded as a whole."""
+    key = (flag, str(Path(out).resolve()))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
     print(f"warning: {flag} {out} is inside the model folder {model}; the new folder travels with that model's files "
           "(copies, uploads); give a path outside it to keep them apart", file=sys.stderr, flush=True)
 
 
-def enclosing_model_folder(path: str | Path) -> tuple[Path, bool] | None:
-    """`path` itself or the nearest folder above it that is a model folder, resolved, and whether it is a DFlash
-    drafter folder (else one whose config.json names a model_type or architectures); None when there is none. For
-    commands whose output is not a model (bench's results)."""
+def check_outside_models(flag: str, path: str | Path) -> None:
+    """For a folder that is not a model (bench's results, train-drafter's work dir): refuse `path` when it is or
+    lies inside a DFlash drafter folder (which holds only what dflash-trt writes there); warn when it lies inside
+    another model folder (`warn_inside_model`).
+
+    Raises:
+        ConfigError: naming the drafter folder and the fix.
+    """
     p = Path(path).resolve()
     for f in (p, *p.parents):
         if _inspect_drafter(f)[0] is None:
-            return f, True
+            where = "is" if f == p else "is inside"
+            raise ConfigError(f"{flag} {path} {where} the DFlash drafter folder {f}; give a path outside it (a drafter "
+                              "folder holds only what dflash-trt writes there)")
         if _is_model_folder(f):
-            return f, False
-    return None
+            warn_inside_model(flag, path, f)
+            return
 
 
 def _is_model_folder(folder: Path) -> bool:

@@ -67,7 +67,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.report import OUTPUT_NAMES, write_outputs
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
-    from dflash_trt.out_folder import enclosing_model_folder, warn_inside_model
+    from dflash_trt.out_folder import check_outside_models
     from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
                                        model_folder, note_max_concurrency, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
@@ -108,13 +108,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     if bundle is not None:  # results mixed into a deployable artifact (and into no manifest)
         raise InvalidRequestError(f"--out {out} is inside the dflash-trt bundle {bundle}; choose an --out outside the "
                                   "bundle (e.g. --out bench_out)")
-    model = enclosing_model_folder(out)
-    if model is not None and model[1]:  # results mixed into a drafter folder, which holds only what dflash-trt writes
-        where = "is" if model[0] == Path(out).resolve() else "is inside"
-        raise InvalidRequestError(f"--out {out} {where} the DFlash drafter folder {model[0]}; choose an --out outside "
-                                  "it (e.g. --out bench_out)")
-    if model is not None:
-        warn_inside_model("--out", out, model[0])
+    check_outside_models("--out", out)  # results mixed into a drafter folder: refused; into a target's: warned
     check_out_folder("--out", out, OUTPUT_NAMES)  # a bench can run for hours: an unusable --out fails now, not at the end
     if (Path(out) / "results.json").is_file():
         click.echo(f"note: --out {out} holds an earlier run's results.json; this run overwrites it, results.md and "

@@ -173,8 +173,7 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
     """
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.loading import path_overlap
-    from dflash_trt.out_folder import (DRAFTER, check_out, check_out_path, check_writable, enclosing_model_folder,
-                                       warn_inside_model)
+    from dflash_trt.out_folder import DRAFTER, check_out, check_out_path, check_outside_models, check_writable
     from dflash_trt.training.trainer import CHECKPOINT
 
     if data_only:
@@ -191,12 +190,7 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
     if where in ("is", "is inside"):
         raise ConfigError(f"--work-dir {work} {where} --out {out}; the export replaces --out as a whole, so give a "
                           "--work-dir outside it (default: OUT.work, beside --out)")
-    model = enclosing_model_folder(work)
-    if model is not None and model[1]:
-        raise ConfigError(f"--work-dir {work} is inside the DFlash drafter folder {model[0]}; give a --work-dir outside "
-                          "it (a drafter folder holds only what dflash-trt writes there)")
-    if model is not None:  # data and checkpoints (gigabytes) would travel with the model's files
-        warn_inside_model("--work-dir", work, model[0])
+    check_outside_models("--work-dir", work)  # data and checkpoints (gigabytes): not among a model's files
     check_writable("--work-dir", work, work)
 
 

@@ -287,8 +287,8 @@ def test_bench_refuses_an_out_inside_a_bundle_before_loading_models(tmp_path, mo
             main()
         err = capsys.readouterr().err
         assert exc.value.code == 1 and err.strip() == (f"error: --out {out} {where} the DFlash drafter folder "
-                                                       f"{drafter.resolve()}; choose an --out outside it (e.g. --out "
-                                                       "bench_out)"), err
+                                                       f"{drafter.resolve()}; give a path outside it (a drafter folder "
+                                                       "holds only what dflash-trt writes there)"), err
     assert not (drafter / "b").exists()
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--out", str(model / "bench")])
     with pytest.raises(AssertionError, match="models were loaded"):  # a target's folder: warned, then it runs

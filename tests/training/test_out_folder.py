@@ -198,7 +198,7 @@ def test_an_unusable_work_dir_is_refused_before_any_work(cli, extra):
     (cli.here / "drf").mkdir()  # a drafter folder
     (cli.here / "drf" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
     cases.append((("--work-dir", "drf/w"), f"--work-dir drf/w is inside the DFlash drafter folder "
-                                           f"{(cli.here / 'drf').resolve()}; give a --work-dir outside it"))
+                                           f"{(cli.here / 'drf').resolve()}; give a path outside it"))
     for args, want in cases:
         code, _, err = cli("train-drafter", "d", *args, *extra)
         assert _one_error_line(code, err, want), (args, err)
@@ -284,3 +284,6 @@ def test_an_out_inside_a_targets_folder_is_warned_and_written(cli):
     assert (model / "dflash" / "config.json").is_file()
     code, _, err = cli("train-drafter", "d", "--work-dir", "mdl/work", "--data-only")  # its data cache too: warned
     assert code == 0 and f"warning: --work-dir mdl/work is inside the model folder {model.resolve()}" in err, err
+    code, _, err = cli("train-drafter", "mdl/trained", "--work-dir", "w2")  # --out is checked twice: warned once
+    assert code == 0 and err.count("warning: --out mdl/trained is inside the model folder") == 1, err
+    assert (model / "trained" / "model.safetensors").is_file()
