@@ -127,8 +127,8 @@ def write_model_repository(repo: str | Path, name: str = "dflash", **parameters:
 def check_parameters(params: dict[str, str]) -> None:
     """Refuse model parameters the model would otherwise ignore or fail on later: an unknown name (a typo such
     as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), or `bundle`
-    together with `target` / `drafter` (a bundle holds both). Triton's Python backend's own
-    `EXECUTION_ENV_PATH` is allowed.
+    together with `target` / `drafter` (a bundle holds both). The parameters Triton's Python backend reads
+    itself (`BACKEND_PARAMETERS`) are allowed.
 
     Raises:
         ValueError: naming the parameter and the fix (Triton then fails the model's load with it).
