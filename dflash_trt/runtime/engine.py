@@ -28,8 +28,9 @@ import torch
 
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
-from dflash_trt.runtime.draft_tree import greedy_tree_accept, node_depths, tree_attention_mask
+from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, node_depths, tree_attention_mask
 from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
+from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
@@ -99,6 +100,12 @@ class _Request:
     logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
     # params.prompt_logprobs set: one per prompt token read so far (None for the first)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
+
+    def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
+        row's `prefixes`: the drafts before it in the block), or `logits` as they are without any."""
+        return logits if self.penalties is None else self.penalties.apply(logits, self.out, prefixes)
 
     def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
         """Append tokens in order (with their `logprobs` when the request asked for them), applying every
@@ -182,14 +189,19 @@ class Engine:
         beyond = [t for t in params.stop_token_ids or () if t >= vocab]
         if beyond:  # the target never emits them: such a stop could never fire
             raise InvalidRequestError(f"stop_token_ids holds {beyond[0]}, outside the vocabulary [0, {vocab})")
+        beyond = [t for t, _ in params.logit_bias or () if t >= vocab]
+        if beyond:
+            raise InvalidRequestError(f"logit_bias names token {beyond[0]}, outside the vocabulary [0, {vocab})")
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
             gen = torch.Generator(device=self.device).manual_seed(generator_seed(seed, self.device))
         ignored = params.ignore_eos and params.stop_token_ids is None  # ignore_eos drops the EOS ids, not given ones
-        return _Request(list(prompt), params, frozenset() if ignored else frozenset(stop),
-                        self.context_len, gen, logprobs=None if params.logprobs is None else [],
-                        prompt_logprobs=None if params.prompt_logprobs is None else [None])
+        stop_ids = frozenset() if ignored else frozenset(stop)
+        penalties = LogitsPenalties(params, prompt, stop_ids, vocab) if params.processes_logits else None
+        return _Request(list(prompt), params, stop_ids, self.context_len, gen,
+                        logprobs=None if params.logprobs is None else [],
+                        prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -320,8 +332,9 @@ class Engine:
         token (so the others can be rerun)."""
         sel = [reqs[j] for j in rows]
         logits = torch.stack([r.first_logits for r in sel])
-        argmax = greedy_tokens(logits).tolist()  # one device sync for all of them
-        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(logits[i], r.params), r.generator)
+        scores = [r.scores(logits[i : i + 1], [[]])[0] for i, r in enumerate(sel)]
+        argmax = greedy_tokens(torch.stack(scores)).tolist()  # one device sync for all of them
+        toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(scores[i], r.params), r.generator)
                 for i, r in enumerate(sel)]
         lps = [None if r.logprobs is None else token_logprobs(logits[i : i + 1], [toks[i]], r.params.logprobs)
                for i, r in enumerate(sel)]
@@ -425,11 +438,18 @@ class Engine:
         # the verifier's logits of the rows asking for logprobs, which those reuse
         memo = StepLogits({j for j, r in enumerate(batch) if r.logprobs is not None})
         if tree is None:
-            g_acc, g_next = self._verify_greedy(greedy, batch, lens, tokens, hidden, memo)
+            # a chain of a request with logits processing is verified as a tree whose nodes are its positions
+            plain = [j for j in greedy if batch[j].penalties is None]
+            g_acc, g_next = self._verify_greedy(plain, batch, lens, tokens, hidden, memo)
+            processed = [j for j in greedy if batch[j].penalties is not None]
+            if processed:
+                chains = chain_parents(len(batch), tokens.shape[1] - 1, tokens.device)
+                acc, nxt, _ = self._verify_greedy_trees(processed, batch, lens, tokens, chains, hidden, memo)
+                greedy, g_acc, g_next = plain + processed, g_acc + acc, g_next + nxt
         else:
-            g_acc, g_next, paths = self._verify_greedy_trees(greedy, lens, tokens, tree, hidden, memo)
+            g_acc, g_next, paths = self._verify_greedy_trees(greedy, batch, lens, tokens, tree, hidden, memo)
         verdict = {j: (a, t) for j, a, t in zip(greedy, g_acc, g_next)}
-        s_probs = self._sampling_probs(sampled, batch, lens, hidden, memo) if sampled else {}
+        s_probs = self._sampling_probs(sampled, batch, lens, tokens, hidden, memo) if sampled else {}
         token_rows = tokens.tolist()  # one device sync, not one per row
         for j, r in enumerate(batch):  # every verdict before any row emits (a failing row emits nothing anywhere)
             if not r.params.greedy:
@@ -487,25 +507,28 @@ class Engine:
                 logits[j] = part
         return {j: token_logprobs(logits[j], emitted[j], batch[j].params.logprobs) for j in rows}
 
-    def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int],
+    def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
                         hidden: torch.Tensor, memo: StepLogits) -> dict[int, ChunkedProbs]:
-        """The target's p [lens[j] + 1, V] of each sampling row j in `rows` from final-normed hidden
-        states [n, step, H], as `ChunkedProbs`: the first `_first_logits` positions of every row in
-        one lm_head product, a row's later positions only if speculative sampling reads them. The raw
-        logits computed go to `memo`."""
+        """The target's p [lens[j] + 1, V] of each sampling row j in `rows` from the step's tokens [n, step]
+        and final-normed hidden states [n, step, H], as `ChunkedProbs`: the first `_first_logits` positions
+        of every row in one lm_head product, a row's later positions only if speculative sampling reads
+        them; each position's logits processed with its own history (`_Request.scores`). The raw logits
+        computed go to `memo`."""
         first = [self._first_logits(batch[j], lens[j], hidden.shape[1]) for j in rows]
         logits = self.target.compute_logits(torch.cat([hidden[j, :f] for j, f in zip(rows, first)]))
         memo.add([(j, node) for j, f in zip(rows, first) for node in range(f)], logits)
         out, at = {}, 0
         for j, f in zip(rows, first):
-            params, end = batch[j].params, lens[j] + 1
+            r, end = batch[j], lens[j] + 1
+            drafts = tokens[j, 1:end].tolist() if r.penalties is not None else []
 
-            def rest(j=j, f=f, params=params, end=end) -> torch.Tensor:
+            def rest(j=j, f=f, r=r, end=end, drafts=drafts) -> torch.Tensor:
                 later = self.target.compute_logits(hidden[j, f:end])
                 memo.add([(j, node) for node in range(f, end)], later)
-                return probs_from_logits(later, params)
+                return probs_from_logits(r.scores(later, chain_prefixes(drafts, f, end)), r.params)
 
-            out[j] = ChunkedProbs(probs_from_logits(logits[at : at + f], params), rest)
+            out[j] = ChunkedProbs(probs_from_logits(r.scores(logits[at : at + f], chain_prefixes(drafts, 0, f)),
+                                                    r.params), rest)
             at += f
         return out
 
@@ -529,11 +552,13 @@ class Engine:
 
         return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first, keep)
 
-    def _verify_greedy_trees(self, rows: list[int], lens: list[int], tokens: torch.Tensor, tree: torch.Tensor,
-                             hidden: torch.Tensor, memo: StepLogits) -> tuple[list[int], list[int], dict[int, list[int]]]:
+    def _verify_greedy_trees(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
+                             tree: torch.Tensor, hidden: torch.Tensor,
+                             memo: StepLogits) -> tuple[list[int], list[int], dict[int, list[int]]]:
         """Greedy verdicts of draft trees (`greedy_tree_accept`) of batch rows `rows`: accepted
         counts, next tokens and the accepted paths (node indices). Logits are computed for every
-        verified node of those rows in one lm_head product (and go to `memo`)."""
+        verified node of those rows in one lm_head product (and go to `memo`); a request with logits
+        processing reads each node's after its own (the drafts on the node's path, `tree_prefixes`)."""
         if not rows:
             return [], [], {}
         dev, step = hidden.device, hidden.shape[1]
@@ -542,8 +567,13 @@ class Engine:
         verified = torch.arange(step, device=dev)[None, :] <= num[:, None]  # [g, step]: root + drafts
         logits = self.target.compute_logits(hidden[idx][verified])
         memo.add_where(rows, verified, logits)
-        flat = greedy_tokens(logits).tolist()
         token_rows, parent_rows = tokens[idx, 1:].tolist(), tree[idx].tolist()
+        if any(batch[j].penalties is not None for j in rows):
+            parts = list(logits.split([lens[j] + 1 for j in rows]))
+            for g, j in enumerate(rows):
+                parts[g] = batch[j].scores(parts[g], tree_prefixes(token_rows[g], parent_rows[g], lens[j] + 1))
+            logits = torch.cat(parts)
+        flat = greedy_tokens(logits).tolist()
         accepted, nxt, paths, at = [], [], {}, 0
         for g, j in enumerate(rows):
             m = lens[j]

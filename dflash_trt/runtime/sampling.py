@@ -28,7 +28,20 @@ class SamplingParams:
     stop (vLLM's meaning). logprobs: None (off), or 0 .. MAX_LOGPROBS: return each emitted token's log-probability
     under the target and that many of the most likely alternatives (`dflash_trt.runtime.logprobs`;
     the output is the same either way). prompt_logprobs: the same for the prompt's tokens (vLLM's name;
-    the first has none: nothing predicts it). Every field is type-checked (InvalidRequestError naming it; bool is not a number).
+    the first has none: nothing predicts it).
+
+    Logits processing (`dflash_trt.runtime.penalties`; off at the defaults, greedy decoding included):
+    logit_bias: {token id: bias} added to the target's logits (OpenAI's; bias in [-100, 100]; stored as a
+    tuple of (id, bias) pairs sorted by id). repetition_penalty: > 0, 1 = off; the logit of a token seen in the
+    prompt or the output so far is divided by it when positive, multiplied when negative (CTRL, Keskar et
+    al. 2019; HF's `RepetitionPenaltyLogitsProcessor`). presence_penalty / frequency_penalty: in [-2, 2];
+    subtracted once from the logit of a token the OUTPUT holds, and once per occurrence (OpenAI's; vLLM's
+    scope: not the prompt's tokens). min_tokens: the stop tokens (EOS, or stop_token_ids) cannot be chosen
+    before that many tokens are out (<= max_tokens). min_p: in [0, 1], 0 = off; after temperature, top-k
+    and top-p, drop the tokens whose probability is below min_p times the top token's (Nguyen et al.
+    2024; HF's `MinPLogitsWarper`; sampling only: the argmax is always kept).
+
+    Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
 
     temperature: float = 0.0
@@ -40,6 +53,12 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    min_tokens: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -70,10 +89,33 @@ class SamplingParams:
                 set_(self, name, _integer(name, value, allowed))
                 if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
                     raise InvalidRequestError(f"{name} must be {allowed}, got {value}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(self, name, _real(name, getattr(self, name), "a number in [-2, 2] (0 = off)"))
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidRequestError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        set_(self, "repetition_penalty", _real("repetition_penalty", self.repetition_penalty,
+                                               "a number > 0 (1 = off)"))
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise InvalidRequestError(f"repetition_penalty must be finite and > 0 (1 = off), got {self.repetition_penalty}")
+        if self.logit_bias is not None:
+            set_(self, "logit_bias", _logit_bias(self.logit_bias) or None)
+        set_(self, "min_tokens", _integer("min_tokens", self.min_tokens, "an integer >= 0 (0 = off)"))
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
+        set_(self, "min_p", _real("min_p", self.min_p, "a number in [0, 1] (0 = off)"))
+        if not 0 <= self.min_p <= 1:
+            raise InvalidRequestError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the target's logits go through `dflash_trt.runtime.penalties` (logit bias, a penalty or
+        min_tokens set): what they add depends on each verify position's own history."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1 or self.min_tokens)
 
 
 def check_seed(seed) -> int | None:
@@ -150,6 +192,34 @@ def _token_ids(value) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
+#: OpenAI's range of a logit bias
+MAX_LOGIT_BIAS = 100.0
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """logit_bias as (token id, bias) pairs sorted by id: a mapping {id: bias} (ints, numpy's too; JSON's
+    string keys are converted by the servers) or an iterable of pairs; else InvalidRequestError."""
+    allowed = f"a mapping {{token id (integer >= 0): bias (number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}])}}"
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidRequestError(f"logit_bias must be {allowed}, got {value!r} ({type(value).__name__})")
+    else:
+        pairs = list(value)
+        if any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in pairs):
+            raise InvalidRequestError(f"logit_bias must be {allowed}, got {value!r}")
+    out = {}
+    for token, bias in pairs:
+        if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
+            raise InvalidRequestError(f"logit_bias must be {allowed}; the key {token!r} is not a token id")
+        bias = _real(f"logit_bias[{token}]", bias, f"a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN included
+            raise InvalidRequestError(f"logit_bias[{token}] must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                      f"got {bias}")
+        out[int(token)] = bias
+    return tuple(sorted(out.items()))
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Argmax over the last dimension: [..., V] -> [...] int64, the first maximal index on ties (as
     `torch.argmax`), computed with `torch.max`, which is ~2.5x faster on the CPU (e.g. 80 vs 220 us
@@ -162,7 +232,7 @@ LOW_TEMPERATURE = 1e-3
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p.
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p, min-p.
 
     top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted distribution
     whose mass reaches top_p (the token that crosses it included; the most likely token always, also
@@ -173,6 +243,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     (float32's largest) as 3.4e38. Both filters rank tokens by their logits, not by the scaled ones: a
     huge temperature rounds logits / temperature (and so the probabilities) to equal values, and top-k
     1 then kept every token; so the kept tokens are always the top-ranked ones, sampled near uniformly.
+    min_p keeps the tokens whose probability is at least min_p times the top token's (after the other
+    filters: HF's order; the ratio does not change with their renormalization).
     """
     scores = logits.float()
     vocab = scores.shape[-1]
@@ -194,6 +266,9 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         keep[..., 0] = True
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p > 0:
+        probs = probs * (probs >= params.min_p * probs.max(-1, keepdim=True).values)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

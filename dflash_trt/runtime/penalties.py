@@ -1,0 +1,119 @@
+"""History-dependent logits processing: logit bias, repetition / presence / frequency penalties, min_tokens.
+
+These change the TARGET's logits by what the sequence holds so far, so under speculative decoding each
+verify position needs its OWN history: the prompt, the tokens emitted before this step, and the drafts
+before that position in the block (for a draft tree, the drafts on the path to that node). `apply` takes
+one history per position, so the verifier's p at every position is exactly the distribution that
+autoregressive decoding would have there, and DFlash keeps the output (greedy) or the distribution
+(sampling) of autoregressive decoding with the same parameters.
+
+Order (HF `generate`'s for the processors it has, vLLM's for the others), before temperature, top-k,
+top-p and min-p (`sampling.probs_from_logits`):
+1. logit_bias: bias[t] added to logit t.
+2. repetition_penalty r (tokens in the prompt or the output so far): logit / r if > 0, logit * r if not
+   (Keskar et al. 2019, "CTRL", sec. 4.1; HF's `RepetitionPenaltyLogitsProcessor`).
+3. frequency_penalty f and presence_penalty a (tokens in the output so far, c[t] times):
+   logit - f * c[t] - a * (c[t] > 0) (OpenAI's definition; vLLM's scope: the prompt does not count.
+   TensorRT-LLM counts the prompt too unless its `prompt_ignore_length` says otherwise).
+4. min_tokens: while fewer than min_tokens tokens are out, the request's stop tokens get -inf.
+The logprobs a request asks for stay the raw target's (`dflash_trt.runtime.logprobs`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_trt.runtime.sampling import SamplingParams
+
+
+class LogitsPenalties:
+    """The logits processing of one request (`SamplingParams.processes_logits`).
+
+    Args:
+        params: its SamplingParams.
+        prompt: its prompt token ids (read by the repetition penalty).
+        stop_ids: the tokens that end it (what min_tokens holds back).
+        vocab_size: the target's vocabulary V (logit_bias ids are checked against it).
+    Raises:
+        InvalidRequestError: a logit_bias token id outside [0, V) (`check_logit_bias`).
+    """
+
+    def __init__(self, params: SamplingParams, prompt: list[int], stop_ids: frozenset[int], vocab_size: int):
+        self.params = params
+        self.prompt = torch.tensor(sorted(set(prompt)), dtype=torch.int64) if params.repetition_penalty != 1 else None
+        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64)
+        bias = params.logit_bias or ()
+        self.bias_ids = torch.tensor([t for t, _ in bias], dtype=torch.int64)
+        self.bias_values = torch.tensor([b for _, b in bias], dtype=torch.float32)
+
+    def apply(self, logits: torch.Tensor, out: list[int], prefixes: list[list[int]]) -> torch.Tensor:
+        """The processed logits of m positions of the request.
+
+        Args:
+            logits: [m, V] raw target logits (any float dtype), row i at position i.
+            out: the tokens the request has emitted before this step (its output so far).
+            prefixes: m lists: the tokens between `out` and row i's prediction (the drafts before it in the
+                block, or on its tree path; [] for the position right after `out`).
+        Returns:
+            [m, V] float32, a new tensor (`logits` is left as it is: logprobs read the raw ones).
+        """
+        p = self.params
+        scores = logits.float().clone()
+        dev = scores.device
+        if len(self.bias_ids):
+            scores[:, self.bias_ids.to(dev)] += self.bias_values.to(dev)
+        if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
+            self._penalize(scores, out, prefixes)
+        if p.min_tokens and len(self.stop_ids):
+            early = [i for i, pre in enumerate(prefixes) if len(out) + len(pre) < p.min_tokens]
+            if early:
+                rows = torch.tensor(early, device=dev)
+                scores[rows[:, None], self.stop_ids.to(dev)[None, :]] = float("-inf")
+        return scores
+
+    def _penalize(self, scores: torch.Tensor, out: list[int], prefixes: list[list[int]]) -> None:
+        """Steps 2 and 3 in place, on the columns of the tokens any row's history holds (the others keep
+        their logits): counts [m, |S|] of each row's output tokens over those columns S."""
+        p, dev, m = self.params, scores.device, scores.shape[0]
+        extra = [t for pre in prefixes for t in pre]
+        held = torch.tensor(out + extra, dtype=torch.int64)
+        columns = torch.cat([held, self.prompt]) if self.prompt is not None else held
+        if not len(columns):
+            return
+        columns = torch.unique(columns)  # sorted
+        counts = torch.bincount(torch.searchsorted(columns, torch.tensor(out, dtype=torch.int64)),
+                                minlength=len(columns)).float().expand(m, -1).clone()
+        if extra:
+            rows = torch.tensor([i for i, pre in enumerate(prefixes) for _ in pre])
+            counts.index_put_((rows, torch.searchsorted(columns, torch.tensor(extra))), torch.ones(len(extra)),
+                              accumulate=True)
+        counts = counts.to(dev)
+        sub = scores[:, columns.to(dev)]
+        if p.repetition_penalty != 1:
+            seen = counts > 0
+            if self.prompt is not None:
+                seen |= torch.isin(columns, self.prompt).to(dev)[None, :]
+            r = p.repetition_penalty
+            sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+        if p.frequency_penalty or p.presence_penalty:
+            sub = sub - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        scores[:, columns.to(dev)] = sub
+
+
+def chain_prefixes(drafts: list[int], first: int, end: int) -> list[list[int]]:
+    """The `prefixes` of block positions first .. end - 1 of a chain of drafts: position i follows drafts[:i]."""
+    return [drafts[:i] for i in range(first, end)]
+
+
+def tree_prefixes(tokens: list[int], parents: list[int], nodes: int) -> list[list[int]]:
+    """The `prefixes` of tree nodes 0 .. nodes - 1: node i's drafts from the root's child down to itself.
+
+    Args:
+        tokens: the drafts' token ids, node i + 1's at tokens[i] (node 0 is the root: the last token).
+        parents: node i + 1's parent node at parents[i] (< i + 1; 0 = the root).
+        nodes: the nodes to give (root included).
+    """
+    out = [[]]
+    for i in range(1, nodes):
+        out.append(out[parents[i - 1]] + [tokens[i - 1]])
+    return out
