@@ -64,12 +64,14 @@ def error_body(message: str, kind: str = "invalid_request_error", code: str | No
 
 #: request fields an error message may start with (its `param`)
 FIELDS = ("max_completion_tokens", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop_token_ids",
-          "stop", "stream_options", "messages", "prompt", "model") + tuple(UNSUPPORTED)
+          "stop", "stream_options", "messages", "prompt", "model", "presence_penalty", "frequency_penalty",
+          "repetition_penalty", "logit_bias", "min_tokens", "min_p") + tuple(UNSUPPORTED)
 
 
 def param_of(message: str) -> str | None:
-    """The request field an error message is about, when it starts with one (OpenAI's `param`)."""
-    return next((f for f in FIELDS if message.startswith(f) and message[len(f):len(f) + 1] in (" ", "=", ":", ".")),
+    """The request field an error message is about, when it starts with one (OpenAI's `param`; "logit_bias[504]
+    must be ..." is about logit_bias)."""
+    return next((f for f in FIELDS if message.startswith(f) and message[len(f):len(f) + 1] in (" ", "=", ":", ".", "[")),
                 None)
 
 
@@ -218,7 +220,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 index = p * req.n + j
                 params = params_of[p][j]
 
-                text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None)
+                text = StopText(decode, stops, token_aligned=req.stream and params.logprobs is not None,
+                                min_tokens=params.min_tokens)
 
                 def on_text(delta, logprobs=None, index=index, text=text):  # on the generation thread: the count now
                     loop.call_soon_threadsafe(events.put_nowait, (index, "text", (delta, logprobs, text.generated)))
@@ -392,6 +395,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         if want < 0 or (want == 0 and not req.echo):
             raise InvalidRequestError(f"max_tokens must be >= 1, got {want} (0 is allowed with echo: true, which "
                                       "returns the prompt and, with logprobs, its tokens' logprobs)", param="max_tokens")
+        if scoring and req.min_tokens:
+            raise InvalidRequestError(f"min_tokens must be 0 with max_tokens 0 (echo: scoring the prompt, which "
+                                      f"generates nothing), got {req.min_tokens}", param="min_tokens")
         max_tokens = [fit_context(len(ids), 1 if scoring else want, context_len,
                                   f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
                       for i, ids in enumerate(prompts)]

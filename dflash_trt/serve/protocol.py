@@ -6,9 +6,13 @@ as lm-evaluation-harness's loglikelihood requests need; streamed, the prompt is 
 chunk, as vLLM streams it), with the
 extensions trtllm-serve and vLLM accept: `top_k`, `stop_token_ids`, `ignore_eos`. Log-probabilities:
 `logprobs` (Completions: an integer 0..20; Chat: true, with `top_logprobs` 0..20), the target's raw
-distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). A field this
-runtime cannot honour (penalties, logit bias, tools and functions, JSON mode, `echo` in chat, `best_of`, `suffix`, `min_tokens`, `min_p`, beam search) is refused with a message naming it
-unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
+distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). Logits processing, applied
+exactly by the runtime (`dflash_trt.runtime.penalties`; left out or null: off): `presence_penalty`,
+`frequency_penalty` (OpenAI's, over the output tokens), `logit_bias` (OpenAI's; its JSON keys are token
+ids written as decimal strings), and vLLM's `repetition_penalty`, `min_tokens` (no stop, neither a stop
+token nor a `stop` string, before that many tokens are out) and `min_p`. A field this runtime cannot
+honour (tools and functions, JSON mode, `echo` in chat, `best_of`, `suffix`, beam search) is refused with
+a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
 do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
 accepted and ignored.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS
@@ -110,19 +114,20 @@ class _Request(BaseModel):
     store: Any = None
     service_tier: Any = None
     parallel_tool_calls: Any = None
+    # logits processing (`SamplingParams`; None: off)
+    presence_penalty: float | None = Field(default=None, strict=True)
+    frequency_penalty: float | None = Field(default=None, strict=True)
+    repetition_penalty: float | None = Field(default=None, strict=True)
+    logit_bias: dict[str, StrictFloat] | None = None  # {token id as a decimal string: bias} (OpenAI's JSON)
+    min_tokens: int | None = Field(default=None, strict=True)
+    min_p: float | None = Field(default=None, strict=True)
     # refused unless left at their "off" value (see UNSUPPORTED)
-    presence_penalty: Any = 0
-    frequency_penalty: Any = 0
-    repetition_penalty: Any = None
-    logit_bias: Any = None
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
     echo: Any = False
     best_of: Any = None
     suffix: Any = None
-    min_tokens: Any = 0
-    min_p: Any = 0
     use_beam_search: Any = False
     length_penalty: Any = None
     functions: Any = None
@@ -154,11 +159,12 @@ class _Request(BaseModel):
         """The runtime's SamplingParams for one choice. `stop_token_ids` are added to the target's
         `eos_token_ids` (vLLM's and trtllm-serve's meaning; `ignore_eos` drops the EOS ids only);
         `top_k` -1 is off (vLLM's spelling of 0); `seed_offset` (the choice's index among n) keeps the n
-        choices of a seeded request different and each one reproducible.
+        choices of a seeded request different and each one reproducible. A penalty, `min_tokens` or `min_p`
+        left out (None) is off; `logit_bias`'s keys become token ids (`token_logit_bias`).
 
         Raises:
-            InvalidRequestError: a value out of range (`SamplingParams` names the field), a stop token id
-                outside [0, vocab_size).
+            InvalidRequestError: a value out of range (`SamplingParams` names the field; `min_tokens` above
+                `max_tokens` included), a stop token id outside [0, vocab_size), a bad `logit_bias` key.
         """
         extra = tuple(self.stop_token_ids or ())
         bad = next((t for t in extra if not 0 <= t < vocab_size), None)
@@ -167,7 +173,29 @@ class _Request(BaseModel):
         stops = tuple(dict.fromkeys(extra if self.ignore_eos else (*eos_token_ids, *extra)))
         return SamplingParams(temperature=self.temperature, top_k=0 if self.top_k == -1 else self.top_k,
                               top_p=self.top_p, max_tokens=max_tokens, stop_token_ids=stops,
-                              seed=offset_seed(self.seed, seed_offset), logprobs=self.num_logprobs())
+                              seed=offset_seed(self.seed, seed_offset), logprobs=self.num_logprobs(),
+                              presence_penalty=self.presence_penalty or 0.0,
+                              frequency_penalty=self.frequency_penalty or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
+                              min_p=self.min_p or 0.0)
+
+    def token_logit_bias(self, vocab_size: int) -> dict[int, float] | None:
+        """`logit_bias` keyed by token id (OpenAI's JSON writes the ids as strings: {"504": 5}), or None.
+
+        Raises:
+            InvalidRequestError: naming logit_bias and the key: not a decimal integer, or outside [0, vocab_size).
+        """
+        out = {}
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise InvalidRequestError(f"logit_bias key {key!r} is not a token id; write each id as a decimal "
+                                          'string, e.g. {"504": 5}', param="logit_bias")
+            if int(key) >= vocab_size:
+                raise InvalidRequestError(f"logit_bias key {key!r} is outside the vocabulary [0, {vocab_size})",
+                                          param="logit_bias")
+            out[int(key)] = bias
+        return out or None
 
     def num_logprobs(self) -> int | None:
         """Alternatives per token asked for (`SamplingParams.logprobs`), or None: no logprobs."""
@@ -184,12 +212,9 @@ class _Request(BaseModel):
 
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None), "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
     "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
-    "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "min_tokens": (0, None),
-    "min_p": (0, 0.0, None), "use_beam_search": (False, None), "length_penalty": (None, 1, 1.0),
-    "functions": (None, []), "function_call": (None, "none"),
+    "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (False, None),
+    "length_penalty": (None, 1, 1.0), "functions": (None, []), "function_call": (None, "none"),
 }
 HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself"}
 

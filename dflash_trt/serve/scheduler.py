@@ -38,7 +38,8 @@ class StopText:
     `add(ids)` appends token ids and returns "stop" once a stop string appears in the text's complete
     characters (the text is then cut before it, as OpenAI returns it); `delta()` gives the text not sent
     yet that is safe to send: complete characters (`text_to_stream`) and no tail that could still become a
-    stop string.
+    stop string. With `min_tokens`, only a stop string completed by a later token counts (vLLM's rule: no stop
+    check before min_tokens tokens are out): one that ends within the first min_tokens tokens' text is text.
 
     Args:
         decode: token ids -> text (the tokenizer's decode, special tokens skipped).
@@ -46,10 +47,13 @@ class StopText:
         token_aligned: `delta()` also ends at a token boundary (the text of a whole number of tokens): a
             streamed chunk then carries exactly its tokens' text, where their logprobs go with it (a token
             holding a character and part of the next one waits until that one is whole).
+        min_tokens: the request's `SamplingParams.min_tokens`.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = (), token_aligned: bool = False):
-        self.decode, self.stops, self.token_aligned = decode, stops, token_aligned
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = (), token_aligned: bool = False,
+                 min_tokens: int = 0):
+        self.decode, self.stops, self.token_aligned, self.min_tokens = decode, stops, token_aligned, min_tokens
+        self._floor = 0  # characters of the first min_tokens tokens' whole text: a stop string must end past them
         self.ids: list[int] = []
         self.text = ""
         self.sent = ""
@@ -63,14 +67,19 @@ class StopText:
         before = len(self.ids)
         self.ids.extend(ids)
         text = self.decode(self.ids)
+        if len(self.ids) <= self.min_tokens:
+            self.text = text
+            return None
+        if 0 < self.min_tokens and before <= self.min_tokens:  # these ids pass min_tokens: no stop ends before here
+            self._floor = len(self.decode(self.ids[: self.min_tokens]).rstrip("\ufffd"))
         cut = self._find(text)
         if cut < 0:
             self.text = text
             return None
         self.text, self.stopped = text[:cut], True
         # several tokens may come at once (accepted drafts): count those up to the stop string's end only
-        self.used = next((k for k in range(before + 1, len(self.ids)) if self._find(self.decode(self.ids[:k])) >= 0),
-                         len(self.ids))
+        self.used = next((k for k in range(max(before, self.min_tokens) + 1, len(self.ids))
+                          if self._find(self.decode(self.ids[:k])) >= 0), len(self.ids))
         return "stop"
 
     @property
@@ -80,12 +89,13 @@ class StopText:
         return len(self.ids) if self.used is None else self.used
 
     def _find(self, text: str) -> int:
-        """Where the first stop string starts in `text`'s complete characters, or -1. A trailing run of
-        U+FFFD is not searched: it is a character whose remaining bytes come in later tokens (`text_to_stream`
-        holds it back too), so a stop string cannot match half of one, streamed or not."""
+        """Where the first stop string starts in `text`'s complete characters, or -1; one that ends within the
+        first min_tokens tokens' text does not count. A trailing run of U+FFFD is not searched: it is a character
+        whose remaining bytes come in later tokens (`text_to_stream` holds it back too), so a stop string cannot
+        match half of one, streamed or not."""
         whole = text[: len(text.rstrip("\ufffd"))]
-        return min((k for k in (whole.find(s, max(0, len(self.sent) - len(s))) for s in self.stops) if k >= 0),
-                   default=-1)
+        starts = (whole.find(s, max(0, len(self.sent) - len(s), self._floor - len(s) + 1)) for s in self.stops)
+        return min((k for k in starts if k >= 0), default=-1)
 
     def _held(self) -> int:
         """Characters at the end of the text's complete characters (a trailing U+FFFD, a character still
@@ -200,7 +210,7 @@ class Sequence:
 
     def restart(self) -> None:
         """Forget the text decoded so far (before running the sequence again from its prompt)."""
-        self.text = StopText(self.text.decode, self.text.stops, self.text.token_aligned)
+        self.text = StopText(self.text.decode, self.text.stops, self.text.token_aligned, self.text.min_tokens)
         self.logprobs, self.logprobs_sent, self.prompt_logprobs = [], 0, None
 
 

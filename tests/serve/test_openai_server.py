@@ -207,7 +207,8 @@ BAD = [
     ({"messages": QUESTION, "max_completion_tokens": -3}, 400, "max_completion_tokens must be >= 1, got -3"),
     ({"messages": QUESTION, "max_tokens": 100000}, 400, "ask for at most"),
     ({"messages": QUESTION, "model": "gpt-4"}, 404, "'gpt-4' does not exist"),
-    ({"messages": QUESTION, "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
+    ({"messages": QUESTION, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
+    ({"messages": QUESTION, "best_of": 2}, 400, "best_of=2 is not supported"),
     ({"messages": QUESTION, "n": 0}, 400, "n must be >= 1"),
     ({"messages": QUESTION, "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
     ({"messages": QUESTION, "stop": [""]}, 400, "empty string"),
@@ -220,7 +221,7 @@ BAD = [
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "only allowed with stream: true"),
     ({"messages": QUESTION, "ignore_eos": "yes"}, 400, "ignore_eos: Input should be a valid boolean"),
     ({"messages": QUESTION, "stop_token_ids": [99999999]}, 400, "stop_token_ids holds 99999999, outside the vocabulary"),
-    ({"messages": QUESTION, "min_p": 0.1}, 400, "min_p=0.1 is not supported"),
+    ({"messages": QUESTION, "min_p": 1.5}, 400, "min_p must be in [0, 1]"),
     ({"messages": QUESTION, "functions": [{"name": "f"}]}, 400, "functions="),
     ({"messages": QUESTION, "seed": 2**64}, 400, "got 18446744073709551616"),  # the seed sent, not wrapped
     ({"messages": QUESTION, "seed": 10**20}, 400, "[-2**63, 2**64), got 100000000000000000000"),

@@ -32,9 +32,9 @@ def decode(ids):
     return raw.decode("utf-8", errors="replace")
 
 
-def stream(ids, stops=(), chunks=1):
+def stream(ids, stops=(), chunks=1, min_tokens=0):
     """Feed ids `chunks` at a time: (deltas sent, reason, final rest)."""
-    st = StopText(decode, tuple(stops))
+    st = StopText(decode, tuple(stops), min_tokens=min_tokens)
     deltas, reason = [], None
     for k in range(0, len(ids), chunks):
         reason = st.add(ids[k : k + chunks])
@@ -71,6 +71,23 @@ def test_a_stop_string_is_not_matched_against_half_a_character():
     assert reason is None and st.text == "Hello\u00e9." and "".join(deltas) + rest == "Hello\u00e9."
     deltas, reason, rest, st = stream([0, 7, 8, 4], stops=["\ufffd"], chunks=4)  # all at once: the same
     assert reason is None and "".join(deltas) + rest == "Hello\u00e9."
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 6])
+def test_min_tokens_holds_back_stop_strings_that_end_within_its_tokens(chunks):
+    """vLLM's rule: no stop check before min_tokens tokens are out. "." ends token 5; with min_tokens 5 it is
+    text, with 4 the stop (its token the 5th); a stop string that ends after the first min_tokens tokens' text
+    still stops, also when it began within them, and one token at a time or several at once alike."""
+    ids = [0, 1, 2, 3, 4, 5, 6, 4]  # "Hello, world. The end."
+    for min_tokens, text in ((0, "Hello, world"), (4, "Hello, world"), (5, "Hello, world. The end"),
+                             (7, "Hello, world. The end")):
+        deltas, reason, rest, st = stream(ids, stops=["."], chunks=chunks, min_tokens=min_tokens)
+        assert (reason, st.text, "".join(deltas) + rest) == ("stop", text, text), min_tokens
+        assert st.generated == (5 if text == "Hello, world" else 8)
+    _, reason, rest, st = stream(ids, stops=["."], chunks=chunks, min_tokens=8)
+    assert reason is None and st.text == "Hello, world. The end."
+    _, reason, _, st = stream(ids, stops=["world."], chunks=chunks, min_tokens=4)  # begins in token 3, ends in 5
+    assert reason == "stop" and st.text == "Hello, " and st.generated == 5
 
 
 class ScriptedBatch:
