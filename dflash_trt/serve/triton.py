@@ -22,7 +22,10 @@ temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_
 INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
 strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
 [1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
-(the TensorRT-LLM backend's name). The ensemble's inputs this model does not have pass only at their
+(the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
+frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), min_tokens
+INT32 [1] (default 0: no stop token or stop word ends the output before that many tokens; `min_length` INT32 [1],
+the TensorRT-LLM backend's older name, is the same input: give one, or both equal). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
@@ -70,6 +73,11 @@ INPUTS = (
     ("stop_words", "TYPE_STRING", [-1], True),
     ("apply_chat_template", "TYPE_BOOL", [1], True),
     ("return_log_probs", "TYPE_BOOL", [1], True),
+    ("repetition_penalty", "TYPE_FP32", [1], True),
+    ("presence_penalty", "TYPE_FP32", [1], True),
+    ("frequency_penalty", "TYPE_FP32", [1], True),
+    ("min_tokens", "TYPE_INT32", [1], True),
+    ("min_length", "TYPE_INT32", [1], True),
 )
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
@@ -167,8 +175,7 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 #: EOS ids; `id` is the request id of Triton's JSON requests
 ENSEMBLE_NEUTRAL = {"id": None, "bad_words": ("", []), "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
                     "num_return_sequences": (1,), "return_context_logits": (False,), "return_generation_logits": (False,),
-                    "length_penalty": (1,), "repetition_penalty": (1,), "presence_penalty": (0,),
-                    "frequency_penalty": (0,), "min_length": (0, 1), "min_tokens": (0, 1)}
+                    "length_penalty": (1,)}
 
 
 def check_extra_fields(extra: dict, eos_token_ids) -> None:
@@ -201,6 +208,22 @@ def _same(value, neutral) -> bool:
     if isinstance(value, bool) or isinstance(neutral, bool):
         return value is neutral
     return value == neutral
+
+
+def min_tokens(given, min_length) -> int:
+    """A request's min_tokens: its `min_tokens` input or `min_length` (the TensorRT-LLM backend's older name for
+    it), 0 when it has neither.
+
+    Raises:
+        InvalidRequestError: both given, with different values.
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    if given is not None and min_length is not None and int(given) != int(min_length):
+        raise InvalidRequestError(f"min_tokens ({given}) and min_length ({min_length}) differ; they are the same "
+                                  "input (min_length its older name): give one of them")
+    value = given if given is not None else min_length
+    return 0 if value is None else int(value)
 
 
 def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
@@ -313,7 +336,11 @@ class TritonPythonModel:
         log_probs = bool(scalar("return_log_probs", False))
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
                                 top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
-                                seed=None if seed is None else int(seed), logprobs=0 if log_probs else None)
+                                seed=None if seed is None else int(seed), logprobs=0 if log_probs else None,
+                                repetition_penalty=float(scalar("repetition_penalty", 1.0)),
+                                presence_penalty=float(scalar("presence_penalty", 0.0)),
+                                frequency_penalty=float(scalar("frequency_penalty", 0.0)),
+                                min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)))
         fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
         stream = bool(scalar("stream", False))
 
@@ -352,7 +379,8 @@ class TritonPythonModel:
                                                                          dtype=np.float32)))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
-        seq = Sequence(ids, params, StopText(self._decode, stops), on_text if stream else None, on_done)
+        seq = Sequence(ids, params, StopText(self._decode, stops, min_tokens=params.min_tokens),
+                       on_text if stream else None, on_done)
         return seq, stream
 
     def finalize(self) -> None:

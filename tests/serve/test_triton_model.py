@@ -23,6 +23,9 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     assert "decoupled: true" in text and 'backend: "python"' in text
     for name, dtype, *_ in (*INPUTS, *OUTPUTS):
         assert f'name: "{name}" data_type: {dtype}' in text
+    for name, dtype in (("repetition_penalty", "TYPE_FP32"), ("presence_penalty", "TYPE_FP32"),
+                        ("frequency_penalty", "TYPE_FP32"), ("min_tokens", "TYPE_INT32"), ("min_length", "TYPE_INT32")):
+        assert f'name: "{name}" data_type: {dtype} dims: [ 1 ] optional: true' in text  # the ensemble's names
     assert 'parameters { key: "bundle" value: { string_value: "../.." } }' in text
     assert "TritonPythonModel" in (folder / "1" / "model.py").read_text()
     with pytest.raises(ValueError, match="unknown Triton model parameter"):
@@ -58,9 +61,9 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     from dflash_trt.serve.triton import check_extra_fields
 
     check_extra_fields({"id": "42", "bad_words": "", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
-                        "repetition_penalty": 1.0, "presence_penalty": 0, "min_length": 1}, eos_token_ids=(2,))
+                        "length_penalty": 1.0}, eos_token_ids=(2,))
     for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5}, {"bad_words": "x"},
-                  {"exclude_input_in_output": False}, {"repetition_penalty": 1.2}):
+                  {"exclude_input_in_output": False}, {"length_penalty": 1.2}):
         with pytest.raises(InvalidRequestError, match=rf"unknown field\(s\) \['{next(iter(extra))}'\]"):
             check_extra_fields(extra, eos_token_ids=(2,))
 
@@ -191,3 +194,33 @@ def test_return_log_probs_gives_the_targets_log_probs_streamed_or_not(triton, sm
     assert streamed == pytest.approx(lps, abs=1e-6) and "cum_log_probs" in events[-1]
     _, plain = generate(triton, {"text_input": "def fibonacci(n):", "max_tokens": 4})
     assert "output_log_probs" not in plain and "cum_log_probs" not in plain
+
+
+@pytest.mark.slow
+def test_penalties_and_min_tokens_give_the_engines_tokens(triton, smollm2_pipeline):
+    """repetition_penalty / presence_penalty / frequency_penalty (FP32) and min_tokens (INT32; min_length, its older
+    TensorRT-LLM name, the same) reach the runtime: the answer is the engine's own with those SamplingParams."""
+    import numpy as np
+
+    prompt = "1, 2, 3, 4, 5,"
+    ids = smollm2_pipeline.encode(prompt)
+    penalties = {"repetition_penalty": 1.3, "presence_penalty": 1.5, "frequency_penalty": 1.0}
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 12, **penalties})
+    assert status == 200, out
+    as_fp32 = {k: float(np.float32(v)) for k, v in penalties.items()}  # what Triton hands the model
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=12, **as_fp32), mode="ar")
+    [plain] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=12), mode="ar")
+    assert out["text_output"] == ref.text != plain.text and out["num_output_tokens"] == len(ref.token_ids)
+    question = "Reply with one word: yes or no. Is water wet?"  # answered in three tokens: "No." and EOS
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode_chat(question)], SamplingParams(max_tokens=10,
+                                                                                               min_tokens=6), mode="ar")
+    for name in ("min_tokens", "min_length"):
+        status, out = generate(triton, {"text_input": question, "apply_chat_template": True, "max_tokens": 10, name: 6})
+        assert status == 200, out
+        assert out["text_output"] == ref.text and out["num_output_tokens"] == len(ref.token_ids) >= 6, (name, out)
+    status, out = generate(triton, {"text_input": "hi", "min_tokens": 2, "min_length": 3})
+    assert status != 200 and "min_tokens (2) and min_length (3) differ" in out["error"]
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 4, "min_tokens": 5})
+    assert status != 200 and "min_tokens must be in [0, max_tokens = 4], got 5" in out["error"]
+    status, out = generate(triton, {"text_input": "hi", "repetition_penalty": 0.0})
+    assert status != 200 and "repetition_penalty must be finite and > 0" in out["error"]
