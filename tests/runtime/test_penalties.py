@@ -1,0 +1,287 @@
+"""Logits processing (logit_bias, repetition / presence / frequency penalties, min_tokens, min_p) is exact under
+speculative decoding: each verify position is processed with its own history (prompt + output + the drafts
+before it), so DFlash (chains and trees) gives Hugging Face `generate`'s greedy tokens with the same processors,
+and keeps the sampled distribution; a history that forgets the drafts is caught by the same tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (
+    AutoModelForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
+
+import dflash_trt.runtime.engine as engine_mod
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
+from tests.runtime.oracle import OracleProposer
+from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, tiny  # noqa: F401 (fixture)
+
+MAX_TOKENS = 32
+CHATS = ["Write a Python function that reverses a string.", "Name three colours."]
+SHORT_CHAT = "What is the capital of France?"  # the plain greedy answer ends (EOS) after 8 tokens
+
+
+class OutputPenalties(LogitsProcessor):
+    """OpenAI's presence / frequency penalties over the generated tokens (the reference: HF has none)."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        for b in range(input_ids.shape[0]):
+            counts = torch.bincount(input_ids[b, self.prompt_len:], minlength=scores.shape[-1]).float()
+            scores[b] = scores[b] - self.frequency * counts - self.presence * (counts > 0).float()
+        return scores
+
+
+class Bias(LogitsProcessor):
+    def __init__(self, bias: dict[int, float]):
+        self.bias = bias
+
+    def __call__(self, input_ids, scores):
+        for t, b in self.bias.items():
+            scores[:, t] += b
+        return scores
+
+
+def hf_processors(params: SamplingParams, prompt_len: int, stop_ids) -> LogitsProcessorList:
+    """HF's processors for `params`, in our order (logit bias, repetition, presence / frequency, min_tokens)."""
+    procs = []
+    if params.logit_bias:
+        procs.append(Bias(dict(params.logit_bias)))
+    if params.repetition_penalty != 1:
+        procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.presence_penalty or params.frequency_penalty:
+        procs.append(OutputPenalties(prompt_len, params.presence_penalty, params.frequency_penalty))
+    if params.min_tokens:
+        procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, params.min_tokens, list(stop_ids)))
+    return LogitsProcessorList(procs)
+
+
+# ---------------------------------------------------------------------------------------------- unit level
+
+def test_prefixes_of_chains_and_trees():
+    assert chain_prefixes([7, 8, 9], 0, 4) == [[], [7], [7, 8], [7, 8, 9]]
+    assert chain_prefixes([7, 8, 9], 2, 4) == [[7, 8], [7, 8, 9]]
+    # nodes 1 (10) and 3 (11) under the root, 2 (20) under 1, 4 (21) under 3
+    assert tree_prefixes([10, 20, 11, 21], [0, 1, 0, 3], 5) == [[], [10], [10, 20], [11], [11, 21]]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(repetition_penalty=1.7), SamplingParams(repetition_penalty=0.6),
+    SamplingParams(presence_penalty=1.5, frequency_penalty=-0.4),
+    SamplingParams(logit_bias={3: 2.5, 40: -100.0}),
+    SamplingParams(min_tokens=6, max_tokens=10),
+    SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25, logit_bias={5: 1.0},
+                   min_tokens=5, max_tokens=10),
+], ids=["rep", "rep<1", "presence-frequency", "bias", "min_tokens", "all"])
+def test_each_position_equals_hf_processors_on_its_own_history(params):
+    gen = torch.Generator().manual_seed(0)
+    vocab, prompt, out, drafts = 64, [3, 9, 9, 12, 40], [5, 9, 5, 17], [17, 3, 3, 60]
+    stop = frozenset({17, 63})
+    logits = torch.randn(len(drafts) + 1, vocab, generator=gen) * 4
+    ours = LogitsPenalties(params, prompt, stop, vocab).apply(logits, out, chain_prefixes(drafts, 0, len(drafts) + 1))
+    procs = hf_processors(params, len(prompt), stop)
+    for i in range(len(drafts) + 1):
+        ids = torch.tensor([prompt + out + drafts[:i]])
+        ref = procs(ids, logits[i : i + 1].clone())[0]
+        assert torch.equal(ours[i], ref), i
+    assert not torch.equal(ours, logits)  # it did something
+
+
+def test_min_p_equals_hf_min_p_after_temperature_and_top_k():
+    logits = torch.randn(5, 100, generator=torch.Generator().manual_seed(1)) * 3
+    for min_p in (0.05, 0.3, 1.0):
+        params = SamplingParams(temperature=0.7, top_k=20, min_p=min_p)
+        ref = logits.clone()
+        for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), MinPLogitsWarper(min_p)):
+            ref = warper(None, ref)
+        torch.testing.assert_close(probs_from_logits(logits, params), torch.softmax(ref, -1), atol=1e-6, rtol=1e-5)
+    kept = (probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=0.3)) > 0).sum(-1)
+    assert (kept < (probs_from_logits(logits, SamplingParams(temperature=1.0)) > 0).sum(-1)).all()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2] (0 = off), got 2.5"),
+    (dict(frequency_penalty="1"), "frequency_penalty must be a number in [-2, 2] (0 = off), got '1' (str)"),
+    (dict(repetition_penalty=0), "repetition_penalty must be finite and > 0 (1 = off), got 0.0"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty must be finite and > 0"),
+    (dict(logit_bias={-1: 1.0}), "the key -1 is not a token id"),
+    (dict(logit_bias={"5": 1.0}), "the key '5' is not a token id"),
+    (dict(logit_bias={5: 101}), "logit_bias[5] must be in [-100, 100], got 101.0"),
+    (dict(logit_bias={5: float("nan")}), "logit_bias[5] must be in [-100, 100], got nan"),
+    (dict(logit_bias=[5]), "logit_bias must be a mapping"),
+    (dict(min_tokens=9, max_tokens=8), "min_tokens must be in [0, max_tokens = 8], got 9"),
+    (dict(min_tokens=1.0), "min_tokens must be an integer >= 0 (0 = off), got 1.0 (float)"),
+    (dict(min_p=1.5), "min_p must be in [0, 1] (0 = off), got 1.5"),
+])
+def test_bad_values_are_named(kw, message):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kw)
+    assert message in str(info.value)
+
+
+def test_logit_bias_is_normalized_and_checked_against_the_vocabulary(smollm2_pipeline):
+    p = SamplingParams(logit_bias={9: 1, 2: -3.5})
+    assert p.logit_bias == ((2, -3.5), (9, 1.0)) and hash(p) == hash(SamplingParams(logit_bias=[(2, -3.5), (9, 1)]))
+    assert SamplingParams(logit_bias={}).logit_bias is None and not SamplingParams(logit_bias={}).processes_logits
+    with pytest.raises(InvalidRequestError, match=r"logit_bias names token 49152, outside the vocabulary \[0, 49152\)"):
+        smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(logit_bias={49152: 1.0}))
+
+
+# ------------------------------------------------------------------------- greedy: Hugging Face's tokens
+
+@pytest.fixture(scope="module")
+def hf_target(smollm2_path):
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+GREEDY_CASES = {
+    "repetition": SamplingParams(max_tokens=MAX_TOKENS, repetition_penalty=1.3),
+    "presence-frequency": SamplingParams(max_tokens=MAX_TOKENS, presence_penalty=1.5, frequency_penalty=0.7),
+    "bias": SamplingParams(max_tokens=MAX_TOKENS, logit_bias={504: 5.0, 30: -100.0}),
+    "min_tokens": SamplingParams(max_tokens=MAX_TOKENS, min_tokens=20),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_dflash_chains_trees_and_ar_give_hf_generate_tokens(smollm2_pipeline, hf_target, case):
+    pipe = smollm2_pipeline
+    params = GREEDY_CASES[case]
+    eos = list(pipe.engine.eos_token_ids)
+    chats = [SHORT_CHAT] if case == "min_tokens" else CHATS
+    prompts = [pipe.encode_chat(c) for c in chats]
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        ref = hf_target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+                                 logits_processor=hf_processors(params, len(p), eos))[0, len(p):].tolist()
+        plain = hf_target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos,
+                                   pad_token_id=eos[0])[0, len(p):].tolist()
+        assert ref != plain  # the processing changes the answer
+        refs.append(ref)
+    if case == "min_tokens":
+        assert len(plain) < 20 <= len(refs[0])  # the plain answer stops before min_tokens, this one cannot
+    tree = Engine(pipe.engine.target, DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, tree_topk=4),
+                  pipe.engine.eos_token_ids)
+    accepted = 0
+    for engine, mode in [(pipe.engine, "dflash"), (tree, "dflash"), (pipe.engine, "ar")]:
+        results = engine.generate(prompts, params, mode)  # a batch: rows of different lengths
+        assert [r.token_ids for r in results] == refs, (mode, engine is tree)
+        accepted += sum(r.metrics.accepted_tokens for r in results if mode == "dflash")
+    assert accepted > 0  # drafts were verified under the processing
+
+
+#: strong enough that the answer's later tokens depend on the drafts before them in the block
+ORACLE_PARAMS = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0)
+
+
+@pytest.fixture(scope="module")
+def oracle_case(smollm2_pipeline):
+    """(engine with an oracle drafting the penalized greedy answer in blocks of 8, prompt, that answer)."""
+    pipe = smollm2_pipeline
+    prompt = pipe.encode_chat(CHATS[1])
+    ref = pipe.engine.generate([prompt], ORACLE_PARAMS, "ar")[0].token_ids
+    return Engine(pipe.engine.target, OracleProposer([prompt + ref], 8)), prompt, ref
+
+
+def test_an_oracle_drafting_the_processed_answer_is_accepted_whole(oracle_case):
+    """Drafts equal to the penalized answer are all accepted: position i's penalties count the i drafts
+    before it."""
+    engine, prompt, ref = oracle_case
+    res = engine.generate([prompt], ORACLE_PARAMS, "dflash")[0]
+    assert res.token_ids == ref and res.metrics.accepted_tokens == MAX_TOKENS - res.metrics.verify_steps
+
+
+def test_forgetting_the_drafts_history_is_caught(oracle_case, monkeypatch):
+    """The same run with every position given the history of the block's first one diverges."""
+    engine, prompt, ref = oracle_case
+    monkeypatch.setattr(engine_mod, "tree_prefixes", lambda tokens, parents, nodes: [[] for _ in range(nodes)])
+    res = engine.generate([prompt], ORACLE_PARAMS, "dflash")[0]
+    assert res.token_ids != ref and res.metrics.accepted_tokens < MAX_TOKENS - res.metrics.verify_steps
+
+
+# --------------------------------------------------------------------------- sampling: the distribution
+
+N = 3000
+SAMPLED = SamplingParams(temperature=1.0, repetition_penalty=2.0, presence_penalty=0.8, frequency_penalty=0.6,
+                         logit_bias={2: 1.5}, min_tokens=3, min_p=0.05, max_tokens=3, stop_token_ids=(5,))
+
+
+def exact_joint(target, params):
+    """P(t1, t2, t3 | PROMPT) with HF's processors on each prefix, over all VOCAB**3 sequences."""
+    procs = hf_processors(params, len(PROMPT), params.stop_token_ids)
+
+    def dist(seq):
+        ids = torch.tensor([seq])
+        out = target(ids, torch.arange(len(seq))[None], target.new_cache(1, len(seq)), len(seq))
+        return probs_from_logits(procs(ids, out.logits[0, -1:].float().clone())[0], params)
+
+    joint = {}
+    p1 = dist(PROMPT)
+    for a in range(VOCAB):
+        p2 = dist(PROMPT + [a])
+        for b in range(VOCAB):
+            p3 = dist(PROMPT + [a, b])
+            for c in range(VOCAB):
+                joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return joint
+
+
+def sampled_pvalue(engine, params):
+    results = engine.generate([PROMPT] * N, [dataclasses.replace(params, seed=i) for i in range(N)],
+                              "dflash")
+    counts = dict.fromkeys(itertools.product(range(VOCAB), repeat=3), 0)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    with torch.no_grad():
+        joint = exact_joint(engine.target, params)
+    obs, exp, pooled_o, pooled_e, impossible = [], [], 0, 0.0, 0
+    for k, pk in joint.items():
+        if pk == 0:
+            impossible += counts[k]  # probability 0 (min_tokens, min-p) but sampled
+        elif pk * N >= 5:
+            obs.append(counts[k])
+            exp.append(pk * N)
+        else:
+            pooled_o += counts[k]
+            pooled_e += pk * N
+    obs.append(pooled_o)
+    exp.append(pooled_e)
+    assert len(obs) >= 10
+    scale = sum(obs) / sum(exp)
+    accepted = sum(r.metrics.accepted_tokens for r in results)
+    drafted = sum(r.metrics.drafted_tokens for r in results)
+    return chisquare(obs, [e * scale for e in exp]).pvalue, impossible, accepted / max(drafted, 1)
+
+
+@pytest.mark.parametrize("sample_drafts", [True, False], ids=["sampled-drafts", "argmax-drafts"])
+def test_dflash_sampling_keeps_the_processed_distribution(tiny, sample_drafts):
+    target, drafter = tiny
+    engine = Engine(target, DFlashProposer(drafter, target, sample_drafts=sample_drafts))
+    p, impossible, rate = sampled_pvalue(engine, SAMPLED)
+    assert 0.01 < rate < 0.95  # both verifier paths run (the penalties move p away from the drafter's q)
+    assert impossible == 0 and p > 0.001
+
+
+def test_sampling_that_forgets_the_drafts_history_fails_the_same_test(tiny, monkeypatch):
+    target, drafter = tiny
+    monkeypatch.setattr(engine_mod, "chain_prefixes", lambda drafts, first, end: [[] for _ in range(first, end)])
+    p, impossible, _ = sampled_pvalue(Engine(target, DFlashProposer(drafter, target)), SAMPLED)
+    assert impossible > 0 or p < 1e-6
