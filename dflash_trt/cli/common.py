@@ -226,6 +226,69 @@ def max_tokens_option(ctx, param, value: int) -> int:
     return value
 
 
+def repetition_penalty_option(ctx, param, value: float) -> float:
+    """--repetition-penalty: finite and > 0 (1 = off)."""
+    if not 0 < value < float("inf"):  # NaN and inf included
+        raise click.BadParameter(f"{value} is not a finite value > 0; use e.g. 1.2 (> 1 repeats less), or 1 to turn "
+                                 "it off")
+    return value
+
+
+def penalty_option(ctx, param, value: float) -> float:
+    """--presence-penalty / --frequency-penalty: in [-2, 2] (0 = off; OpenAI's range)."""
+    if not -2 <= value <= 2:  # NaN included
+        raise click.BadParameter(f"{value} is not in [-2, 2]; use e.g. 0.5 (> 0 repeats less), or 0 to turn it off")
+    return value
+
+
+def min_p_option(ctx, param, value: float) -> float:
+    """--min-p: in [0, 1] (0 = off)."""
+    if not 0 <= value <= 1:  # NaN included
+        raise click.BadParameter(f"{value} is not in [0, 1]; use e.g. 0.05, or 0 to turn min-p off")
+    return value
+
+
+def min_tokens_option(ctx, param, value: int) -> int:
+    """--min-tokens: >= 0 (0 = off)."""
+    if value < 0:
+        raise click.BadParameter(f"{value} is not >= 0; give the fewest tokens to generate before a stop token may "
+                                 "end the answer, or 0 to turn it off")
+    return value
+
+
+def logit_bias_option(ctx, param, values: tuple[str, ...]) -> dict[int, float] | None:
+    """--logit-bias ID:BIAS (repeatable): {token id: bias in [-100, 100]}, or None when not given. A token given
+    twice is refused (which bias was meant?). The ids are checked against the vocabulary once the target is
+    loaded (`check_logit_bias_ids`)."""
+    from dflash_trt.runtime.sampling import MAX_LOGIT_BIAS
+
+    out: dict[int, float] = {}
+    for value in values:
+        token, sep, bias = value.partition(":")
+        token, bias = token.strip(), bias.strip()
+        try:
+            number = float(bias) if sep and token.isascii() and token.isdigit() else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise click.BadParameter(f"{value!r} is not ID:BIAS; give a token id and a bias in [-{MAX_LOGIT_BIAS:g}, "
+                                     f"{MAX_LOGIT_BIAS:g}], e.g. 504:5 (more likely) or 504:-100 (never)")
+        if not -MAX_LOGIT_BIAS <= number <= MAX_LOGIT_BIAS:  # NaN included
+            raise click.BadParameter(f"{value!r}: the bias {bias} is not in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if int(token) in out:
+            raise click.BadParameter(f"token {int(token)} is given twice; give each token id once")
+        out[int(token)] = number
+    return out or None
+
+
+def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
+    """Raises click.BadParameter (--logit-bias) for a token id outside the target's vocabulary [0, vocab_size)."""
+    beyond = sorted(t for t in logit_bias or () if t >= vocab_size)
+    if beyond:
+        raise click.BadParameter(f"token {beyond[0]} is outside the target's vocabulary [0, {vocab_size})",
+                                 param_hint="'--logit-bias'")
+
+
 #: --seed's range: what torch.Generator.manual_seed takes (a 64-bit value, signed or not).
 SEED_RANGE = click.IntRange(-(2**63), 2**64 - 1)
 
@@ -400,11 +463,12 @@ def warn_tree_unused(tree_topk: int | str, temperature: float) -> None:
                    "sampling requests draft a chain", err=True)
 
 
-def warn_sampling_unused(temperature: float, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> None:
-    """One stderr line when --top-p / --top-k / --seed (None: not given) are set but decoding is greedy
+def warn_sampling_unused(temperature: float, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                         min_p: float = 0.0) -> None:
+    """One stderr line when --top-p / --top-k / --seed (None: not given) / --min-p are set but decoding is greedy
     (--temperature 0): greedy decoding draws no random numbers."""
     given = [f for f, on in ((f"--top-p {top_p}", top_p < 1.0), (f"--top-k {top_k}", top_k > 0),
-                             (f"--seed {seed}", seed is not None)) if on]
+                             (f"--seed {seed}", seed is not None), (f"--min-p {min_p}", min_p > 0)) if on]
     if given and temperature == 0:
         names = given[0] if len(given) == 1 else ", ".join(given[:-1]) + " and " + given[-1]
         click.echo(f"warning: {names} only appl{'ies' if len(given) == 1 else 'y'} when sampling (--temperature > 0); "

@@ -360,7 +360,9 @@ def test_context_and_sampling_messages_count_in_words(capsys):
     assert "warning: --top-p 0.5 only applies when sampling" in capsys.readouterr().err
     warn_sampling_unused(0.0, 0.5, 3, 0)
     assert "warning: --top-p 0.5, --top-k 3 and --seed 0 only apply when sampling" in capsys.readouterr().err
-    warn_sampling_unused(0.7, 0.5, 3, 0)
+    warn_sampling_unused(0.0, min_p=0.1)
+    assert "warning: --min-p 0.1 only applies when sampling" in capsys.readouterr().err
+    warn_sampling_unused(0.7, 0.5, 3, 0, 0.1)
     warn_sampling_unused(0.0)
     assert capsys.readouterr().err == ""
 
@@ -386,3 +388,36 @@ def test_an_untrained_drafter_warns_as_check_does(monkeypatch, capsys, smollm2_p
     code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hello", "--max-tokens", "2")
     assert code == 0, err
     assert "untrained" not in err  # the shipped drafter is trained
+
+
+@pytest.mark.slow
+def test_logits_processing_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline):
+    """--repetition-penalty, --presence-penalty, --frequency-penalty, --logit-bias and --min-tokens: the text of the
+    pipeline with those SamplingParams; a --logit-bias id beyond the vocabulary is a usage error once it is loaded."""
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    prompt = "1, 2, 3, 4, 5,"  # plain: " 6, 7, 8, 9,"
+    flags = ("--repetition-penalty", "1.3", "--presence-penalty", "0.5", "--frequency-penalty", "0.5",
+             "--logit-bias", "28:-100", "--logit-bias", " 13 : 2.5", "--min-tokens", "12")
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", prompt, "--max-tokens", "12", *flags)
+    assert code == 0, err
+    params = SamplingParams(max_tokens=12, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5,
+                            logit_bias={28: -100, 13: 2.5}, min_tokens=12)
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)], params)
+    [plain] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)], SamplingParams(max_tokens=12))
+    assert out == ref.text + "\n" and ref.text != plain.text and "," not in ref.text  # token 28: ","
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", prompt, "--mode", "ar", "--logit-bias", "49152:1")
+    assert code == 2 and "Invalid value for '--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)" in err
+
+
+def test_logits_processing_flags_that_do_not_fit_together_are_refused_before_loading(monkeypatch, capsys):
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before the flags were checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "4", "--min-tokens", "5")
+    assert code == 2 and "Invalid value for '--min-tokens': 5 is more than --max-tokens 4" in err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--logit-bias", "5:1", "--logit-bias", "5:2")
+    assert code == 2 and "Invalid value for '--logit-bias': token 5 is given twice" in err
