@@ -29,7 +29,7 @@ from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_p
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
 from tests.runtime.oracle import OracleProposer
-from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, tiny  # noqa: F401 (fixture)
+from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, exact_joint, tiny  # noqa: F401 (fixture)
 
 MAX_TOKENS = 32
 CHATS = ["Write a Python function that reverses a string.", "Name three colours."]
@@ -224,34 +224,14 @@ SAMPLED = SamplingParams(temperature=1.0, repetition_penalty=2.0, presence_penal
                          logit_bias={2: 1.5}, min_tokens=3, min_p=0.05, max_tokens=3, stop_token_ids=(5,))
 
 
-def exact_joint(target, params):
-    """P(t1, t2, t3 | PROMPT) with HF's processors on each prefix, over all VOCAB**3 sequences."""
-    procs = hf_processors(params, len(PROMPT), params.stop_token_ids)
-
-    def dist(seq):
-        ids = torch.tensor([seq])
-        out = target(ids, torch.arange(len(seq))[None], target.new_cache(1, len(seq)), len(seq))
-        return probs_from_logits(procs(ids, out.logits[0, -1:].float().clone())[0], params)
-
-    joint = {}
-    p1 = dist(PROMPT)
-    for a in range(VOCAB):
-        p2 = dist(PROMPT + [a])
-        for b in range(VOCAB):
-            p3 = dist(PROMPT + [a, b])
-            for c in range(VOCAB):
-                joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
-    return joint
-
-
 def sampled_pvalue(engine, params):
     results = engine.generate([PROMPT] * N, [dataclasses.replace(params, seed=i) for i in range(N)],
                               "dflash")
     counts = dict.fromkeys(itertools.product(range(VOCAB), repeat=3), 0)
     for r in results:
         counts[tuple(r.token_ids)] += 1
-    with torch.no_grad():
-        joint = exact_joint(engine.target, params)
+    with torch.no_grad():  # each prefix's logits through HF's processors
+        joint = exact_joint(engine.target, params, hf_processors(params, len(PROMPT), params.stop_token_ids))
     obs, exp, pooled_o, pooled_e, impossible = [], [], 0, 0.0, 0
     for k, pk in joint.items():
         if pk == 0:

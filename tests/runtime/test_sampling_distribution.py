@@ -35,13 +35,15 @@ def tiny(tmp_path_factory):
     return target, drafter
 
 
-def exact_joint(target, params):
-    """P(t1, t2, t3 | prompt) under the shaped target distribution, over all VOCAB**3 sequences."""
+def exact_joint(target, params, process=None):
+    """P(t1, t2, t3 | prompt) under the shaped target distribution, over all VOCAB**3 sequences; `process`,
+    if given, maps (ids [1, t], logits [1, V]) to the logits to shape (a reference logits processing)."""
     def dist(seq):
         ids = torch.tensor([seq])
         cache = target.new_cache(1, len(seq))
         out = target(ids, torch.arange(len(seq))[None], cache, len(seq))
-        return probs_from_logits(out.logits[0, -1], params)
+        logits = out.logits[0, -1:].float().clone()
+        return probs_from_logits(logits if process is None else process(ids, logits), params)[0]
 
     joint = {}
     p1 = dist(PROMPT)
