@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_trt.errors import ConfigError
-from tests.runtime.tp_worker import run_rank
+from tests.runtime.tp_worker import penalized_params, run_rank
 
 
 def run_tp(tmp_path, world, target, drafter, prompts, max_tokens):
@@ -84,6 +84,9 @@ def test_tp3_smollm2_with_the_default_drafter(tmp_path, smollm2_path, smollm2_pi
 
     one = pipe.generate(prompts, SamplingParams(max_tokens=24), mode="ar")
     assert ranks[0]["ar"] == [r.token_ids for r in one]
+    penalized = pipe.generate(prompts, penalized_params(24), mode="ar")  # logits processing under tp: the same tokens
+    assert all(r["penalized"] == ranks[0]["penalized"] for r in ranks)
+    assert ranks[0]["penalized"] == [r.token_ids for r in penalized] != ranks[0]["ar"]
 
 
 @pytest.mark.slow
