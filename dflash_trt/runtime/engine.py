@@ -107,6 +107,10 @@ class _Request:
         row's `prefixes`: the drafts before it in the block), or `logits` as they are without any."""
         return logits if self.penalties is None else self.penalties.apply(logits, self.out, prefixes)
 
+    def draft_scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """`scores` without the penalties: what its drafts follow (`LogitsPenalties.for_drafts`)."""
+        return self.penalties.apply(logits, self.out, prefixes, penalize=False)
+
     def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
         """Append tokens in order (with their `logprobs` when the request asked for them), applying every
         stop check to each; return how many were taken."""
@@ -377,8 +381,11 @@ class Engine:
         lens = [0] * len(batch)
         if drafting:
             with self._phase("draft"):
+                processing = [r.draft_scores if r.penalties is not None and r.penalties.for_drafts else None
+                              for r in batch]
                 drafts = self.proposer.propose(last, starts, max_start, rows, [r.params for r in batch],
-                                               [r.generator for r in batch], self._lookups(batch))
+                                               [r.generator for r in batch], self._lookups(batch),
+                                               processing if any(processing) else None)
             lens = [(k if drafts.lengths is None else min(drafts.lengths[j], k)) if can_draft[j] else 0
                     for j in range(len(batch))]
             k = max(lens)  # the verify pass is as long as the longest draft kept

@@ -46,7 +46,17 @@ class LogitsPenalties:
         self.bias_ids = torch.tensor([t for t, _ in bias], dtype=torch.int64)
         self.bias_values = torch.tensor([b for _, b in bias], dtype=torch.float32)
 
-    def apply(self, logits: torch.Tensor, out: list[int], prefixes: list[list[int]]) -> torch.Tensor:
+    @property
+    def for_drafts(self) -> bool:
+        """Whether drafts should follow this processing (`apply(..., penalize=False)`): a logit bias or
+        min_tokens moves the target's choice the same way at any history, so a drafter that ignored them
+        kept drafting what the target no longer picks (a +100 bias: 33 verify steps for 64 tokens instead
+        of 13). The penalties are left to the verifier: applied to the drafter's logits they did not help
+        (8 MT-Bench prompts: 393 -> 407 steps at repetition 1.1, 358 -> 366 at presence/frequency 0.5)."""
+        return bool(self.params.logit_bias or self.params.min_tokens)
+
+    def apply(self, logits: torch.Tensor, out: list[int], prefixes: list[list[int]],
+              penalize: bool = True) -> torch.Tensor:
         """The processed logits of m positions of the request.
 
         Args:
@@ -54,6 +64,7 @@ class LogitsPenalties:
             out: the tokens the request has emitted before this step (its output so far).
             prefixes: m lists: the tokens between `out` and row i's prediction (the drafts before it in the
                 block, or on its tree path; [] for the position right after `out`).
+            penalize: False skips steps 2 and 3 (the drafts' processing, `for_drafts`).
         Returns:
             [m, V] float32, a new tensor (`logits` is left as it is: logprobs read the raw ones).
         """
@@ -62,7 +73,7 @@ class LogitsPenalties:
         dev = scores.device
         if len(self.bias_ids):
             scores[:, self.bias_ids.to(dev)] += self.bias_values.to(dev)
-        if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
+        if penalize and (p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty):
             self._penalize(scores, out, prefixes)
         if p.min_tokens and len(self.stop_ids):
             early = [i for i, pre in enumerate(prefixes) if len(out) + len(pre) < p.min_tokens]

@@ -6,6 +6,7 @@ It owns the drafter's context cache and knows nothing about verification. The ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.layers import head_matmul
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.draft_tree import add_path, build_tree, chain_parents
+from dflash_trt.runtime.penalties import chain_prefixes
 from dflash_trt.runtime.sampling import SamplingParams, greedy_tokens, probs_from_logits
 
 
@@ -291,7 +293,9 @@ class DFlashProposer:
 
     def propose(self, last_tokens: torch.Tensor, starts: torch.Tensor, max_start: int, rows: torch.Tensor | None,
                 params: list[SamplingParams], generators: list[torch.Generator | None],
-                lookups: list[list[int]] | None = None) -> DraftBatch:
+                lookups: list[list[int]] | None = None,
+                processing: list[Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None] | None = None,
+                ) -> DraftBatch:
         """Draft max_draft_len tokens per row (one drafter pass over the whole block).
 
         Args:
@@ -303,6 +307,9 @@ class DFlashProposer:
                 (or argmax when `sample_drafts` is False).
             lookups: per row, prompt-lookup candidates for block positions 1, 2, ... (target ids,
                 at most `prompt_lookup` of them; [] for none), or None.
+            processing: per row, None or its request's logits processing (`_Request.scores`: logits [m, V]
+                and one history prefix per row -> processed logits), which the row's drafts then follow
+                (`_processed`); None for none.
         """
         b = self.block_size
         n = last_tokens.shape[0]
@@ -325,11 +332,35 @@ class DFlashProposer:
                 logits = torch.cat([logits, self._draft_logits(self.drafter.block_outputs(state, c + 1, k + 1))], 1)
         else:
             logits = self._draft_logits(self.drafter.block_outputs(state, 1, k + 1))
+        if processing is not None and any(f is not None for f in processing):
+            logits = self._processed(logits, processing)
         trees = self.tree_topk > 1 or (lookups is not None and self.prompt_lookup > 0)
         tree_rows = [r for r, p in enumerate(params) if trees and p.greedy]
         if tree_rows:
             return self._propose_trees(logits, tree_rows, params, generators, lookups)
         return self._chain_drafts(logits, params, generators, lookups)
+
+    def _processed(self, logits: torch.Tensor,
+                   processing: list[Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None]) -> torch.Tensor:
+        """Draft logits [n, m, V'] after each row's logits processing (logit bias, penalties, min_tokens:
+        `dflash_trt.runtime.penalties`), so that its drafts follow the distribution the target verifies
+        them against (a penalized target rejects the repeats an unprocessed drafter proposes). Draft
+        position i's history holds the raw argmax drafts before it (one product for the block; the drafts
+        need not be exact: the verifier is). A draft vocabulary goes through the target's ids and back."""
+        out = logits.clone()
+        raw = greedy_tokens(logits)  # [n, m]
+        if self.draft_ids is not None:
+            raw = self.draft_ids[raw]
+        vocab, m = self.target.config.vocab_size, logits.shape[1]
+        for r, process in enumerate(processing):
+            if process is None:
+                continue
+            row = logits[r]
+            if self.draft_ids is not None:
+                row = row.new_full((m, vocab), float("-inf")).index_copy_(1, self.draft_ids, row)
+            row = process(row, chain_prefixes(raw[r].tolist(), 0, m))
+            out[r] = row if self.draft_ids is None else row[:, self.draft_ids]
+        return out
 
     def _thresholds(self, params: list[SamplingParams]) -> list[float]:
         """Per row, the draft confidence its drafts are cut at: `sampled_draft_confidence` where its
@@ -377,8 +408,9 @@ class DFlashProposer:
         lengths = None if max(thresholds) == 0 else \
             confident_prefix_lengths(self._confidence(logits, sampled), thresholds)
         probs: list[torch.Tensor | None] = [None] * n
-        # sampled drafts come from q and are accepted by p / q: one check (one device sync) per step, not per row
-        if sampled and not bool(torch.isfinite(logits).all()):
+        # sampled drafts come from q and are accepted by p / q: one check (one device sync) per step, not per row;
+        # -inf is a probability 0 (a request's min_tokens holding its stop tokens back, `_processed`)
+        if sampled and not bool(((logits < float("inf")) | (logits == float("-inf"))).all()):
             raise DFlashError("the drafter produced non-finite draft probabilities (NaN or inf: overflow in this "
                               "dtype, or corrupt activations); try --dtype float32, or another drafter")
         for r, q in sampled.items():

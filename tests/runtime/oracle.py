@@ -32,7 +32,7 @@ class OracleProposer:
     def add_context(self, features, positions, rows):
         pass
 
-    def propose(self, last_tokens, starts, max_start, rows, params, generators, lookups=None):
+    def propose(self, last_tokens, starts, max_start, rows, params, generators, lookups=None, processing=None):
         ids = [self.cache.requests[r] for r in (rows.tolist() if rows is not None else range(len(starts)))]
         out = torch.zeros(len(ids), self.max_draft_len, dtype=torch.int64)
         for i, (row, s) in enumerate(zip(ids, starts.tolist())):

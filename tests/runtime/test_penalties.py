@@ -265,3 +265,16 @@ def test_sampling_that_forgets_the_drafts_history_fails_the_same_test(tiny, monk
     monkeypatch.setattr(engine_mod, "chain_prefixes", lambda drafts, first, end: [[] for _ in range(first, end)])
     p, impossible, _ = sampled_pvalue(Engine(target, DFlashProposer(drafter, target)), SAMPLED)
     assert impossible > 0 or p < 1e-6
+
+
+def test_drafts_follow_a_logit_bias(smollm2_pipeline, monkeypatch):
+    """A +100 bias makes the target repeat one token; drafts that follow the bias are accepted whole (two
+    verify steps of 16 for 32 tokens), drafts that ignore it are not."""
+    pipe = smollm2_pipeline
+    params = SamplingParams(max_tokens=32, ignore_eos=True, logit_bias={504: 100.0})
+    prompt = pipe.encode_chat(CHATS[1])
+    res = pipe.engine.generate([prompt], params, "dflash")[0]
+    assert res.token_ids == [504] * 32 and res.metrics.verify_steps == 2
+    monkeypatch.setattr(DFlashProposer, "_processed", lambda self, logits, processing: logits)
+    res = pipe.engine.generate([prompt], params, "dflash")[0]
+    assert res.token_ids == [504] * 32 and res.metrics.verify_steps > 4
