@@ -202,6 +202,9 @@ class Engine:
             gen = torch.Generator(device=self.device).manual_seed(generator_seed(seed, self.device))
         ignored = params.ignore_eos and params.stop_token_ids is None  # ignore_eos drops the EOS ids, not given ones
         stop_ids = frozenset() if ignored else frozenset(stop)
+        if params.min_tokens and len(stop_ids) >= vocab:  # every token held back: nothing left to choose
+            raise InvalidRequestError(f"min_tokens {params.min_tokens} holds back the stop tokens, and every token of the "
+                                      f"vocabulary [0, {vocab}) is one; stop on fewer tokens or drop min_tokens")
         penalties = LogitsPenalties(params, prompt, stop_ids, vocab) if params.processes_logits else None
         return _Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],

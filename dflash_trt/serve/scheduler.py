@@ -38,8 +38,9 @@ class StopText:
     `add(ids)` appends token ids and returns "stop" once a stop string appears in the text's complete
     characters (the text is then cut before it, as OpenAI returns it); `delta()` gives the text not sent
     yet that is safe to send: complete characters (`text_to_stream`) and no tail that could still become a
-    stop string. With `min_tokens`, only a stop string completed by a later token counts (vLLM's rule: no stop
-    check before min_tokens tokens are out): one that ends within the first min_tokens tokens' text is text.
+    stop string. With `min_tokens`, only a stop string completed by a later token counts, as only a later token
+    can be a stop token (vLLM's idea; vLLM itself lets the min_tokens-th token complete a stop string, one
+    token earlier): one that ends within the first min_tokens tokens' text is text.
 
     Args:
         decode: token ids -> text (the tokenizer's decode, special tokens skipped).

@@ -278,3 +278,14 @@ def test_drafts_follow_a_logit_bias(smollm2_pipeline, monkeypatch):
     monkeypatch.setattr(DFlashProposer, "_processed", lambda self, logits, processing: logits)
     res = pipe.engine.generate([prompt], params, "dflash")[0]
     assert res.token_ids == [504] * 32 and res.metrics.verify_steps > 4
+
+
+def test_min_tokens_with_every_token_a_stop_token_is_refused(tiny):
+    """Nothing would be left to choose (greedy took token 0 from an all -inf row; sampling failed in multinomial)."""
+    engine = Engine(tiny[0])
+    params = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=list(range(VOCAB)))
+    with pytest.raises(InvalidRequestError, match=r"min_tokens 2 holds back the stop tokens, and every token of the "
+                                                  r"vocabulary \[0, 6\) is one"):
+        engine.generate([PROMPT], params, "ar")
+    assert engine.generate([PROMPT], SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=list(range(VOCAB - 1))),
+                           "ar")[0].token_ids[:2] == [VOCAB - 1] * 2
