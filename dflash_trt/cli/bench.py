@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import (cpu_kernels_option, cuda_kernels_option, draft_confidence_option, max_tokens_option,
-                                   temperature_option,
+from dflash_trt.cli.common import (cpu_kernels_option, cuda_kernels_option, draft_confidence_option,
+                                   logits_processing_options, max_tokens_option, temperature_option,
                                    SEED_RANGE, lower_word, max_concurrency_option, prompt_lookup_option,
                                    threads_option, tree_topk_option)
 from dflash_trt.text import count
@@ -26,6 +26,7 @@ from dflash_trt.text import count
 @click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
               help="0 = greedy.")
 @click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option)
+@logits_processing_options
 @click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
@@ -54,11 +55,12 @@ from dflash_trt.text import count
               help="Folder for results.json, results.md and the PNG plots, created if missing. An earlier run's "
                    "files of those names there are overwritten (other files are left alone). Must not be inside a "
                    "built bundle or a DFlash drafter folder (inside a target's folder: a warning).")
-def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, block_size, max_draft_len,
-          draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
+def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, min_p, repetition_penalty,
+          presence_penalty, frequency_penalty, logit_bias, min_tokens, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
           cuda_kernels, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
-    results.md and PNG plots to --out."""
+    results.md and PNG plots to --out. The logits processing flags apply to dflash and ar (HF's modes are
+    refused with them)."""
     import torch
     from tqdm import tqdm
 
@@ -68,7 +70,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.out_folder import check_outside_models
-    from dflash_trt.cli.common import (check_out_folder, check_draft_lengths, check_prompt_lengths, jsonl_file,
+    from dflash_trt.cli.common import (check_logit_bias_ids, check_out_folder, check_draft_lengths, check_prompt_lengths,
+                                       jsonl_file, logits_processing,
                                        model_folder, note_max_concurrency, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
@@ -101,6 +104,13 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                       "or the path of an existing JSONL file")
         load_prompts_jsonl(ds, REQUEST_KEYS)  # an empty or malformed file fails here, not after the models load
     hf_modes = [m for m in mode_list if m.startswith("hf")]
+    processing = logits_processing(max_tokens, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                   logit_bias, min_tokens)
+    given = [f"--{name.replace('_', '-')}" for name in processing
+             if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+    if given and hf_modes:  # HF generate has no presence / frequency penalty: ours only, before the models load
+        raise click.UsageError(f"--modes {','.join(hf_modes)}: {', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} "
+                               "to our modes only; drop the HF modes from --modes (e.g. --modes dflash,ar)")
     if batch_size > 1 and hf_modes:  # before the models load, not after
         raise click.UsageError(f"--modes {','.join(hf_modes)}: the HF modes run at batch size 1 only; drop them "
                                   f"from --modes (e.g. --modes dflash,ar) to bench --batch-size {batch_size}")
@@ -115,7 +125,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                    "the plots", err=True)
     warn_tree_unused(tree_topk, temperature)
     seed_given = click.get_current_context().get_parameter_source("seed") != click.core.ParameterSource.DEFAULT
-    warn_sampling_unused(temperature, seed=seed if seed_given else None)
+    warn_sampling_unused(temperature, seed=seed if seed_given else None, min_p=min_p)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size, "dflash" in mode_list, target, drafter)
     check_device(device)  # before the default model is converted and the prompts tokenized
     resolve_cuda_kernels(cuda_kernels, device)
@@ -127,7 +137,9 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         raise ConfigError(why)
     # every prompt against the target's context, from its config and tokenizer: before the weights load
     target_path = Path(target) if target is not None else default_target_path()
-    context = TargetConfig.from_pretrained(target_path).max_position_embeddings
+    target_config = TargetConfig.from_pretrained(target_path)
+    context = target_config.max_position_embeddings
+    check_logit_bias_ids(logit_bias, target_config.vocab_size)
     tokenizer = load_tokenizer(target_path)
     prompts = {}
     for ds in datasets:
@@ -153,7 +165,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         warn_untrained_drafter(pipe)
         if "dflash" in mode_list:
             note_max_concurrency(pipe, batch_size, max(len(ids) for ids in prompts.values()))
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, **processing)
         # the prompts that actually run (a JSONL file may hold fewer than --num-prompts), each in every mode
         bar = tqdm(total=sum(len(ids) for ids in prompts.values()) * len(mode_list), desc="bench", unit="run")
         results = run_benchmark(pipe, list(datasets), mode_list, num_prompts, params, parse_dtype(dtype), batch_size,
@@ -168,7 +180,9 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              "tree_topk": proposer.tree_topk if proposer else None,
                              "prompt_lookup": proposer.prompt_lookup if proposer else None,
                              "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
-                             "max_tokens": max_tokens, "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
+                             "max_tokens": max_tokens, **{k: v for k, v in processing.items() if k != "logit_bias"},
+                             "logit_bias": {str(t): b for t, b in (logit_bias or {}).items()} or None,
+                             "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
                              "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,
                              "cuda_kernels": cuda_kernels,
                              "batch_size": batch_size, "modes": mode_list, "profile": profile,

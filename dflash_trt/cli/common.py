@@ -281,6 +281,45 @@ def logit_bias_option(ctx, param, values: tuple[str, ...]) -> dict[int, float] |
     return out or None
 
 
+def logits_processing_options(command):
+    """The logits processing flags of `generate` and `bench` (`SamplingParams`' fields of the same names, each
+    checked when parsed): --min-p, --repetition-penalty, --presence-penalty, --frequency-penalty, --logit-bias
+    ID:BIAS (repeatable; a dict, or None), --min-tokens."""
+    options = [
+        click.option("--min-p", default=0.0, show_default=True, type=float, callback=min_p_option,
+                     help="In [0, 1]; 0 = off. Sampling keeps the tokens at least this times as likely as the top one."),
+        click.option("--repetition-penalty", default=1.0, show_default=True, type=float, callback=repetition_penalty_option,
+                     help="> 0; 1 = off. The logit of a token already in the prompt or the answer is divided by it (times it "
+                          "when negative): > 1 repeats less (CTRL, Hugging Face's)."),
+        click.option("--presence-penalty", default=0.0, show_default=True, type=float, callback=penalty_option,
+                     help="In [-2, 2]; 0 = off. Subtracted once from the logit of each token the answer holds (OpenAI's)."),
+        click.option("--frequency-penalty", default=0.0, show_default=True, type=float, callback=penalty_option,
+                     help="In [-2, 2]; 0 = off. Subtracted from a token's logit once per time the answer holds it (OpenAI's)."),
+        click.option("--logit-bias", multiple=True, callback=logit_bias_option, metavar="ID:BIAS",
+                     help="Add BIAS (in [-100, 100]) to token ID's logit: -100 bans it, 100 forces it (OpenAI's logit_bias). "
+                          "Repeat for several tokens."),
+        click.option("--min-tokens", default=0, show_default=True, type=int, callback=min_tokens_option,
+                     help="No stop token (EOS) ends an answer before this many tokens (at most --max-tokens)."),
+    ]
+    for option in reversed(options):  # listed in --help's order
+        command = option(command)
+    return command
+
+
+def logits_processing(max_tokens: int, min_p: float, repetition_penalty: float, presence_penalty: float,
+                      frequency_penalty: float, logit_bias: dict[int, float] | None, min_tokens: int) -> dict:
+    """`logits_processing_options`' values as `SamplingParams` keyword arguments.
+
+    Raises:
+        click.BadParameter: --min-tokens above --max-tokens.
+    """
+    if min_tokens > max_tokens:
+        raise click.BadParameter(f"{min_tokens} is more than --max-tokens {max_tokens}; give at most that",
+                                 param_hint="'--min-tokens'")
+    return dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty, logit_bias=logit_bias, min_tokens=min_tokens)
+
+
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
     """Raises click.BadParameter (--logit-bias) for a token id outside the target's vocabulary [0, vocab_size)."""
     beyond = sorted(t for t in logit_bias or () if t >= vocab_size)

@@ -8,9 +8,8 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import (SEED_RANGE, logit_bias_option, max_tokens_option, min_p_option, min_tokens_option,
-                                   model_options, penalty_option, repetition_penalty_option, temperature_option,
-                                   top_k_option, top_p_option, tp_size_option)
+from dflash_trt.cli.common import (SEED_RANGE, logits_processing_options, max_tokens_option, model_options,
+                                   temperature_option, top_k_option, top_p_option, tp_size_option)
 from dflash_trt.text import count, final_text, text_to_stream
 
 
@@ -54,20 +53,7 @@ def prompt_header(index: int, total: int) -> str:
               help="0 = greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
-@click.option("--min-p", default=0.0, show_default=True, type=float, callback=min_p_option,
-              help="In [0, 1]; 0 = off. Sampling keeps the tokens at least this times as likely as the top one.")
-@click.option("--repetition-penalty", default=1.0, show_default=True, type=float, callback=repetition_penalty_option,
-              help="> 0; 1 = off. The logit of a token already in the prompt or the answer is divided by it (times it "
-                   "when negative): > 1 repeats less (CTRL, Hugging Face's).")
-@click.option("--presence-penalty", default=0.0, show_default=True, type=float, callback=penalty_option,
-              help="In [-2, 2]; 0 = off. Subtracted once from the logit of each token the answer holds (OpenAI's).")
-@click.option("--frequency-penalty", default=0.0, show_default=True, type=float, callback=penalty_option,
-              help="In [-2, 2]; 0 = off. Subtracted from a token's logit once per time the answer holds it (OpenAI's).")
-@click.option("--logit-bias", multiple=True, callback=logit_bias_option, metavar="ID:BIAS",
-              help="Add BIAS (in [-100, 100]) to token ID's logit: -100 bans it, 100 forces it (OpenAI's logit_bias). "
-                   "Repeat for several tokens.")
-@click.option("--min-tokens", default=0, show_default=True, type=int, callback=min_tokens_option,
-              help="No stop token (EOS) ends an answer before this many tokens (at most --max-tokens).")
+@logits_processing_options
 @click.option("--seed", default=None, type=SEED_RANGE,
               help="RNG seed for sampling (a 64-bit integer): prompt i of --prompts-file samples with seed + i, so "
                    "repeated prompts sample differently and each reproducibly; unset: a random one per prompt.")
@@ -87,6 +73,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
     from dflash_trt.cli.common import (check_context, check_draft_lengths, check_logit_bias_ids, jsonl_file, load_models,
+                                       logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
@@ -108,13 +95,10 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                                    "encoding)")
     if num_logprobs is not None and not as_json:
         raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
-    if min_tokens > max_tokens:
-        raise click.BadParameter(f"{min_tokens} is more than --max-tokens {max_tokens}; give at most that",
-                                 param_hint="'--min-tokens'")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                            logprobs=num_logprobs, min_p=min_p, repetition_penalty=repetition_penalty,
-                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                            logit_bias=logit_bias, min_tokens=min_tokens)
+                            logprobs=num_logprobs, **logits_processing(max_tokens, min_p, repetition_penalty,
+                                                                       presence_penalty, frequency_penalty, logit_bias,
+                                                                       min_tokens))
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)

@@ -326,14 +326,14 @@ class DFlashProposer:
             # product of draft confidences is still >= its threshold at c (it only falls); else
             # they get neither the drafter's last layer nor the head, and no chain length or tree
             # path reaches them
-            logits = self._draft_logits(self.drafter.block_outputs(state, 1, c + 1))
+            raw = self._draft_logits(self.drafter.block_outputs(state, 1, c + 1))
+            logits = self._processed(raw, processing)  # the confidence of the drafts the rows will make
             reach = self._confidence(logits, self._sampled_q(logits, params)).double().prod(1).tolist()  # [n]
             if any(r >= t for r, t in zip(reach, thresholds)):
-                logits = torch.cat([logits, self._draft_logits(self.drafter.block_outputs(state, c + 1, k + 1))], 1)
+                raw = torch.cat([raw, self._draft_logits(self.drafter.block_outputs(state, c + 1, k + 1))], 1)
+                logits = self._processed(raw, processing)
         else:
-            logits = self._draft_logits(self.drafter.block_outputs(state, 1, k + 1))
-        if processing is not None and any(f is not None for f in processing):
-            logits = self._processed(logits, processing)
+            logits = self._processed(self._draft_logits(self.drafter.block_outputs(state, 1, k + 1)), processing)
         trees = self.tree_topk > 1 or (lookups is not None and self.prompt_lookup > 0)
         tree_rows = [r for r, p in enumerate(params) if trees and p.greedy]
         if tree_rows:
@@ -341,12 +341,16 @@ class DFlashProposer:
         return self._chain_drafts(logits, params, generators, lookups)
 
     def _processed(self, logits: torch.Tensor,
-                   processing: list[Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None]) -> torch.Tensor:
+                   processing: list[Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None] | None,
+                   ) -> torch.Tensor:
         """Draft logits [n, m, V'] after each row's logits processing (logit bias, penalties, min_tokens:
         `dflash_trt.runtime.penalties`), so that its drafts follow the distribution the target verifies
         them against (a penalized target rejects the repeats an unprocessed drafter proposes). Draft
         position i's history holds the raw argmax drafts before it (one product for the block; the drafts
-        need not be exact: the verifier is). A draft vocabulary goes through the target's ids and back."""
+        need not be exact: the verifier is). A draft vocabulary goes through the target's ids and back.
+        `logits` itself when no row has any (`processing` None or all None)."""
+        if processing is None or all(f is None for f in processing):
+            return logits
         out = logits.clone()
         raw = greedy_tokens(logits)  # [n, m]
         if self.draft_ids is not None:

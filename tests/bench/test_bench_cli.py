@@ -432,3 +432,49 @@ def test_encode_dataset_matches_the_pipeline_encoding(smollm2_path):
     ids, where = encode_dataset(tok, "humaneval", 3)
     assert where == ["humaneval prompt 1", "humaneval prompt 2", "humaneval prompt 3"]
     assert ids == [encode_prompt(tok, [{"role": "user", "content": q}]) for q in humaneval_subset(3)]
+
+
+def test_bench_refuses_logits_processing_with_hf_modes_before_loading(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o"
+    for flags, named in ((["--repetition-penalty", "1.2"], "--repetition-penalty applies"),
+                         (["--logit-bias", "5:1", "--min-tokens", "2"], "--logit-bias, --min-tokens apply")):
+        monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "dflash,ar,hf", *flags, "--out", str(out)])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"--modes hf: {named} to our modes only" in err and not out.exists()
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--min-tokens", "9", "--max-tokens", "8",
+                                      "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and "'--min-tokens': 9 is more than --max-tokens 8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_with_a_logit_bias_checks_identity_and_records_it(tmp_path, monkeypatch):
+    """A +100 bias makes the target repeat one token, which the drafts follow: long acceptance, outputs still
+    identical to ar's; results.json records the processing."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Name a color."}]}\n')
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "1",
+                                      "--max-tokens", "24", "--modes", "dflash,ar", "--logit-bias", "504:100",
+                                      "--repetition-penalty", "1.1", "--out", str(out)])
+    main()
+    res = json.loads((out / "results.json").read_text())
+    modes = res["datasets"][str(prompts)]["modes"]
+    assert modes["dflash"]["identical_to_ar"] == 1 and modes["dflash"]["acceptance_length"] >= 8  # auto draft length too
+    assert res["config"]["logit_bias"] == {"504": 100.0} and res["config"]["repetition_penalty"] == 1.1
+    assert res["config"]["min_tokens"] == 0 and res["config"]["presence_penalty"] == 0.0
+
+
+def test_bench_checks_logit_bias_ids_before_loading_weights(tmp_path, monkeypatch, capsys):
+    import dflash_trt.api
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--logit-bias", "49152:1",
+                                      "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "'--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)" in err
