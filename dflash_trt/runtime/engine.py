@@ -205,7 +205,7 @@ class Engine:
         if params.min_tokens and len(stop_ids) >= vocab:  # every token held back: nothing left to choose
             raise InvalidRequestError(f"min_tokens {params.min_tokens} holds back the stop tokens, and every token of the "
                                       f"vocabulary [0, {vocab}) is one; stop on fewer tokens or drop min_tokens")
-        penalties = LogitsPenalties(params, prompt, stop_ids, vocab) if params.processes_logits else None
+        penalties = LogitsPenalties(params, prompt, stop_ids) if params.processes_logits else None
         return _Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties)

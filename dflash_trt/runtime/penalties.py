@@ -33,12 +33,10 @@ class LogitsPenalties:
         params: its SamplingParams.
         prompt: its prompt token ids (read by the repetition penalty).
         stop_ids: the tokens that end it (what min_tokens holds back).
-        vocab_size: the target's vocabulary V (logit_bias ids are checked against it).
-    Raises:
-        InvalidRequestError: a logit_bias token id outside [0, V) (`check_logit_bias`).
+    The Engine checks the token ids (logit_bias, stop ids) against the vocabulary before it makes one.
     """
 
-    def __init__(self, params: SamplingParams, prompt: list[int], stop_ids: frozenset[int], vocab_size: int):
+    def __init__(self, params: SamplingParams, prompt: list[int], stop_ids: frozenset[int]):
         self.params = params
         self.prompt = torch.tensor(sorted(set(prompt)), dtype=torch.int64) if params.repetition_penalty != 1 else None
         self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64)

@@ -95,7 +95,7 @@ def test_each_position_equals_hf_processors_on_its_own_history(params):
     vocab, prompt, out, drafts = 64, [3, 9, 9, 12, 40], [5, 9, 5, 17], [17, 3, 3, 60]
     stop = frozenset({17, 63})
     logits = torch.randn(len(drafts) + 1, vocab, generator=gen) * 4
-    ours = LogitsPenalties(params, prompt, stop, vocab).apply(logits, out, chain_prefixes(drafts, 0, len(drafts) + 1))
+    ours = LogitsPenalties(params, prompt, stop).apply(logits, out, chain_prefixes(drafts, 0, len(drafts) + 1))
     procs = hf_processors(params, len(prompt), stop)
     for i in range(len(drafts) + 1):
         ids = torch.tensor([prompt + out + drafts[:i]])
