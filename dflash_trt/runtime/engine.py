@@ -338,9 +338,11 @@ class Engine:
         emitted: a row whose sampling fails fails the call before any other row's caller has been sent a
         token (so the others can be rerun)."""
         sel = [reqs[j] for j in rows]
-        logits = torch.stack([r.first_logits for r in sel])
-        scores = [r.scores(logits[i : i + 1], [[]])[0] for i, r in enumerate(sel)]
-        argmax = greedy_tokens(torch.stack(scores)).tolist()  # one device sync for all of them
+        logits = torch.stack([r.first_logits for r in sel])  # raw: what logprobs report
+        scores = logits  # what the tokens are chosen from (each request's logits processing, `_Request.scores`)
+        if any(r.penalties is not None for r in sel):
+            scores = torch.cat([r.scores(logits[i : i + 1], [[]]) for i, r in enumerate(sel)])
+        argmax = greedy_tokens(scores).tolist()  # one device sync for all of them
         toks = [argmax[i] if r.params.greedy else sample(probs_from_logits(scores[i], r.params), r.generator)
                 for i, r in enumerate(sel)]
         lps = [None if r.logprobs is None else token_logprobs(logits[i : i + 1], [toks[i]], r.params.logprobs)

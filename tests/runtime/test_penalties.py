@@ -289,3 +289,20 @@ def test_min_tokens_with_every_token_a_stop_token_is_refused(tiny):
         engine.generate([PROMPT], params, "ar")
     assert engine.generate([PROMPT], SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=list(range(VOCAB - 1))),
                            "ar")[0].token_ids[:2] == [VOCAB - 1] * 2
+
+
+def test_logprobs_stay_the_raw_targets_with_logits_processing(smollm2_pipeline):
+    """A +100 bias forces token 504 everywhere; the logprobs reported are the target's raw ones (the first
+    token's too, which is chosen apart from the verify steps), equal in DFlash and ar."""
+    pipe = smollm2_pipeline
+    prompt = pipe.encode_chat(CHATS[1])
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logit_bias={504: 100.0}, logprobs=0)
+    with torch.inference_mode():
+        target = pipe.engine.target
+        ids = torch.tensor([prompt + [504] * 5])
+        out = target(ids, torch.arange(ids.shape[1])[None], target.new_cache(1, ids.shape[1]), ids.shape[1])
+        raw = torch.log_softmax(target.compute_logits(out.hidden[0, len(prompt) - 1:]).float(), -1)[:, 504].tolist()
+    for mode in ("dflash", "ar"):
+        res = pipe.engine.generate([prompt], params, mode)[0]
+        assert res.token_ids == [504] * 6
+        assert [lp.logprob for lp in res.logprobs] == pytest.approx(raw, abs=1e-3) and raw[0] < -1
