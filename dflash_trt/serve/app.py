@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -32,6 +33,8 @@ from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+
+logger = logging.getLogger("dflash_trt.serve")
 
 #: OpenAI's default max_tokens for /v1/completions.
 COMPLETIONS_MAX_TOKENS = 16
@@ -145,6 +148,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     app.state.scheduler, app.state.metrics = scheduler, metrics
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, context_len=context_len)
+    app.add_middleware(ServerErrors)  # the outermost of ours: added last
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -172,14 +176,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
         return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _internal(request, exc: Exception):  # a bug or a failed generation: still an OpenAI error body
-        status, body = _status_of(exc)
-        return JSONResponse(body, status_code=status)
-
     @app.exception_handler(ClientGone)
-    async def _client_gone(request, exc: ClientGone):  # a normal abort: no traceback in the log (the handler of
-        return Response(status_code=CLIENT_CLOSED)       # Exception re-raises to uvicorn); nobody reads this
+    async def _client_gone(request, exc: ClientGone):  # a normal abort: no traceback in the log (`ServerErrors`
+        return Response(status_code=CLIENT_CLOSED)       # logs one); nobody reads this
 
     @app.exception_handler(DFlashError)
     async def _dflash_error(request, exc: DFlashError):
@@ -266,13 +265,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion}
 
-    async def stream(req, seqs, events, prompts, chunk, first_delta=None, opening=None):
+    async def stream(req, seqs, events, prompts, chunk, path, first_delta=None, opening=None):
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
         then (stream_options.include_usage) a usage chunk; then [DONE]. `chunk(index, text, finish,
         include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None). The opening
         chunk is `first_delta`'s (chat: the role), or `opening(index, include_usage)`'s (completions' echo:
         the prompt), sent at once, or, when the choice asks for logprobs, with its first tokens (the
-        prompt's logprobs are read with the prompt).
+        prompt's logprobs are read with the prompt). A failed generation ends the stream with an error chunk
+        (a server error's traceback logged as `ServerErrors` logs one, `path` naming the endpoint).
 
         With `stream_options.continuous_usage_stats` (and include_usage, as vLLM and trtllm-serve read it) every
         choice chunk carries `usage` so far: its prompt's tokens and the tokens the choice has generated when the
@@ -313,6 +313,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 pending -= 1
                 if error is not None:
                     status, body = _status_of(error)
+                    if status == 500:
+                        log_failure("POST", path, error)
                     yield sse(body)
                     break
                 if index in unopened:
@@ -429,8 +431,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     offsets[index] = formatter.characters(prompts[p])
                 return out
 
-            return StreamingResponse(stream(req, seqs, events, prompts, chunk, opening=opening if req.echo else None),
-                                     media_type="text/event-stream")
+            return StreamingResponse(stream(req, seqs, events, prompts, chunk, request.url.path,
+                                            opening=opening if req.echo else None), media_type="text/event-stream")
         results = await collect(seqs, events, request)
 
         def echoed(i: int, r) -> tuple[str, dict | None]:
@@ -492,7 +494,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     out["usage"] = None
                 return out
 
-            return StreamingResponse(stream(req, seqs, events, [ids], chunk, {"role": "assistant", "content": ""}),
+            return StreamingResponse(stream(req, seqs, events, [ids], chunk, request.url.path,
+                                            {"role": "assistant", "content": ""}),
                                      media_type="text/event-stream")
         results = await collect(seqs, events, request)
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
@@ -503,6 +506,45 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 "usage": usage([ids], results)}
 
     return app
+
+
+def log_failure(method: str, path: str, exc: BaseException) -> None:
+    """Log a request that failed on the server's side (an answered 500), with its traceback."""
+    logger.error("dflash-trt: %s %s failed", method, path, exc_info=exc)
+
+
+class ServerErrors:
+    """ASGI middleware: an exception no handler took (a failed generation, e.g. a RuntimeError from the
+    target's forward, or a bug) becomes a 500 with OpenAI's error body ("generation failed: ..."), its
+    traceback logged once to the `dflash_trt.serve` logger, and the client's keep-alive connection stays
+    open. (Starlette's handler for `Exception` re-raises to the server after answering, and uvicorn then
+    closes the connection: the client's next request on it failed with "connection reset".) An exception
+    after the response started (a stream under way) is re-raised: only the server can end that response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # answered here: the server keeps serving
+            if started:
+                raise
+            from fastapi.responses import JSONResponse
+
+            log_failure(scope.get("method"), scope.get("path"), exc)
+            status, body = _status_of(exc)
+            await JSONResponse(body, status_code=status)(scope, receive, send)
 
 
 class BodyLimit:

@@ -621,3 +621,52 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
     assert answers["a"].usage.completion_tokens == 400
     aborted_then_serving(base, before, client)
     assert sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before + 1
+
+
+def test_a_failed_generation_is_a_500_and_the_connection_stays_open(server, client, smollm2_pipeline, monkeypatch):
+    """A RuntimeError inside the target's forward (not a DFlash error: a bug, an out-of-memory) answers the
+    request with a 500 and OpenAI's error body, logs its traceback once under `dflash_trt.serve`, and the
+    client's keep-alive connection serves its next request (uvicorn closed it before `ServerErrors`); a
+    stream that fails carries the same error in-band, its traceback logged too."""
+    import http.client
+
+    target = smollm2_pipeline.engine.target
+    forward, failing = target.forward, {"on": False}
+
+    def forward_or_fail(*args, **kwargs):
+        if failing["on"]:
+            raise RuntimeError("the target's forward failed (injected)")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", forward_or_fail)
+    body = json.dumps({"prompt": "Hi", "max_tokens": 3, "temperature": 0})
+    conn = http.client.HTTPConnection(server[0].removeprefix("http://"), timeout=60)
+    with Records("dflash_trt.serve") as log, Records("uvicorn.error") as uvicorn_log:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        ok = conn.getresponse()
+        assert ok.status == 200 and len(json.loads(ok.read())["choices"]) == 1
+        sock = conn.sock
+        failing["on"] = True
+        try:
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            failed = conn.getresponse()
+            assert failed.status == 500 and failed.getheader("connection") != "close"
+            assert json.loads(failed.read()) == {"error": {
+                "message": "generation failed: the target's forward failed (injected)", "type": "server_error",
+                "param": None, "code": None}}
+            events = [line for line in httpx.post(server[0] + "/v1/completions", timeout=60, json={
+                "prompt": "Hi", "max_tokens": 3, "stream": True}).text.splitlines() if line]
+        finally:
+            failing["on"] = False
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        again = conn.getresponse()
+        assert again.status == 200 and conn.sock is sock  # the same connection
+        assert json.loads(again.read())["usage"]["completion_tokens"] == 3
+    conn.close()
+    error = ('data: {"error": {"message": "generation failed: the target\'s forward failed (injected)", '
+             '"type": "server_error", "param": null, "code": null}}')
+    assert events == [error, "data: [DONE]"]
+    failures = [r for r in log.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in failures] == ["dflash-trt: POST /v1/completions failed"] * 2
+    assert all(r.exc_info and "injected" in str(r.exc_info[1]) for r in failures)
+    assert [r.getMessage() for r in uvicorn_log.records if r.levelno >= logging.WARNING] == []
