@@ -25,7 +25,10 @@ strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); ap
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
 frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), min_tokens
 INT32 [1] (default 0: no stop token or stop word ends the output before that many tokens; `min_length` INT32 [1],
-the TensorRT-LLM backend's older name, is the same input: give one, or both equal). The ensemble's inputs this model does not have pass only at their
+the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
+off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
+(the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
+words share a token, `embedding_bias`). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
@@ -78,6 +81,9 @@ INPUTS = (
     ("frequency_penalty", "TYPE_FP32", [1], True),
     ("min_tokens", "TYPE_INT32", [1], True),
     ("min_length", "TYPE_INT32", [1], True),
+    ("min_p", "TYPE_FP32", [1], True),
+    ("embedding_bias_words", "TYPE_STRING", [-1], True),
+    ("embedding_bias_weights", "TYPE_FP32", [-1], True),
 )
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
@@ -226,6 +232,46 @@ def min_tokens(given, min_length) -> int:
     return 0 if value is None else int(value)
 
 
+def embedding_bias(words, weights, encode) -> dict[int, float] | None:
+    """A request's logit bias from the TensorRT-LLM backend's `embedding_bias_words` / `embedding_bias_weights`
+    inputs: each word is tokenized (`encode(word)` -> token ids; no special tokens) and its weight added to
+    each of its tokens' logits, summed where words share a token (as the backend's preprocessing model builds
+    its EMBEDDING_BIAS row); an empty word adds nothing. None when neither input is given.
+
+    Args:
+        words: the words (str or UTF-8 bytes), or None. weights: one number per word, or None.
+    Raises:
+        InvalidRequestError: one input given without the other, lengths that differ, a weight that is not
+            finite, or a token's sum outside [-100, 100] (`SamplingParams.logit_bias`' range), naming the word.
+    """
+    import math
+
+    from dflash_trt.errors import InvalidRequestError
+
+    if words is None and weights is None:
+        return None
+    if words is None or weights is None:
+        given, missing = ("embedding_bias_words", "embedding_bias_weights") if weights is None else (
+            "embedding_bias_weights", "embedding_bias_words")
+        raise InvalidRequestError(f"{given} needs {missing} beside it: one weight per word")
+    words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in words]
+    weights = [float(w) for w in weights]
+    if len(words) != len(weights):
+        raise InvalidRequestError(f"embedding_bias_words has {len(words)} word(s) and embedding_bias_weights "
+                                  f"{len(weights)} weight(s); give one weight per word")
+    bias: dict[int, float] = {}
+    for word, weight in zip(words, weights):
+        if not math.isfinite(weight):
+            raise InvalidRequestError(f"embedding_bias_weights: the weight of {word!r} is {weight}; give a finite "
+                                      "number")
+        for token in (encode(word) if word else ()):
+            bias[token] = bias.get(token, 0.0) + weight
+            if abs(bias[token]) > 100:
+                raise InvalidRequestError(f"embedding_bias_words: the token {token} of {word!r} gets a bias of "
+                                          f"{bias[token]:g}, outside [-100, 100] (a sum over the words holding it)")
+    return bias
+
+
 def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
     """Model parameter `key` as a whole number >= 1 (`default` when absent or empty).
 
@@ -311,6 +357,10 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, name)
             return default if t is None else t.as_numpy().reshape(-1)[0]
 
+        def vector(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else list(t.as_numpy().reshape(-1))
+
         check_extra_fields(json.loads(request.parameters() or "{}"), self.pipe.engine.eos_token_ids)
         raw = scalar("text_input", None)
         if raw is None:
@@ -318,9 +368,7 @@ class TritonPythonModel:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         if not text:
             raise InvalidRequestError("text_input is empty; give some text")
-        words = pb_utils.get_input_tensor_by_name(request, "stop_words")
-        texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w)
-                 for w in (words.as_numpy().reshape(-1) if words is not None else ()))
+        texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in vector("stop_words") or ())
         # an empty one means none, as in the TensorRT-LLM backend (its example request sends "stop_words": "")
         stops = check_stops(tuple(t for t in texts if t), "stop_words")
         with self._tokenizer_lock:
@@ -330,6 +378,8 @@ class TritonPythonModel:
                 ids = self.pipe.encode_chat(text)
             else:
                 ids = self.pipe.encode(text)
+            bias = embedding_bias(vector("embedding_bias_words"), vector("embedding_bias_weights"),
+                                  lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
         from dflash_trt.runtime.sampling import SamplingParams
 
         seed = scalar("random_seed", None)
@@ -340,7 +390,8 @@ class TritonPythonModel:
                                 repetition_penalty=float(scalar("repetition_penalty", 1.0)),
                                 presence_penalty=float(scalar("presence_penalty", 0.0)),
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
-                                min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)))
+                                min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)),
+                                min_p=float(scalar("min_p", 0.0)), logit_bias=bias)
         fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
         stream = bool(scalar("stream", False))
 

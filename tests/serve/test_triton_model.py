@@ -5,6 +5,7 @@ equal to the whole answer, errors that leave the server serving."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -24,8 +25,11 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     for name, dtype, *_ in (*INPUTS, *OUTPUTS):
         assert f'name: "{name}" data_type: {dtype}' in text
     for name, dtype in (("repetition_penalty", "TYPE_FP32"), ("presence_penalty", "TYPE_FP32"),
-                        ("frequency_penalty", "TYPE_FP32"), ("min_tokens", "TYPE_INT32"), ("min_length", "TYPE_INT32")):
+                        ("frequency_penalty", "TYPE_FP32"), ("min_tokens", "TYPE_INT32"), ("min_length", "TYPE_INT32"),
+                        ("min_p", "TYPE_FP32")):
         assert f'name: "{name}" data_type: {dtype} dims: [ 1 ] optional: true' in text  # the ensemble's names
+    for name, dtype in (("embedding_bias_words", "TYPE_STRING"), ("embedding_bias_weights", "TYPE_FP32")):
+        assert f'name: "{name}" data_type: {dtype} dims: [ -1 ] optional: true' in text
     assert 'parameters { key: "bundle" value: { string_value: "../.." } }' in text
     assert "TritonPythonModel" in (folder / "1" / "model.py").read_text()
     with pytest.raises(ValueError, match="unknown Triton model parameter"):
@@ -85,6 +89,27 @@ def generate(server, body, stream=False):
         return r.status_code, r.json()
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     return r.status_code, events
+
+
+def test_embedding_bias_sums_each_words_weight_over_its_tokens():
+    """The TensorRT-LLM backend's embedding_bias_words / embedding_bias_weights as a logit bias: every token of a
+    word gets its weight, words sharing a token add up, an empty word adds nothing; mistakes are refused by name."""
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.serve.triton import embedding_bias
+
+    def encode(word):
+        return [ord(c) for c in word]
+
+    assert embedding_bias(None, None, encode) is None
+    assert embedding_bias([b"ab", "b", ""], [1.5, -4.0, 99.0], encode) == {97: 1.5, 98: -2.5}
+    for words, weights, message in (
+            (["a"], None, "embedding_bias_words needs embedding_bias_weights beside it"),
+            (None, [1.0], "embedding_bias_weights needs embedding_bias_words beside it"),
+            (["a", "b"], [1.0], "embedding_bias_words has 2 word(s) and embedding_bias_weights 1 weight(s)"),
+            (["a"], [float("nan")], "the weight of 'a' is nan; give a finite number"),
+            (["aa"], [60.0], "the token 97 of 'aa' gets a bias of 120, outside [-100, 100]")):
+        with pytest.raises(InvalidRequestError, match=re.escape(message)):
+            embedding_bias(words, weights, encode)
 
 
 @pytest.mark.slow
@@ -224,3 +249,30 @@ def test_penalties_and_min_tokens_give_the_engines_tokens(triton, smollm2_pipeli
     assert status != 200 and "min_tokens must be in [0, max_tokens = 4], got 5" in out["error"]
     status, out = generate(triton, {"text_input": "hi", "repetition_penalty": 0.0})
     assert status != 200 and "repetition_penalty must be finite and > 0" in out["error"]
+
+
+@pytest.mark.slow
+def test_min_p_and_embedding_bias_give_the_engines_tokens(triton, smollm2_pipeline):
+    """min_p (FP32) and the TensorRT-LLM backend's embedding_bias_words / embedding_bias_weights reach the runtime:
+    a word biased away changes the greedy answer to the engine's own with that logit_bias; min_p 1 at temperature 1
+    keeps only the top token, so the sampled answer is the greedy one (without it, the same seed samples another)."""
+    ids = smollm2_pipeline.encode_chat(QUESTION)
+    body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 16}
+    bias = {t: -100.0 for t in smollm2_pipeline.tokenizer.encode(" Paris", add_special_tokens=False)}
+    [plain] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16), mode="ar")
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, logit_bias=bias), mode="ar")
+    assert " Paris" in plain.text and " Paris" not in ref.text
+    status, out = generate(triton, {**body, "embedding_bias_words": [" Paris"], "embedding_bias_weights": [-100.0]})
+    assert status == 200, out
+    assert out["text_output"] == ref.text and out["num_output_tokens"] == len(ref.token_ids)
+    poem = "Write a short poem about the sea."
+    [greedy] = smollm2_pipeline.generate([smollm2_pipeline.encode_chat(poem)], SamplingParams(max_tokens=16), mode="ar")
+    sampled = {**body, "text_input": poem, "temperature": 1.0, "random_seed": 7}
+    status, kept = generate(triton, {**sampled, "min_p": 1.0})
+    assert status == 200 and kept["text_output"] == greedy.text, kept
+    status, free = generate(triton, sampled)
+    assert status == 200 and free["text_output"] != greedy.text, free
+    status, out = generate(triton, {**body, "embedding_bias_words": [" Paris", "x"], "embedding_bias_weights": [1.0]})
+    assert status != 200 and "embedding_bias_words has 2 word(s) and embedding_bias_weights 1 weight(s)" in out["error"]
+    status, out = generate(triton, {**body, "min_p": 1.5})
+    assert status != 200 and "min_p must be in [0, 1] (0 = off), got 1.5" in out["error"]
