@@ -138,6 +138,14 @@ def write_model_repository(repo: str | Path, name: str = "dflash", **parameters:
     return folder
 
 
+def missing_inputs(config: dict) -> list[str]:
+    """The inputs this version reads (`INPUTS`) that the model's config (Triton's JSON of config.pbtxt) lacks:
+    a model repository written by an older dflash-trt. Triton refuses a request that sends one of them (its
+    name is unknown to the model); everything else works, so the model loads with a warning naming them."""
+    have = {t.get("name") for t in config.get("input", ())}
+    return [name for name, *_ in INPUTS if name not in have]
+
+
 def check_parameters(params: dict[str, str]) -> None:
     """Refuse model parameters the model would otherwise ignore or fail on later: an unknown name (a typo such
     as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), or `bundle`
@@ -294,6 +302,11 @@ class TritonPythonModel:
         from dflash_trt.serve.scheduler import Scheduler
 
         config = json.loads(args["model_config"])
+        missing = missing_inputs(config)
+        if missing:
+            print(f"dflash-trt: warning: this model's config.pbtxt lacks the inputs {missing} (written by an older "
+                  "dflash-trt): requests cannot set them; rebuild the bundle (dflash-trt build) or rewrite the model "
+                  "with dflash_trt.serve.triton.write_model_repository", file=sys.stderr, flush=True)
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         check_parameters(params)  # all of them before loading anything
         batch_size = _whole_number(params, "max_batch_size", 8)

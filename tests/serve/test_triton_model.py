@@ -57,6 +57,22 @@ def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words
     write_model_repository(tmp_path / "repo", "ok", EXECUTION_ENV_PATH="$$TRITON_MODEL_DIRECTORY/env.tar.gz", mode="ar")
 
 
+def test_a_repository_from_an_older_version_loads_with_a_warning_naming_its_missing_inputs(tmp_path, capsys):
+    """A config.pbtxt written before min_p and the embedding bias existed: the model names the inputs it lacks
+    (requests cannot send them) and the fix, then loads as usual (here: fails on the bad mode, after the warning)."""
+    from dflash_trt.serve.triton import TritonPythonModel, missing_inputs
+
+    old = [{"name": name} for name, *_ in INPUTS if name not in ("min_p", "embedding_bias_words",
+                                                                 "embedding_bias_weights")]
+    assert missing_inputs({"input": old}) == ["min_p", "embedding_bias_words", "embedding_bias_weights"]
+    assert missing_inputs({"input": [{"name": name} for name, *_ in INPUTS]}) == []
+    config = {"input": old, "parameters": {"mode": {"string_value": "beam"}}}
+    with pytest.raises(ValueError, match="'mode' must be one of"):
+        TritonPythonModel().initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path)})
+    assert ("dflash-trt: warning: this model's config.pbtxt lacks the inputs ['min_p', 'embedding_bias_words', "
+            "'embedding_bias_weights'] (written by an older dflash-trt)") in capsys.readouterr().err
+
+
 def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     """The TensorRT-LLM backend's own example sends `"bad_words": "", "stop_words": ""`: ensemble inputs this model
     does not have pass at the value that asks for what it does anyway; a typo, or such an input set otherwise
