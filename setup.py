@@ -35,6 +35,9 @@ setup(
         "train": ["matplotlib"],
         # dflash-trt serve (OpenAI-compatible HTTP server, Prometheus metrics)
         "serve": ["fastapi", "uvicorn", "prometheus-client"],
+        # guided decoding (response_format, JSON schemas, regexes, grammars); CPU-only installs use --no-deps
+        # (Makefile GUIDED_PKGS: its triton dependency serves its GPU kernels only)
+        "guided": ["xgrammar==0.2.9"],
         # the tests drive the server with the real OpenAI client
         "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib", "openai"],
     },

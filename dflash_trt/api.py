@@ -94,6 +94,12 @@ class Pipeline:
     #: one-line warnings from loading (`load_bundle`: bundle files altered or missing that it does not load)
     warnings: list[str] = field(default_factory=list)
 
+    def __post_init__(self):
+        if self.engine is not None and self.tokenizer is not None:  # guided decoding compiles with the tokenizer
+            from dflash_trt.runtime.guided import Grammars
+
+            self.engine.grammars = Grammars(self.tokenizer, self.engine.target.config.vocab_size)
+
     def encode_chat(self, message: str) -> list[int]:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
 

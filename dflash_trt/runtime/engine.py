@@ -26,10 +26,11 @@ from typing import Callable
 
 import torch
 
-from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, node_depths, tree_attention_mask
 from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
+from dflash_trt.runtime.guided import Grammars, GuidedLogits
 from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
@@ -165,6 +166,9 @@ class Engine:
         #: Optional `PhaseTimer`: when set, every generate() adds its time per phase (draft, target
         #: forward, acceptance, KV injection, ...) to it (`dflash-trt bench --profile`). None measures nothing.
         self.phase_timer: PhaseTimer | None = None
+        #: `dflash_trt.runtime.guided.Grammars` of the target's tokenizer (set by `dflash_trt.api`): what
+        #: compiles a request's guided decoding. None refuses such requests.
+        self.grammars: Grammars | None = None
 
     def _phase(self, name: str):
         return self.phase_timer.phase(name) if self.phase_timer is not None else nullcontext()
@@ -205,7 +209,16 @@ class Engine:
         if params.min_tokens and len(stop_ids) >= vocab:  # every token held back: nothing left to choose
             raise InvalidRequestError(f"min_tokens {params.min_tokens} holds back the stop tokens, and every token of the "
                                       f"vocabulary [0, {vocab}) is one; stop on fewer tokens or drop min_tokens")
-        penalties = LogitsPenalties(params, prompt, stop_ids) if params.processes_logits else None
+        guided = None
+        if params.guided is not None:
+            if self.grammars is None:
+                raise ConfigError("guided decoding needs the target's tokenizer: this Engine has no `grammars` "
+                                  "(load it with dflash_trt.api.load_pipeline / load_bundle, which set it)")
+            if not stop_ids:
+                raise InvalidRequestError("guided decoding needs a stop token to end the output once the grammar is "
+                                          "complete; give stop_token_ids")
+            guided = GuidedLogits(self.grammars.compile(params.guided), stop_ids, vocab)
+        penalties = LogitsPenalties(params, prompt, stop_ids, guided) if params.processes_logits else None
         return _Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties)

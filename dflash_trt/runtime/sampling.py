@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 
 
@@ -39,7 +40,9 @@ class SamplingParams:
     scope: not the prompt's tokens). min_tokens: the stop tokens (EOS, or stop_token_ids) cannot be chosen
     before that many tokens are out (<= max_tokens). min_p: in [0, 1], 0 = off; after temperature, top-k
     and top-p, drop the tokens whose probability is below min_p times the top token's (Nguyen et al.
-    2024; HF's `MinPLogitsWarper`; sampling only: the argmax is always kept).
+    2024; HF's `MinPLogitsWarper`; sampling only: the argmax is always kept). guided: a
+    `dflash_trt.runtime.guided.GuidedDecoding` (a JSON schema, any JSON object, a regex or an EBNF grammar) the
+    output follows (structured output; after the other processing, before temperature), or None.
 
     Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
@@ -59,6 +62,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] | None = None
     min_tokens: int = 0
     min_p: float = 0.0
+    guided: GuidedDecoding | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -105,6 +109,15 @@ class SamplingParams:
         set_(self, "min_p", _real("min_p", self.min_p, "a number in [0, 1] (0 = off)"))
         if not 0 <= self.min_p <= 1:
             raise InvalidRequestError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if self.guided is not None:
+            if not isinstance(self.guided, GuidedDecoding):
+                raise InvalidRequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
+            if self.min_tokens:  # a complete grammar allows only the stop tokens, which min_tokens holds back
+                raise InvalidRequestError("min_tokens and guided decoding do not go together: a grammar that is "
+                                          "complete leaves only the stop tokens; drop min_tokens")
+            if self.ignore_eos and self.stop_token_ids is None:
+                raise InvalidRequestError("ignore_eos and guided decoding do not go together: the output ends at a "
+                                          "stop token once the grammar is complete; drop ignore_eos")
 
     @property
     def greedy(self) -> bool:
@@ -112,10 +125,10 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether the target's logits go through `dflash_trt.runtime.penalties` (logit bias, a penalty or
-        min_tokens set): what they add depends on each verify position's own history."""
+        """Whether the target's logits go through `dflash_trt.runtime.penalties` (logit bias, a penalty,
+        min_tokens or a grammar set): what they do depends on each verify position's own history."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1 or self.min_tokens)
+                    or self.repetition_penalty != 1 or self.min_tokens or self.guided is not None)
 
 
 def check_seed(seed) -> int | None:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
+from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 from dflash_trt.text import count
@@ -121,10 +122,10 @@ class _Request(BaseModel):
     logit_bias: dict[str, StrictFloat] | None = None  # {token id as a decimal string: bias} (OpenAI's JSON)
     min_tokens: int | None = Field(default=None, strict=True)
     min_p: float | None = Field(default=None, strict=True)
+    response_format: Any = None  # guided decoding (`guided_decoding`)
     # refused unless left at their "off" value (see UNSUPPORTED)
     tools: Any = None
     tool_choice: Any = None
-    response_format: Any = None
     echo: Any = False
     best_of: Any = None
     suffix: Any = None
@@ -178,7 +179,47 @@ class _Request(BaseModel):
                               frequency_penalty=self.frequency_penalty or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
-                              min_p=self.min_p or 0.0)
+                              min_p=self.min_p or 0.0, guided=self.guided_decoding())
+
+    def guided_decoding(self) -> GuidedDecoding | None:
+        """`response_format` as the runtime's GuidedDecoding, or None for text: OpenAI's `{"type": "json_object"}`
+        and `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`, and trtllm-serve's
+        `{"type": "json", "schema": {...}}`, `{"type": "regex", "regex": "..."}`, `{"type": "ebnf", "ebnf": "..."}`.
+
+        Raises:
+            InvalidRequestError: naming response_format: another type, or its schema / regex / grammar missing.
+        """
+        fmt = self.response_format
+        if fmt is None:
+            return None
+        kinds = "text, json_object, json_schema, json, regex, ebnf"
+        if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+            raise InvalidRequestError(f'response_format must be an object with a "type" ({kinds}), got {fmt!r}',
+                                      param="response_format")
+
+        def field(container: dict, key: str, kind: type, where: str):
+            value = container.get(key) if isinstance(container, dict) else None
+            if not isinstance(value, kind):
+                raise InvalidRequestError(f"response_format of type {fmt['type']!r} needs {where} "
+                                          f"({'an object' if kind is dict else 'a string'})", param="response_format")
+            return value
+
+        kind = fmt["type"]
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return GuidedDecoding(json_object=True)
+        if kind == "json_schema":
+            return GuidedDecoding(json=field(field(fmt, "json_schema", dict, "json_schema"), "schema", dict,
+                                             "json_schema.schema"))
+        if kind == "json":
+            return GuidedDecoding(json=field(fmt, "schema", dict, "schema"))
+        if kind == "regex":
+            return GuidedDecoding(regex=field(fmt, "regex", str, "regex"))
+        if kind == "ebnf":
+            return GuidedDecoding(grammar=field(fmt, "ebnf", str, "ebnf"))
+        raise InvalidRequestError(f"response_format type {kind!r} is not supported by this server; use one of {kinds}",
+                                  param="response_format")
 
     def token_logit_bias(self, vocab_size: int) -> dict[int, float] | None:
         """`logit_bias` keyed by token id (OpenAI's JSON writes the ids as strings: {"504": 5}), or None.
@@ -212,7 +253,7 @@ class _Request(BaseModel):
 
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
-    "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+    "tools": (None, []), "tool_choice": (None, "none"),
     "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (False, None),
     "length_penalty": (None, 1, 1.0), "functions": (None, []), "function_call": (None, "none"),
 }

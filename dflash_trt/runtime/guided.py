@@ -1,0 +1,195 @@
+"""Guided decoding (structured output): the target's tokens follow a JSON schema, any JSON object, a regular
+expression or an EBNF grammar, under speculation, exactly.
+
+A grammar masks the target's logits by what the output holds so far: under speculative decoding each verify
+position needs its OWN history (the output before this step, then the drafts before that position in the
+block, or on its tree path), as the penalties do (`dflash_trt.runtime.penalties`). `GuidedLogits.mask`
+walks one grammar matcher along each position's history (accepting tokens, rolling back to the history the
+next position shares), fills that position's token bitmask, and sets the logits of the tokens the grammar
+forbids there to -inf. The verifier then keeps exactly what autoregressive decoding with the same grammar
+would: a draft the grammar forbids is rejected at its position (its masked logit is -inf), and the positions
+after it are never used (their rows are left unmasked).
+
+The grammar engine is XGrammar (Dong et al. 2024, "XGrammar: Flexible and Efficient Structured Generation
+Engine for Large Language Models"; the `xgrammar` package, TensorRT-LLM's and vLLM's default backend),
+imported when a request first asks for a grammar. The specification names are TensorRT-LLM's
+`GuidedDecodingParams` (json, json_object, regex, grammar).
+"""
+
+from __future__ import annotations
+
+import json as json_module
+import re
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.errors import ConfigError, InvalidRequestError
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """What the output must follow: exactly one of
+
+    json: a JSON schema (its JSON text, or a dict, stored as canonical JSON text): the output is a JSON value
+        that the schema accepts. json_object: True: any JSON object. regex: a regular expression the whole output
+        matches. grammar: an EBNF grammar (XGrammar's / llama.cpp's GBNF dialect, its start rule `root`).
+
+    The output ends at the request's stop token once the grammar is complete (a grammar that can go on
+    lets the model choose). Hashable (the SamplingParams holding it stay so).
+
+    Raises:
+        InvalidRequestError: none or several set, a wrong type, or a schema that is not JSON.
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.json, dict):
+            object.__setattr__(self, "json", json_module.dumps(self.json))  # key order kept: properties come in it
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidRequestError(f"guided decoding: {name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.json_object, bool):
+            raise InvalidRequestError(f"guided decoding: json_object must be True or False, got {self.json_object!r}")
+        given = [n for n in ("json", "regex", "grammar") if getattr(self, n) is not None] + (
+            ["json_object"] if self.json_object else [])
+        if len(given) != 1:
+            raise InvalidRequestError("guided decoding takes exactly one of json (a JSON schema), json_object, regex, "
+                                      f"grammar; got {given or 'none'}")
+        if self.json is not None:
+            try:
+                schema = json_module.loads(self.json)
+            except ValueError as exc:
+                raise InvalidRequestError(f"guided decoding: the JSON schema is not JSON ({exc})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidRequestError("guided decoding: a JSON schema is an object (or true / false), got "
+                                          f"{type(schema).__name__}")
+
+    @property
+    def kind(self) -> str:
+        """Which of the four it is: "json", "json_object", "regex" or "grammar"."""
+        return "json_object" if self.json_object else next(n for n in ("json", "regex", "grammar")
+                                                          if getattr(self, n) is not None)
+
+
+def require_xgrammar():
+    """The `xgrammar` module.
+
+    Raises:
+        ConfigError: it is not installed, with the install command.
+    """
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise ConfigError("guided decoding (response_format, a JSON schema, a regex, a grammar) needs XGrammar: "
+                          f"pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi ({exc})") from None
+    return xgrammar
+
+
+class Grammars:
+    """Compiles guided-decoding specifications for one target's tokenizer (XGrammar's `GrammarCompiler`, built on
+    first use: its tokenizer table costs ~0.3 s on SmolLM2), caching each specification's compiled grammar.
+
+    Args:
+        tokenizer: the target's Hugging Face tokenizer.
+        vocab_size: the target's vocab_size (the logits' width; may exceed the tokenizer's length).
+    """
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self._compiler = None
+        self._compiled: dict[GuidedDecoding, object] = {}
+        self._lock = threading.Lock()  # the server's threads compile, the generation thread matches
+
+    def compile(self, spec: GuidedDecoding):
+        """The compiled grammar of `spec` (XGrammar's `CompiledGrammar`).
+
+        Raises:
+            ConfigError: xgrammar is missing. InvalidRequestError: the schema, regex or grammar does not compile
+                (XGrammar's message).
+        """
+        xgr = require_xgrammar()
+        with self._lock:
+            if spec in self._compiled:
+                return self._compiled[spec]
+            if self._compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
+                self._compiler = xgr.GrammarCompiler(info)
+            try:
+                if spec.kind == "json":
+                    compiled = self._compiler.compile_json_schema(spec.json)
+                elif spec.kind == "json_object":
+                    compiled = self._compiler.compile_builtin_json_grammar()
+                elif spec.kind == "regex":
+                    compiled = self._compiler.compile_regex(spec.regex)
+                else:
+                    compiled = self._compiler.compile_grammar(spec.grammar)
+            except RuntimeError as exc:  # XGrammar's parse errors: "[time] file.cc:line: message"
+                message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip())
+                raise InvalidRequestError(f"guided decoding: the {spec.kind} does not compile: {message}") from None
+            self._compiled[spec] = compiled
+            return compiled
+
+
+class GuidedLogits:
+    """One request's grammar matcher, kept in step with its output.
+
+    Args:
+        compiled: `Grammars.compile`'s result.
+        stop_ids: the request's stop tokens: what the grammar allows once it is complete.
+        vocab_size: the logits' width.
+    """
+
+    def __init__(self, compiled, stop_ids: frozenset[int], vocab_size: int):
+        xgr = require_xgrammar()
+        self._xgr = xgr
+        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stop_ids))
+        self.vocab_size = vocab_size
+        self.synced = 0  # tokens of the output the matcher has accepted
+
+    def _sync(self, out: list[int]) -> None:
+        for tok in out[self.synced :]:
+            if not self.matcher.accept_token(tok):  # the output itself broke the grammar: a bug, not a request error
+                raise RuntimeError(f"guided decoding: the output token {tok} at {self.synced} breaks the grammar")
+            self.synced += 1
+
+    def mask(self, scores: torch.Tensor, out: list[int], prefixes: list[list[int]]) -> torch.Tensor:
+        """Set the logits the grammar forbids to -inf, in place, row i after history `out` + prefixes[i].
+
+        Args:
+            scores: [m, V] float32 logits, row i at position i (any device).
+            out: the tokens the request has emitted before this step.
+            prefixes: m lists: the drafts between `out` and row i's prediction.
+        Returns:
+            `scores`. A row whose history the grammar forbids (a draft it rejects; such a position is never
+            reached) is left as it is.
+        """
+        self._sync(out)
+        m = scores.shape[0]
+        bitmask = self._xgr.allocate_token_bitmask(m, self.vocab_size)  # every token allowed
+        path: list[int] = []  # drafts the matcher holds beyond `out`
+        for i, pre in enumerate(prefixes):
+            shared = 0
+            while shared < min(len(path), len(pre)) and path[shared] == pre[shared]:
+                shared += 1
+            if len(path) > shared:
+                self.matcher.rollback(len(path) - shared)
+                del path[shared:]
+            reachable = True
+            for tok in pre[shared:]:
+                if self.matcher.is_terminated() or not self.matcher.accept_token(tok):
+                    reachable = False
+                    break
+                path.append(tok)
+            if reachable and not self.matcher.is_terminated():
+                self.matcher.fill_next_token_bitmask(bitmask, i)
+        if path:
+            self.matcher.rollback(len(path))
+        self._xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device))
+        return scores
