@@ -98,7 +98,8 @@ class Pipeline:
         if self.engine is not None and self.tokenizer is not None:  # guided decoding compiles with the tokenizer
             from dflash_trt.runtime.guided import Grammars
 
-            self.engine.grammars = Grammars(self.tokenizer, self.engine.target.config.vocab_size)
+            self.engine.grammars = Grammars(self.tokenizer, self.engine.target.config.vocab_size,
+                                            self.engine.eos_token_ids)
 
     def encode_chat(self, message: str) -> list[int]:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).

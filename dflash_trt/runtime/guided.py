@@ -99,10 +99,12 @@ class Grammars:
     Args:
         tokenizer: the target's Hugging Face tokenizer.
         vocab_size: the target's vocab_size (the logits' width; may exceed the tokenizer's length).
+        stop_token_ids: the target's EOS ids (a grammar's default stop tokens; a request's own stop tokens
+            replace them in its matcher, `GuidedLogits`), or () for the tokenizer's.
     """
 
-    def __init__(self, tokenizer, vocab_size: int):
-        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...] = ()):
+        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, list(stop_token_ids) or None
         self._compiler = None
         self._compiled: dict[GuidedDecoding, object] = {}
         self._lock = threading.Lock()  # the server's threads compile, the generation thread matches
@@ -119,7 +121,8 @@ class Grammars:
             if spec in self._compiled:
                 return self._compiled[spec]
             if self._compiler is None:
-                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.stop_token_ids)
                 self._compiler = xgr.GrammarCompiler(info)
             try:
                 if spec.kind == "json":

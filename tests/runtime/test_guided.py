@@ -1,0 +1,231 @@
+"""Guided decoding (a JSON schema, any JSON object, a regex, an EBNF grammar) is exact under speculative decoding:
+each verify position is masked by the grammar after its own history (output + the drafts before it), so DFlash
+(chains and trees) gives Hugging Face `generate`'s greedy tokens with XGrammar's own logits processor, and keeps
+the masked distribution when sampling; a mask that forgets the drafts is caught by the same tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import sys
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM
+
+import dflash_trt.runtime.engine as engine_mod
+from dflash_trt.errors import ConfigError, InvalidRequestError
+from dflash_trt.runtime.engine import Engine
+from dflash_trt.runtime.guided import Grammars, GuidedDecoding, GuidedLogits, require_xgrammar
+from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.sampling import SamplingParams
+from tests.runtime.oracle import OracleProposer
+from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, N, exact_joint, tiny  # noqa: F401 (fixture)
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "languages": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "languages"], "additionalProperties": False}
+PERSON = "Describe a programmer named Ada, aged 36, as JSON."
+MAX_TOKENS = 48
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({}, "exactly one of json (a JSON schema), json_object, regex, grammar; got none"),
+    ({"regex": "a", "json_object": True}, "got ['regex', 'json_object']"),
+    ({"json": "{not json"}, "the JSON schema is not JSON"),
+    ({"json": "[1]"}, "a JSON schema is an object (or true / false), got list"),
+    ({"regex": ""}, "regex must be a non-empty string"),
+    ({"json_object": 1}, "json_object must be True or False"),
+])
+def test_a_bad_specification_is_named(kw, message):
+    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+        GuidedDecoding(**kw)
+
+
+def test_specifications_keep_their_schema_order_and_refuse_what_cannot_end(smollm2_pipeline):
+    spec = GuidedDecoding(json={"b": 1, "a": 2})
+    assert spec.json == '{"b": 1, "a": 2}' and spec.kind == "json" and hash(spec) == hash(GuidedDecoding(json=spec.json))
+    with pytest.raises(InvalidRequestError, match="min_tokens and guided decoding do not go together"):
+        SamplingParams(min_tokens=2, guided=GuidedDecoding(json_object=True))
+    with pytest.raises(InvalidRequestError, match="ignore_eos and guided decoding do not go together"):
+        SamplingParams(ignore_eos=True, guided=GuidedDecoding(json_object=True))
+    with pytest.raises(InvalidRequestError, match="the regex does not compile: Regex parsing error at position 4"):
+        smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(guided=GuidedDecoding(regex="(ab")))
+    with pytest.raises(InvalidRequestError, match="the grammar does not compile"):
+        smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(guided=GuidedDecoding(grammar="root ::= undefined")))
+
+
+def test_a_missing_xgrammar_is_a_config_error_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xgrammar", None)
+    with pytest.raises(ConfigError, match="needs XGrammar: pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi"):
+        require_xgrammar()
+
+
+def test_each_row_is_masked_after_its_own_history(smollm2_pipeline):
+    """`mask` over chain prefixes equals a fresh matcher's mask after out + that prefix, row by row; a row after a
+    draft the grammar forbids is left as it is; the matcher is back at `out` afterwards (the same call again
+    gives the same rows)."""
+    xgr = require_xgrammar()
+    pipe = smollm2_pipeline
+    compiled = pipe.engine.grammars.compile(GuidedDecoding(json=SCHEMA))
+    vocab, stops = pipe.engine.target.config.vocab_size, frozenset(pipe.engine.eos_token_ids)
+    tokens = pipe.tokenizer.encode('{"name": "Ada", "age": 36', add_special_tokens=False)
+    out, drafts = tokens[:3], tokens[3:9]
+    bad = pipe.engine.eos_token_ids[0]  # the stop token inside a JSON object: the grammar forbids it
+    prefixes = [drafts[:i] for i in range(len(drafts) + 1)] + [drafts[:2] + [bad], drafts[:2] + [bad, drafts[2]]]
+    logits = torch.randn(len(prefixes), vocab, generator=torch.Generator().manual_seed(0))
+    guided = GuidedLogits(compiled, stops, vocab)
+    masked = guided.mask(logits.clone(), out, prefixes)
+    assert torch.equal(guided.mask(logits.clone(), out, prefixes), masked)
+    forbidden = []
+    for i, pre in enumerate(prefixes):
+        fresh = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stops))
+        if all(fresh.accept_token(t) for t in out + pre):
+            bitmask = xgr.allocate_token_bitmask(1, vocab)
+            fresh.fill_next_token_bitmask(bitmask)
+            want = logits[i : i + 1].clone()
+            xgr.apply_token_bitmask_inplace(want, bitmask)
+            assert torch.equal(masked[i], want[0]), i
+            forbidden.append(int(torch.isinf(masked[i]).sum()))
+        else:
+            assert i >= len(drafts) + 1 and torch.equal(masked[i], logits[i])  # the rows after `bad`
+    assert len(forbidden) == len(drafts) + 1 and min(forbidden) > 0 and max(forbidden) > vocab // 2  # real masks
+
+
+# ------------------------------------------------------------------------- greedy: Hugging Face's tokens
+
+@pytest.fixture(scope="module")
+def hf_target(smollm2_path):
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+
+
+SPECS = {
+    "json-schema": GuidedDecoding(json=SCHEMA),
+    "json-object": GuidedDecoding(json_object=True),
+    "regex": GuidedDecoding(regex=r"Ada is [0-9]+ years old and knows (Python|C|Rust)\."),
+    "grammar": GuidedDecoding(grammar='root ::= "Name: " [A-Z] [a-z]+ "\\nAge: " [0-9]+ "\\n"'),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SPECS))
+def test_greedy_dflash_chains_trees_and_ar_give_hf_generate_tokens(smollm2_pipeline, hf_target, case):
+    import xgrammar.contrib.hf as xgr_hf
+
+    pipe = smollm2_pipeline
+    spec = SPECS[case]
+    params = SamplingParams(max_tokens=MAX_TOKENS, guided=spec)
+    eos = list(pipe.engine.eos_token_ids)
+    prompt = pipe.encode_chat(PERSON)
+    ids = torch.tensor([prompt])
+    processor = xgr_hf.LogitsProcessor(pipe.engine.grammars.compile(spec))
+    ref = hf_target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+                             logits_processor=[processor])[0, len(prompt):].tolist()
+    plain = hf_target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos,
+                               pad_token_id=eos[0])[0, len(prompt):].tolist()
+    assert ref != plain  # the grammar changes the answer
+    tree = Engine(pipe.engine.target, DFlashProposer(pipe.engine.proposer.drafter, pipe.engine.target, tree_topk=4),
+                  pipe.engine.eos_token_ids)
+    tree.grammars = pipe.engine.grammars
+    accepted = 0
+    for engine, mode in [(pipe.engine, "dflash"), (tree, "dflash"), (pipe.engine, "ar")]:
+        [res] = engine.generate([prompt], params, mode)
+        assert res.token_ids == ref, (mode, engine is tree)
+        accepted += res.metrics.accepted_tokens if mode == "dflash" else 0
+    assert accepted > 0  # drafts were verified under the grammar
+    if case == "json-schema" and res.finish_reason == "stop":
+        value = json.loads(pipe.decode(ref))
+        assert set(value) == {"name", "age", "languages"} and isinstance(value["age"], int)
+
+
+@pytest.fixture(scope="module")
+def oracle_case(smollm2_pipeline):
+    """(engine with an oracle drafting the guided greedy answer in blocks of 8, prompt, params, that answer)."""
+    pipe = smollm2_pipeline
+    prompt = pipe.encode_chat(PERSON)
+    params = SamplingParams(max_tokens=32, guided=GuidedDecoding(json=SCHEMA))
+    ref = pipe.engine.generate([prompt], params, "ar")[0].token_ids
+    engine = Engine(pipe.engine.target, OracleProposer([prompt + ref], 8), pipe.engine.eos_token_ids)
+    engine.grammars = pipe.engine.grammars
+    return engine, prompt, params, ref
+
+
+def test_an_oracle_drafting_the_guided_answer_is_accepted_whole(oracle_case):
+    """Drafts equal to the guided answer are all accepted: position i's mask follows the i drafts before it."""
+    engine, prompt, params, ref = oracle_case
+    res = engine.generate([prompt], params, "dflash")[0]
+    assert res.token_ids == ref and res.metrics.accepted_tokens == len(ref) - res.metrics.verify_steps
+
+
+def test_a_mask_that_forgets_the_drafts_is_caught(oracle_case, monkeypatch):
+    """The same run with every position masked as the block's first one emits a token the grammar forbids
+    (the matcher, kept in step with the output, stops it there)."""
+    engine, prompt, params, ref = oracle_case
+    monkeypatch.setattr(engine_mod, "tree_prefixes", lambda tokens, parents, nodes: [[] for _ in range(nodes)])
+    with pytest.raises(RuntimeError, match="guided decoding: the output token .* breaks the grammar"):
+        engine.generate([prompt], params, "dflash")
+
+
+# --------------------------------------------------------------------------- sampling: the distribution
+
+#: the tiny target's 6 tokens as text (token 5 its stop token), and a grammar whose masks depend on the history:
+#: first a or b; after a: c or d, after b: a or e; then a, c or e
+TINY_TOKENS = ["a", "b", "c", "d", "e", "</s>"]
+TINY_GRAMMAR = GuidedDecoding(regex="(a(c|d)|b(a|e))(a|c|e)")
+TINY_PARAMS = SamplingParams(temperature=1.0, max_tokens=3, stop_token_ids=(5,), guided=TINY_GRAMMAR)
+
+
+def tiny_engine(tiny, sample_drafts=True) -> Engine:
+    xgr = require_xgrammar()
+    target, drafter = tiny
+    engine = Engine(target, DFlashProposer(drafter, target, sample_drafts=sample_drafts))
+    engine.grammars = Grammars(None, VOCAB)
+    engine.grammars._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(TINY_TOKENS, stop_token_ids=[5]))
+    return engine
+
+
+def guided_pvalue(engine) -> tuple[float, int, float]:
+    """(chi-square p-value of N seeded DFlash samples against the exact joint under the grammar, samples the grammar
+    forbids, acceptance rate)."""
+    xgr = require_xgrammar()
+    compiled = engine.grammars.compile(TINY_GRAMMAR)
+
+    def masked(ids, logits):  # the reference: a fresh matcher on the history after the prompt
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[5])
+        if not all(matcher.accept_token(t) for t in ids[0, len(PROMPT):].tolist()):
+            return torch.full_like(logits, float("-inf")).index_fill_(1, torch.tensor([5]), 0.0)  # never reached
+        bitmask = xgr.allocate_token_bitmask(1, VOCAB)
+        matcher.fill_next_token_bitmask(bitmask)
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+        return logits
+
+    results = engine.generate([PROMPT] * N, [dataclasses.replace(TINY_PARAMS, seed=i) for i in range(N)], "dflash")
+    counts = dict.fromkeys(itertools.product(range(VOCAB), repeat=3), 0)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    with torch.no_grad():
+        joint = exact_joint(engine.target, TINY_PARAMS, masked)
+    possible = [k for k, pk in joint.items() if pk > 0]
+    assert len(possible) == 12  # the grammar's 12 three-token outputs
+    impossible = sum(counts[k] for k, pk in joint.items() if pk == 0)
+    obs, exp = [counts[k] for k in possible], [joint[k] * N for k in possible]
+    scale = sum(obs) / sum(exp)
+    accepted = sum(r.metrics.accepted_tokens for r in results)
+    drafted = sum(r.metrics.drafted_tokens for r in results)
+    return chisquare(obs, [e * scale for e in exp]).pvalue, impossible, accepted / max(drafted, 1)
+
+
+@pytest.mark.parametrize("sample_drafts", [True, False], ids=["sampled-drafts", "argmax-drafts"])
+def test_dflash_sampling_keeps_the_masked_distribution(tiny, sample_drafts):
+    p, impossible, rate = guided_pvalue(tiny_engine(tiny, sample_drafts))
+    assert 0.01 < rate < 0.95  # drafts are accepted and rejected: both verifier paths run
+    assert impossible == 0 and p > 0.001
+
+
+def test_sampling_with_a_mask_that_forgets_the_drafts_fails_the_same_test(tiny, monkeypatch):
+    monkeypatch.setattr(engine_mod, "chain_prefixes", lambda drafts, first, end: [[] for _ in range(first, end)])
+    p, impossible, _ = guided_pvalue(tiny_engine(tiny))
+    assert impossible > 0 or p < 1e-6
