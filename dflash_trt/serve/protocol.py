@@ -10,8 +10,9 @@ distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). Logit
 exactly by the runtime (`dflash_trt.runtime.penalties`; left out or null: off): `presence_penalty`,
 `frequency_penalty` (OpenAI's, over the output tokens), `logit_bias` (OpenAI's; its JSON keys are token
 ids written as decimal strings), and vLLM's `repetition_penalty`, `min_tokens` (no stop, neither a stop
-token nor a `stop` string, before that many tokens are out) and `min_p`. A field this runtime cannot
-honour (tools and functions, JSON mode, `echo` in chat, `best_of`, `suffix`, beam search) is refused with
+token nor a `stop` string, before that many tokens are out) and `min_p`. Structured output:
+`response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
+`dflash_trt.runtime.guided`). A field this runtime cannot honour (tools and functions, `echo` in chat, `best_of`, `suffix`, beam search) is refused with
 a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
 do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
 accepted and ignored.
