@@ -28,7 +28,9 @@ INT32 [1] (default 0: no stop token or stop word ends the output before that man
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
 (the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
-words share a token, `embedding_bias`). The ensemble's inputs this model does not have pass only at their
+words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON, "json_schema",
+"regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
+backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
@@ -84,6 +86,8 @@ INPUTS = (
     ("min_p", "TYPE_FP32", [1], True),
     ("embedding_bias_words", "TYPE_STRING", [-1], True),
     ("embedding_bias_weights", "TYPE_FP32", [-1], True),
+    ("guided_decoding_guide_type", "TYPE_STRING", [1], True),
+    ("guided_decoding_guide", "TYPE_STRING", [1], True),
 )
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
@@ -280,6 +284,44 @@ def embedding_bias(words, weights, encode) -> dict[int, float] | None:
     return bias
 
 
+#: the TensorRT-LLM backend's guided_decoding_guide_type values -> the GuidedDecoding field the guide goes to
+GUIDE_TYPES = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+
+
+def guided_decoding(guide_type, guide):
+    """A request's GuidedDecoding from the TensorRT-LLM backend's guided_decoding_guide_type / guided_decoding_guide
+    inputs (str or UTF-8 bytes, or None when absent): "json" (any JSON object; no guide), "json_schema", "regex",
+    "ebnf_grammar" (each with its guide); None when neither is given.
+
+    Raises:
+        InvalidRequestError: a guide without a type, a type other than those four, "json" with a guide, or
+            another type without one.
+    """
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.guided import GuidedDecoding
+
+    def text(value):
+        return value.decode("utf-8") if isinstance(value, bytes) else None if value is None else str(value)
+
+    guide_type, guide = text(guide_type), text(guide)
+    if not guide_type:
+        if guide:
+            raise InvalidRequestError("guided_decoding_guide needs guided_decoding_guide_type beside it (one of "
+                                      f"{', '.join(GUIDE_TYPES)})")
+        return None
+    if guide_type not in GUIDE_TYPES:
+        raise InvalidRequestError(f"guided_decoding_guide_type {guide_type!r} is not one of {', '.join(GUIDE_TYPES)}")
+    if guide_type == "json":
+        if guide:
+            raise InvalidRequestError('guided_decoding_guide_type "json" means any JSON and takes no guide; for a '
+                                      'schema use "json_schema"')
+        return GuidedDecoding(json_object=True)
+    if not guide:
+        raise InvalidRequestError(f'guided_decoding_guide_type "{guide_type}" needs guided_decoding_guide (the '
+                                  f"{'JSON schema' if guide_type == 'json_schema' else guide_type.replace('_', ' ')})")
+    return GuidedDecoding(**{GUIDE_TYPES[guide_type]: guide})
+
+
 def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
     """Model parameter `key` as a whole number >= 1 (`default` when absent or empty).
 
@@ -404,8 +446,12 @@ class TritonPythonModel:
                                 presence_penalty=float(scalar("presence_penalty", 0.0)),
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
                                 min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)),
-                                min_p=float(scalar("min_p", 0.0)), logit_bias=bias)
+                                min_p=float(scalar("min_p", 0.0)), logit_bias=bias,
+                                guided=guided_decoding(scalar("guided_decoding_guide_type", None),
+                                                       scalar("guided_decoding_guide", None)))
         fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
+        if params.guided is not None:  # compiled here (cached), not on the generation thread
+            self.pipe.engine.grammars.compile(params.guided)
         stream = bool(scalar("stream", False))
 
         def text_tensor(name, value):

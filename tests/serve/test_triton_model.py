@@ -28,6 +28,8 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
                         ("frequency_penalty", "TYPE_FP32"), ("min_tokens", "TYPE_INT32"), ("min_length", "TYPE_INT32"),
                         ("min_p", "TYPE_FP32")):
         assert f'name: "{name}" data_type: {dtype} dims: [ 1 ] optional: true' in text  # the ensemble's names
+    for name, dtype in (("guided_decoding_guide_type", "TYPE_STRING"), ("guided_decoding_guide", "TYPE_STRING")):
+        assert f'name: "{name}" data_type: {dtype} dims: [ 1 ] optional: true' in text
     for name, dtype in (("embedding_bias_words", "TYPE_STRING"), ("embedding_bias_weights", "TYPE_FP32")):
         assert f'name: "{name}" data_type: {dtype} dims: [ -1 ] optional: true' in text
     assert 'parameters { key: "bundle" value: { string_value: "../.." } }' in text
@@ -126,6 +128,25 @@ def test_embedding_bias_sums_each_words_weight_over_its_tokens():
             (["aa"], [60.0], "the token 97 of 'aa' gets a bias of 120, outside [-100, 100]")):
         with pytest.raises(InvalidRequestError, match=re.escape(message)):
             embedding_bias(words, weights, encode)
+
+
+def test_guide_type_and_guide_become_the_runtimes_guided_decoding():
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.guided import GuidedDecoding
+    from dflash_trt.serve.triton import guided_decoding
+
+    assert guided_decoding(None, None) is None and guided_decoding(b"", b"") is None
+    assert guided_decoding(b"json", None) == GuidedDecoding(json_object=True)
+    assert guided_decoding(b"json_schema", b'{"type": "object"}') == GuidedDecoding(json='{"type": "object"}')
+    assert guided_decoding("regex", "[0-9]+") == GuidedDecoding(regex="[0-9]+")
+    assert guided_decoding(b"ebnf_grammar", b'root ::= "a"') == GuidedDecoding(grammar='root ::= "a"')
+    for guide_type, guide, message in (
+            (None, b"[0-9]", "guided_decoding_guide needs guided_decoding_guide_type beside it"),
+            (b"xml", b"x", "guided_decoding_guide_type 'xml' is not one of json, json_schema, regex, ebnf_grammar"),
+            (b"json", b"{}", 'for a schema use "json_schema"'),
+            (b"regex", None, 'guided_decoding_guide_type "regex" needs guided_decoding_guide (the regex)')):
+        with pytest.raises(InvalidRequestError, match=re.escape(message)):
+            guided_decoding(guide_type, guide)
 
 
 @pytest.mark.slow
@@ -292,3 +313,24 @@ def test_min_p_and_embedding_bias_give_the_engines_tokens(triton, smollm2_pipeli
     assert status != 200 and "embedding_bias_words has 2 word(s) and embedding_bias_weights 1 weight(s)" in out["error"]
     status, out = generate(triton, {**body, "min_p": 1.5})
     assert status != 200 and "min_p must be in [0, 1] (0 = off), got 1.5" in out["error"]
+
+
+@pytest.mark.slow
+def test_guided_decoding_gives_the_engines_tokens(triton, smollm2_pipeline):
+    """The TensorRT-LLM backend's guided_decoding_guide_type / guided_decoding_guide reach the runtime: the output is
+    the engine's own under the same grammar, and a schema's output parses; a bad regex is an error response."""
+    from dflash_trt.runtime.guided import GuidedDecoding
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    question = "What is the capital of France? Reply in JSON."
+    ids = smollm2_pipeline.encode_chat(question)
+    body = {"text_input": question, "apply_chat_template": True, "max_tokens": 24}
+    for guide_type, guide, spec in (("json_schema", json.dumps(schema), GuidedDecoding(json=json.dumps(schema))),
+                                    ("regex", "(Paris|Lyon)", GuidedDecoding(regex="(Paris|Lyon)"))):
+        [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=24, guided=spec), mode="ar")
+        status, out = generate(triton, {**body, "guided_decoding_guide_type": guide_type, "guided_decoding_guide": guide})
+        assert status == 200, out
+        assert out["text_output"] == ref.text and out["num_output_tokens"] == len(ref.token_ids)
+    assert out["text_output"] in ("Paris", "Lyon")  # the whole output matches the regex
+    status, out = generate(triton, {**body, "guided_decoding_guide_type": "regex", "guided_decoding_guide": "(a"})
+    assert status != 200 and "guided decoding: the regex does not compile" in out["error"]
