@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import click
 
 from dflash_trt.cli.common import (cpu_kernels_option, cuda_kernels_option, draft_confidence_option,
-                                   logits_processing_options, max_tokens_option, temperature_option,
+                                   guided_decoding_options, logits_processing_options, max_tokens_option, temperature_option,
                                    SEED_RANGE, lower_word, max_concurrency_option, prompt_lookup_option,
                                    threads_option, tree_topk_option)
 from dflash_trt.text import count
@@ -27,6 +28,7 @@ from dflash_trt.text import count
               help="0 = greedy.")
 @click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option)
 @logits_processing_options
+@guided_decoding_options
 @click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")
 @click.option("--max-draft-len", default=None, type=click.IntRange(1, 63),
               help="Drafts verified per step, <= block size - 1 (TensorRT-LLM's max_draft_len; default block size - 1). "
@@ -56,11 +58,11 @@ from dflash_trt.text import count
                    "files of those names there are overwritten (other files are left alone). Must not be inside a "
                    "built bundle or a DFlash drafter folder (inside a target's folder: a warning).")
 def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_tokens, min_p, repetition_penalty,
-          presence_penalty, frequency_penalty, logit_bias, min_tokens, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
+          presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema, json_object, regex, grammar, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, modes, dtype, fp8_matmul, device, threads, cpu_kernels,
           cuda_kernels, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
-    results.md and PNG plots to --out. The logits processing flags apply to dflash and ar (HF's modes are
-    refused with them)."""
+    results.md and PNG plots to --out. The logits processing and structured-output flags apply to dflash and ar
+    (HF's modes are refused with them)."""
     import torch
     from tqdm import tqdm
 
@@ -71,7 +73,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.out_folder import check_outside_models
     from dflash_trt.cli.common import (check_logit_bias_ids, check_out_folder, check_draft_lengths, check_prompt_lengths,
-                                       jsonl_file, logits_processing,
+                                       guided_decoding, jsonl_file, logits_processing,
                                        model_folder, note_max_concurrency, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
@@ -106,8 +108,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     hf_modes = [m for m in mode_list if m.startswith("hf")]
     processing = logits_processing(max_tokens, min_p, repetition_penalty, presence_penalty, frequency_penalty,
                                    logit_bias, min_tokens)
-    given = [f"--{name.replace('_', '-')}" for name in processing
-             if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+    processing["guided"] = guided_decoding(json_schema, json_object, regex, grammar)
+    given = [f"--{name.replace('_', '-')}" for name in (*processing, "json_schema", "json_object", "regex", "grammar")
+             if name != "guided"
+             and click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
     if given and hf_modes:  # HF generate has no presence / frequency penalty: ours only, before the models load
         raise click.UsageError(f"--modes {','.join(hf_modes)}: {', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} "
                                "to our modes only; drop the HF modes from --modes (e.g. --modes dflash,ar)")
@@ -180,7 +184,12 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              "tree_topk": proposer.tree_topk if proposer else None,
                              "prompt_lookup": proposer.prompt_lookup if proposer else None,
                              "max_concurrency": proposer.max_concurrency if proposer else None, "temperature": temperature,
-                             "max_tokens": max_tokens, **{k: v for k, v in processing.items() if k != "logit_bias"},
+                             "max_tokens": max_tokens,
+                             **{k: v for k, v in processing.items() if k not in ("logit_bias", "guided")},
+                             "guided": None if processing["guided"] is None else {
+                                 "kind": processing["guided"].kind, **{k: v for k, v in
+                                                                     dataclasses.asdict(processing["guided"]).items()
+                                                                     if v not in (None, False)}},
                              "logit_bias": {str(t): b for t, b in (logit_bias or {}).items()} or None,
                              "fp8_matmul": fp8_matmul, "device": device, "num_prompts": num_prompts,
                              "cpu_kernels": cpu_kernels, "cpu_kernels_used": pipe.engine.target.packed_head is not None,

@@ -320,6 +320,63 @@ def logits_processing(max_tokens: int, min_p: float, repetition_penalty: float, 
                 frequency_penalty=frequency_penalty, logit_bias=logit_bias, min_tokens=min_tokens)
 
 
+def guided_decoding_options(command):
+    """The structured-output flags of `generate` and `bench` (at most one; `guided_decoding` reads them):
+    --json-schema FILE|JSON, --json-object, --regex REGEX, --grammar FILE|EBNF."""
+    options = [
+        click.option("--json-schema", default=None, metavar="FILE|JSON",
+                     help="Answers are JSON that this schema accepts (a .json file, or the schema's JSON text)."),
+        click.option("--json-object", is_flag=True, default=False, help="Answers are one JSON object (JSON mode)."),
+        click.option("--regex", default=None, help="Answers match this regular expression, whole."),
+        click.option("--grammar", default=None, metavar="FILE|EBNF",
+                     help="Answers follow this EBNF grammar (GBNF, start rule root; a file, or the grammar's text)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def guided_decoding(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None):
+    """`guided_decoding_options`' values as a `dflash_trt.runtime.guided.GuidedDecoding`, or None when none is given.
+    --json-schema and --grammar read a file when the value names one, else take the value as the text itself.
+
+    Raises:
+        click.UsageError: more than one given. click.BadParameter: a schema that is not JSON, a file that
+            cannot be read, or what GuidedDecoding refuses.
+    """
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.guided import GuidedDecoding
+
+    given = [flag for flag, value in (("--json-schema", json_schema), ("--json-object", json_object or None),
+                                      ("--regex", regex), ("--grammar", grammar)) if value is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"{' and '.join(given)} exclude each other: give one of --json-schema, --json-object, "
+                               "--regex, --grammar")
+    if not given:
+        return None
+
+    def text(flag: str, value: str) -> str:
+        path = Path(value)
+        if len(value) < 4096 and "\n" not in value and path.is_file():
+            try:
+                return path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise click.BadParameter(f"cannot read {value}: {exc}", param_hint=f"'{flag}'") from None
+        return value
+
+    try:
+        if json_schema is not None:
+            return GuidedDecoding(json=text("--json-schema", json_schema))
+        if json_object:
+            return GuidedDecoding(json_object=True)
+        if regex is not None:
+            return GuidedDecoding(regex=regex)
+        return GuidedDecoding(grammar=text("--grammar", grammar))
+    except InvalidRequestError as exc:
+        raise click.BadParameter(f"{exc} (a file that does not exist is read as the text itself)",
+                                 param_hint=f"'{given[0]}'") from None
+
+
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
     """Raises click.BadParameter (--logit-bias) for a token id outside the target's vocabulary [0, vocab_size)."""
     beyond = sorted(t for t in logit_bias or () if t >= vocab_size)

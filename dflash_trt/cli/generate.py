@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from dflash_trt.cli.common import (SEED_RANGE, logits_processing_options, max_tokens_option, model_options,
+from dflash_trt.cli.common import (SEED_RANGE, guided_decoding_options, logits_processing_options, max_tokens_option,
+                                   model_options,
                                    temperature_option, top_k_option, top_p_option, tp_size_option)
 from dflash_trt.text import count, final_text, text_to_stream
 
@@ -54,6 +55,7 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
 @click.option("--top-k", default=0, show_default=True, type=int, callback=top_k_option, help="0 = off.")
 @logits_processing_options
+@guided_decoding_options
 @click.option("--seed", default=None, type=SEED_RANGE,
               help="RNG seed for sampling (a 64-bit integer): prompt i of --prompts-file samples with seed + i, so "
                    "repeated prompts sample differently and each reproducibly; unset: a random one per prompt.")
@@ -65,7 +67,8 @@ def prompt_header(index: int, total: int) -> str:
               help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
                    "top-p) and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k,
-             min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, seed, block_size,
+             min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema,
+             json_object, regex, grammar, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
              threads, cpu_kernels, cuda_kernels, tp_size, as_json, num_logprobs):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
@@ -73,7 +76,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
     from dflash_trt.cli.common import (check_context, check_draft_lengths, check_logit_bias_ids, jsonl_file, load_models,
-                                       logits_processing,
+                                       guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
@@ -98,7 +101,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,
                             logprobs=num_logprobs, **logits_processing(max_tokens, min_p, repetition_penalty,
                                                                        presence_penalty, frequency_penalty, logit_bias,
-                                                                       min_tokens))
+                                                                       min_tokens),
+                            guided=guided_decoding(json_schema, json_object, regex, grammar))
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)
