@@ -437,7 +437,8 @@ def test_encode_dataset_matches_the_pipeline_encoding(smollm2_path):
 def test_bench_refuses_logits_processing_with_hf_modes_before_loading(tmp_path, monkeypatch, capsys):
     out = tmp_path / "o"
     for flags, named in ((["--repetition-penalty", "1.2"], "--repetition-penalty applies"),
-                         (["--logit-bias", "5:1", "--min-tokens", "2"], "--logit-bias, --min-tokens apply")):
+                         (["--logit-bias", "5:1", "--min-tokens", "2"], "--logit-bias, --min-tokens apply"),
+                         (["--regex", "a+"], "--regex applies")):
         monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "dflash,ar,hf", *flags, "--out", str(out)])
         with pytest.raises(SystemExit) as exc:
             main()
@@ -466,6 +467,24 @@ def test_bench_with_a_logit_bias_checks_identity_and_records_it(tmp_path, monkey
     assert modes["dflash"]["identical_to_ar"] == 1 and modes["dflash"]["acceptance_length"] >= 8  # auto draft length too
     assert res["config"]["logit_bias"] == {"504": 100.0} and res["config"]["repetition_penalty"] == 1.1
     assert res["config"]["min_tokens"] == 0 and res["config"]["presence_penalty"] == 0.0
+
+
+@pytest.mark.slow
+def test_bench_with_a_json_schema_checks_identity_and_records_it(tmp_path, monkeypatch):
+    """Structured output in the bench: DFlash's answers under the schema equal ar's, and results.json records
+    the schema."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Describe Paris as JSON."}]}\n')
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", str(prompts), "--num-prompts", "1",
+                                      "--max-tokens", "24", "--modes", "dflash,ar", "--json-schema", str(schema),
+                                      "--out", str(out)])
+    main()
+    res = json.loads((out / "results.json").read_text())
+    assert res["datasets"][str(prompts)]["modes"]["dflash"]["identical_to_ar"] == 1
+    assert res["config"]["guided"] == {"kind": "json", "json": schema.read_text()}
 
 
 def test_bench_checks_logit_bias_ids_before_loading_weights(tmp_path, monkeypatch, capsys):

@@ -410,6 +410,43 @@ def test_logits_processing_flags_give_the_pipelines_tokens(monkeypatch, capsys, 
     assert code == 2 and "Invalid value for '--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)" in err
 
 
+@pytest.mark.slow
+def test_structured_output_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline, tmp_path):
+    """--json-schema (a file or the text), --json-object, --regex and --grammar (a file): the text of the pipeline
+    with that GuidedDecoding."""
+    from dflash_trt.runtime.guided import GuidedDecoding
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    schema = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
+    (tmp_path / "s.json").write_text(schema)
+    (tmp_path / "g.ebnf").write_text('root ::= "It is " ("Paris" | "Rome") "."\n')
+    question = "What is the capital of France?"
+    ids = smollm2_pipeline.encode_chat(question)
+    for flags, spec in ((["--json-schema", str(tmp_path / "s.json")], GuidedDecoding(json=schema)),
+                        (["--json-schema", schema], GuidedDecoding(json=schema)),
+                        (["--json-object"], GuidedDecoding(json_object=True)),
+                        (["--regex", "(Paris|Rome)"], GuidedDecoding(regex="(Paris|Rome)")),
+                        (["--grammar", str(tmp_path / "g.ebnf")],
+                         GuidedDecoding(grammar='root ::= "It is " ("Paris" | "Rome") "."\n'))):
+        code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", question, "--max-tokens", "24", *flags)
+        assert code == 0, err
+        [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=24, guided=spec))
+        assert out == ref.text + "\n", flags
+    assert out in ("It is Paris.\n", "It is Rome.\n")
+
+
+def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys):
+    import dflash_trt.api
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
+    for flags, message in (
+            (["--regex", "a", "--json-object"], "--json-object and --regex exclude each other"),
+            (["--json-schema", "{bad"], "Invalid value for '--json-schema': guided decoding: the JSON schema is not JSON"),
+            (["--json-object", "--min-tokens", "2"], "min_tokens and guided decoding do not go together")):
+        code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "4", *flags)
+        assert code in (1, 2) and message in err and err.count("\n") == 1, err
+
+
 def test_logits_processing_flags_that_do_not_fit_together_are_refused_before_loading(monkeypatch, capsys):
     import dflash_trt.api
 
