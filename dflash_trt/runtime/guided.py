@@ -194,5 +194,23 @@ class GuidedLogits:
                 self.matcher.fill_next_token_bitmask(bitmask, i)
         if path:
             self.matcher.rollback(len(path))
-        self._xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device))
+        if scores.device.type == "cpu":
+            self._xgr.apply_token_bitmask_inplace(scores, bitmask)  # XGrammar's CPU kernel
+        else:
+            apply_bitmask(scores, bitmask.to(scores.device))
         return scores
+
+
+def apply_bitmask(scores: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set scores[i, t] to -inf where bit t of row i of `bitmask` is 0, in place, with torch operations only (any
+    device: XGrammar's own GPU kernels need the `triton` package, which this project does not install).
+
+    Args:
+        scores: [m, V] float logits. bitmask: [m, ceil(V / 32)] int32, bit t % 32 of word t // 32 = token t allowed
+            (XGrammar's layout).
+    Returns:
+        `scores`.
+    """
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(bitmask.shape[0], -1)[:, : scores.shape[1]]
+    return scores.masked_fill_(allowed == 0, float("-inf"))

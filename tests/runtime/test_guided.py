@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 import dflash_trt.runtime.engine as engine_mod
 from dflash_trt.errors import ConfigError, InvalidRequestError
 from dflash_trt.runtime.engine import Engine
-from dflash_trt.runtime.guided import Grammars, GuidedDecoding, GuidedLogits, require_xgrammar
+from dflash_trt.runtime.guided import Grammars, GuidedDecoding, GuidedLogits, apply_bitmask, require_xgrammar
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
 from tests.runtime.oracle import OracleProposer
@@ -93,6 +93,20 @@ def test_each_row_is_masked_after_its_own_history(smollm2_pipeline):
         else:
             assert i >= len(drafts) + 1 and torch.equal(masked[i], logits[i])  # the rows after `bad`
     assert len(forbidden) == len(drafts) + 1 and min(forbidden) > 0 and max(forbidden) > vocab // 2  # real masks
+
+
+def test_the_torch_bitmask_equals_xgrammars_kernel():
+    """`apply_bitmask` (what GPUs use) masks exactly as XGrammar's CPU kernel, a vocabulary that is not a multiple
+    of 32 included."""
+    xgr = require_xgrammar()
+    gen = torch.Generator().manual_seed(3)
+    for vocab in (49152, 1000):
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (5, (vocab + 31) // 32), dtype=torch.int32, generator=gen)
+        logits = torch.randn(5, vocab, generator=gen)
+        want = logits.clone()
+        xgr.apply_token_bitmask_inplace(want, bitmask)
+        assert torch.equal(apply_bitmask(logits.clone(), bitmask), want)
+        assert 0.3 < torch.isinf(want).float().mean() < 0.7
 
 
 # ------------------------------------------------------------------------- greedy: Hugging Face's tokens
