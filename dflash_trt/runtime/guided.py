@@ -127,8 +127,8 @@ class Grammars:
             try:
                 if spec.kind == "json":
                     compiled = self._compiler.compile_json_schema(spec.json)
-                elif spec.kind == "json_object":
-                    compiled = self._compiler.compile_builtin_json_grammar()
+                elif spec.kind == "json_object":  # an object (OpenAI's JSON mode), not any JSON value
+                    compiled = self._compiler.compile_json_schema('{"type": "object"}')
                 elif spec.kind == "regex":
                     compiled = self._compiler.compile_regex(spec.regex)
                 else:

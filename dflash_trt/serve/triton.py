@@ -28,7 +28,7 @@ INT32 [1] (default 0: no stop token or stop word ends the output before that man
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
 (the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
-words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON, "json_schema",
+words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
@@ -313,7 +313,7 @@ def guided_decoding(guide_type, guide):
         raise InvalidRequestError(f"guided_decoding_guide_type {guide_type!r} is not one of {', '.join(GUIDE_TYPES)}")
     if guide_type == "json":
         if guide:
-            raise InvalidRequestError('guided_decoding_guide_type "json" means any JSON and takes no guide; for a '
+            raise InvalidRequestError('guided_decoding_guide_type "json" means any JSON object and takes no guide; for a '
                                       'schema use "json_schema"')
         return GuidedDecoding(json_object=True)
     if not guide:

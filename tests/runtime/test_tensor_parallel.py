@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_trt.errors import ConfigError
-from tests.runtime.tp_worker import penalized_params, run_rank
+from tests.runtime.tp_worker import guided_params, penalized_params, run_rank
 
 
 def run_tp(tmp_path, world, target, drafter, prompts, max_tokens):
@@ -87,6 +87,9 @@ def test_tp3_smollm2_with_the_default_drafter(tmp_path, smollm2_path, smollm2_pi
     penalized = pipe.generate(prompts, penalized_params(24), mode="ar")  # logits processing under tp: the same tokens
     assert all(r["penalized"] == ranks[0]["penalized"] for r in ranks)
     assert ranks[0]["penalized"] == [r.token_ids for r in penalized] != ranks[0]["ar"]
+    guided = pipe.generate(prompts, guided_params(24), mode="ar")  # a grammar under tp: the same tokens
+    assert ranks[0]["guided"] == [r.token_ids for r in guided] != ranks[0]["ar"]
+    assert all(pipe.decode(ids).lstrip().startswith("{") for ids in ranks[0]["guided"])
 
 
 @pytest.mark.slow
