@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 import dflash_trt.runtime.engine as engine_mod
@@ -23,7 +22,8 @@ from dflash_trt.runtime.guided import Grammars, GuidedDecoding, GuidedLogits, ap
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
 from tests.runtime.oracle import OracleProposer
-from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, N, exact_joint, tiny  # noqa: F401 (fixture)
+from tests.runtime.test_sampling_distribution import (  # noqa: F401 (tiny: a fixture)
+    PROMPT, VOCAB, N, exact_joint, scaled_pvalue_and_rate, tiny)
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "languages": {"type": "array", "items": {"type": "string"}}},
@@ -225,11 +225,8 @@ def guided_pvalue(engine) -> tuple[float, int, float]:
     possible = [k for k, pk in joint.items() if pk > 0]
     assert len(possible) == 12  # the grammar's 12 three-token outputs
     impossible = sum(counts[k] for k, pk in joint.items() if pk == 0)
-    obs, exp = [counts[k] for k in possible], [joint[k] * N for k in possible]
-    scale = sum(obs) / sum(exp)
-    accepted = sum(r.metrics.accepted_tokens for r in results)
-    drafted = sum(r.metrics.drafted_tokens for r in results)
-    return chisquare(obs, [e * scale for e in exp]).pvalue, impossible, accepted / max(drafted, 1)
+    p, rate = scaled_pvalue_and_rate([counts[k] for k in possible], [joint[k] * N for k in possible], results)
+    return p, impossible, rate
 
 
 @pytest.mark.parametrize("sample_drafts", [True, False], ids=["sampled-drafts", "argmax-drafts"])

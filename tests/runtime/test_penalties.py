@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import (
     AutoModelForCausalLM,
     LogitsProcessor,
@@ -29,7 +28,8 @@ from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_p
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, probs_from_logits
 from tests.runtime.oracle import OracleProposer
-from tests.runtime.test_sampling_distribution import PROMPT, VOCAB, exact_joint, tiny  # noqa: F401 (fixture)
+from tests.runtime.test_sampling_distribution import (  # noqa: F401 (tiny: a fixture)
+    PROMPT, VOCAB, exact_joint, scaled_pvalue_and_rate, tiny)
 
 MAX_TOKENS = 32
 CHATS = ["Write a Python function that reverses a string.", "Name three colours."]
@@ -245,10 +245,8 @@ def sampled_pvalue(engine, params):
     obs.append(pooled_o)
     exp.append(pooled_e)
     assert len(obs) >= 10
-    scale = sum(obs) / sum(exp)
-    accepted = sum(r.metrics.accepted_tokens for r in results)
-    drafted = sum(r.metrics.drafted_tokens for r in results)
-    return chisquare(obs, [e * scale for e in exp]).pvalue, impossible, accepted / max(drafted, 1)
+    p, rate = scaled_pvalue_and_rate(obs, exp, results)
+    return p, impossible, rate
 
 
 @pytest.mark.parametrize("sample_drafts", [True, False], ids=["sampled-drafts", "argmax-drafts"])

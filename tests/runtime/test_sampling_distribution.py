@@ -56,6 +56,15 @@ def exact_joint(target, params, process=None):
     return joint
 
 
+def scaled_pvalue_and_rate(observed: list[int], expected: list[float], results) -> tuple[float, float]:
+    """(chi-square p-value of `observed` against `expected` rescaled to the same total, acceptance rate of the
+    GenerationResults `results`: accepted / drafted tokens)."""
+    scale = sum(observed) / sum(expected)  # float32 probabilities sum to 1 only up to ~1e-7
+    accepted = sum(r.metrics.accepted_tokens for r in results)
+    drafted = sum(r.metrics.drafted_tokens for r in results)
+    return chisquare(observed, [e * scale for e in expected]).pvalue, accepted / max(drafted, 1)
+
+
 def pvalue(engine, params, mode="dflash"):
     batch = [SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, max_tokens=3,
                             ignore_eos=True, seed=i) for i in range(N)]
@@ -79,10 +88,7 @@ def pvalue(engine, params, mode="dflash"):
         obs.append(pooled_o)
         exp.append(pooled_e)
     assert len(obs) >= 10, "too few cells for a meaningful test"
-    drafted = sum(r.metrics.drafted_tokens for r in results)
-    accepted = sum(r.metrics.accepted_tokens for r in results)
-    scale = sum(obs) / sum(exp)  # float32 probabilities sum to 1 only up to ~1e-7
-    return chisquare(obs, [e * scale for e in exp]).pvalue, accepted / max(drafted, 1)
+    return scaled_pvalue_and_rate(obs, exp, results)
 
 
 CASES = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=3),
