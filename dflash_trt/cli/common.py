@@ -357,6 +357,8 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
 
     def text(flag: str, value: str) -> str:
         path = Path(value)
+        if len(value) < 4096 and "\n" not in value and path.is_dir():
+            raise click.BadParameter(f"{value} is a directory; give a file, or the text itself", param_hint=f"'{flag}'")
         if len(value) < 4096 and "\n" not in value and path.is_file():
             try:
                 return path.read_text(encoding="utf-8")
@@ -373,8 +375,8 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
             return GuidedDecoding(regex=regex)
         return GuidedDecoding(grammar=text("--grammar", grammar))
     except InvalidRequestError as exc:
-        raise click.BadParameter(f"{exc} (a file that does not exist is read as the text itself)",
-                                 param_hint=f"'{given[0]}'") from None
+        note = " (a file that does not exist is read as the text itself)" if given[0] != "--regex" else ""
+        raise click.BadParameter(f"{exc}{note}", param_hint=f"'{given[0]}'") from None
 
 
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json as json_module
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -32,15 +33,18 @@ from dflash_trt.errors import ConfigError, InvalidRequestError
 class GuidedDecoding:
     """What the output must follow: exactly one of
 
-    json: a JSON schema (its JSON text, or a dict, stored as canonical JSON text): the output is a JSON value
-        that the schema accepts. json_object: True: any JSON object. regex: a regular expression the whole output
+    json: a JSON schema (its JSON text, or a dict, stored as JSON text in its key order): the output is a JSON
+        value that the schema accepts (`check_schema`: the keywords XGrammar does not enforce are refused; an object
+        without `additionalProperties` takes only its `properties`, XGrammar's strict mode, as in vLLM; at most
+        MAX_WHITESPACE whitespace characters between tokens). json_object: True: any JSON object. regex: a regular expression the whole output
         matches. grammar: an EBNF grammar (XGrammar's / llama.cpp's GBNF dialect, its start rule `root`).
 
     The output ends at the request's stop token once the grammar is complete (a grammar that can go on
     lets the model choose). Hashable (the SamplingParams holding it stay so).
 
     Raises:
-        InvalidRequestError: none or several set, a wrong type, or a schema that is not JSON.
+        InvalidRequestError: none or several set, a wrong type, a schema that is not JSON, or one `check_schema`
+            refuses.
     """
 
     json: str | None = None
@@ -67,15 +71,73 @@ class GuidedDecoding:
                 schema = json_module.loads(self.json)
             except ValueError as exc:
                 raise InvalidRequestError(f"guided decoding: the JSON schema is not JSON ({exc})") from None
-            if not isinstance(schema, (dict, bool)):
-                raise InvalidRequestError("guided decoding: a JSON schema is an object (or true / false), got "
-                                          f"{type(schema).__name__}")
+            if not isinstance(schema, (dict, bool)) or schema is False:
+                raise InvalidRequestError("guided decoding: a JSON schema is an object (or true: any JSON value), got "
+                                          f"{json_module.dumps(schema)[:80]}")
+            check_schema(schema)
 
     @property
     def kind(self) -> str:
         """Which of the four it is: "json", "json_object", "regex" or "grammar"."""
         return "json_object" if self.json_object else next(n for n in ("json", "regex", "grammar")
                                                           if getattr(self, n) is not None)
+
+
+#: JSON Schema keywords XGrammar 0.2.9 accepts but does not enforce (outputs could break them: allOf, not,
+#: if / then / else, uniqueItems, dependentRequired) or enforces wrongly (contains, patternProperties refuse
+#: valid JSON): refused by `check_schema`, naming the keyword, rather than silently ignored
+UNENFORCED = ("allOf", "not", "if", "then", "else", "uniqueItems", "dependentRequired", "dependentSchemas",
+              "dependencies", "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
+              "unevaluatedProperties", "unevaluatedItems")
+#: how deeply a JSON schema may nest (XGrammar's compile time grows fast with depth: 400 levels took 11 s)
+MAX_SCHEMA_DEPTH = 32
+#: whitespace characters XGrammar allows between two JSON tokens (unbounded, a model can emit only spaces and
+#: newlines until max_tokens)
+MAX_WHITESPACE = 16
+#: compiled grammars kept (least recently used dropped first: each holds ~0.7 MB for a 20-property schema)
+CACHE_SIZE = 128
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")  # name -> schema
+_SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "not", "contains", "if", "then", "else",
+               "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def check_schema(schema, depth: int = 0, where: str = "#") -> None:
+    """Refuse what XGrammar would not hold an output to: a keyword of UNENFORCED, a `$ref` outside the schema (not
+    "#..."), nesting deeper than MAX_SCHEMA_DEPTH, or an object whose `required` names a property that
+    `additionalProperties: false` forbids (nothing could satisfy it). `where` is the JSON pointer shown.
+
+    Raises:
+        InvalidRequestError: naming the keyword and where it is.
+    """
+    if depth > MAX_SCHEMA_DEPTH:
+        shown = where if len(where) <= 120 else where[:60] + " ... " + where[-55:]
+        raise InvalidRequestError(f"guided decoding: the JSON schema nests more than {MAX_SCHEMA_DEPTH} levels deep "
+                                  f"(at {shown}); flatten it or use $defs and $ref")
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        if key in UNENFORCED:
+            raise InvalidRequestError(f"guided decoding: the JSON schema keyword {key!r} (at {where}) is not supported "
+                                      "(XGrammar would not enforce it); rewrite the schema without it")
+        if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            raise InvalidRequestError(f"guided decoding: $ref {value!r} (at {where}) points outside the schema; only "
+                                      "local references (#/$defs/...) are supported: inline the referenced schema")
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                check_schema(sub, depth + 1, f"{where}/{key}/{name}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                check_schema(sub, depth + 1, f"{where}/{key}/{i}")
+        elif key in _SCHEMA_ONE:
+            check_schema(value, depth + 1, f"{where}/{key}")
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if schema.get("additionalProperties") is False and isinstance(schema.get("required"), list):
+        missing = [name for name in schema["required"] if name not in props]
+        if missing:
+            raise InvalidRequestError(f"guided decoding: the JSON schema requires {missing} (at {where}), which "
+                                      "additionalProperties: false forbids; add them to properties")
 
 
 def require_xgrammar():
@@ -106,8 +168,10 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...] = ()):
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, list(stop_token_ids) or None
         self._compiler = None
-        self._compiled: dict[GuidedDecoding, object] = {}
-        self._lock = threading.Lock()  # the server's threads compile, the generation thread matches
+        self._compiled: OrderedDict[GuidedDecoding, object] = OrderedDict()  # CACHE_SIZE at most, LRU
+        # guards the compiler's creation and the cache, never a compile: a slow schema holds up neither the
+        # generation thread (whose requests' grammars the server compiled first) nor other requests' compiles
+        self._lock = threading.Lock()
 
     def compile(self, spec: GuidedDecoding):
         """The compiled grammar of `spec` (XGrammar's `CompiledGrammar`).
@@ -119,25 +183,29 @@ class Grammars:
         xgr = require_xgrammar()
         with self._lock:
             if spec in self._compiled:
+                self._compiled.move_to_end(spec)
                 return self._compiled[spec]
             if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                           stop_token_ids=self.stop_token_ids)
-                self._compiler = xgr.GrammarCompiler(info)
-            try:
-                if spec.kind == "json":
-                    compiled = self._compiler.compile_json_schema(spec.json)
-                elif spec.kind == "json_object":  # an object (OpenAI's JSON mode), not any JSON value
-                    compiled = self._compiler.compile_json_schema('{"type": "object"}')
-                elif spec.kind == "regex":
-                    compiled = self._compiler.compile_regex(spec.regex)
-                else:
-                    compiled = self._compiler.compile_grammar(spec.grammar)
-            except RuntimeError as exc:  # XGrammar's parse errors: "[time] file.cc:line: message"
-                message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip())
-                raise InvalidRequestError(f"guided decoding: the {spec.kind} does not compile: {message}") from None
+                self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # the LRU here is the cache
+            compiler = self._compiler
+        try:  # outside the lock (XGrammar's compiler is thread-safe)
+            if spec.kind in ("json", "json_object"):  # json_object: an object (OpenAI's JSON mode), not any value
+                compiled = compiler.compile_json_schema(spec.json if spec.kind == "json" else '{"type": "object"}',
+                                                        max_whitespace_cnt=MAX_WHITESPACE)
+            elif spec.kind == "regex":
+                compiled = compiler.compile_regex(spec.regex)
+            else:
+                compiled = compiler.compile_grammar(spec.grammar)
+        except RuntimeError as exc:  # XGrammar's parse errors: "[time] file.cc:line: message"
+            message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip())
+            raise InvalidRequestError(f"guided decoding: the {spec.kind} does not compile: {message}") from None
+        with self._lock:
             self._compiled[spec] = compiled
-            return compiled
+            while len(self._compiled) > CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return compiled
 
 
 class GuidedLogits:
@@ -172,6 +240,8 @@ class GuidedLogits:
         Returns:
             `scores`. A row whose history the grammar forbids (a draft it rejects; such a position is never
             reached) is left as it is.
+        Raises:
+            InvalidRequestError: the grammar allows no token after `out` itself (a dead end).
         """
         self._sync(out)
         m = scores.shape[0]
@@ -192,6 +262,11 @@ class GuidedLogits:
                 path.append(tok)
             if reachable and not self.matcher.is_terminated():
                 self.matcher.fill_next_token_bitmask(bitmask, i)
+                if not pre and not bool(bitmask[i].any()):  # the output itself can go on with no token
+                    self.matcher.rollback(len(path))
+                    raise InvalidRequestError("guided decoding: the grammar allows no token after the output so far "
+                                              f"({len(out)} tokens): it cannot be completed (a JSON schema no value "
+                                              "satisfies?); fix the schema, regex or grammar")
         if path:
             self.matcher.rollback(len(path))
         if scores.device.type == "cpu":

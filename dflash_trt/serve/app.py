@@ -215,7 +215,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         params_of = [[req.sampling_params(mt, eos, vocab, j) for j in range(req.n)] for mt in max_tokens]
         guided = params_of[0][0].guided
         if guided is not None:  # compiled here (cached), off the event loop: not on the generation thread
-            await asyncio.to_thread(pipe.engine.grammars.compile, guided)
+            try:
+                await asyncio.to_thread(pipe.engine.grammars.compile, guided)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(str(exc), param="response_format") from None
         seqs = []
         for p, ids in enumerate(prompts):
             for j in range(req.n):

@@ -168,6 +168,10 @@ class _Request(BaseModel):
             InvalidRequestError: a value out of range (`SamplingParams` names the field; `min_tokens` above
                 `max_tokens` included), a stop token id outside [0, vocab_size), a bad `logit_bias` key.
         """
+        guided = self.guided_decoding()
+        if guided is not None and self.ignore_eos:
+            raise InvalidRequestError("ignore_eos and response_format do not go together: the answer ends at EOS once "
+                                      "its format is complete; drop ignore_eos", param="ignore_eos")
         extra = tuple(self.stop_token_ids or ())
         bad = next((t for t in extra if not 0 <= t < vocab_size), None)
         if bad is not None:
@@ -180,7 +184,7 @@ class _Request(BaseModel):
                               frequency_penalty=self.frequency_penalty or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
-                              min_p=self.min_p or 0.0, guided=self.guided_decoding())
+                              min_p=self.min_p or 0.0, guided=guided)
 
     def guided_decoding(self) -> GuidedDecoding | None:
         """`response_format` as the runtime's GuidedDecoding, or None for text: OpenAI's `{"type": "json_object"}`
@@ -206,6 +210,13 @@ class _Request(BaseModel):
             return value
 
         kind = fmt["type"]
+        try:
+            return self._guided(fmt, kind, kinds, field)
+        except InvalidRequestError as exc:  # GuidedDecoding's own checks (an unsupported schema keyword...)
+            raise InvalidRequestError(str(exc), param="response_format") from None
+
+    @staticmethod
+    def _guided(fmt: dict, kind: str, kinds: str, field) -> GuidedDecoding | None:
         if kind == "text":
             return None
         if kind == "json_object":

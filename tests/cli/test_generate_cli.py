@@ -442,7 +442,10 @@ def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys)
     for flags, message in (
             (["--regex", "a", "--json-object"], "--json-object and --regex exclude each other"),
             (["--json-schema", "{bad"], "Invalid value for '--json-schema': guided decoding: the JSON schema is not JSON"),
-            (["--json-object", "--min-tokens", "2"], "min_tokens and guided decoding do not go together")):
+            (["--json-object", "--min-tokens", "2"], "min_tokens and guided decoding do not go together"),
+            (["--grammar", "/"], "Invalid value for '--grammar': / is a directory; give a file, or the text itself"),
+            (["--regex", ""], "Invalid value for '--regex': guided decoding: regex must be a non-empty string, got '' (see"),
+            (["--json-schema", '{"allOf": []}'], "keyword 'allOf' (at #) is not supported")):
         code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "4", *flags)
         assert code in (1, 2) and message in err and err.count("\n") == 1, err
 

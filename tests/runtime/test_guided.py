@@ -10,6 +10,7 @@ import itertools
 import json
 import re
 import sys
+import threading
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from transformers import AutoModelForCausalLM
 import dflash_trt.runtime.engine as engine_mod
 from dflash_trt.errors import ConfigError, InvalidRequestError
 from dflash_trt.runtime.engine import Engine
-from dflash_trt.runtime.guided import Grammars, GuidedDecoding, GuidedLogits, apply_bitmask, require_xgrammar
+from dflash_trt.runtime.guided import (MAX_SCHEMA_DEPTH, Grammars, GuidedDecoding, GuidedLogits, apply_bitmask,
+                                       require_xgrammar)
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams
 from tests.runtime.oracle import OracleProposer
@@ -36,7 +38,7 @@ MAX_TOKENS = 48
     ({}, "exactly one of json (a JSON schema), json_object, regex, grammar; got none"),
     ({"regex": "a", "json_object": True}, "got ['regex', 'json_object']"),
     ({"json": "{not json"}, "the JSON schema is not JSON"),
-    ({"json": "[1]"}, "a JSON schema is an object (or true / false), got list"),
+    ({"json": "[1]"}, "a JSON schema is an object (or true: any JSON value), got [1]"),
     ({"regex": ""}, "regex must be a non-empty string"),
     ({"json_object": 1}, "json_object must be True or False"),
 ])
@@ -56,6 +58,68 @@ def test_specifications_keep_their_schema_order_and_refuse_what_cannot_end(smoll
         smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(guided=GuidedDecoding(regex="(ab")))
     with pytest.raises(InvalidRequestError, match="the grammar does not compile"):
         smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(guided=GuidedDecoding(grammar="root ::= undefined")))
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"allOf": [{"type": "object"}]}, "the JSON schema keyword 'allOf' (at #) is not supported"),
+    ({"type": "array", "items": {"not": {"type": "string"}}}, "keyword 'not' (at #/items) is not supported"),
+    ({"type": "array", "uniqueItems": True}, "keyword 'uniqueItems' (at #)"),
+    ({"type": "object", "properties": {"a": {"if": {}, "then": {}}}}, "keyword 'if' (at #/properties/a)"),
+    ({"$ref": "http://example.com/s.json"}, "$ref 'http://example.com/s.json' (at #) points outside the schema"),
+    ({"type": "object", "properties": {}, "required": ["zz"], "additionalProperties": False},
+     "requires ['zz'] (at #), which additionalProperties: false forbids"),
+    ("false", "a JSON schema is an object (or true: any JSON value), got false"),
+])
+def test_schemas_xgrammar_would_not_enforce_are_refused(schema, message):
+    """A keyword XGrammar accepts but does not hold the output to (it returned a number for an allOf of objects),
+    a remote $ref (read as "any value"), and a schema nothing satisfies (whitespace until max_tokens) are refused
+    by name; a property that happens to be called "not", local $refs and recursion pass."""
+    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+        GuidedDecoding(json=schema)
+    GuidedDecoding(json={"type": "object", "properties": {"not": {"type": "string"}, "if": {"$ref": "#/$defs/n"}},
+                         "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}})
+
+
+def test_a_schema_nested_too_deeply_is_refused():
+    schema = {"type": "string"}
+    for _ in range(MAX_SCHEMA_DEPTH):
+        schema = {"type": "object", "properties": {"a": schema}}
+    GuidedDecoding(json=schema)
+    with pytest.raises(InvalidRequestError, match=f"nests more than {MAX_SCHEMA_DEPTH} levels deep"):
+        GuidedDecoding(json={"type": "array", "items": schema})
+
+
+class SlowCompiler:
+    """A stand-in for XGrammar's compiler: compile_regex("slow") waits for `release`."""
+
+    def __init__(self):
+        self.release, self.started = threading.Event(), threading.Event()
+
+    def compile_regex(self, regex):
+        if regex == "slow":
+            self.started.set()
+            assert self.release.wait(10)
+        return f"compiled {regex}"
+
+
+def test_a_slow_compile_holds_up_neither_cached_grammars_nor_other_compiles(monkeypatch):
+    """While one request's grammar compiles, a cached one is handed out and another compiles (the generation
+    thread asks for its requests' grammars: a 400-level schema had stopped every stream for 20 s); the cache keeps
+    the CACHE_SIZE most recently used."""
+    import dflash_trt.runtime.guided as guided_mod
+
+    monkeypatch.setattr(guided_mod, "CACHE_SIZE", 2)
+    grammars = Grammars(None, 10)
+    grammars._compiler = compiler = SlowCompiler()
+    assert grammars.compile(GuidedDecoding(regex="a")) == "compiled a"
+    slow = threading.Thread(target=grammars.compile, args=(GuidedDecoding(regex="slow"),))
+    slow.start()
+    assert compiler.started.wait(10)
+    assert grammars.compile(GuidedDecoding(regex="a")) == "compiled a"  # cached, while "slow" compiles
+    assert grammars.compile(GuidedDecoding(regex="b")) == "compiled b"  # another compile, meanwhile
+    compiler.release.set()
+    slow.join(10)
+    assert list(grammars._compiled) == [GuidedDecoding(regex="b"), GuidedDecoding(regex="slow")]  # "a" dropped
 
 
 def test_a_missing_xgrammar_is_a_config_error_with_the_install_command(monkeypatch):
@@ -234,6 +298,16 @@ def test_dflash_sampling_keeps_the_masked_distribution(tiny, sample_drafts):
     p, impossible, rate = guided_pvalue(tiny_engine(tiny, sample_drafts))
     assert 0.01 < rate < 0.95  # drafts are accepted and rejected: both verifier paths run
     assert impossible == 0 and p > 0.001
+
+
+def test_a_grammar_with_no_way_on_is_a_request_error(tiny):
+    """"az" over a vocabulary without "z": after "a" the grammar allows nothing, which is an error naming the dead
+    end, not an arbitrary token."""
+    engine = tiny_engine(tiny)
+    params = SamplingParams(max_tokens=3, stop_token_ids=(5,), guided=GuidedDecoding(regex="az"))
+    for mode in ("ar", "dflash"):
+        with pytest.raises(InvalidRequestError, match=r"the grammar allows no token after the output so far \(1 "):
+            engine.generate([PROMPT], params, mode)
 
 
 def test_sampling_with_a_mask_that_forgets_the_drafts_fails_the_same_test(tiny, monkeypatch):

@@ -64,11 +64,15 @@ def test_each_format_gives_the_runtimes_tokens(client, smollm2_pipeline, fmt, sp
     ("json", 'response_format must be an object with a "type"'),
     ({"type": "regex", "regex": "(unclosed"}, "guided decoding: the regex does not compile: Regex parsing error"),
     ({"type": "ebnf", "ebnf": "root ::= missing"}, "guided decoding: the grammar does not compile"),
+    ({"type": "json", "schema": {"allOf": [{"type": "object"}]}}, "the JSON schema keyword 'allOf' (at #) is not "
+                                                                  "supported"),
+    ({"type": "regex", "regex": ""}, "guided decoding: regex must be a non-empty string"),
 ])
 def test_a_bad_format_is_a_400_and_the_server_keeps_serving(server, client, fmt, message):
     r = httpx.post(server[0] + "/v1/completions", timeout=60,
                    json={"model": MODEL, "prompt": "hi", "max_tokens": 4, "response_format": fmt})
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "response_format"
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
 
 
@@ -76,3 +80,10 @@ def test_min_tokens_with_a_format_is_refused(server):
     r = httpx.post(server[0] + "/v1/completions", timeout=60, json={
         "model": MODEL, "prompt": "hi", "max_tokens": 8, "min_tokens": 2, "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and "min_tokens and guided decoding do not go together" in r.text
+
+
+def test_ignore_eos_with_a_format_is_refused_naming_it(server):
+    r = httpx.post(server[0] + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "hi", "max_tokens": 8, "ignore_eos": True, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
+    assert "ignore_eos and response_format do not go together" in r.json()["error"]["message"]
