@@ -66,18 +66,19 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     import torch
     from tqdm import tqdm
 
-    from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype
+    from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype, stop_token_ids
     from dflash_trt.bench.modes import MODES
     from dflash_trt.bench.report import OUTPUT_NAMES, write_outputs
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.out_folder import check_outside_models
     from dflash_trt.cli.common import (check_logit_bias_ids, check_out_folder, check_draft_lengths, check_prompt_lengths,
-                                       guided_decoding, jsonl_file, logits_processing,
+                                       compile_guided, guided_decoding, jsonl_file, logits_processing,
                                        model_folder, note_max_concurrency, set_threads, warn_block_size,
                                        warn_context_room, warn_draft_flags_unused, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.config import TargetConfig
+    from dflash_trt.runtime.guided import Grammars
     from dflash_trt.errors import ConfigError, InvalidRequestError
     from dflash_trt.models.checkpoints import check_device
     from dflash_trt.models.default import default_target_path, drafter_required
@@ -145,6 +146,8 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     context = target_config.max_position_embeddings
     check_logit_bias_ids(logit_bias, target_config.vocab_size)
     tokenizer = load_tokenizer(target_path)
+    compile_guided(Grammars(tokenizer, target_config.vocab_size, stop_token_ids(target_path, target_config)),
+                   processing["guided"])
     prompts = {}
     for ds in datasets:
         ids, where = encode_dataset(tokenizer, ds, num_prompts, f"the target at {target_path}")

@@ -379,6 +379,28 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
         raise click.BadParameter(f"{exc}{note}", param_hint=f"'{given[0]}'") from None
 
 
+#: GuidedDecoding.kind -> the flag that gives it
+GUIDED_FLAGS = {"json": "--json-schema", "json_object": "--json-object", "regex": "--regex", "grammar": "--grammar"}
+
+
+def compile_guided(grammars, guided) -> None:
+    """Compile the structured-output flag's grammar (`guided`, a GuidedDecoding or None) with `grammars` (a
+    `dflash_trt.runtime.guided.Grammars`), so that a schema, regex or grammar XGrammar refuses is a usage error
+    naming the flag before any prompt runs.
+
+    Raises:
+        click.BadParameter: XGrammar's message, under the flag's name.
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    if guided is None:
+        return
+    try:
+        grammars.compile(guided)
+    except InvalidRequestError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{GUIDED_FLAGS[guided.kind]}'") from None
+
+
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
     """Raises click.BadParameter (--logit-bias) for a token id outside the target's vocabulary [0, vocab_size)."""
     beyond = sorted(t for t in logit_bias or () if t >= vocab_size)

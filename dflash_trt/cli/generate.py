@@ -76,7 +76,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
     from dflash_trt.cli.common import (check_context, check_draft_lengths, check_logit_bias_ids, jsonl_file, load_models,
-                                       guided_decoding, logits_processing,
+                                       compile_guided, guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_tree_unused, warn_untrained_drafter)
@@ -129,6 +129,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")
     check_logit_bias_ids(logit_bias, pipe.engine.target.config.vocab_size)
+    compile_guided(pipe.engine.grammars, params.guided)
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     wheres = [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)] if prompts_file else [None] * len(items)

@@ -487,6 +487,18 @@ def test_bench_with_a_json_schema_checks_identity_and_records_it(tmp_path, monke
     assert res["config"]["guided"] == {"kind": "json", "json": schema.read_text()}
 
 
+def test_bench_compiles_the_grammar_before_loading_weights(tmp_path, monkeypatch, capsys):
+    import dflash_trt.api
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--grammar", "root ::= missing",
+                                      "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Invalid value for '--grammar': guided decoding: the grammar does not compile" in err
+
+
 def test_bench_checks_logit_bias_ids_before_loading_weights(tmp_path, monkeypatch, capsys):
     import dflash_trt.api
 

@@ -433,6 +433,8 @@ def test_structured_output_flags_give_the_pipelines_tokens(monkeypatch, capsys, 
         [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=24, guided=spec))
         assert out == ref.text + "\n", flags
     assert out in ("It is Paris.\n", "It is Rome.\n")
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", question, "--regex", "(a")
+    assert code == 2 and out == "" and "Invalid value for '--regex': guided decoding: the regex does not compile" in err
 
 
 def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys):
