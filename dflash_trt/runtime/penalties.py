@@ -15,7 +15,7 @@ top-p and min-p (`sampling.probs_from_logits`):
    (Keskar et al. 2019, "CTRL", sec. 4.1; HF's `RepetitionPenaltyLogitsProcessor`).
 3. frequency_penalty f and presence_penalty a (tokens in the output so far, c[t] times):
    logit - f * c[t] - a * (c[t] > 0) (OpenAI's definition; vLLM's scope: the prompt does not count.
-   TensorRT-LLM counts the prompt too unless its `prompt_ignore_length` says otherwise).
+   With `prompt_ignore_length` L, TensorRT-LLM's: the prompt's tokens from position L on count too).
 4. min_tokens: while fewer than min_tokens tokens are out, the request's stop tokens get -inf.
 5. guided decoding: the tokens the request's grammar forbids get -inf (`dflash_trt.runtime.guided`).
 The logprobs a request asks for stay the raw target's (`dflash_trt.runtime.logprobs`).
@@ -43,6 +43,10 @@ class LogitsPenalties:
                  guided: GuidedLogits | None = None):
         self.params, self.guided = params, guided
         self.prompt = torch.tensor(sorted(set(prompt)), dtype=torch.int64) if params.repetition_penalty != 1 else None
+        # the prompt's tokens the presence / frequency penalties count (prompt_ignore_length; none: vLLM's scope)
+        skip = params.prompt_ignore_length
+        self.counted = list(prompt[skip:]) if skip is not None and (params.presence_penalty or
+                                                                     params.frequency_penalty) else []
         self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64)
         bias = params.logit_bias or ()
         self.bias_ids = torch.tensor([t for t, _ in bias], dtype=torch.int64)
@@ -91,12 +95,13 @@ class LogitsPenalties:
         their logits): counts [m, |S|] of each row's output tokens over those columns S."""
         p, dev, m = self.params, scores.device, scores.shape[0]
         extra = [t for pre in prefixes for t in pre]
-        held = torch.tensor(out + extra, dtype=torch.int64)
+        base = self.counted + out  # what every row's presence / frequency counts hold before its drafts
+        held = torch.tensor(base + extra, dtype=torch.int64)
         columns = torch.cat([held, self.prompt]) if self.prompt is not None else held
         if not len(columns):
             return
         columns = torch.unique(columns)  # sorted
-        counts = torch.bincount(torch.searchsorted(columns, torch.tensor(out, dtype=torch.int64)),
+        counts = torch.bincount(torch.searchsorted(columns, torch.tensor(base, dtype=torch.int64)),
                                 minlength=len(columns)).float().expand(m, -1).clone()
         if extra:
             rows = torch.tensor([i for i, pre in enumerate(prefixes) for _ in pre])

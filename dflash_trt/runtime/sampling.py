@@ -37,7 +37,8 @@ class SamplingParams:
     prompt or the output so far is divided by it when positive, multiplied when negative (CTRL, Keskar et
     al. 2019; HF's `RepetitionPenaltyLogitsProcessor`). presence_penalty / frequency_penalty: in [-2, 2];
     subtracted once from the logit of a token the OUTPUT holds, and once per occurrence (OpenAI's; vLLM's
-    scope: not the prompt's tokens). min_tokens: the stop tokens (EOS, or stop_token_ids) cannot be chosen
+    scope: not the prompt's tokens; with prompt_ignore_length = L, TensorRT-LLM's: the prompt's tokens from
+    position L on count too, 0 = the whole prompt). min_tokens: the stop tokens (EOS, or stop_token_ids) cannot be chosen
     before that many tokens are out (<= max_tokens). min_p: in [0, 1], 0 = off; after temperature, top-k
     and top-p, drop the tokens whose probability is below min_p times the top token's (Nguyen et al.
     2024; HF's `MinPLogitsWarper`; sampling only: the argmax is always kept). guided: a
@@ -63,6 +64,7 @@ class SamplingParams:
     min_tokens: int = 0
     min_p: float = 0.0
     guided: GuidedDecoding | None = None
+    prompt_ignore_length: int | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -109,6 +111,12 @@ class SamplingParams:
         set_(self, "min_p", _real("min_p", self.min_p, "a number in [0, 1] (0 = off)"))
         if not 0 <= self.min_p <= 1:
             raise InvalidRequestError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if self.prompt_ignore_length is not None:
+            set_(self, "prompt_ignore_length", _integer("prompt_ignore_length", self.prompt_ignore_length,
+                                                        "None or an integer >= 0"))
+            if self.prompt_ignore_length < 0:
+                raise InvalidRequestError(f"prompt_ignore_length must be >= 0 (0: the whole prompt counts for the "
+                                          f"presence and frequency penalties), got {self.prompt_ignore_length}")
         if self.guided is not None:
             if not isinstance(self.guided, GuidedDecoding):
                 raise InvalidRequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")

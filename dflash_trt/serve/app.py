@@ -68,7 +68,7 @@ def error_body(message: str, kind: str = "invalid_request_error", code: str | No
 #: request fields an error message may start with (its `param`)
 FIELDS = ("max_completion_tokens", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop_token_ids",
           "stop", "stream_options", "messages", "prompt", "model", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "logit_bias", "min_tokens", "min_p") + tuple(UNSUPPORTED)
+          "repetition_penalty", "logit_bias", "min_tokens", "min_p", "prompt_ignore_length") + tuple(UNSUPPORTED)
 
 
 def param_of(message: str) -> str | None:

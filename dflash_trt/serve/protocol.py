@@ -10,7 +10,9 @@ distribution (`dflash_trt.runtime.logprobs`, `dflash_trt.serve.logprobs`). Logit
 exactly by the runtime (`dflash_trt.runtime.penalties`; left out or null: off): `presence_penalty`,
 `frequency_penalty` (OpenAI's, over the output tokens), `logit_bias` (OpenAI's; its JSON keys are token
 ids written as decimal strings), and vLLM's `repetition_penalty`, `min_tokens` (no stop, neither a stop
-token nor a `stop` string, before that many tokens are out) and `min_p`. Structured output:
+token nor a `stop` string, before that many tokens are out) and `min_p`; trtllm-serve's `prompt_ignore_length`
+(given, the presence and frequency penalties count the prompt's tokens from that position on too, TensorRT-LLM's
+scope; left out, vLLM's: the output only). Structured output:
 `response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
 `dflash_trt.runtime.guided`). A field this runtime cannot honour (tools and functions, `echo` in chat, `best_of`, `suffix`, beam search) is refused with
 a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
@@ -123,6 +125,7 @@ class _Request(BaseModel):
     logit_bias: dict[str, StrictFloat] | None = None  # {token id as a decimal string: bias} (OpenAI's JSON)
     min_tokens: int | None = Field(default=None, strict=True)
     min_p: float | None = Field(default=None, strict=True)
+    prompt_ignore_length: int | None = Field(default=None, strict=True)  # trtllm-serve's (`SamplingParams`)
     response_format: Any = None  # guided decoding (`guided_decoding`)
     # refused unless left at their "off" value (see UNSUPPORTED)
     tools: Any = None
@@ -184,7 +187,7 @@ class _Request(BaseModel):
                               frequency_penalty=self.frequency_penalty or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
-                              min_p=self.min_p or 0.0, guided=guided)
+                              min_p=self.min_p or 0.0, guided=guided, prompt_ignore_length=self.prompt_ignore_length)
 
     def guided_decoding(self) -> GuidedDecoding | None:
         """`response_format` as the runtime's GuidedDecoding, or None for text: OpenAI's `{"type": "json_object"}`

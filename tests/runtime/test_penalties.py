@@ -67,7 +67,8 @@ def hf_processors(params: SamplingParams, prompt_len: int, stop_ids) -> LogitsPr
     if params.repetition_penalty != 1:
         procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
     if params.presence_penalty or params.frequency_penalty:
-        procs.append(OutputPenalties(prompt_len, params.presence_penalty, params.frequency_penalty))
+        start = prompt_len if params.prompt_ignore_length is None else min(params.prompt_ignore_length, prompt_len)
+        procs.append(OutputPenalties(start, params.presence_penalty, params.frequency_penalty))
     if params.min_tokens:
         procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, params.min_tokens, list(stop_ids)))
     return LogitsProcessorList(procs)
@@ -89,7 +90,11 @@ def test_prefixes_of_chains_and_trees():
     SamplingParams(min_tokens=6, max_tokens=10),
     SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25, logit_bias={5: 1.0},
                    min_tokens=5, max_tokens=10),
-], ids=["rep", "rep<1", "presence-frequency", "bias", "min_tokens", "all"])
+    SamplingParams(presence_penalty=1.5, frequency_penalty=-0.4, prompt_ignore_length=2),
+    SamplingParams(presence_penalty=0.5, prompt_ignore_length=0, repetition_penalty=1.2),
+    SamplingParams(frequency_penalty=0.5, prompt_ignore_length=99),
+], ids=["rep", "rep<1", "presence-frequency", "bias", "min_tokens", "all", "prompt-from-2", "prompt-whole-rep",
+        "prompt-beyond"])
 def test_each_position_equals_hf_processors_on_its_own_history(params):
     gen = torch.Generator().manual_seed(0)
     vocab, prompt, out, drafts = 64, [3, 9, 9, 12, 40], [5, 9, 5, 17], [17, 3, 3, 60]
@@ -129,6 +134,8 @@ def test_min_p_equals_hf_min_p_after_temperature_and_top_k():
     (dict(min_tokens=9, max_tokens=8), "min_tokens must be in [0, max_tokens = 8], got 9"),
     (dict(min_tokens=1.0), "min_tokens must be an integer >= 0 (0 = off), got 1.0 (float)"),
     (dict(min_p=1.5), "min_p must be in [0, 1] (0 = off), got 1.5"),
+    (dict(prompt_ignore_length=-1), "prompt_ignore_length must be >= 0 (0: the whole prompt counts"),
+    (dict(prompt_ignore_length=True), "prompt_ignore_length must be None or an integer >= 0, got True"),
 ])
 def test_bad_values_are_named(kw, message):
     with pytest.raises(InvalidRequestError) as info:
@@ -154,6 +161,8 @@ def hf_target(smollm2_path):
 GREEDY_CASES = {
     "repetition": SamplingParams(max_tokens=MAX_TOKENS, repetition_penalty=1.3),
     "presence-frequency": SamplingParams(max_tokens=MAX_TOKENS, presence_penalty=1.5, frequency_penalty=0.7),
+    "prompt-scope": SamplingParams(max_tokens=MAX_TOKENS, presence_penalty=1.5, frequency_penalty=0.7,
+                                   prompt_ignore_length=4),  # TensorRT-LLM's: the chat prompt's tokens count too
     "bias": SamplingParams(max_tokens=MAX_TOKENS, logit_bias={504: 5.0, 30: -100.0}),
     "min_tokens": SamplingParams(max_tokens=MAX_TOKENS, min_tokens=20),
 }

@@ -27,6 +27,7 @@ def runtime(pipe, ids: list[int], **params):
     ({"repetition_penalty": 1.3}, {"repetition_penalty": 1.3}),
     ({"presence_penalty": 1.5, "frequency_penalty": 1.0}, {"presence_penalty": 1.5, "frequency_penalty": 1.0}),
     ({"logit_bias": {"28": 100}}, {"logit_bias": {28: 100.0}}),
+    ({"frequency_penalty": 1.0, "prompt_ignore_length": 0}, {"frequency_penalty": 1.0, "prompt_ignore_length": 0}),
 ])
 def test_penalties_and_logit_bias_give_the_runtimes_tokens(client, smollm2_pipeline, extra, params):
     body = dict(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0)  # plain: " 6, 7, 8, 9,"
@@ -109,6 +110,8 @@ BAD = [
      "min_tokens must be 0 with max_tokens 0"),
     ("completions", {"prompt": "hi", "min_tokens": -1}, "min_tokens", "min_tokens must be in [0, max_tokens"),
     ("completions", {"prompt": "hi", "min_p": 1.5, "stream": True}, "min_p", "min_p must be in [0, 1]"),
+    ("completions", {"prompt": "hi", "prompt_ignore_length": -2}, "prompt_ignore_length",
+     "prompt_ignore_length must be >= 0"),
 ]
 
 
