@@ -487,25 +487,16 @@ def test_bench_with_a_json_schema_checks_identity_and_records_it(tmp_path, monke
     assert res["config"]["guided"] == {"kind": "json", "json": schema.read_text()}
 
 
-def test_bench_compiles_the_grammar_before_loading_weights(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("flags, message", [
+    (["--logit-bias", "49152:1"], "'--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)"),
+    (["--grammar", "root ::= missing"], "Invalid value for '--grammar': guided decoding: the grammar does not compile"),
+])
+def test_bench_checks_token_ids_and_grammars_before_loading_weights(tmp_path, monkeypatch, capsys, flags, message):
     import dflash_trt.api
 
     monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("weights loaded"))
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--grammar", "root ::= missing",
-                                      "--out", str(tmp_path / "o")])
+    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", *flags, "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit) as exc:
         main()
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "Invalid value for '--grammar': guided decoding: the grammar does not compile" in err
-
-
-def test_bench_checks_logit_bias_ids_before_loading_weights(tmp_path, monkeypatch, capsys):
-    import dflash_trt.api
-
-    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("weights loaded"))
-    monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--logit-bias", "49152:1",
-                                      "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "'--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)" in err
+    assert exc.value.code == 2 and message in err
