@@ -57,8 +57,9 @@ class LogitsPenalties:
         """Whether drafts should follow this processing (`apply(..., penalize=False)`): a logit bias or
         min_tokens moves the target's choice the same way at any history, so a drafter that ignored them
         kept drafting what the target no longer picks (a +100 bias: 33 verify steps for 64 tokens instead
-        of 13); a grammar too. The penalties are left to the verifier: applied to the drafter's logits they did not help
-        (8 MT-Bench prompts: 393 -> 407 steps at repetition 1.1, 358 -> 366 at presence/frequency 0.5)."""
+        of 13); a grammar too. The penalties are left to the verifier: applied to the drafter's logits they
+        did not help (8 MT-Bench prompts: 393 -> 407 steps at repetition 1.1, 358 -> 366 at presence/frequency
+        0.5)."""
         return bool(self.params.logit_bias or self.params.min_tokens or self.guided is not None)
 
     def apply(self, logits: torch.Tensor, out: list[int], prefixes: list[list[int]],
