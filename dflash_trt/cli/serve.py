@@ -49,10 +49,15 @@ def check_port(host: str, port: int) -> None:
                    "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
+@click.option("--tool-parser", type=click.Choice(["hermes", "qwen3"]), default=None,
+              help="The target's tool-call format, for tool_choice \"auto\" (vLLM's --tool-call-parser, trtllm-serve's "
+                   "--tool_parser): hermes (alias qwen3) reads <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> "
+                   "(Hermes 2 Pro, Qwen2.5, Qwen3). Default: none, and \"auto\" is refused; tool_choice \"required\" and "
+                   "named functions work with any target (guided decoding).")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, prefill_chunk_size, log_level, tp_size):
+          max_batch_size, prefill_chunk_size, log_level, tool_parser, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
@@ -99,7 +104,8 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     from pathlib import Path
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
-    app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size)
+    app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size,
+                     tool_parser=tool_parser)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"

@@ -87,7 +87,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
 
 
 def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False,
-               prefill_chunk: int | None = None):
+               prefill_chunk: int | None = None, tool_parser: str | None = None):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -99,6 +99,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             ranks, which run `dflash_trt.serve.lockstep.follow` (stopped at the app's shutdown).
         prefill_chunk: chunked prefill: prompt positions read per decode step while requests join the batch
             (`DecodeBatch`), or None: a joining request's whole prompt is read before the next step.
+        tool_parser: the target's tool-call format for tool_choice "auto" (`dflash_trt.serve.tools.TOOL_PARSERS`),
+            or None: "auto" is refused.
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -218,7 +220,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             try:
                 await asyncio.to_thread(pipe.engine.grammars.compile, guided)
             except InvalidRequestError as exc:
-                raise InvalidRequestError(str(exc), param="response_format") from None
+                raise InvalidRequestError(str(exc), param=req.guided_param()) from None
         seqs = []
         for p, ids in enumerate(prompts):
             for j in range(req.n):
@@ -466,7 +468,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         req.unsupported()
         req.check_n()
         want = req.requested_max_tokens()
-        messages = parse_messages({"messages": req.messages}, "messages")
+        calling = req.tool_calling(tool_parser)
+        messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True)
         if messages is None:
             raise InvalidRequestError("messages is an empty list; give at least one "
                                       '{"role": "user", "content": "<text>"} message')
@@ -482,8 +485,15 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise ConfigError(f"the target at {pipe.target_path} has no chat template, so /v1/chat/completions "
                               "cannot render messages; use /v1/completions with a plain prompt")
         def encode():
+            from jinja2.exceptions import TemplateError
+
             with tokenizer_lock:
-                return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}")
+                try:
+                    return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}",
+                                         tools=calling.template_tools() if calling is not None else None)
+                except TemplateError as exc:  # the template's raise_exception (roles that must alternate...)
+                    raise InvalidRequestError(f"messages: the target's chat template refused the conversation: {exc}",
+                                              param="messages") from None
 
         ids = await asyncio.to_thread(encode)
         max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field())
@@ -491,8 +501,17 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())
         if req.stream:
+            states = [calling.stream() for _ in seqs] if calling is not None else None
+
             def chunk(index, text, finish, include_usage, lps):
-                delta = text if isinstance(text, dict) else ({"content": text} if text else {})
+                if states is None:
+                    delta = text if isinstance(text, dict) else ({"content": text} if text else {})
+                elif isinstance(text, dict):  # the opening delta
+                    delta = states[index].opening()
+                elif finish is not None:
+                    delta, finish = states[index].last(text, finish)
+                else:
+                    delta = states[index].delta(text)
                 out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                        "choices": [{"index": index, "delta": delta,
                                     "logprobs": None if lps is None else formatter.chat(lps), "finish_reason": finish}]}
@@ -504,11 +523,13 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                                             {"role": "assistant", "content": ""}),
                                      media_type="text/event-stream")
         results = await collect(seqs, events, request)
+        answers = [calling.message(r.text, r.finish_reason) if calling is not None else
+                   ({"role": "assistant", "content": r.text}, r.finish_reason) for r in results]
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
+                "choices": [{"index": i, "message": message,
                              "logprobs": None if r.logprobs is None else formatter.chat(r.logprobs),
-                             "finish_reason": r.finish_reason, "metrics": choice_metrics(s, r)}
-                            for i, (s, r) in enumerate(zip(seqs, results))],
+                             "finish_reason": finish, "metrics": choice_metrics(s, r)}
+                            for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, answers))],
                 "usage": usage([ids], results)}
 
     return app

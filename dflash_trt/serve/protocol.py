@@ -14,9 +14,11 @@ token nor a `stop` string, before that many tokens are out) and `min_p`; trtllm-
 (given, the presence and frequency penalties count the prompt's tokens from that position on too, TensorRT-LLM's
 scope; left out, vLLM's: the output only). Structured output:
 `response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
-`dflash_trt.runtime.guided`). A field this runtime cannot honour (tools and functions, `echo` in chat, `best_of`, `suffix`, beam search) is refused with
+`dflash_trt.runtime.guided`). Tool calling: `tools`, `tool_choice` on chat (`dflash_trt.serve.tools`). A field this
+runtime cannot honour (the deprecated `functions` / `function_call`, `echo` in chat, `best_of`, `suffix`, beam
+search) is refused with
 a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
-do not change the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are
+do not change the output (`user`, `metadata`, `store`, `service_tier`) are
 accepted and ignored.
 """
 
@@ -25,12 +27,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 from dflash_trt.runtime.sampling import SamplingParams, offset_seed
+from dflash_trt.serve.tools import ToolCalling
 from dflash_trt.text import count
 
 #: Most stop strings per request (OpenAI allows 4).
@@ -117,7 +120,7 @@ class _Request(BaseModel):
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
-    parallel_tool_calls: Any = None
+    parallel_tool_calls: StrictBool | None = None  # false: tool_choice "required" makes one call at most
     # logits processing (`SamplingParams`; None: off)
     presence_penalty: float | None = Field(default=None, strict=True)
     frequency_penalty: float | None = Field(default=None, strict=True)
@@ -173,8 +176,8 @@ class _Request(BaseModel):
         """
         guided = self.guided_decoding()
         if guided is not None and self.ignore_eos:
-            raise InvalidRequestError("ignore_eos and response_format do not go together: the answer ends at EOS once "
-                                      "its format is complete; drop ignore_eos", param="ignore_eos")
+            raise InvalidRequestError(f"ignore_eos and {self.guided_param()} do not go together: the answer ends at EOS "
+                                      "once its format is complete; drop ignore_eos", param="ignore_eos")
         extra = tuple(self.stop_token_ids or ())
         bad = next((t for t in extra if not 0 <= t < vocab_size), None)
         if bad is not None:
@@ -188,6 +191,11 @@ class _Request(BaseModel):
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
                               min_p=self.min_p or 0.0, guided=guided, prompt_ignore_length=self.prompt_ignore_length)
+
+    def guided_param(self) -> str:
+        """The request field its guided decoding comes from ("response_format"; chat: "tool_choice" for a forced
+        tool call)."""
+        return "response_format"
 
     def guided_decoding(self) -> GuidedDecoding | None:
         """`response_format` as the runtime's GuidedDecoding, or None for text: OpenAI's `{"type": "json_object"}`
@@ -272,7 +280,9 @@ UNSUPPORTED = {
     "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (False, None),
     "length_penalty": (None, 1, 1.0), "functions": (None, []), "function_call": (None, "none"),
 }
-HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself"}
+HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself",
+         "functions": "use tools", "function_call": "use tool_choice",
+         "tools": "tool calling is on /v1/chat/completions", "tool_choice": "tool calling is on /v1/chat/completions"}
 
 
 def _check_logprobs(value: int | None, field: str) -> None:
@@ -332,10 +342,35 @@ class ChatCompletionRequest(_Request):
     `max_completion_tokens` is the newer name of `max_tokens` (either; default: what fits in the
     target's context)."""
 
+    honoured: ClassVar[tuple[str, ...]] = ("tools", "tool_choice")
+
     messages: list[Any]
     max_completion_tokens: int | None = Field(default=None, strict=True)
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, strict=True)
+    _tools: ToolCalling | None = PrivateAttr(default=None)
+
+    def tool_calling(self, parser: str | None) -> ToolCalling | None:
+        """The request's tool calling (`ToolCalling.from_request`; `parser`: the server's --tool-parser), kept for
+        `guided_decoding`.
+
+        Raises:
+            InvalidRequestError: bad tools or tool_choice (naming the field).
+        """
+        fmt = self.response_format
+        self._tools = ToolCalling.from_request(self.tools, self.tool_choice, self.parallel_tool_calls, parser,
+                                               fmt is not None and not (isinstance(fmt, dict) and
+                                                                        fmt.get("type") == "text"))
+        return self._tools
+
+    def guided_param(self) -> str:
+        """"tool_choice" when a forced tool call gives the grammar (`tool_calling`), else "response_format"."""
+        return "tool_choice" if self._tools is not None and self._tools.guided() is not None else "response_format"
+
+    def guided_decoding(self) -> GuidedDecoding | None:
+        """The grammar of a forced tool call (`ToolCalling.guided`), else `response_format`'s (`_Request`)."""
+        forced = self._tools.guided() if self._tools is not None else None
+        return forced if forced is not None else super().guided_decoding()
 
     def num_logprobs(self) -> int | None:
         """`top_logprobs` (0 when left out) when `logprobs` is true, else None.

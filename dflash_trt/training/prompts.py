@@ -252,17 +252,22 @@ def _text_content(content, where: str) -> str | None:
     return "\n".join(part["text"] for part in content)
 
 
-def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None) -> list[dict] | None:
+def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None,
+                   tool_calls: bool = False) -> list[dict] | None:
     """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
     non-empty list (the caller's "expected ..." error). A content given as OpenAI text parts is joined
     (`_text_content`). Other message keys (OpenAI's "name", ...) are dropped; their names are added to
     `extra` (for the caller's warning).
 
+    Args:
+        tool_calls: keep a conversation's tool calls (the server's chat with tools): an assistant message's
+            "tool_calls" (its content may then be null: ""; each call's "arguments", OpenAI's JSON text, as the
+            object chat templates read, `_template_tool_calls`) and a tool message's "tool_call_id" and "name".
     Raises:
         ConfigError: a message is not an object, its role is not one of ROLES, its content is neither a
             string nor a list of text parts (a tool call, "content" null with "tool_calls", is named as
-            one); or no "user" message has non-blank text (nothing to answer). `where` ("FILE:LINE")
-            leads the message.
+            one unless `tool_calls`); or no "user" message has non-blank text (nothing to answer). `where`
+            ("FILE:LINE") leads the message.
     """
     msgs = obj.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -279,6 +284,14 @@ def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None) 
             raise ConfigError(f"{where}: message {i} has {got}; the roles are {', '.join(ROLES)}; give each "
                               f"message one of them{hint}")
         content = _text_content(m.get("content"), f"{where}: message {i} ({role})")
+        if tool_calls and role == "assistant" and m.get("tool_calls"):
+            out.append({"role": role, "content": content or "",
+                        "tool_calls": _template_tool_calls(m["tool_calls"], f"{where}: message {i} ({role})")})
+            continue
+        if tool_calls and role == "tool" and content is not None:
+            out.append({"role": role, "content": content, **{k: m[k] for k in ("tool_call_id", "name")
+                                                              if isinstance(m.get(k), str)}})
+            continue
         if content is None and m.get("tool_calls"):
             raise ConfigError(f'{where}: message {i} ({role}) is a tool call ("content" null, with "tool_calls"); '
                               "prompts are rendered by the chat template as text only: remove the tool-call "
@@ -294,6 +307,31 @@ def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None) 
         roles = ", ".join(m["role"] + ("" if m["content"].strip() else " (empty)") for m in out)
         raise ConfigError(f'{where}: the conversation has no user message with text ({roles}); a prompt needs at '
                           'least one {"role": "user", "content": "<text>"} message')
+    return out
+
+
+def _template_tool_calls(calls, where: str) -> list[dict]:
+    """An assistant message's OpenAI `tool_calls` as chat templates read them: each call's function with its
+    "arguments" as an object (OpenAI sends JSON text; Hugging Face templates, e.g. Qwen3's and Llama 3.1's, write
+    the object out themselves, as vLLM passes it), "id" and "type" kept.
+
+    Raises:
+        ConfigError: `where` leads it: not a list of {"function": {"name": a string, "arguments": JSON text of
+            an object}} calls.
+    """
+    out = []
+    for j, call in enumerate(calls if isinstance(calls, list) else [None]):
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments", "{}") if isinstance(fn, dict) else None
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            args = None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+            raise ConfigError(f'{where}: tool call {j} is not {{"function": {{"name": "...", "arguments": "<JSON '
+                              'object>"}}}}; give each call as the server returned it')
+        out.append({**{k: call[k] for k in ("id", "type") if k in call},
+                    "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -419,11 +457,13 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
     return out
 
 
-def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: str | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: str | None = None,
+                  tools: list[dict] | None = None) -> list[int]:
     """Token ids of a prompt, ready for generation.
 
-    Messages go through the tokenizer's chat template (generation prompt added). A plain string
-    is wrapped as one user message when the tokenizer has a chat template, else tokenized as is.
+    Messages go through the tokenizer's chat template (generation prompt added; `tools`, OpenAI's tool
+    objects, passed to it as its `tools`). A plain string is wrapped as one user message when the
+    tokenizer has a chat template, else tokenized as is.
 
     Raises:
         ConfigError: messages were given but the tokenizer has no chat template; `where` (the prompt's
@@ -439,5 +479,6 @@ def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: 
             f"{where + ': ' if where else ''}{source} has no chat template, so {{\"messages\": ...}} prompts cannot be "
             'encoded; give plain {"prompt": "..."} lines instead'
         )
-    out = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    out = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                        **({"tools": tools} if tools else {}))
     return list(out["input_ids"] if hasattr(out, "keys") else out)

@@ -1,0 +1,282 @@
+"""OpenAI tool calling (function calling) on /v1/chat/completions: `tools` and `tool_choice`.
+
+`tools` is OpenAI's list of `{"type": "function", "function": {"name", "description", "parameters"}}`; the tools
+are given to the target's chat template (its `tools` argument, as Hugging Face's `apply_chat_template` takes them),
+and what the answer may be depends on `tool_choice`:
+
+- "none": text, as without tools.
+- a named function (`{"type": "function", "function": {"name": ...}}`): the answer is that function's arguments,
+  a JSON value its `parameters` schema accepts, by guided decoding (`dflash_trt.runtime.guided`; exact under
+  DFlash as every grammar is). The message has `content` null and one tool call; `finish_reason` stays "stop"
+  (OpenAI's, for a forced function).
+- "required": a JSON array of one or more `{"name": <a tool's name>, "parameters": <its arguments>}` objects
+  (`required_schema`, vLLM's format for it; one at most with `parallel_tool_calls: false`), by guided decoding;
+  the message has one tool call per item and `finish_reason` "tool_calls".
+- "auto" (the default when tools are given): the model decides, in the format the server was started for
+  (`dflash-trt serve --tool-parser`; vLLM's `--tool-call-parser`, trtllm-serve's `--tool_parser`). Its parser
+  `hermes` (alias `qwen3`: Hermes 2 Pro, Qwen2.5, Qwen3) reads each `<tool_call>{"name": ..., "arguments": {...}}
+  </tool_call>` of the text as a call and the text before the first one as the content. Without a parser "auto" is
+  refused (a 400 naming the option), as vLLM refuses it, rather than answering text that ignores the tools.
+
+An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went,
+and the "required" array (which does not parse) as content with no tool call (`finish_reason` "length").
+Streamed, a named function's arguments come as `tool_calls[0].function.arguments` deltas; "required" and "auto"
+send their calls whole in the choice's last chunk ("auto" streams the content before the first `<tool_call>`,
+holding back text that could begin one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.guided import GuidedDecoding
+
+#: `--tool-parser` names: the tool-call format of the target's chat template (each: the text marking a call)
+TOOL_PARSERS = ("hermes", "qwen3")
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: a function name, as OpenAI restricts it
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
+#: parameters of a function that gives none: an object without properties
+NO_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def call_id() -> str:
+    """A new tool call id ("call_" and 24 hex digits, as OpenAI's)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def tool_call(name: str, arguments: str, index: int | None = None) -> dict:
+    """One entry of a message's `tool_calls` (with `index`: a streamed delta's)."""
+    out = {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+    return out if index is None else {"index": index, **out}
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The content and the calls of a Hermes-format answer: each `<tool_call>JSON</tool_call>` (the last one may
+    be unclosed) whose JSON is an object with a string "name" and an object "arguments" (absent: {}).
+
+    Args:
+        text: the model's answer.
+    Returns:
+        (content, [(name, arguments as JSON text), ...]): with calls, the content is the text before the first
+        `<tool_call>` without its trailing whitespace (None when that is empty); with none (no tag, or a tag
+        whose JSON is not such an object), the whole text and [].
+    """
+    calls = []
+    for body in _CALL.findall(text):
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return text, []
+        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+            return text, []
+        calls.append((obj["name"], json.dumps(args, ensure_ascii=False)))
+    if not calls:
+        return text, []
+    return text[:text.index(OPEN)].rstrip() or None, calls
+
+
+def required_schema(tools: tuple[dict, ...], parallel: bool = True) -> dict:
+    """The JSON schema of a "required" answer: an array of 1 (or, `parallel`, more) objects
+    {"name": a tool's name, "parameters": what that tool's parameters schema accepts}."""
+    items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": t["parameters"]},
+              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    schema = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+    return schema if parallel else {**schema, "maxItems": 1}
+
+
+def _check_tools(tools) -> tuple[dict, ...]:
+    """`tools` as (name, description, parameters) dicts of its functions.
+
+    Raises:
+        InvalidRequestError (param "tools"): not a list of function tools, a bad or repeated name, parameters that
+            are not a JSON schema object, or a schema guided decoding refuses.
+    """
+    def bad(message: str):
+        return InvalidRequestError(f"tools: {message}", param="tools")
+
+    if not isinstance(tools, list):
+        raise bad(f'give a list of {{"type": "function", "function": {{"name": ...}}}} objects, got {tools!r:.60}')
+    out: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise bad(f'tool {i} is not {{"type": "function", "function": {{...}}}} (the only tool type supported)')
+        fn = tool["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise bad(f"tool {i} has the name {name!r}; a function name is 1 to 64 of a-z, A-Z, 0-9, _ and -")
+        if name in out:
+            raise bad(f"two tools are named {name!r}; give each function its own name")
+        params = fn.get("parameters", NO_PARAMETERS)
+        if not isinstance(params, dict):
+            raise bad(f"tool {name!r} has parameters {params!r:.60}; give a JSON schema object (or leave it out)")
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad(f"tool {name!r} has a description that is not a string")
+        try:
+            GuidedDecoding(json=params)
+        except InvalidRequestError as exc:
+            raise bad(f"tool {name!r} parameters: {exc}") from None
+        out[name] = {"name": name, "description": description, "parameters": params}
+    return tuple(out.values())
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """The tool calling of one chat request (`from_request`).
+
+    Attributes:
+        tools: the functions ({"name", "description", "parameters"}), in the request's order.
+        choice: "none", "auto", "required", or "function" (`name` is the function's).
+        parser: the server's `--tool-parser` (for "auto").
+        parallel: `parallel_tool_calls` (False: "required" makes one call at most).
+    """
+
+    tools: tuple[dict, ...]
+    choice: str
+    name: str | None = None
+    parser: str | None = None
+    parallel: bool = True
+
+    @classmethod
+    def from_request(cls, tools, tool_choice, parallel_tool_calls, parser: str | None,
+                     response_format: bool) -> "ToolCalling | None":
+        """The request's tool calling, or None when it has none (no tools, or tool_choice "none" without tools).
+
+        Args:
+            tools, tool_choice, parallel_tool_calls: the request's fields as sent (None: left out).
+            parser: the server's `--tool-parser`, or None.
+            response_format: whether the request has a response_format other than text.
+        Raises:
+            InvalidRequestError: bad tools (param "tools"); a tool_choice that is not one of the four, names no
+                given tool, comes without tools, is "auto" on a server without a parser, or forces a call together
+                with a response_format (param "tool_choice").
+        """
+        if tools is None or tools == []:
+            if tool_choice not in (None, "none"):
+                raise InvalidRequestError(f"tool_choice {tool_choice!r} needs tools; give tools, or leave tool_choice "
+                                          "out", param="tool_choice")
+            return None
+        checked = _check_tools(tools)
+        choice = "auto" if tool_choice is None else tool_choice
+        name = None
+        if isinstance(choice, dict):
+            fn = choice.get("function") if choice.get("type") == "function" else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str):
+                raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                          f'"function": {{"name": ...}}}}, got {choice!r:.80}', param="tool_choice")
+            if name not in {t["name"] for t in checked}:
+                raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not in tools "
+                                          f"({', '.join(t['name'] for t in checked)})", param="tool_choice")
+            choice = "function"
+        elif choice not in ("none", "auto", "required"):
+            raise InvalidRequestError(f'tool_choice must be "none", "auto", "required" or a named function, got '
+                                      f"{choice!r:.80}", param="tool_choice")
+        if choice == "auto" and parser is None:
+            raise InvalidRequestError(
+                'tool_choice "auto" (the default with tools) needs a tool-call parser for the target\'s format: start '
+                f"the server with --tool-parser ({', '.join(TOOL_PARSERS)}), or ask for tool_choice \"required\" or a "
+                'named function (guided decoding, any target), or "none"', param="tool_choice")
+        if choice in ("function", "required") and response_format:
+            raise InvalidRequestError(f"tool_choice {tool_choice!r:.60} fixes the answer's format (the tool call), so "
+                                      "it cannot have a response_format too; leave one of them out",
+                                      param="tool_choice")
+        return cls(checked, choice, name, parser, parallel_tool_calls is not False)
+
+    def template_tools(self) -> list[dict]:
+        """The tools as the chat template takes them (OpenAI's objects, `apply_chat_template(tools=...)`)."""
+        return [{"type": "function", "function": {k: v for k, v in t.items() if v is not None}} for t in self.tools]
+
+    def guided(self) -> GuidedDecoding | None:
+        """The grammar a forced call follows ("function": its parameters; "required": `required_schema`)."""
+        if self.choice == "function":
+            return GuidedDecoding(json=next(t["parameters"] for t in self.tools if t["name"] == self.name))
+        if self.choice == "required":
+            return GuidedDecoding(json=required_schema(self.tools, self.parallel))
+        return None
+
+    def calls(self, text: str, finish_reason: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """(content, [(name, arguments JSON text), ...]) of a whole answer."""
+        if self.choice == "function":
+            return None, [(self.name, text)]
+        if self.choice == "required":
+            try:
+                items = json.loads(text)
+            except ValueError:  # cut by max_tokens: returned as text
+                return text, []
+            return None, [(it["name"], json.dumps(it["parameters"], ensure_ascii=False)) for it in items]
+        if self.choice == "auto":
+            return parse_hermes(text)
+        return text, []
+
+    def message(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """A choice's `message` and `finish_reason` for its answer `text` (finished for `finish_reason`)."""
+        content, calls = self.calls(text, finish_reason)
+        msg = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = [tool_call(n, a) for n, a in calls]
+        return msg, _finish(self.choice, calls, finish_reason)
+
+    def stream(self) -> "ToolStream":
+        """The state that turns one streamed choice's text deltas into chat deltas."""
+        return ToolStream(self)
+
+
+def _finish(choice: str, calls: list, finish_reason: str) -> str:
+    """"tool_calls" for the calls of "required" / "auto" that ended at a stop token; else `finish_reason`."""
+    return "tool_calls" if calls and choice != "function" and finish_reason == "stop" else finish_reason
+
+
+def _held_back(text: str) -> int:
+    """How many characters at the end of `text` could begin `<tool_call>` (trailing whitespace included, as the
+    content before a call loses it)."""
+    keep = next((k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0)
+    body = text[:len(text) - keep]
+    return keep + len(body) - len(body.rstrip())
+
+
+class ToolStream:
+    """One streamed choice under tool calling: `delta(text)` for each text delta, `last(rest, finish)` for its end.
+    The deltas joined give the message `ToolCalling.message` gives for the whole text."""
+
+    def __init__(self, calling: ToolCalling):
+        self.calling, self.text, self.sent = calling, "", 0
+        self.id = call_id()
+
+    def opening(self) -> dict:
+        """The choice's first delta: the role (and, for a named function, its call with empty arguments)."""
+        if self.calling.choice == "function":
+            return {"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": self.id, "type": "function",
+                 "function": {"name": self.calling.name, "arguments": ""}}]}
+        return {"role": "assistant", "content": ""}
+
+    def delta(self, text: str) -> dict:
+        """The chat delta to send for the choice's next text (may be {}: held back until `last`)."""
+        self.text += text
+        if self.calling.choice == "function":
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        if self.calling.choice == "required" or (self.calling.choice == "auto" and OPEN in self.text):
+            return {}
+        end = len(self.text) - (_held_back(self.text) if self.calling.choice == "auto" else 0)
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return {"content": out} if out else {}
+
+    def last(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The choice's last delta (the rest of its content, its calls) and its finish_reason."""
+        self.text += text
+        if self.calling.choice == "function":
+            return ({"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}), finish_reason
+        content, calls = self.calling.calls(self.text, finish_reason)
+        rest = (content or "")[self.sent:]
+        out = {"content": rest} if rest else {}
+        if calls:
+            out["tool_calls"] = [tool_call(n, a, i) for i, (n, a) in enumerate(calls)]
+        return out, _finish(self.calling.choice, calls, finish_reason)

@@ -1,0 +1,279 @@
+"""Tool calling over the OpenAI server (real HTTP on 127.0.0.1, the real `openai` client): a named function and
+tool_choice "required" give exactly the runtime's greedy tokens under the call's grammar, as tool calls; "auto"
+parses the Hermes format (`--tool-parser hermes`) and is refused without a parser; streamed deltas join to the
+non-streamed message; bad tools / tool_choice are 400s naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+
+from dflash_trt.runtime.guided import GuidedDecoding
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.serve.tools import TOOL_PARSERS, ToolCalling, parse_hermes, required_schema
+from dflash_trt.training.prompts import encode_prompt
+from tests.serve.test_openai_server import MODEL, live_server
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+#: an answer in the Hermes format, forced by a regex, for "auto" with the hermes parser
+HERMES = ('Let me check\\.\\n<tool_call>\\n\\{"name": "get_weather", "arguments": \\{"city": "(Paris|Lyon)", '
+          '"unit": "celsius"\\}\\}\\n</tool_call>')
+
+
+def reference(pipe, messages, tools, spec: GuidedDecoding | None, max_tokens: int):
+    """The runtime's greedy answer (autoregressive) to `messages` rendered with `tools`, under `spec`."""
+    ids = encode_prompt(pipe.tokenizer, messages, tools=tools)
+    [res] = pipe.generate([ids], SamplingParams(max_tokens=max_tokens, guided=spec), mode="ar")
+    return res
+
+
+def joined(chunks) -> tuple[str, dict[int, dict], str | None, list]:
+    """(content, {index: {"id", "name", "arguments"}}, finish_reason, chunks) of one streamed choice."""
+    chunks = [c for c in chunks if c.choices]
+    content, calls, finish = "", {}, None
+    for c in chunks:
+        d = c.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            call = calls.setdefault(t.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = t.id or call["id"]
+            if t.function is not None:
+                call["name"] += t.function.name or ""
+                call["arguments"] += t.function.arguments or ""
+        finish = c.choices[0].finish_reason or finish
+    return content, calls, finish, chunks
+
+
+@pytest.fixture(scope="module")
+def hermes(smollm2_pipeline):
+    """(base URL, app) of a server started with --tool-parser hermes."""
+    with live_server(smollm2_pipeline, max_batch_size=4, tool_parser="hermes") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def hermes_client(hermes):
+    from openai import OpenAI
+
+    return OpenAI(base_url=hermes[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("plain text", "plain text", []),
+    ('Sure.\n\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Sure.", [("f", '{"a": 1}')]),
+    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {"x": "é"}}', None,
+     [("f", "{}"), ("g", '{"x": "é"}')]),
+    ('x <tool_call>{"name": "f", "arguments": {"a": </tool_call>', 'x <tool_call>{"name": "f", "arguments": {"a": '
+                                                                   '</tool_call>', []),  # not JSON: text
+    ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": 3}</tool_call>', []),
+    ('<tool_call>{"name": "f", "arguments": "a=1"}</tool_call>', '<tool_call>{"name": "f", "arguments": "a=1"}'
+                                                                '</tool_call>', []),
+])
+def test_parse_hermes(text, content, calls):
+    assert parse_hermes(text) == (content, calls)
+
+
+TOOLS = [WEATHER["function"], TIME["function"]]
+
+
+@pytest.mark.parametrize("choice, text, finish", [
+    ("auto", 'I will look it up <tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>',
+     "stop"),
+    ("auto", "The <tool weather is < nice <tool_cal", "length"),
+    ("auto", "Two calls:<tool_call>{\"name\": \"get_time\"}</tool_call>\n<tool_call>{\"name\": \"get_weather\", "
+             "\"arguments\": {\"city\": \"Paris\"}}</tool_call>", "stop"),
+    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}]', "stop"),
+    ("required", '[{"name": "get_time", "param', "length"),
+    ("function", '{"city": "Paris", "unit": "celsius"}', "stop"),
+    ("none", "a <tool_call> is only text here", "stop"),
+])
+def test_streamed_deltas_join_to_the_message(choice, text, finish):
+    calling = ToolCalling(tuple({**t, "description": None} for t in TOOLS), choice,
+                          "get_weather" if choice == "function" else None, "hermes")
+    message, want_finish = calling.message(text, finish)
+    rng = random.Random(0)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(8, len(text) - 1))))
+        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stream = calling.stream()
+        deltas = [stream.opening()] + [stream.delta(p) for p in parts[:-1]]
+        last, got_finish = stream.last(parts[-1], finish)
+        deltas.append(last)
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls: dict[int, dict] = {}
+        for d in deltas:
+            for t in d.get("tool_calls", []):
+                c = calls.setdefault(t["index"], {"name": "", "arguments": ""})
+                c["name"] += t.get("function", {}).get("name", "")
+                c["arguments"] += t.get("function", {}).get("arguments", "")
+        assert content == (message["content"] or "") and got_finish == want_finish
+        assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+            (t["function"]["name"], t["function"]["arguments"]) for t in message.get("tool_calls", [])]
+        if choice == "auto" and message.get("tool_calls"):  # content streamed never reaches into the call
+            assert all("<" not in (d.get("content") or "") for d in deltas[:-1])
+
+
+def test_a_named_function_gives_the_runtimes_arguments(client, smollm2_pipeline):
+    ref = reference(smollm2_pipeline, ASK, [WEATHER], GuidedDecoding(json=WEATHER["function"]["parameters"]), 48)
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=48, temperature=0, tools=[WEATHER, TIME],
+                                       tool_choice=choice)
+    c = r.choices[0]
+    assert c.message.content is None and c.finish_reason == "stop" and len(c.message.tool_calls) == 1
+    call = c.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert call.function.arguments == ref.text and json.loads(ref.text)["unit"] in ("celsius", "fahrenheit")
+    assert r.usage.completion_tokens == len(ref.token_ids)
+    content, calls, finish, chunks = joined(client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=48, temperature=0, tools=[WEATHER, TIME], tool_choice=choice,
+        stream=True))
+    assert content == "" and finish == "stop" and list(calls) == [0]
+    assert calls[0]["name"] == "get_weather" and calls[0]["arguments"] == ref.text
+    assert chunks[0].choices[0].delta.tool_calls[0].id == calls[0]["id"]  # the id comes with the name, first
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_required_gives_the_runtimes_calls(client, smollm2_pipeline, parallel):
+    tools = [WEATHER, TIME]
+    spec = GuidedDecoding(json=required_schema(tuple(t["function"] for t in tools), parallel is not False))
+    ref = reference(smollm2_pipeline, ASK, tools, spec, 64)
+    items = json.loads(ref.text)
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=tools,
+                                       tool_choice="required", **extra)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        (it["name"], it["parameters"]) for it in items]
+    assert len({t.id for t in c.message.tool_calls}) == len(items) >= 1
+    content, calls, finish, _ = joined(client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=tools, tool_choice="required", stream=True,
+        **extra))
+    assert content == "" and finish == "tool_calls"
+    assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
+        (t.function.name, t.function.arguments) for t in c.message.tool_calls]
+
+
+def test_required_cut_by_max_tokens_is_text(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0, tools=[WEATHER],
+                                       tool_choice="required")
+    c = r.choices[0]
+    assert c.finish_reason == "length" and c.message.tool_calls is None and c.message.content.startswith("[")
+
+
+def test_auto_needs_a_tool_parser(server, client):
+    for body in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "auto"}):
+        r = httpx.post(server[0] + "/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+        assert "--tool-parser (hermes, qwen3)" in r.json()["error"]["message"]
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, temperature=0, tools=[WEATHER],
+                                       tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+
+
+def test_auto_reads_hermes_tool_calls(hermes_client, smollm2_pipeline):
+    fmt = {"type": "regex", "regex": HERMES}
+    ref = reference(smollm2_pipeline, ASK, [WEATHER], GuidedDecoding(regex=HERMES), 96)
+    assert ref.text.startswith("Let me check.\n<tool_call>") and ref.finish_reason == "stop", ref
+    r = hermes_client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER],
+                                              extra_body={"response_format": fmt})
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content == "Let me check."
+    [call] = c.message.tool_calls
+    want = json.loads(ref.text.split("<tool_call>")[1].split("</tool_call>")[0])
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == want["arguments"]
+    content, calls, finish, _ = joined(hermes_client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER], stream=True,
+        extra_body={"response_format": fmt}))
+    assert (content, finish) == ("Let me check.", "tool_calls")
+    assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
+
+
+def test_auto_without_a_call_is_the_plain_answer(hermes_client):
+    plain = hermes_client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
+                                                  tools=[WEATHER], tool_choice="none")
+    r = hermes_client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0, tools=[WEATHER])
+    assert "<tool_call>" not in plain.choices[0].message.content
+    assert r.choices[0].message.content == plain.choices[0].message.content and r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason == plain.choices[0].finish_reason
+    content, calls, finish, _ = joined(hermes_client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=24, temperature=0, tools=[WEATHER], stream=True))
+    assert (content, calls, finish) == (plain.choices[0].message.content, {}, plain.choices[0].finish_reason)
+
+
+def test_a_conversation_with_tool_results(client, smollm2_pipeline):
+    messages = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, tools=[WEATHER],
+                                       tool_choice="none")
+    rendered = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+        {"role": "tool", "content": '{"temperature": 21}', "tool_call_id": "call_1"}]
+    ids = encode_prompt(smollm2_pipeline.tokenizer, rendered, tools=[WEATHER])
+    assert r.usage.prompt_tokens == len(ids)
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=8), mode="ar")
+    assert r.choices[0].message.content == ref.text
+
+
+def bad(fn_name="get_weather", **fn):
+    return [{"type": "function", "function": {"name": fn_name, **fn}}]
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"tools": {"name": "f"}}, "tools", 'tools: give a list of {"type": "function"'),
+    ({"tools": [{"type": "retrieval"}]}, "tools", "tool 0 is not {\"type\": \"function\""),
+    ({"tools": bad("get weather"), "tool_choice": "required"}, "tools", "tool 0 has the name 'get weather'"),
+    ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools", "two tools are named 'get_weather'"),
+    ({"tools": bad(parameters="x"), "tool_choice": "required"}, "tools", "tool 'get_weather' has parameters 'x'"),
+    ({"tools": bad(parameters={"allOf": [{"type": "object"}]}), "tool_choice": "required"}, "tools",
+     "tool 'get_weather' parameters: guided decoding: the JSON schema keyword 'allOf'"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", 'tool_choice must be "none", "auto"'),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice",
+     "names the function 'get_time', which is not in tools (get_weather)"),
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice 'required' needs tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot have a response_format too"),
+    ({"tools": [WEATHER], "tool_choice": "required", "ignore_eos": True}, "ignore_eos",
+     "ignore_eos and tool_choice do not go together"),
+    ({"functions": [WEATHER["function"]]}, "functions", "(use tools)"),
+    ({"tools": [WEATHER], "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+    ({"tools": [WEATHER], "tool_choice": "none", "messages": ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]},
+     "messages", "tool call 0 is not"),
+])
+def test_bad_tools_are_a_400_naming_the_field(server, client, body, param, message):
+    r = httpx.post(server[0] + "/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == param
+    assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_completions_refuses_tools(server):
+    r = httpx.post(server[0] + "/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "tools": [WEATHER]})
+    assert r.status_code == 400 and "tool calling is on /v1/chat/completions" in r.json()["error"]["message"]
+
+
+def test_the_cli_offers_every_tool_parser():
+    from dflash_trt.cli.serve import serve
+
+    [option] = [p for p in serve.params if p.name == "tool_parser"]
+    assert tuple(option.type.choices) == TOOL_PARSERS
