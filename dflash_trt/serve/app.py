@@ -18,6 +18,7 @@ plus its `queue_time_s`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -315,7 +316,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     if index in unopened:
                         yield await open_choice(index)
                     delta, lps, generated = payload
-                    yield sse(chunk(index, delta, None, include_usage, lps), generated)
+                    made = chunk(index, delta, None, include_usage, lps)
+                    if made is not None:  # None: nothing to send yet (`chunk`'s choice)
+                        yield sse(made, generated)
                     continue
                 result, error = payload
                 pending -= 1
@@ -460,6 +463,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                 "choices": choices, "usage": usage(prompts, results)}
 
+    template_renders_tools = "tools" in str(getattr(pipe.tokenizer, "chat_template", None) or "")
+
+    @functools.cache
+    def warn_tools_unrendered() -> None:  # once per server
+        logger.warning("dflash-trt: the chat template of %s does not render `tools`, so the target does not see the "
+                       "functions a request offers (forced calls still follow their schemas); serve a target whose "
+                       "template renders them (e.g. Qwen3) for tool_choice \"auto\"", pipe.target_path)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         from dflash_trt.training.prompts import encode_prompt, parse_messages
@@ -469,6 +480,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         req.check_n()
         want = req.requested_max_tokens()
         calling = req.tool_calling(tool_parser)
+        if calling is not None:
+            check_tools_text(req.tools, req.messages)
+            await asyncio.to_thread(calling.compile, pipe.engine.grammars)  # names a tool whose schema fails
+            if not template_renders_tools:
+                warn_tools_unrendered()
         messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True)
         if messages is None:
             raise InvalidRequestError("messages is an empty list; give at least one "
@@ -512,6 +528,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     delta, finish = states[index].last(text, finish)
                 else:
                     delta = states[index].delta(text)
+                    if not delta and lps is None:
+                        return None  # text held back for a tool call: no chunk
                 out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                        "choices": [{"index": index, "delta": delta,
                                     "logprobs": None if lps is None else formatter.chat(lps), "finish_reason": finish}]}
@@ -533,6 +551,19 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 "usage": usage([ids], results)}
 
     return app
+
+
+def check_tools_text(tools, messages) -> None:
+    """Raises InvalidRequestError (param "tools" / "messages") when the tools, or the tool calls of the messages,
+    hold text a tokenizer refuses (a lone surrogate: `dflash_trt.api.check_text`), as message contents are checked."""
+    from dflash_trt.api import check_text
+
+    calls = [m.get("tool_calls") for m in messages if isinstance(m, dict) and m.get("tool_calls")]
+    for value, field in ((tools, "tools"), (calls, "messages")):
+        try:
+            check_text(json.dumps(value, ensure_ascii=False), f"{field} (a tool's text)")
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(str(exc), param=field) from None
 
 
 def log_failure(method: str, path: str, exc: BaseException) -> None:

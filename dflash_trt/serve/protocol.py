@@ -355,12 +355,17 @@ class ChatCompletionRequest(_Request):
         `guided_decoding`.
 
         Raises:
-            InvalidRequestError: bad tools or tool_choice (naming the field).
+            InvalidRequestError: bad tools or tool_choice (naming the field); `stop` or `stop_token_ids` with a
+                forced call (they would cut its JSON).
         """
         fmt = self.response_format
         self._tools = ToolCalling.from_request(self.tools, self.tool_choice, self.parallel_tool_calls, parser,
                                                fmt is not None and not (isinstance(fmt, dict) and
                                                                         fmt.get("type") == "text"))
+        for name in ("stop", "stop_token_ids"):
+            if self._tools is not None and self._tools.forced() and getattr(self, name):
+                raise InvalidRequestError(f"{name} and tool_choice {self.tool_choice!r:.60} do not go together: a stop "
+                                          "would cut the call's JSON, which ends by itself; leave it out", param=name)
         return self._tools
 
     def guided_param(self) -> str:

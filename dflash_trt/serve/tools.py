@@ -12,11 +12,18 @@ and what the answer may be depends on `tool_choice`:
 - "required": a JSON array of one or more `{"name": <a tool's name>, "parameters": <its arguments>}` objects
   (`required_schema`, vLLM's format for it; one at most with `parallel_tool_calls: false`), by guided decoding;
   the message has one tool call per item and `finish_reason` "tool_calls".
+
+A function's `parameters` is a JSON schema of type object, as OpenAI requires (left out or `{}`: no arguments);
+the schemas of the functions a request forces are compiled before it is queued (an error names the tool). A
+forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as guided decoding refuses
+`min_tokens` and `ignore_eos`.
 - "auto" (the default when tools are given): the model decides, in the format the server was started for
   (`dflash-trt serve --tool-parser`; vLLM's `--tool-call-parser`, trtllm-serve's `--tool_parser`). Its parser
   `hermes` (alias `qwen3`: Hermes 2 Pro, Qwen2.5, Qwen3) reads each `<tool_call>{"name": ..., "arguments": {...}}
-  </tool_call>` of the text as a call and the text before the first one as the content. Without a parser "auto" is
-  refused (a 400 naming the option), as vLLM refuses it, rather than answering text that ignores the tools.
+  </tool_call>` of the text as a call (`parse_hermes`; the first only with `parallel_tool_calls: false`) and the
+  text before the first one as the content (text after the calls is dropped, as vLLM's parser drops it). Without a
+  parser "auto" is refused (a 400 naming the option), as vLLM refuses it, rather than answering text that ignores
+  the tools.
 
 An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went,
 and the "required" array (which does not parse) as content with no tool call (`finish_reason` "length").
@@ -56,38 +63,66 @@ def tool_call(name: str, arguments: str, index: int | None = None) -> dict:
     return out if index is None else {"index": index, **out}
 
 
+def _hermes_call(body: str) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of one call's JSON: an object with a string "name" and its arguments as an
+    object under "arguments" (or "parameters", Llama 3's key; either as JSON text of an object too; absent: {});
+    None when `body` is not such an object."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """The content and the calls of a Hermes-format answer: each `<tool_call>JSON</tool_call>` (the last one may
-    be unclosed) whose JSON is an object with a string "name" and an object "arguments" (absent: {}).
+    """The content and the calls of a Hermes-format answer: each `<tool_call>JSON</tool_call>` (`_hermes_call`).
 
     Args:
         text: the model's answer.
     Returns:
         (content, [(name, arguments as JSON text), ...]): with calls, the content is the text before the first
-        `<tool_call>` without its trailing whitespace (None when that is empty); with none (no tag, or a tag
-        whose JSON is not such an object), the whole text and [].
+        `<tool_call>` without its trailing whitespace (None when that is empty); with none (no tag, or a closed
+        call whose JSON is not a call), the whole text and []. A last call left unclosed (cut by max_tokens) is
+        a call if its JSON is whole, else left out.
     """
     calls = []
-    for body in _CALL.findall(text):
-        try:
-            obj = json.loads(body)
-        except ValueError:
+    for match in _CALL.finditer(text):
+        call = _hermes_call(match.group(1))
+        if call is None and match.group(0).endswith(CLOSE):
             return text, []
-        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
-            return text, []
-        calls.append((obj["name"], json.dumps(args, ensure_ascii=False)))
+        if call is not None:
+            calls.append(call)
     if not calls:
         return text, []
     return text[:text.index(OPEN)].rstrip() or None, calls
 
 
+def _moved_refs(schema, to: str):
+    """`schema` with each local `$ref` ("#...") made relative to the JSON pointer `to` (where it is moved)."""
+    if isinstance(schema, dict):
+        return {k: (to + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _moved_refs(v, to))
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_moved_refs(v, to) for v in schema]
+    return schema
+
+
 def required_schema(tools: tuple[dict, ...], parallel: bool = True) -> dict:
     """The JSON schema of a "required" answer: an array of 1 (or, `parallel`, more) objects
-    {"name": a tool's name, "parameters": what that tool's parameters schema accepts}."""
-    items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": t["parameters"]},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    schema = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+    {"name": a tool's name, "parameters": what that tool's parameters schema accepts}. Each tool's schema sits
+    under `$defs/tool_<i>`, its local `$ref`s ("#/$defs/...", pydantic's nested models) rewritten to point there."""
+    defs = {f"tool_{i}": _moved_refs(t["parameters"], f"#/$defs/tool_{i}") for i, t in enumerate(tools)}
+    items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": {"$ref": f"#/$defs/tool_{i}"}},
+              "required": ["name", "parameters"], "additionalProperties": False} for i, t in enumerate(tools)]
+    schema = {"type": "array", "items": {"anyOf": items}, "minItems": 1, "$defs": defs}
     return schema if parallel else {**schema, "maxItems": 1}
 
 
@@ -96,7 +131,8 @@ def _check_tools(tools) -> tuple[dict, ...]:
 
     Raises:
         InvalidRequestError (param "tools"): not a list of function tools, a bad or repeated name, parameters that
-            are not a JSON schema object, or a schema guided decoding refuses.
+            are not a JSON schema of type object, or keywords guided decoding refuses (`check_schema`; the schemas
+            are compiled by `ToolCalling.compile`).
     """
     def bad(message: str):
         return InvalidRequestError(f"tools: {message}", param="tools")
@@ -113,9 +149,10 @@ def _check_tools(tools) -> tuple[dict, ...]:
             raise bad(f"tool {i} has the name {name!r}; a function name is 1 to 64 of a-z, A-Z, 0-9, _ and -")
         if name in out:
             raise bad(f"two tools are named {name!r}; give each function its own name")
-        params = fn.get("parameters", NO_PARAMETERS)
-        if not isinstance(params, dict):
-            raise bad(f"tool {name!r} has parameters {params!r:.60}; give a JSON schema object (or leave it out)")
+        params = fn.get("parameters") or NO_PARAMETERS  # left out, null or {}: no arguments
+        if not isinstance(params, dict) or params.get("type") != "object":
+            raise bad(f"tool {name!r} has parameters {json.dumps(params)[:60]}; a function's parameters are a JSON "
+                      'schema of type object ({"type": "object", "properties": {...}}), or left out for none')
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
             raise bad(f"tool {name!r} has a description that is not a string")
@@ -194,6 +231,25 @@ class ToolCalling:
         """The tools as the chat template takes them (OpenAI's objects, `apply_chat_template(tools=...)`)."""
         return [{"type": "function", "function": {k: v for k, v in t.items() if v is not None}} for t in self.tools]
 
+    def forced(self) -> tuple[dict, ...]:
+        """The functions a call is forced among ("function": its one; "required": all; else none)."""
+        if self.choice == "function":
+            return tuple(t for t in self.tools if t["name"] == self.name)
+        return self.tools if self.choice == "required" else ()
+
+    def compile(self, grammars) -> None:
+        """Compile the forced functions' parameters schemas one by one with `grammars` (a
+        `dflash_trt.runtime.guided.Grammars`; cached there), so that a schema XGrammar refuses is named.
+
+        Raises:
+            InvalidRequestError (param "tools"): naming the tool and XGrammar's message.
+        """
+        for t in self.forced():
+            try:
+                grammars.compile(GuidedDecoding(json=t["parameters"]))
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(f"tools: tool {t['name']!r} parameters: {exc}", param="tools") from None
+
     def guided(self) -> GuidedDecoding | None:
         """The grammar a forced call follows ("function": its parameters; "required": `required_schema`)."""
         if self.choice == "function":
@@ -213,7 +269,8 @@ class ToolCalling:
                 return text, []
             return None, [(it["name"], json.dumps(it["parameters"], ensure_ascii=False)) for it in items]
         if self.choice == "auto":
-            return parse_hermes(text)
+            content, calls = parse_hermes(text)
+            return content, calls if self.parallel else calls[:1]
         return text, []
 
     def message(self, text: str, finish_reason: str) -> tuple[dict, str]:

@@ -312,24 +312,27 @@ def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None,
 
 def _template_tool_calls(calls, where: str) -> list[dict]:
     """An assistant message's OpenAI `tool_calls` as chat templates read them: each call's function with its
-    "arguments" as an object (OpenAI sends JSON text; Hugging Face templates, e.g. Qwen3's and Llama 3.1's, write
-    the object out themselves, as vLLM passes it), "id" and "type" kept.
+    "arguments" as an object where they are JSON text of one (OpenAI sends text; Hugging Face templates, e.g.
+    Qwen3's and Llama 3.1's, write the object out themselves, as vLLM passes it; other text, such as a call cut
+    by max_tokens, stays text), "id" and "type" kept.
 
     Raises:
-        ConfigError: `where` leads it: not a list of {"function": {"name": a string, "arguments": JSON text of
-            an object}} calls.
+        ConfigError: `where` leads it: not a list of {"function": {"name": a string, "arguments": a string or an
+            object}} calls.
     """
     out = []
     for j, call in enumerate(calls if isinstance(calls, list) else [None]):
         fn = call.get("function") if isinstance(call, dict) else None
         args = fn.get("arguments", "{}") if isinstance(fn, dict) else None
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            args = None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+            args = parsed if isinstance(parsed, dict) else args
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(args, (str, dict)):
             raise ConfigError(f'{where}: tool call {j} is not {{"function": {{"name": "...", "arguments": "<JSON '
-                              'object>"}}}}; give each call as the server returned it')
+                              'text>"}}, as OpenAI writes one')
         out.append({**{k: call[k] for k in ("id", "type") if k in call},
                     "function": {"name": fn["name"], "arguments": args}})
     return out

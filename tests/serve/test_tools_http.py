@@ -79,6 +79,9 @@ def hermes_client(hermes):
     ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": 3}</tool_call>', []),
     ('<tool_call>{"name": "f", "arguments": "a=1"}</tool_call>', '<tool_call>{"name": "f", "arguments": "a=1"}'
                                                                 '</tool_call>', []),
+    ('<tool_call>{"name": "f", "parameters": {"a": 1}}</tool_call>', None, [("f", '{"a": 1}')]),  # Llama 3's key
+    ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', None, [("f", '{"a": 1}')]),  # JSON text
+    ('A <tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g", "argu', "A", [("f", "{}")]),  # cut: dropped
 ])
 def test_parse_hermes(text, content, calls):
     assert parse_hermes(text) == (content, calls)
@@ -124,6 +127,13 @@ def test_streamed_deltas_join_to_the_message(choice, text, finish):
             assert all("<" not in (d.get("content") or "") for d in deltas[:-1])
 
 
+def test_parallel_tool_calls_false_keeps_the_first_auto_call():
+    text = '<tool_call>{"name": "get_time"}</tool_call><tool_call>{"name": "get_weather"}</tool_call>'
+    tools = tuple({**t, "description": None} for t in TOOLS)
+    assert ToolCalling(tools, "auto", None, "hermes", parallel=False).calls(text, "stop") == (None, [("get_time", "{}")])
+    assert len(ToolCalling(tools, "auto", None, "hermes").calls(text, "stop")[1]) == 2
+
+
 def test_a_named_function_gives_the_runtimes_arguments(client, smollm2_pipeline):
     ref = reference(smollm2_pipeline, ASK, [WEATHER], GuidedDecoding(json=WEATHER["function"]["parameters"]), 48)
     choice = {"type": "function", "function": {"name": "get_weather"}}
@@ -157,12 +167,32 @@ def test_required_gives_the_runtimes_calls(client, smollm2_pipeline, parallel):
     assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
         (it["name"], it["parameters"]) for it in items]
     assert len({t.id for t in c.message.tool_calls}) == len(items) >= 1
-    content, calls, finish, _ = joined(client.chat.completions.create(
+    content, calls, finish, chunks = joined(client.chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=tools, tool_choice="required", stream=True,
         **extra))
-    assert content == "" and finish == "tool_calls"
+    assert content == "" and finish == "tool_calls" and len(chunks) == 2  # the role, then the calls: no empty chunks
     assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
         (t.function.name, t.function.arguments) for t in c.message.tool_calls]
+
+
+def test_required_with_nested_models(client, smollm2_pipeline):
+    """Tools whose parameters refer to their own $defs (pydantic's nested models, `openai.pydantic_function_tool`)."""
+    loc = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+           "required": ["city", "country"], "additionalProperties": False}
+    nested = {"type": "function", "function": {"name": "locate", "parameters": {
+        "type": "object", "$defs": {"Loc": loc}, "properties": {"where": {"$ref": "#/$defs/Loc"}},
+        "required": ["where"], "additionalProperties": False}}}
+    tools = [TIME, nested]
+    spec = GuidedDecoding(json=required_schema(tuple(t["function"] for t in tools), parallel=False))
+    items = json.loads(reference(smollm2_pipeline, ASK, tools, spec, 96).text)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=96, temperature=0, tools=tools,
+                                       tool_choice="required", parallel_tool_calls=False)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls] == [
+        (it["name"], it["parameters"]) for it in items]
+    for it in items:
+        if it["name"] == "locate":
+            assert set(it["parameters"]["where"]) == {"city", "country"}
 
 
 def test_required_cut_by_max_tokens_is_text(client):
@@ -241,8 +271,9 @@ def bad(fn_name="get_weather", **fn):
     ({"tools": [{"type": "retrieval"}]}, "tools", "tool 0 is not {\"type\": \"function\""),
     ({"tools": bad("get weather"), "tool_choice": "required"}, "tools", "tool 0 has the name 'get weather'"),
     ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools", "two tools are named 'get_weather'"),
-    ({"tools": bad(parameters="x"), "tool_choice": "required"}, "tools", "tool 'get_weather' has parameters 'x'"),
-    ({"tools": bad(parameters={"allOf": [{"type": "object"}]}), "tool_choice": "required"}, "tools",
+    ({"tools": bad(parameters="x"), "tool_choice": "required"}, "tools",
+     "tool 'get_weather' has parameters \"x\"; a function's parameters are a JSON schema of type object"),
+    ({"tools": bad(parameters={"type": "object", "allOf": [{"type": "object"}]}), "tool_choice": "required"}, "tools",
      "tool 'get_weather' parameters: guided decoding: the JSON schema keyword 'allOf'"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", 'tool_choice must be "none", "auto"'),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice",
@@ -255,12 +286,25 @@ def bad(fn_name="get_weather", **fn):
     ({"functions": [WEATHER["function"]]}, "functions", "(use tools)"),
     ({"tools": [WEATHER], "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
     ({"tools": [WEATHER], "tool_choice": "none", "messages": ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]},
-     "messages", "tool call 0 is not"),
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+     "messages", 'tool call 0 is not {"function": {"name": "...", "arguments": "<JSON text>"}}, as OpenAI writes one'),
+    ({"tools": bad(parameters={"type": "string"}), "tool_choice": "none"}, "tools",
+     "tool 'get_weather' has parameters {\"type\": \"string\"}; a function's parameters are a JSON schema of type "
+     "object"),
+    ({"tools": bad(parameters={"type": "object", "properties": {"a": {"type": "objekt"}}}),
+      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tools",
+     "tools: tool 'get_weather' parameters: guided decoding: the json does not compile: "),
+    ({"tools": [WEATHER, *bad("get_time", parameters={"type": "object", "properties": {"a": {"$ref": "#/$defs/no"}}})],
+      "tool_choice": "required"}, "tools", "tools: tool 'get_time' parameters: guided decoding: the json does not "),
+    ({"tools": [WEATHER], "tool_choice": "required", "stop": ["Paris"]}, "stop",
+     "stop and tool_choice 'required' do not go together: a stop would cut the call's JSON"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "stop_token_ids": [11]}, "stop_token_ids", "stop_token_ids and tool_choice {'type': 'function'"),
+    ({"tools": bad(description="\ud800"), "tool_choice": "none"}, "tools", "tools (a tool's text) holds"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(server, client, body, param, message):
-    r = httpx.post(server[0] + "/v1/chat/completions", timeout=60,
-                   json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+    r = httpx.post(server[0] + "/v1/chat/completions", timeout=60, headers={"Content-Type": "application/json"},
+                   content=json.dumps({"model": MODEL, "messages": ASK, "max_tokens": 4, **body}))  # \ud800 escaped
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == param
     assert client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2).usage.completion_tokens == 2
