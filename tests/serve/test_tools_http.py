@@ -321,3 +321,51 @@ def test_the_cli_offers_every_tool_parser():
 
     [option] = [p for p in serve.params if p.name == "tool_parser"]
     assert tuple(option.type.choices) == TOOL_PARSERS
+
+
+#: a chat template that renders tools and tool calls, as Qwen3's and Hermes' do (written for this test)
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
+    '{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\n</tool_call>{% endfor %}'
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tools_template_server(smollm2_pipeline):
+    """(base URL, app) of a server whose target's chat template renders tools (the same weights and engine)."""
+    import copy
+
+    pipe = copy.copy(smollm2_pipeline)
+    pipe.tokenizer = copy.deepcopy(smollm2_pipeline.tokenizer)
+    pipe.tokenizer.chat_template = TOOLS_TEMPLATE
+    with live_server(pipe, max_batch_size=2, tool_parser="qwen3") as served:
+        yield served, pipe
+
+
+def test_a_template_that_renders_tools_gets_them(tools_template_server):
+    (base, _), pipe = tools_template_server
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, tools=[WEATHER], tool_choice="none")
+    with_tools = encode_prompt(pipe.tokenizer, ASK, tools=[WEATHER])
+    assert plain.usage.prompt_tokens == len(with_tools) > len(encode_prompt(pipe.tokenizer, ASK)) + 20
+    assert '"name": "get_weather"' in pipe.tokenizer.decode(with_tools)
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, max_tokens=1, tools=[WEATHER], tool_choice="none")
+    ids = encode_prompt(pipe.tokenizer, history[:1] + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+        history[2]], tools=[WEATHER])
+    text = pipe.tokenizer.decode(ids)
+    assert r.usage.prompt_tokens == len(ids)
+    # the arguments reach the template as an object (written out once), not as a quoted JSON string
+    assert '"arguments": {"city": "Paris", "unit": "celsius"}' in text and '\\"city\\"' not in text
