@@ -54,10 +54,15 @@ def check_port(host: str, port: int) -> None:
                    "--tool_parser): hermes (alias qwen3) reads <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> "
                    "(Hermes 2 Pro, Qwen2.5, Qwen3). Default: none, and \"auto\" is refused; tool_choice \"required\" and "
                    "named functions work with any target (guided decoding).")
+@click.option("--reasoning-parser", type=click.Choice(["deepseek-r1", "qwen3"], case_sensitive=False), default=None,
+              help="Split a reasoning model's <think>...</think> into message.reasoning_content (trtllm-serve's "
+                   "--reasoning_parser, vLLM's --reasoning-parser): deepseek-r1 (the answer starts inside the "
+                   "reasoning) or qwen3 (reasoning where the answer writes <think>). Default: none, the answer is the "
+                   "content.")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, prefill_chunk_size, log_level, tool_parser, tp_size):
+          max_batch_size, prefill_chunk_size, log_level, tool_parser, reasoning_parser, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
@@ -105,7 +110,7 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
     app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size,
-                     tool_parser=tool_parser)
+                     tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"

@@ -31,6 +31,7 @@ from starlette.requests import Request
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
@@ -88,7 +89,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
 
 
 def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False,
-               prefill_chunk: int | None = None, tool_parser: str | None = None):
+               prefill_chunk: int | None = None, tool_parser: str | None = None, reasoning_parser: str | None = None):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -102,6 +103,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             (`DecodeBatch`), or None: a joining request's whole prompt is read before the next step.
         tool_parser: the target's tool-call format for tool_choice "auto" (`dflash_trt.serve.tools.TOOL_PARSERS`),
             or None: "auto" is refused.
+        reasoning_parser: splits chat answers into reasoning_content and content
+            (`dflash_trt.serve.reasoning.REASONING_PARSERS`), or None: the answer is the content.
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -485,6 +488,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             await asyncio.to_thread(calling.compile, pipe.engine.grammars)  # names a tool whose schema fails
             if not template_renders_tools:
                 warn_tools_unrendered()
+        template_kwargs = req.template_kwargs()
         messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True)
         if messages is None:
             raise InvalidRequestError("messages is an empty list; give at least one "
@@ -506,7 +510,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             with tokenizer_lock:
                 try:
                     return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}",
-                                         tools=calling.template_tools() if calling is not None else None)
+                                         tools=calling.template_tools() if calling is not None else None,
+                                         template_kwargs=template_kwargs)
                 except TemplateError as exc:  # the template's raise_exception (roles that must alternate...)
                     raise InvalidRequestError(f"messages: the target's chat template refused the conversation: {exc}",
                                               param="messages") from None
@@ -516,8 +521,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         seqs, events = await run(req, [ids], [max_tokens])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())
+        answers = ChatAnswers(calling, reasoning_parser, seqs[0].params.guided is not None)
         if req.stream:
-            states = [calling.stream() for _ in seqs] if calling is not None else None
+            states = None if answers.plain else [answers.stream() for _ in seqs]
 
             def chunk(index, text, finish, include_usage, lps):
                 if states is None:
@@ -529,7 +535,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 else:
                     delta = states[index].delta(text)
                     if not delta and lps is None:
-                        return None  # text held back for a tool call: no chunk
+                        return None  # text held back (a tag, a tool call): no chunk
                 out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                        "choices": [{"index": index, "delta": delta,
                                     "logprobs": None if lps is None else formatter.chat(lps), "finish_reason": finish}]}
@@ -541,13 +547,12 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                                             {"role": "assistant", "content": ""}),
                                      media_type="text/event-stream")
         results = await collect(seqs, events, request)
-        answers = [calling.message(r.text, r.finish_reason) if calling is not None else
-                   ({"role": "assistant", "content": r.text}, r.finish_reason) for r in results]
+        replies = [answers.message(r.text, r.finish_reason) for r in results]
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
                 "choices": [{"index": i, "message": message,
                              "logprobs": None if r.logprobs is None else formatter.chat(r.logprobs),
                              "finish_reason": finish, "metrics": choice_metrics(s, r)}
-                            for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, answers))],
+                            for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, replies))],
                 "usage": usage([ids], results)}
 
     return app

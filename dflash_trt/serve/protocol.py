@@ -14,7 +14,8 @@ token nor a `stop` string, before that many tokens are out) and `min_p`; trtllm-
 (given, the presence and frequency penalties count the prompt's tokens from that position on too, TensorRT-LLM's
 scope; left out, vLLM's: the output only). Structured output:
 `response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
-`dflash_trt.runtime.guided`). Tool calling: `tools`, `tool_choice` on chat (`dflash_trt.serve.tools`). A field this
+`dflash_trt.runtime.guided`). Tool calling: `tools`, `tool_choice` on chat (`dflash_trt.serve.tools`); the chat
+template's variables: `chat_template_kwargs`. A field this
 runtime cannot honour (the deprecated `functions` / `function_call`, `echo` in chat, `best_of`, `suffix`, beam
 search) is refused with
 a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
@@ -274,6 +275,12 @@ class _Request(BaseModel):
                                       f"this server returns at most {MAX_CHOICES} per request")
 
 
+#: chat_template_kwargs keys the server gives the template itself (the request's messages and tools, the
+#: generation prompt) or that `apply_chat_template` reads as its own arguments
+RESERVED_TEMPLATE_KWARGS = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                            "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                            "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
     "tools": (None, []), "tool_choice": (None, "none"),
@@ -348,7 +355,22 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, strict=True)
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, strict=True)
+    chat_template_kwargs: dict[str, Any] | None = None  # the chat template's variables (vLLM's, trtllm-serve's)
     _tools: ToolCalling | None = PrivateAttr(default=None)
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """`chat_template_kwargs` (e.g. {"enable_thinking": false}, Qwen3's switch), or {}.
+
+        Raises:
+            InvalidRequestError: a key that the server sets itself (RESERVED_TEMPLATE_KWARGS) or that is not a name.
+        """
+        kwargs = self.chat_template_kwargs or {}
+        bad = next((k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or not k.isidentifier()), None)
+        if bad is not None:
+            raise InvalidRequestError(f"chat_template_kwargs holds {bad!r}, which the server sets itself or which is "
+                                      f"not a template variable; leave it out (reserved: "
+                                      f"{', '.join(RESERVED_TEMPLATE_KWARGS)})", param="chat_template_kwargs")
+        return kwargs
 
     def tool_calling(self, parser: str | None) -> ToolCalling | None:
         """The request's tool calling (`ToolCalling.from_request`; `parser`: the server's --tool-parser), kept for

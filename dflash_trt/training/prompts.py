@@ -461,12 +461,13 @@ def load_prompts_jsonl(path: str | Path, warn_keys: tuple[str, ...] = ()) -> lis
 
 
 def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: str | None = None,
-                  tools: list[dict] | None = None) -> list[int]:
+                  tools: list[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
     """Token ids of a prompt, ready for generation.
 
     Messages go through the tokenizer's chat template (generation prompt added; `tools`, OpenAI's tool
-    objects, passed to it as its `tools`). A plain string is wrapped as one user message when the
-    tokenizer has a chat template, else tokenized as is.
+    objects, passed to it as its `tools`; `template_kwargs`, e.g. {"enable_thinking": False}, as the
+    template's other variables). A plain string is wrapped as one user message when the tokenizer has a
+    chat template, else tokenized as is.
 
     Raises:
         ConfigError: messages were given but the tokenizer has no chat template; `where` (the prompt's
@@ -483,5 +484,5 @@ def encode_prompt(tokenizer, prompt: Prompt, source: str = "the target", where: 
             'encoded; give plain {"prompt": "..."} lines instead'
         )
     out = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                        **({"tools": tools} if tools else {}))
+                                        **({"tools": tools} if tools else {}), **(template_kwargs or {}))
     return list(out["input_ids"] if hasattr(out, "keys") else out)

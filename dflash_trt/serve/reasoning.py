@@ -1,0 +1,73 @@
+"""Reasoning outputs on /v1/chat/completions: the `<think>...</think>` part of a reasoning model's answer goes to
+`message.reasoning_content` (streamed: `delta.reasoning_content`), the rest to `content`, as trtllm-serve's
+`--reasoning_parser` and vLLM's `--reasoning-parser` split it (`dflash-trt serve --reasoning-parser`).
+
+Parsers (`REASONING_PARSERS`, trtllm-serve's names):
+- "deepseek-r1": the answer starts inside the reasoning (DeepSeek-R1's chat template ends the prompt with
+  `<think>\\n`): everything before `</think>` is reasoning (a leading `<think>` dropped), everything after it
+  content; without `</think>` (thinking cut by max_tokens) the whole answer is reasoning.
+- "qwen3": reasoning only where the answer writes `<think>` (Qwen3 with thinking on; with `enable_thinking: false`
+  in `chat_template_kwargs` its template closes the thinking in the prompt and the answer is all content): the
+  text between `<think>` and `</think>` (or the end) is reasoning, the text around it content.
+
+An answer whose format is fixed by guided decoding (a `response_format`, a forced tool call) holds reasoning only
+where its grammar writes `<think>`, so it is read as "qwen3" reads answers. Tool calls ("auto") are parsed from
+the content. Streamed, text that could begin a tag is held back until it is known, so the deltas of each field
+join to the non-streamed message's.
+"""
+
+from __future__ import annotations
+
+REASONING_PARSERS = ("deepseek-r1", "qwen3")
+START, END = "<think>", "</think>"
+
+
+def split_reasoning(text: str, at_start: bool) -> tuple[str, str]:
+    """(reasoning, content) of an answer.
+
+    Args:
+        text: the answer.
+        at_start: the answer begins inside the reasoning ("deepseek-r1"); else reasoning starts at `<think>`.
+    Returns:
+        reasoning and content ("" where there is none): `<think>` and `</think>` belong to neither.
+    """
+    before = ""
+    if at_start:
+        body = text[len(START):] if text.startswith(START) else text
+    else:
+        i = text.find(START)
+        if i < 0:
+            return "", text
+        before, body = text[:i], text[i + len(START):]
+    reasoning, tag, after = body.partition(END)
+    return reasoning, before + after
+
+
+def _pending(text: str) -> int:
+    """How many characters at the end of `text` could begin `<think>` or `</think>` (held back while streaming)."""
+    return max((k for tag in (START, END) for k in range(min(len(tag) - 1, len(text)), 0, -1)
+                if tag.startswith(text[-k:])), default=0)
+
+
+class ReasoningStream:
+    """One streamed choice's split: `delta(text)` and `last(text)` give (reasoning delta, content delta); each
+    field's deltas join to `split_reasoning` of the whole answer."""
+
+    def __init__(self, at_start: bool):
+        self.at_start, self.text, self.sent = at_start, "", ("", "")
+
+    def _diff(self, upto: int) -> tuple[str, str]:
+        reasoning, content = split_reasoning(self.text[:upto], self.at_start)
+        out = (reasoning[len(self.sent[0]):], content[len(self.sent[1]):])
+        self.sent = (reasoning, content)
+        return out
+
+    def delta(self, text: str) -> tuple[str, str]:
+        """The reasoning and content to send for the choice's next text (a possible tag held back)."""
+        self.text += text
+        return self._diff(len(self.text) - _pending(self.text))
+
+    def last(self, text: str) -> tuple[str, str]:
+        """The rest of the reasoning and content, at the choice's end."""
+        self.text += text
+        return self._diff(len(self.text))

@@ -1,0 +1,157 @@
+"""Reasoning outputs (`--reasoning-parser`) and `chat_template_kwargs` over the OpenAI server (real HTTP on 127.0.0.1,
+the real `openai` client): the answer's `<think>...</think>` goes to reasoning_content and the rest to content, as
+the runtime's own answer splits, streamed or not (the deltas of each field join to the message's); tool calls are
+read from the content; a template variable reaches the chat template."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import httpx
+import pytest
+
+from dflash_trt.runtime.guided import GuidedDecoding
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.serve.chat import ChatAnswers
+from dflash_trt.serve.reasoning import REASONING_PARSERS, ReasoningStream, split_reasoning
+from dflash_trt.serve.tools import ToolCalling
+from dflash_trt.training.prompts import encode_prompt
+from tests.serve.test_openai_server import MODEL, live_server
+
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+#: SmolLM2's template, plus Qwen3's switch: enable_thinking false closes an empty thinking block in the prompt
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+THINK = "<think>\\nThe user asks about (the capital of France|geography)\\.\\n</think>\\n\\n(Paris|Lyon)\\."
+
+
+@pytest.mark.parametrize("text, at_start, want", [
+    ("<think>\nplan\n</think>\n\nParis.", False, ("\nplan\n", "\n\nParis.")),
+    ("<think>\nplan\n</think>\n\nParis.", True, ("\nplan\n", "\n\nParis.")),
+    ("plan</think>Paris.", True, ("plan", "Paris.")),
+    ("plan</think>Paris.", False, ("", "plan</think>Paris.")),
+    ("still thinking", True, ("still thinking", "")),  # cut by max_tokens
+    ("Hi <think>cut", False, ("cut", "Hi ")),
+    ("Paris.", False, ("", "Paris.")),
+])
+def test_split_reasoning(text, at_start, want):
+    assert split_reasoning(text, at_start) == want
+
+
+@pytest.mark.parametrize("text", ["<think>\nplan a < b\n</think>\n\nParis <3.", "plan</think>Paris.", "no tags <",
+                                  "<thi", "Hi <think>cut </thi"])
+@pytest.mark.parametrize("at_start", [True, False])
+def test_reasoning_stream_joins_to_the_split(text, at_start):
+    rng = random.Random(1)
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(6, len(text) - 1))))
+        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        s = ReasoningStream(at_start)
+        out = [s.delta(p) for p in parts[:-1]] + [s.last(parts[-1])]
+        assert ("".join(r for r, _ in out), "".join(c for _, c in out)) == split_reasoning(text, at_start)
+
+
+def test_reasoning_then_tool_calls_stream_as_the_message():
+    tools = ({"name": "get_time", "description": None, "parameters": {"type": "object", "properties": {}}},)
+    answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), "deepseek-r1", guided=False)
+    text = 'need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    message, finish = answers.message(text, "stop")
+    assert (message["reasoning_content"], message["content"], finish) == ("need the time", "\n\nOne moment.",
+                                                                          "tool_calls")
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    for size in (1, 3, 7):
+        s = answers.stream()
+        parts = [text[i:i + size] for i in range(0, len(text), size)]
+        deltas = [s.opening()] + [s.delta(p) for p in parts[:-1]]
+        last, got = s.last(parts[-1], "stop")
+        deltas.append(last)
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == message["content"] and got == "tool_calls"
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["get_time"]
+
+
+@pytest.fixture(scope="module")
+def thinking(smollm2_pipeline):
+    """(OpenAI client, base URL, pipeline) of a server with --reasoning-parser deepseek-r1 and --tool-parser hermes
+    whose target's template has Qwen3's enable_thinking switch (the same weights and engine)."""
+    from openai import OpenAI
+
+    pipe = copy.copy(smollm2_pipeline)
+    pipe.tokenizer = copy.deepcopy(smollm2_pipeline.tokenizer)
+    pipe.tokenizer.chat_template = TEMPLATE
+    with live_server(pipe, max_batch_size=2, reasoning_parser="deepseek-r1", tool_parser="hermes") as (base, _):
+        yield OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120), base, pipe
+
+
+def runtime_answer(pipe, messages, spec, max_tokens, **template_kwargs):
+    ids = encode_prompt(pipe.tokenizer, messages, template_kwargs=template_kwargs)
+    [res] = pipe.generate([ids], SamplingParams(max_tokens=max_tokens, guided=spec), mode="ar")
+    return ids, res
+
+
+def joined(chunks):
+    chunks = [c for c in chunks if c.choices]
+    return ("".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks),
+            "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason)
+
+
+def test_think_tags_split_as_the_runtimes_answer(thinking):
+    client, _, pipe = thinking
+    _, ref = runtime_answer(pipe, ASK, GuidedDecoding(regex=THINK), 64)
+    reasoning, content = split_reasoning(ref.text, at_start=False)
+    assert reasoning.startswith("\nThe user asks about") and content in ("\n\nParis.", "\n\nLyon.")
+    fmt = {"type": "regex", "regex": THINK}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64, temperature=0,
+                                       extra_body={"response_format": fmt})
+    m = r.choices[0].message
+    assert (m.reasoning_content, m.content, r.choices[0].finish_reason) == (reasoning, content, "stop")
+    assert joined(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64, temperature=0, stream=True,
+                                                 extra_body={"response_format": fmt})) == (reasoning, content, "stop")
+
+
+def test_deepseek_r1_reads_an_answer_without_tags_as_reasoning(thinking):
+    client, _, pipe = thinking
+    _, ref = runtime_answer(pipe, ASK, None, 16)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0)
+    m = r.choices[0].message
+    assert (m.reasoning_content, m.content, r.choices[0].finish_reason) == (ref.text, "", ref.finish_reason)
+    assert joined(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0,
+                                                 stream=True)) == (ref.text, "", ref.finish_reason)
+
+
+def test_a_forced_tool_call_is_not_reasoning(thinking):
+    client, _, pipe = thinking
+    tool = {"type": "function", "function": {"name": "capital", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=32, temperature=0, tools=[tool],
+                                       tool_choice={"type": "function", "function": {"name": "capital"}})
+    m = r.choices[0].message
+    assert m.reasoning_content is None and m.content is None
+    assert set(json.loads(m.tool_calls[0].function.arguments)) == {"city"}
+
+
+def test_chat_template_kwargs_reach_the_template(thinking):
+    client, base, pipe = thinking
+    ids, ref = runtime_answer(pipe, ASK, None, 12, enable_thinking=False)
+    assert "<think>\n\n</think>" in pipe.tokenizer.decode(ids)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12, temperature=0,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.usage.prompt_tokens == len(ids) > len(encode_prompt(pipe.tokenizer, ASK))
+    assert r.choices[0].message.reasoning_content == ref.text  # deepseek-r1: no </think> in the answer
+    for kwargs, message in ((["x"], "chat_template_kwargs"), ({"tools": []}, "chat_template_kwargs holds 'tools'"),
+                            ({"add_generation_prompt": False}, "holds 'add_generation_prompt'")):
+        bad = httpx.post(base + "/v1/chat/completions", timeout=60,
+                         json={"model": MODEL, "messages": ASK, "max_tokens": 2, "chat_template_kwargs": kwargs})
+        assert bad.status_code == 400 and message in bad.json()["error"]["message"], bad.text
+        assert bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_the_cli_offers_every_reasoning_parser():
+    from dflash_trt.cli.serve import serve
+
+    [option] = [p for p in serve.params if p.name == "reasoning_parser"]
+    assert tuple(option.type.choices) == REASONING_PARSERS
