@@ -26,6 +26,13 @@ def invalid_unicode(text: str, from_argv: bool = False) -> str | None:
     return f"an unpaired surrogate (U+{ord(ch):04X}) at character {i + 1}, which is not a character"
 
 
+def partial_suffix(text: str, tags) -> int:
+    """The length of the longest end of `text` that is a proper beginning of one of `tags` (strings), 0 if none:
+    what a stream holds back while the text may still become a tag (a stop string, `<think>`, `<tool_call>`)."""
+    return max((k for tag in tags for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])),
+               default=0)
+
+
 def text_to_stream(text: str, shown: str) -> str:
     """Incremental detokenization: the part of `text` (the decode of every token so far) to print after
     `shown` (printed already, a prefix of an earlier decode). A trailing run of U+FFFD is held back: it

@@ -49,11 +49,13 @@ def check_port(host: str, port: int) -> None:
                    "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
-@click.option("--tool-parser", type=click.Choice(["hermes", "qwen3"], case_sensitive=False), default=None,
+@click.option("--tool-parser", type=click.Choice(["hermes", "qwen3", "llama3_json"], case_sensitive=False),
+              default=None,
               help="The target's tool-call format, for tool_choice \"auto\" (vLLM's --tool-call-parser, trtllm-serve's "
                    "--tool_parser): hermes (alias qwen3) reads <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> "
-                   "(Hermes 2 Pro, Qwen2.5, Qwen3). Default: none, and \"auto\" is refused; tool_choice \"required\" and "
-                   "named functions work with any target (guided decoding).")
+                   "(Hermes 2 Pro, Qwen2.5, Qwen3); llama3_json an answer made of {\"name\": ..., \"parameters\": ...} "
+                   "objects (Llama 3.1-3.3). Default: none, and \"auto\" is refused; tool_choice \"required\" and named "
+                   "functions work with any target (guided decoding).")
 @click.option("--reasoning-parser", type=click.Choice(["deepseek-r1", "qwen3"], case_sensitive=False), default=None,
               help="Split a reasoning model's <think>...</think> into message.reasoning_content (trtllm-serve's "
                    "--reasoning_parser, vLLM's --reasoning-parser): deepseek-r1 (the answer starts inside the "

@@ -512,16 +512,20 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     return encode_prompt(pipe.tokenizer, messages, f"the target at {pipe.target_path}",
                                          tools=calling.template_tools() if calling is not None else None,
                                          template_kwargs=template_kwargs)
-                except TemplateError as exc:  # the template's raise_exception (roles that must alternate...)
-                    raise InvalidRequestError(f"messages: the target's chat template refused the conversation: {exc}",
-                                              param="messages") from None
+                except (TemplateError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
+                    # the template's raise_exception (roles that must alternate...), or its own failure on what the
+                    # request gave it (a variable of another type): the request's, not the server's
+                    field = "chat_template_kwargs" if template_kwargs else "messages"
+                    raise InvalidRequestError(f"{field}: the target's chat template failed on this request "
+                                              f"({type(exc).__name__}: {exc})", param=field) from None
 
         ids = await asyncio.to_thread(encode)
         max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field())
         seqs, events = await run(req, [ids], [max_tokens])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())
-        answers = ChatAnswers(calling, reasoning_parser, seqs[0].params.guided is not None)
+        guided = seqs[0].params.guided
+        answers = ChatAnswers(calling, reasoning_parser, guided.kind if guided is not None else None)
         if req.stream:
             states = None if answers.plain else [answers.stream() for _ in seqs]
 

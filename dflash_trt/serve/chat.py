@@ -14,26 +14,30 @@ class ChatAnswers:
     Args:
         calling: the request's tool calling, or None.
         reasoning_parser: the server's --reasoning-parser ("deepseek-r1", "qwen3"), or None: no reasoning split.
-        guided: the answer's format is fixed by guided decoding (then reasoning starts only at `<think>`).
+        guided: the kind of the request's guided decoding (`GuidedDecoding.kind`: "json", "json_object",
+            "regex", "grammar"), or None. A JSON answer (a schema, JSON mode, a forced tool call) is never split
+            (a `<think>` inside one of its strings is text); a regex or grammar answer holds reasoning only where
+            it writes `<think>`.
     """
 
-    def __init__(self, calling: ToolCalling | None, reasoning_parser: str | None, guided: bool):
-        self.calling, self.reasoning = calling, reasoning_parser
-        self.at_start = reasoning_parser == "deepseek-r1" and not guided
+    def __init__(self, calling: ToolCalling | None, reasoning_parser: str | None, guided: str | None):
+        self.calling, self.parser = calling, reasoning_parser
+        self.reasoning = None if guided in ("json", "json_object") else reasoning_parser  # the split, if any
+        self.at_start = reasoning_parser == "deepseek-r1" and guided is None
 
     @property
     def plain(self) -> bool:
         """Whether the text is the content, unchanged (no reasoning split, no tool calls)."""
-        return self.calling is None and self.reasoning is None
+        return self.calling is None and self.parser is None
 
     def message(self, text: str, finish_reason: str) -> tuple[dict, str]:
         """(`message`, `finish_reason`) of a choice whose answer is `text`, finished for `finish_reason`."""
         reasoning, content = split_reasoning(text, self.at_start) if self.reasoning is not None else ("", text)
         if self.calling is not None:
             msg, finish_reason = self.calling.message(content, finish_reason)
-        else:
-            msg = {"role": "assistant", "content": content}
-        if self.reasoning is not None:
+        else:  # all reasoning: content null, as vLLM's
+            msg = {"role": "assistant", "content": None if self.reasoning is not None and not content else content}
+        if self.parser is not None:
             msg["reasoning_content"] = reasoning or None
         return msg, finish_reason
 

@@ -25,6 +25,7 @@ accepted and ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any, ClassVar, Union
 
@@ -277,7 +278,8 @@ class _Request(BaseModel):
 
 #: chat_template_kwargs keys the server gives the template itself (the request's messages and tools, the
 #: generation prompt) or that `apply_chat_template` reads as its own arguments
-RESERVED_TEMPLATE_KWARGS = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+RESERVED_TEMPLATE_KWARGS = ("self", "conversation", "conversations", "messages", "tools", "documents", "chat_template",
+                            "add_generation_prompt",
                             "continue_final_message", "tokenize", "padding", "truncation", "max_length",
                             "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
 
@@ -364,12 +366,18 @@ class ChatCompletionRequest(_Request):
         Raises:
             InvalidRequestError: a key that the server sets itself (RESERVED_TEMPLATE_KWARGS) or that is not a name.
         """
+        from dflash_trt.api import check_text
+
         kwargs = self.chat_template_kwargs or {}
         bad = next((k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or not k.isidentifier()), None)
         if bad is not None:
             raise InvalidRequestError(f"chat_template_kwargs holds {bad!r}, which the server sets itself or which is "
                                       f"not a template variable; leave it out (reserved: "
                                       f"{', '.join(RESERVED_TEMPLATE_KWARGS)})", param="chat_template_kwargs")
+        try:  # a value the template prints reaches the tokenizer
+            check_text(json.dumps(kwargs, ensure_ascii=False), "chat_template_kwargs")
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(str(exc), param="chat_template_kwargs") from None
         return kwargs
 
     def tool_calling(self, parser: str | None) -> ToolCalling | None:

@@ -10,13 +10,16 @@ Parsers (`REASONING_PARSERS`, trtllm-serve's names):
   in `chat_template_kwargs` its template closes the thinking in the prompt and the answer is all content): the
   text between `<think>` and `</think>` (or the end) is reasoning, the text around it content.
 
-An answer whose format is fixed by guided decoding (a `response_format`, a forced tool call) holds reasoning only
-where its grammar writes `<think>`, so it is read as "qwen3" reads answers. Tool calls ("auto") are parsed from
-the content. Streamed, text that could begin a tag is held back until it is known, so the deltas of each field
-join to the non-streamed message's.
+A JSON answer (a json_schema / json_object `response_format`, a forced tool call) is all content: a `<think>` in one
+of its strings is text. A regex or grammar answer holds reasoning only where it writes `<think>`, so it is read as
+"qwen3" reads answers (`dflash_trt.serve.chat.ChatAnswers`). Tool calls ("auto") are parsed from the content.
+Streamed, text that could begin a tag is held back until it is known, so the deltas of each field join to the
+non-streamed message's.
 """
 
 from __future__ import annotations
+
+from dflash_trt.text import partial_suffix
 
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
 START, END = "<think>", "</think>"
@@ -43,12 +46,6 @@ def split_reasoning(text: str, at_start: bool) -> tuple[str, str]:
     return reasoning, before + after
 
 
-def _pending(text: str) -> int:
-    """How many characters at the end of `text` could begin `<think>` or `</think>` (held back while streaming)."""
-    return max((k for tag in (START, END) for k in range(min(len(tag) - 1, len(text)), 0, -1)
-                if tag.startswith(text[-k:])), default=0)
-
-
 class ReasoningStream:
     """One streamed choice's split: `delta(text)` and `last(text)` give (reasoning delta, content delta); each
     field's deltas join to `split_reasoning` of the whole answer."""
@@ -65,7 +62,7 @@ class ReasoningStream:
     def delta(self, text: str) -> tuple[str, str]:
         """The reasoning and content to send for the choice's next text (a possible tag held back)."""
         self.text += text
-        return self._diff(len(self.text) - _pending(self.text))
+        return self._diff(len(self.text) - partial_suffix(self.text, (START, END)))
 
     def last(self, text: str) -> tuple[str, str]:
         """The rest of the reasoning and content, at the choice's end."""

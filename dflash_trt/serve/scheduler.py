@@ -27,7 +27,7 @@ from typing import Callable
 from dflash_trt.runtime.engine import PrefillFailed, StepStats
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
-from dflash_trt.text import final_text, text_to_stream
+from dflash_trt.text import final_text, partial_suffix, text_to_stream
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,7 @@ class StopText:
     def _held(self) -> int:
         """Characters at the end of the text's complete characters (a trailing U+FFFD, a character still
         being decoded, left out as `text_to_stream` leaves it out) that are a proper prefix of a stop string."""
-        whole = self.text[: len(self.text.rstrip("\ufffd"))]
-        return max((k for s in self.stops for k in range(min(len(s) - 1, len(whole)), 0, -1)
-                    if whole.endswith(s[:k])), default=0)
+        return partial_suffix(self.text[: len(self.text.rstrip("\ufffd"))], self.stops)
 
     def delta(self) -> str:
         """New text to send; afterwards it counts as sent."""

@@ -21,9 +21,11 @@ forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as gu
   (`dflash-trt serve --tool-parser`; vLLM's `--tool-call-parser`, trtllm-serve's `--tool_parser`). Its parser
   `hermes` (alias `qwen3`: Hermes 2 Pro, Qwen2.5, Qwen3) reads each `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>` of the text as a call (`parse_hermes`; the first only with `parallel_tool_calls: false`) and the
-  text before the first one as the content (text after the calls is dropped, as vLLM's parser drops it). Without a
-  parser "auto" is refused (a 400 naming the option), as vLLM refuses it, rather than answering text that ignores
-  the tools.
+  text before the first one as the content (text after the calls is dropped, as vLLM's parser drops it);
+  `llama3_json` (Llama 3.1 / 3.2 / 3.3, vLLM's name) reads an answer that is one or more `{"name": ...,
+  "parameters": {...}}` objects, separated by `;`, as calls (`parse_llama3_json`), any other answer as content.
+  Without a parser "auto" is refused (a 400 naming the option), as vLLM refuses it, rather than answering text
+  that ignores the tools.
 
 An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went,
 and the "required" array (which does not parse) as content with no tool call (`finish_reason` "length").
@@ -41,10 +43,13 @@ from dataclasses import dataclass
 
 from dflash_trt.errors import InvalidRequestError
 from dflash_trt.runtime.guided import GuidedDecoding
+from dflash_trt.text import partial_suffix
 
-#: `--tool-parser` names: the tool-call format of the target's chat template (each: the text marking a call)
-TOOL_PARSERS = ("hermes", "qwen3")
+#: `--tool-parser` names: the tool-call format of the target's chat template ("qwen3" is "hermes")
+TOOL_PARSERS = ("hermes", "qwen3", "llama3_json")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: what Llama 3.1 writes before a call to a built-in tool (a special token: usually not in the decoded text)
+PYTHON_TAG = "<|python_tag|>"
 #: a function name, as OpenAI restricts it
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
@@ -73,7 +78,9 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = obj.get("arguments", obj.get("parameters"))
+    if args is None:  # left out, or null: no arguments
+        args = {}
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -90,13 +97,17 @@ def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     Returns:
         (content, [(name, arguments as JSON text), ...]): with calls, the content is the text before the first
         `<tool_call>` without its trailing whitespace (None when that is empty); with none (no tag, or a closed
-        call whose JSON is not a call), the whole text and []. A last call left unclosed (cut by max_tokens) is
-        a call if its JSON is whole, else left out.
+        call whose JSON is not a call), the whole text and []. A last call left unclosed (cut by max_tokens, also
+        inside `</tool_call>`) is a call if its JSON is whole, else left out.
     """
     calls = []
     for match in _CALL.finditer(text):
-        call = _hermes_call(match.group(1))
-        if call is None and match.group(0).endswith(CLOSE):
+        body = match.group(1)
+        closed = match.group(0).endswith(CLOSE)
+        if not closed:  # cut: drop what began the closing tag
+            body = body[:len(body) - partial_suffix(body, (CLOSE,))]
+        call = _hermes_call(body)
+        if call is None and closed:
             return text, []
         if call is not None:
             calls.append(call)
@@ -113,6 +124,40 @@ def _moved_refs(schema, to: str):
     if isinstance(schema, list):
         return [_moved_refs(v, to) for v in schema]
     return schema
+
+
+def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The content and the calls of a Llama 3.1 JSON tool-call answer (vLLM's `llama3_json`): the answer (after
+    whitespace and an optional `<|python_tag|>`) is one or more `{"name": ..., "parameters": {...}}` objects
+    (`_hermes_call` reads each: "arguments" works too) separated by `;`.
+
+    Returns:
+        (None, calls) when the whole answer is such calls (a last one cut by max_tokens left out, if others are
+        whole); else (the whole text, []).
+    """
+    body = text.strip()
+    body = body[len(PYTHON_TAG):] if body.startswith(PYTHON_TAG) else body
+    if not body.startswith("{"):
+        return text, []
+    decoder, pos, calls = json.JSONDecoder(), 0, []
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError as exc:  # the text ran out inside an object (cut), or is not JSON
+            cut = body[pos] == "{" and (exc.msg.startswith("Unterminated string") or exc.pos >= len(body))
+            return (None, calls) if calls and cut else (text, [])
+        call = _hermes_call(json.dumps(obj))
+        if call is None:
+            return text, []
+        calls.append(call)
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+    return None, calls
+
+
+#: per `--tool-parser`: the function reading an answer's content and calls
+PARSE = {"hermes": parse_hermes, "qwen3": parse_hermes, "llama3_json": parse_llama3_json}
 
 
 def required_schema(tools: tuple[dict, ...], parallel: bool = True) -> dict:
@@ -149,7 +194,8 @@ def _check_tools(tools) -> tuple[dict, ...]:
             raise bad(f"tool {i} has the name {name!r}; a function name is 1 to 64 of a-z, A-Z, 0-9, _ and -")
         if name in out:
             raise bad(f"two tools are named {name!r}; give each function its own name")
-        params = fn.get("parameters") or NO_PARAMETERS  # left out, null or {}: no arguments
+        params = fn.get("parameters")
+        params = NO_PARAMETERS if params is None or params == {} else params  # left out, null or {}: no arguments
         if not isinstance(params, dict) or params.get("type") != "object":
             raise bad(f"tool {name!r} has parameters {json.dumps(params)[:60]}; a function's parameters are a JSON "
                       'schema of type object ({"type": "object", "properties": {...}}), or left out for none')
@@ -269,7 +315,7 @@ class ToolCalling:
                 return text, []
             return None, [(it["name"], json.dumps(it["parameters"], ensure_ascii=False)) for it in items]
         if self.choice == "auto":
-            content, calls = parse_hermes(text)
+            content, calls = PARSE[self.parser](text)
             return content, calls if self.parallel else calls[:1]
         return text, []
 
@@ -291,12 +337,17 @@ def _finish(choice: str, calls: list, finish_reason: str) -> str:
     return "tool_calls" if calls and choice != "function" and finish_reason == "stop" else finish_reason
 
 
-def _held_back(text: str) -> int:
-    """How many characters at the end of `text` could begin `<tool_call>` (trailing whitespace included, as the
-    content before a call loses it)."""
-    keep = next((k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0)
-    body = text[:len(text) - keep]
-    return keep + len(body) - len(body.rstrip())
+def _content_end(parser: str, text: str) -> int:
+    """How much of an "auto" answer's text so far is surely content, in the format of `parser`: hermes: up to a
+    `<tool_call>`, or a text end that could begin one, without the whitespace before it (the content before a
+    call loses it); llama3_json: nothing while the answer (past whitespace) could be JSON calls, else all of it."""
+    if parser == "llama3_json":
+        head = text.lstrip()
+        maybe_calls = not head or head.startswith(("{", PYTHON_TAG)) or PYTHON_TAG.startswith(head)
+        return 0 if maybe_calls else len(text)
+    i = text.find(OPEN)
+    body = text[:i] if i >= 0 else text[:len(text) - partial_suffix(text, (OPEN,))]
+    return len(body.rstrip())
 
 
 class ToolStream:
@@ -320,9 +371,9 @@ class ToolStream:
         self.text += text
         if self.calling.choice == "function":
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
-        if self.calling.choice == "required" or (self.calling.choice == "auto" and OPEN in self.text):
+        if self.calling.choice == "required":
             return {}
-        end = len(self.text) - (_held_back(self.text) if self.calling.choice == "auto" else 0)
+        end = _content_end(self.calling.parser, self.text) if self.calling.choice == "auto" else len(self.text)
         out, self.sent = self.text[self.sent:end], max(self.sent, end)
         return {"content": out} if out else {}
 

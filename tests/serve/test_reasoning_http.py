@@ -23,7 +23,7 @@ from tests.serve.test_openai_server import MODEL, live_server
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 #: SmolLM2's template, plus Qwen3's switch: enable_thinking false closes an empty thinking block in the prompt
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if boom is defined %}{{ 1 // boom }}{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n"
             "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 THINK = "<think>\\nThe user asks about (the capital of France|geography)\\.\\n</think>\\n\\n(Paris|Lyon)\\."
 
@@ -56,7 +56,7 @@ def test_reasoning_stream_joins_to_the_split(text, at_start):
 
 def test_reasoning_then_tool_calls_stream_as_the_message():
     tools = ({"name": "get_time", "description": None, "parameters": {"type": "object", "properties": {}}},)
-    answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), "deepseek-r1", guided=False)
+    answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), "deepseek-r1", guided=None)
     text = 'need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
     message, finish = answers.message(text, "stop")
     assert (message["reasoning_content"], message["content"], finish) == ("need the time", "\n\nOne moment.",
@@ -117,9 +117,21 @@ def test_deepseek_r1_reads_an_answer_without_tags_as_reasoning(thinking):
     _, ref = runtime_answer(pipe, ASK, None, 16)
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0)
     m = r.choices[0].message
-    assert (m.reasoning_content, m.content, r.choices[0].finish_reason) == (ref.text, "", ref.finish_reason)
+    assert (m.reasoning_content, m.content, r.choices[0].finish_reason) == (ref.text, None, ref.finish_reason)
     assert joined(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0,
                                                  stream=True)) == (ref.text, "", ref.finish_reason)
+
+
+def test_a_json_answer_is_never_split(thinking):
+    client, _, pipe = thinking
+    schema = {"type": "object", "properties": {"q": {"enum": ["<think>secret</think>tail"]}}, "required": ["q"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "q", "schema": schema}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=32, temperature=0, response_format=fmt)
+    m = r.choices[0].message
+    assert m.reasoning_content is None and json.loads(m.content) == {"q": "<think>secret</think>tail"}
+    assert joined(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=32, temperature=0, stream=True,
+                                                 response_format=fmt)) == ("", m.content, "stop")
 
 
 def test_a_forced_tool_call_is_not_reasoning(thinking):
@@ -143,7 +155,10 @@ def test_chat_template_kwargs_reach_the_template(thinking):
     assert r.usage.prompt_tokens == len(ids) > len(encode_prompt(pipe.tokenizer, ASK))
     assert r.choices[0].message.reasoning_content == ref.text  # deepseek-r1: no </think> in the answer
     for kwargs, message in ((["x"], "chat_template_kwargs"), ({"tools": []}, "chat_template_kwargs holds 'tools'"),
-                            ({"add_generation_prompt": False}, "holds 'add_generation_prompt'")):
+                            ({"add_generation_prompt": False}, "holds 'add_generation_prompt'"),
+                            ({"self": 1}, "holds 'self'"), ({"conversations": []}, "holds 'conversations'"),
+                            ({"boom": 0}, "the target's chat template failed on this request (ZeroDivisionError"),
+                            ({"boom": "x"}, "the target's chat template failed on this request (TypeError")):
         bad = httpx.post(base + "/v1/chat/completions", timeout=60,
                          json={"model": MODEL, "messages": ASK, "max_tokens": 2, "chat_template_kwargs": kwargs})
         assert bad.status_code == 400 and message in bad.json()["error"]["message"], bad.text

@@ -13,7 +13,7 @@ import pytest
 
 from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.serve.tools import TOOL_PARSERS, ToolCalling, parse_hermes, required_schema
+from dflash_trt.serve.tools import TOOL_PARSERS, ToolCalling, parse_hermes, parse_llama3_json, required_schema
 from dflash_trt.training.prompts import encode_prompt
 from tests.serve.test_openai_server import MODEL, live_server
 
@@ -82,9 +82,25 @@ def hermes_client(hermes):
     ('<tool_call>{"name": "f", "parameters": {"a": 1}}</tool_call>', None, [("f", '{"a": 1}')]),  # Llama 3's key
     ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', None, [("f", '{"a": 1}')]),  # JSON text
     ('A <tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g", "argu', "A", [("f", "{}")]),  # cut: dropped
+    ('<tool_call>{"name": "f", "arguments": {"a": 1}}\n</tool_c', None, [("f", '{"a": 1}')]),  # cut in the tag
+    ('<tool_call>{"name": "f", "arguments": null}</tool_call>', None, [("f", "{}")]),
 ])
 def test_parse_hermes(text, content, calls):
     assert parse_hermes(text) == (content, calls)
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ('{"name": "f", "parameters": {"a": 1}}', None, [("f", '{"a": 1}')]),
+    (' <|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"b": "x"}}\n', None,
+     [("f", "{}"), ("g", '{"b": "x"}')]),
+    ('{"name": "f", "parameters": {}}; {"name": "g", "param', None, [("f", "{}")]),  # the cut last one left out
+    ('{"name": "f", "parameters": {"a": 1}} and then text', '{"name": "f", "parameters": {"a": 1}} and then text', []),
+    ('The answer is {"name": "f"}', 'The answer is {"name": "f"}', []),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON, but not a call
+    ('{"name": "f", "param', '{"name": "f", "param', []),  # the only call cut: text
+])
+def test_parse_llama3_json(text, content, calls):
+    assert parse_llama3_json(text) == (content, calls)
 
 
 TOOLS = [WEATHER["function"], TIME["function"]]
@@ -100,10 +116,16 @@ TOOLS = [WEATHER["function"], TIME["function"]]
     ("required", '[{"name": "get_time", "param', "length"),
     ("function", '{"city": "Paris", "unit": "celsius"}', "stop"),
     ("none", "a <tool_call> is only text here", "stop"),
+    ("llama3_json", '  {"name": "get_time", "parameters": {"timezone": "UTC"}}; {"name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}', "stop"),
+    ("llama3_json", "  Paris is {sunny} today.", "stop"),
+    ("llama3_json", '{"name": "get_time", "parameters": {"timezone": "U', "length"),
 ])
 def test_streamed_deltas_join_to_the_message(choice, text, finish):
+    parser = "llama3_json" if choice == "llama3_json" else "hermes"
+    choice = "auto" if choice == "llama3_json" else choice
     calling = ToolCalling(tuple({**t, "description": None} for t in TOOLS), choice,
-                          "get_weather" if choice == "function" else None, "hermes")
+                          "get_weather" if choice == "function" else None, parser)
     message, want_finish = calling.message(text, finish)
     rng = random.Random(0)
     for _ in range(20):
@@ -124,7 +146,8 @@ def test_streamed_deltas_join_to_the_message(choice, text, finish):
         assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
             (t["function"]["name"], t["function"]["arguments"]) for t in message.get("tool_calls", [])]
         if choice == "auto" and message.get("tool_calls"):  # content streamed never reaches into the call
-            assert all("<" not in (d.get("content") or "") for d in deltas[:-1])
+            assert all("<" not in (d.get("content") or "") and "{" not in (d.get("content") or "")
+                       for d in deltas[:-1])
 
 
 def test_parallel_tool_calls_false_keeps_the_first_auto_call():
@@ -207,7 +230,7 @@ def test_auto_needs_a_tool_parser(server, client):
         r = httpx.post(server[0] + "/v1/chat/completions", timeout=60,
                        json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
-        assert "--tool-parser (hermes, qwen3)" in r.json()["error"]["message"]
+        assert "--tool-parser (hermes, qwen3, llama3_json)" in r.json()["error"]["message"]
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, temperature=0, tools=[WEATHER],
                                        tool_choice="none")
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
@@ -229,6 +252,32 @@ def test_auto_reads_hermes_tool_calls(hermes_client, smollm2_pipeline):
         extra_body={"response_format": fmt}))
     assert (content, finish) == ("Let me check.", "tool_calls")
     assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
+
+
+def test_auto_reads_llama3_json_tool_calls(smollm2_pipeline):
+    from openai import OpenAI
+
+    regex = '\\{"name": "get_weather", "parameters": \\{"city": "(Paris|Lyon)", "unit": "celsius"\\}\\}'
+    ref = reference(smollm2_pipeline, ASK, [WEATHER], GuidedDecoding(regex=regex), 64)
+    assert ref.finish_reason == "stop", ref
+    with live_server(smollm2_pipeline, max_batch_size=2, tool_parser="llama3_json") as (base, _):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        fmt = {"type": "regex", "regex": regex}
+        r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER],
+                                           extra_body={"response_format": fmt})
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        [call] = c.message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == (
+            "get_weather", json.loads(ref.text)["parameters"])
+        content, calls, finish, _ = joined(client.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER], stream=True,
+            extra_body={"response_format": fmt}))
+        assert (content, finish) == ("", "tool_calls")
+        assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
+        plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0,
+                                               tools=[WEATHER])  # no JSON: the answer is the content
+        assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
 
 
 def test_auto_without_a_call_is_the_plain_answer(hermes_client):
@@ -271,6 +320,7 @@ def bad(fn_name="get_weather", **fn):
     ({"tools": [{"type": "retrieval"}]}, "tools", "tool 0 is not {\"type\": \"function\""),
     ({"tools": bad("get weather"), "tool_choice": "required"}, "tools", "tool 0 has the name 'get weather'"),
     ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools", "two tools are named 'get_weather'"),
+    ({"tools": bad(parameters=False), "tool_choice": "none"}, "tools", "tool 'get_weather' has parameters false"),
     ({"tools": bad(parameters="x"), "tool_choice": "required"}, "tools",
      "tool 'get_weather' has parameters \"x\"; a function's parameters are a JSON schema of type object"),
     ({"tools": bad(parameters={"type": "object", "allOf": [{"type": "object"}]}), "tool_choice": "required"}, "tools",
