@@ -12,11 +12,6 @@ and what the answer may be depends on `tool_choice`:
 - "required": a JSON array of one or more `{"name": <a tool's name>, "parameters": <its arguments>}` objects
   (`required_schema`, vLLM's format for it; one at most with `parallel_tool_calls: false`), by guided decoding;
   the message has one tool call per item and `finish_reason` "tool_calls".
-
-A function's `parameters` is a JSON schema of type object, as OpenAI requires (left out or `{}`: no arguments);
-the schemas of the functions a request forces are compiled before it is queued (an error names the tool). A
-forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as guided decoding refuses
-`min_tokens` and `ignore_eos`.
 - "auto" (the default when tools are given): the model decides, in the format the server was started for
   (`dflash-trt serve --tool-parser`; vLLM's `--tool-call-parser`, trtllm-serve's `--tool_parser`). Its parser
   `hermes` (alias `qwen3`: Hermes 2 Pro, Qwen2.5, Qwen3) reads each `<tool_call>{"name": ..., "arguments": {...}}
@@ -27,10 +22,15 @@ forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as gu
   Without a parser "auto" is refused (a 400 naming the option), as vLLM refuses it, rather than answering text
   that ignores the tools.
 
+A function's `parameters` is a JSON schema of type object, as OpenAI requires (left out or `{}`: no arguments);
+the schemas of the functions a request forces are compiled before it is queued (an error names the tool). A
+forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as guided decoding refuses
+`min_tokens` and `ignore_eos`.
+
 An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went,
 and the "required" array (which does not parse) as content with no tool call (`finish_reason` "length").
 Streamed, a named function's arguments come as `tool_calls[0].function.arguments` deltas; "required" and "auto"
-send their calls whole in the choice's last chunk ("auto" streams the content before the first `<tool_call>`,
+send their calls whole in the choice's last chunk ("auto" streams the content before the first call,
 holding back text that could begin one).
 """
 
