@@ -136,7 +136,8 @@ def bundle_readme(manifest: dict) -> str:
         f"- dflash-trt: `dflash-trt generate --bundle THIS_FOLDER --chat '...'` verifies manifest.json, then loads "
         f"trtllm/target and {d['path']}; it {_describe(q['target'], TARGET_RUNTIME)}",
         f"- TensorRT-LLM >= 1.3.0rc (PyTorch backend, DFlash), on {count(tp, 'GPU')}: `trtllm/launch.sh` (trtllm-serve "
-        "./target --config serve.yaml) or `python trtllm/llm_api_example.py`.",
+        "./target --config serve.yaml; its arguments go on to trtllm-serve, e.g. `--tool_parser qwen3 --reasoning_parser "
+        "qwen3` for a Qwen3 target's tool calls and reasoning) or `python trtllm/llm_api_example.py`.",
         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
         "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
         "- Triton Inference Server (Python backend; its Python must import dflash_trt): `tritonserver "

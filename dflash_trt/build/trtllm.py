@@ -136,6 +136,8 @@ def serve_config(tp_size: int, block_size: int, mask_token_id: int, target_layer
 LAUNCH_SH = """#!/usr/bin/env bash
 # Serve this bundle with TensorRT-LLM's OpenAI-compatible server (PyTorch backend, DFlash needs >= 1.3.0rc).
 # {gpus}
+# Arguments go on to trtllm-serve, e.g. --tool_parser qwen3 --reasoning_parser qwen3 for a Qwen3 target (tool calls,
+# reasoning_content), as dflash-trt serve's --tool-parser / --reasoning-parser.
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v trtllm-serve >/dev/null; then
