@@ -483,8 +483,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         req.check_n()
         want = req.requested_max_tokens()
         calling = req.tool_calling(tool_parser)
+        check_tools_text(req.tools, req.messages)
         if calling is not None:
-            check_tools_text(req.tools, req.messages)
             await asyncio.to_thread(calling.compile, pipe.engine.grammars)  # names a tool whose schema fails
             if not template_renders_tools:
                 warn_tools_unrendered()

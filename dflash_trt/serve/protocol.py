@@ -15,12 +15,10 @@ token nor a `stop` string, before that many tokens are out) and `min_p`; trtllm-
 scope; left out, vLLM's: the output only). Structured output:
 `response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
 `dflash_trt.runtime.guided`). Tool calling: `tools`, `tool_choice` on chat (`dflash_trt.serve.tools`); the chat
-template's variables: `chat_template_kwargs`. A field this
-runtime cannot honour (the deprecated `functions` / `function_call`, `echo` in chat, `best_of`, `suffix`, beam
-search) is refused with
-a message naming it unless it is left at its "off" value, and so is any field not named here (a misspelling); fields that
-do not change the output (`user`, `metadata`, `store`, `service_tier`) are
-accepted and ignored.
+template's variables: `chat_template_kwargs`. A field this runtime cannot honour (the deprecated `functions` /
+`function_call`, `echo` in chat, `best_of`, `suffix`, beam search) is refused with a message naming it unless it is
+left at its "off" value, and so is any field not named here (a misspelling); fields that do not change the output
+(`user`, `metadata`, `store`, `service_tier`) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -279,9 +277,9 @@ class _Request(BaseModel):
 #: chat_template_kwargs keys the server gives the template itself (the request's messages and tools, the
 #: generation prompt) or that `apply_chat_template` reads as its own arguments
 RESERVED_TEMPLATE_KWARGS = ("self", "conversation", "conversations", "messages", "tools", "documents", "chat_template",
-                            "add_generation_prompt",
-                            "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-                            "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+                            "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
+                            "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                            "tokenizer_kwargs")
 
 #: field -> the values that mean "off" (accepted); anything else is refused
 UNSUPPORTED = {
