@@ -536,6 +536,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     delta = states[index].opening()
                 elif finish is not None:
                     delta, finish = states[index].last(text, finish)
+                elif not text:  # a chunk of logprobs only, or the usage chunk's envelope: no text to transform
+                    delta = {}
                 else:
                     delta = states[index].delta(text)
                     if not delta and lps is None:

@@ -35,10 +35,12 @@ class ChatAnswers:
         reasoning, content = split_reasoning(text, self.at_start) if self.reasoning is not None else ("", text)
         if self.calling is not None:
             msg, finish_reason = self.calling.message(content, finish_reason)
-        else:  # all reasoning: content null, as vLLM's
-            msg = {"role": "assistant", "content": None if self.reasoning is not None and not content else content}
+        else:
+            msg = {"role": "assistant", "content": content}
         if self.parser is not None:
             msg["reasoning_content"] = reasoning or None
+            if msg["content"] == "":  # all reasoning: content null, as vLLM's
+                msg["content"] = None
         return msg, finish_reason
 
     def stream(self) -> "ChatStream":

@@ -170,3 +170,22 @@ def test_the_cli_offers_every_reasoning_parser():
 
     [option] = [p for p in serve.params if p.name == "reasoning_parser"]
     assert tuple(option.type.choices) == REASONING_PARSERS
+
+
+def test_streams_with_usage(thinking):
+    """include_usage (and continuous_usage_stats) with a reasoning parser and with tools: the usage chunk and
+    [DONE] come after the answer's chunks, and the usage equals the non-streamed answer's."""
+    client, _, _ = thinking
+    tool = {"type": "function", "function": {"name": "capital", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}
+    for extra in ({}, {"tools": [tool], "tool_choice": "required"}, {"tools": [tool], "tool_choice": "none"}):
+        whole = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0, **extra)
+        for options in ({"include_usage": True}, {"include_usage": True, "continuous_usage_stats": True}):
+            chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
+                                                         stream=True, stream_options=options, **extra))
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+            reasoning, content, finish = joined(chunks)
+            assert (reasoning or None, content or None, finish) == (
+                whole.choices[0].message.reasoning_content, whole.choices[0].message.content,
+                whole.choices[0].finish_reason)
