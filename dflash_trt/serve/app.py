@@ -2,6 +2,8 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (OpenAI API; `stream: true` sends
   server-sent events ending with `data: [DONE]`), `GET /v1/models`;
+- `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}` (OpenAI's Responses API, answered by the chat
+  pipeline: `dflash_trt.serve.responses`);
 - `GET /health` (200 once the model is loaded), `GET /health_generate` (200 after a one-token
   generation), `GET /version`;
 - `GET /metrics` (iteration stats, JSON) and `GET /prometheus/metrics` (Prometheus text):
@@ -34,6 +36,9 @@ from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
+from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
+                                        as_responses_error, assistant_messages, new_id, output_items, response_object,
+                                        status_of, usage_of)
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
 
 logger = logging.getLogger("dflash_trt.serve")
@@ -83,6 +88,8 @@ def param_of(message: str) -> str | None:
 def _status_of(exc: BaseException) -> tuple[int, dict]:
     if isinstance(exc, ModelNotFound):
         return 404, error_body(str(exc), code="model_not_found", param="model")
+    if isinstance(exc, ResponseNotFound):
+        return 404, error_body(str(exc), code="response_not_found", param=exc.param)
     if isinstance(exc, (InvalidRequestError, ConfigError, PromptTooLongError)):
         return 400, error_body(str(exc), param=exc.param or param_of(str(exc)))
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
@@ -474,8 +481,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                        "functions a request offers (forced calls still follow their schemas); serve a target whose "
                        "template renders them (e.g. Qwen3) for tool_choice \"auto\"", pipe.target_path)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
+    async def prepare_chat(req: ChatCompletionRequest):
+        """Check a chat request, render its messages and queue it: (prompt ids, its sequences, the queue of their
+        events (`run`), the `ChatAnswers` that make its messages). Raises InvalidRequestError / PromptTooLongError /
+        ConfigError / ModelNotFound as the request's error."""
         from dflash_trt.training.prompts import encode_prompt, parse_messages
 
         check_model(req.model)
@@ -522,10 +531,14 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         ids = await asyncio.to_thread(encode)
         max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field())
         seqs, events = await run(req, [ids], [max_tokens])
+        guided = seqs[0].params.guided
+        return ids, seqs, events, ChatAnswers(calling, reasoning_parser, guided.kind if guided is not None else None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        ids, seqs, events, answers = await prepare_chat(req)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         now = int(time.time())
-        guided = seqs[0].params.guided
-        answers = ChatAnswers(calling, reasoning_parser, guided.kind if guided is not None else None)
         if req.stream:
             states = None if answers.plain else [answers.stream() for _ in seqs]
 
@@ -560,6 +573,83 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                              "finish_reason": finish, "metrics": choice_metrics(s, r)}
                             for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, replies))],
                 "usage": usage([ids], results)}
+
+    stored = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def create_response(req: ResponsesRequest, request: Request):
+        check_model(req.model)
+        req.unsupported()
+        if req.logprobs() and (reasoning_parser is not None or req.tools and req.tool_choice != "none"):
+            raise InvalidRequestError("logprobs on /v1/responses are served for plain text answers: not with tools or "
+                                      "a reasoning parser (use /v1/chat/completions, whose choices carry them)",
+                                      param="include" if req.include else "top_logprobs")
+        history = stored.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
+        try:
+            chat, conversation = req.chat_request(history)
+            ids, seqs, events, answers = await prepare_chat(chat)
+        except (InvalidRequestError, PromptTooLongError) as exc:
+            raise as_responses_error(exc) from None
+        rid, created, seq = new_id("resp"), int(time.time()), seqs[0]
+
+        def logprobs_of(lps) -> list | None:
+            return None if lps is None else formatter.chat(lps)["content"]
+
+        if not req.stream:
+            [result] = await collect(seqs, events, request)
+            message, finish = answers.message(result.text, result.finish_reason)
+            output = output_items(message, finish, logprobs_of(result.logprobs))
+            response = response_object(rid, created, model_name, req, output, status_of(finish),
+                                       usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result))
+            if req.store:
+                stored.put(response, conversation + assistant_messages(output))
+            return response
+
+        def sse(event: dict) -> str:
+            return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+        async def stream_events():
+            out = ResponseEvents(response_object(rid, created, model_name, req, [], "in_progress", None))
+            state = answers.stream()
+            try:
+                for event in out.start() + out.delta(state.opening()):
+                    yield sse(event)
+                while True:
+                    _, kind, payload = await events.get()
+                    if kind == "text":
+                        text, lps, _ = payload
+                        for event in out.delta(state.delta(text) if text else {}, logprobs_of(lps)):
+                            yield sse(event)
+                        continue
+                    result, error = payload
+                    if error is not None:
+                        status, body = _status_of(error)
+                        if status == 500:
+                            log_failure("POST", request.url.path, error)
+                        yield sse(out.error(body))
+                        return
+                    lps = seq.rest_logprobs(result) if result.logprobs is not None else None
+                    delta, finish = state.last(seq.text.rest(result.finish_reason), result.finish_reason)
+                    for event in out.delta(delta, logprobs_of(lps)) + out.finish(
+                            finish, usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result)):
+                        yield sse(event)
+                    if req.store:
+                        stored.put(out.response, conversation + assistant_messages(out.items))
+                    return
+            finally:
+                for s in seqs:
+                    s.cancelled = True
+
+        return StreamingResponse(stream_events(), media_type="text/event-stream")
+
+    @app.get("/v1/responses/{rid}")
+    async def get_response(rid: str):
+        return stored.get(rid)[0]
+
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str):
+        stored.delete(rid)
+        return {"id": rid, "object": "response", "deleted": True}
 
     return app
 
@@ -678,8 +768,8 @@ def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -
         return (f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')} at character {pos}); "
                 "send one JSON object with Content-Type: application/json")
     if tuple(first.get("loc", ())) == ("body",):
-        example = ('{"prompt": "Hi", "max_tokens": 16}' if path == "/v1/completions" else
-                   '{"messages": [{"role": "user", "content": "Hi"}]}')
+        example = {"/v1/completions": '{"prompt": "Hi", "max_tokens": 16}', "/v1/responses": '{"input": "Hi"}'}.get(
+            path, '{"messages": [{"role": "user", "content": "Hi"}]}')
         return ("the body is not a JSON object (or not sent as Content-Type: application/json); send one JSON object "
                 f"such as {example}")
     parts = []
