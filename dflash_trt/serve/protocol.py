@@ -144,13 +144,7 @@ class _Request(BaseModel):
     def unsupported(self) -> None:
         """Raises InvalidRequestError naming the first field set to something this runtime does not do, or
         stream_options without stream (as OpenAI)."""
-        for name, off in UNSUPPORTED.items():
-            if name in self.honoured:
-                continue
-            value = getattr(self, name)
-            if not any(value == o and type(value) is type(o) for o in off):
-                raise InvalidRequestError(f"{name}={value!r} is not supported by this server (DFlash runtime); "
-                                          f"leave it out{'' if name not in HINTS else ' (' + HINTS[name] + ')'}")
+        refuse_unless_off(self, {k: v for k, v in UNSUPPORTED.items() if k not in self.honoured}, HINTS)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed with stream: true")
 
@@ -290,6 +284,17 @@ UNSUPPORTED = {
 HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself",
          "functions": "use tools", "function_call": "use tool_choice",
          "tools": "tool calling is on /v1/chat/completions", "tool_choice": "tool calling is on /v1/chat/completions"}
+
+
+def refuse_unless_off(request: BaseModel, off: dict[str, tuple], hints: dict[str, str]) -> None:
+    """Raises InvalidRequestError (param: the field) for the first field of `off` (field -> the values that mean
+    "off", of their exact types) that `request` sets to another value, with its hint from `hints` if any."""
+    for name, values in off.items():
+        value = getattr(request, name)
+        if not any(value == v and type(value) is type(v) for v in values):
+            hint = f" ({hints[name]})" if name in hints else ""
+            raise InvalidRequestError(f"{name}={value!r:.80} is not supported by this server (DFlash runtime); "
+                                      f"leave it out{hint}", param=name)
 
 
 def _check_logprobs(value: int | None, field: str) -> None:

@@ -39,9 +39,10 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.serve.protocol import ChatCompletionRequest, refuse_unless_off
 
 #: responses kept for GET and previous_response_id (the oldest are dropped first)
 MAX_STORED = 1024
@@ -51,6 +52,15 @@ INCLUDES = (LOGPROBS_INCLUDE, "reasoning.encrypted_content")
 #: chat request field -> the Responses field it came from (an error about one names the other)
 FIELD_NAMES = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                "response_format": "text.format", "messages": "input"}
+
+
+#: field -> the values that mean "off" (accepted); anything else is refused (`ResponsesRequest.unsupported`)
+UNSUPPORTED = {"truncation": (None, "disabled"), "background": (None, False), "conversation": (None,),
+               "prompt": (None,), "max_tool_calls": (None,)}
+HINTS = {"truncation": "a conversation must fit the target's context; shorten it, or start a new one",
+         "background": "send the request and wait for its answer, or stream it",
+         "conversation": "chain responses with previous_response_id", "prompt": "send the prompt's text as "
+         "instructions and input", "max_tool_calls": "parallel_tool_calls: false allows one call"}
 
 
 class ResponseNotFound(DFlashError):
@@ -108,18 +118,7 @@ class ResponsesRequest(BaseModel):
 
     def unsupported(self) -> None:
         """Raises InvalidRequestError naming the first field asking for what this server does not do."""
-        off = {"truncation": (None, "disabled"), "background": (None, False), "conversation": (None,),
-               "prompt": (None,), "max_tool_calls": (None,)}
-        hints = {"truncation": "a conversation must fit the target's context; shorten it, or start a new one",
-                 "background": "send the request and wait for its answer, or stream it",
-                 "conversation": "chain responses with previous_response_id",
-                 "prompt": "send the prompt's text as instructions and input",
-                 "max_tool_calls": "parallel_tool_calls: false allows one call"}
-        for name, values in off.items():
-            value = getattr(self, name)
-            if not any(value == v and type(value) is type(v) for v in values):
-                raise InvalidRequestError(f"{name}={value!r:.60} is not supported by this server (DFlash runtime); "
-                                          f"leave it out ({hints[name]})", param=name)
+        refuse_unless_off(self, UNSUPPORTED, HINTS)
         bad = next((x for x in self.include or () if x not in INCLUDES), None)
         if bad is not None:
             raise InvalidRequestError(f"include holds {bad!r:.60}, which this server does not return; it serves "
@@ -132,7 +131,7 @@ class ResponsesRequest(BaseModel):
         return LOGPROBS_INCLUDE in (self.include or ()) or bool(self.top_logprobs)
 
     def chat_request(self, history: list[dict]):
-        """(the `dflash_trt.serve.protocol.ChatCompletionRequest` this request amounts to, its conversation): the
+        """(the `ChatCompletionRequest` this request amounts to, its conversation): the
         chat request's messages are the instructions (a system message), `history` (a previous response's
         conversation, chat messages) and the input's (`input_messages`); the conversation is the same without
         the instructions (what a later `previous_response_id` continues).
@@ -141,10 +140,6 @@ class ResponsesRequest(BaseModel):
             InvalidRequestError: an input item, tool, tool_choice or text.format this server does not serve (param:
                 the Responses field).
         """
-        from pydantic import ValidationError
-
-        from dflash_trt.serve.protocol import ChatCompletionRequest
-
         conversation = history + input_messages(self.input)
         system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
         body = {"messages": system + conversation, "stream": self.stream,
