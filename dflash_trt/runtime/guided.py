@@ -54,6 +54,7 @@ class GuidedDecoding:
 
     def __post_init__(self):
         if isinstance(self.json, dict):
+            check_nesting(self.json)  # before anything recursive reads it
             object.__setattr__(self, "json", json_module.dumps(self.json))  # key order kept: properties come in it
         for name in ("json", "regex", "grammar"):
             value = getattr(self, name)
@@ -71,6 +72,10 @@ class GuidedDecoding:
                 schema = json_module.loads(self.json)
             except ValueError as exc:
                 raise InvalidRequestError(f"guided decoding: the JSON schema is not JSON ({exc})") from None
+            except RecursionError:
+                raise InvalidRequestError(f"guided decoding: the JSON schema nests more than {MAX_JSON_DEPTH} levels "
+                                          "of objects and arrays; flatten it or use $defs and $ref") from None
+            check_nesting(schema)
             if not isinstance(schema, (dict, bool)) or schema is False:
                 raise InvalidRequestError("guided decoding: a JSON schema is an object (or true: any JSON value), got "
                                           f"{json_module.dumps(schema)[:80]}")
@@ -91,6 +96,8 @@ UNENFORCED = ("allOf", "not", "if", "then", "else", "uniqueItems", "dependentReq
               "unevaluatedProperties", "unevaluatedItems")
 #: how deeply a JSON schema may nest (XGrammar's compile time grows fast with depth: 400 levels took 11 s)
 MAX_SCHEMA_DEPTH = 32
+#: how deeply a schema's JSON may nest in all, any key (a subschema is at least two levels: "properties" -> name)
+MAX_JSON_DEPTH = 4 * MAX_SCHEMA_DEPTH
 #: whitespace characters XGrammar allows between two JSON tokens (unbounded, a model can emit only spaces and
 #: newlines until max_tokens)
 MAX_WHITESPACE = 16
@@ -101,6 +108,21 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "depe
 _SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "not", "contains", "if", "then", "else",
                "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def check_nesting(value) -> None:
+    """Raises InvalidRequestError when JSON data (dicts, lists) nests more than MAX_JSON_DEPTH levels, whatever the
+    keys (walked without recursion: what reads a schema later, recursively, would overflow Python's stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequestError(f"guided decoding: the JSON schema nests more than {MAX_JSON_DEPTH} levels of "
+                                      "objects and arrays; flatten it or use $defs and $ref")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def check_schema(schema, depth: int = 0, where: str = "#") -> None:

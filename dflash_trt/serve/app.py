@@ -182,7 +182,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
-                      "/v1/chat/completions, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
+                      "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
                       "/prometheus/metrics")
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow")
@@ -584,33 +584,54 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise InvalidRequestError("logprobs on /v1/responses are served for plain text answers: not with tools or "
                                       "a reasoning parser (use /v1/chat/completions, whose choices carry them)",
                                       param="include" if req.include else "top_logprobs")
-        history = stored.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
+        history = stored.conversation(req.previous_response_id) if req.previous_response_id is not None else []
         try:
             chat, conversation = req.chat_request(history)
             ids, seqs, events, answers = await prepare_chat(chat)
-        except (InvalidRequestError, PromptTooLongError) as exc:
+        except (InvalidRequestError, PromptTooLongError, ConfigError) as exc:
             raise as_responses_error(exc) from None
         rid, created, seq = new_id("resp"), int(time.time()), seqs[0]
+        keep = req.store is not False
+        start = response_object(rid, created, model_name, req, [], "in_progress", None)
+        if keep:  # GET shows it in progress
+            stored.put(start, None)
 
         def logprobs_of(lps) -> list | None:
             return None if lps is None else formatter.chat(lps)["content"]
 
+        def settle(response: dict | None, error: BaseException | None = None) -> None:
+            """Store the finished `response`, or (None) the request's end without one: failed (`error`: the
+            generation's) or cancelled (its client left)."""
+            if not keep:
+                return
+            if response is not None:
+                stored.put(response, conversation + assistant_messages(response["output"])
+                           if response["status"] in ("completed", "incomplete") else None)
+                return
+            status = "cancelled" if error is None else "failed"
+            failure = None if error is None else {"code": "server_error", "message": f"generation failed: {error}"}
+            stored.put({**start, "status": status, "error": failure}, None)
+
         if not req.stream:
-            [result] = await collect(seqs, events, request)
+            try:
+                [result] = await collect(seqs, events, request)
+            except BaseException as exc:
+                settle(None, None if isinstance(exc, (ClientGone, asyncio.CancelledError)) else exc)
+                raise
             message, finish = answers.message(result.text, result.finish_reason)
             output = output_items(message, finish, logprobs_of(result.logprobs))
             response = response_object(rid, created, model_name, req, output, status_of(finish),
                                        usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result))
-            if req.store:
-                stored.put(response, conversation + assistant_messages(output))
+            settle(response)
             return response
 
         def sse(event: dict) -> str:
             return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
         async def stream_events():
-            out = ResponseEvents(response_object(rid, created, model_name, req, [], "in_progress", None))
+            out = ResponseEvents(start)
             state = answers.stream()
+            settled = False
             try:
                 for event in out.start() + out.delta(state.opening()):
                     yield sse(event)
@@ -626,30 +647,36 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                         status, body = _status_of(error)
                         if status == 500:
                             log_failure("POST", request.url.path, error)
+                        settle(None, error)
+                        settled = True
                         yield sse(out.error(body))
                         return
                     lps = seq.rest_logprobs(result) if result.logprobs is not None else None
                     delta, finish = state.last(seq.text.rest(result.finish_reason), result.finish_reason)
-                    for event in out.delta(delta, logprobs_of(lps)) + out.finish(
-                            finish, usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result)):
+                    last = out.delta(delta, logprobs_of(lps)) + out.finish(
+                        finish, usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result))
+                    settle(out.response)
+                    settled = True
+                    for event in last:
                         yield sse(event)
-                    if req.store:
-                        stored.put(out.response, conversation + assistant_messages(out.items))
                     return
             finally:
+                if not settled:  # the client left
+                    settle(None)
                 for s in seqs:
                     s.cancelled = True
 
         return StreamingResponse(stream_events(), media_type="text/event-stream")
 
-    @app.get("/v1/responses/{rid}")
-    async def get_response(rid: str):
+    @app.api_route("/v1/responses/{rid}", methods=["GET", "DELETE"])
+    async def stored_response(rid: str, request: Request):
+        if request.method == "DELETE":
+            stored.delete(rid)
+            return {"id": rid, "object": "response", "deleted": True}
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            raise InvalidRequestError("streaming a stored response back is not served; GET it without stream",
+                                      param="stream")
         return stored.get(rid)[0]
-
-    @app.delete("/v1/responses/{rid}")
-    async def delete_response(rid: str):
-        stored.delete(rid)
-        return {"id": rid, "object": "response", "deleted": True}
 
     return app
 

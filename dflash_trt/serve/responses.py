@@ -37,15 +37,24 @@ from __future__ import annotations
 import re
 import uuid
 from collections import OrderedDict
-from typing import Any, Union
+import json
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from dflash_trt.errors import DFlashError, InvalidRequestError, PromptTooLongError
+from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.serve.protocol import ChatCompletionRequest, refuse_unless_off
 
-#: responses kept for GET and previous_response_id (the oldest are dropped first)
+#: responses kept for GET and previous_response_id (the oldest are dropped first), and the bytes of JSON they may
+#: hold in all (their outputs, echoed fields and conversations)
 MAX_STORED = 1024
+MAX_STORED_BYTES = 256 * 2**20
+#: OpenAI's limits on `metadata`: pairs, characters of a key, of a value
+METADATA_LIMITS = (16, 64, 512)
+#: the longest `user` taken (characters; it is echoed and stored)
+MAX_USER = 512
+#: a json_schema format's name, as OpenAI restricts it
+_FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: `include` values served: logprobs on output text; encrypted reasoning (accepted: reasoning comes in the clear)
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INCLUDES = (LOGPROBS_INCLUDE, "reasoning.encrypted_content")
@@ -76,6 +85,24 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}{uuid.uuid4().hex[:16]}"
 
 
+class Reasoning(BaseModel):
+    """`reasoning` (OpenAI's `Reasoning`): checked and echoed; the target thinks as its chat template makes it."""
+
+    model_config = ConfigDict(extra="forbid")
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+
+
+class TextConfig(BaseModel):
+    """`text`: its `format` (`response_format`) and `verbosity` (echoed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
 class ResponsesRequest(BaseModel):
     """POST /v1/responses: OpenAI's fields (types checked strictly, unknown fields refused, as on the other
     endpoints), plus the sampling extensions vLLM's Responses endpoint takes (`top_k`, `seed`) and
@@ -91,20 +118,20 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = Field(default=None, strict=True)
     top_k: int | None = Field(default=None, strict=True)
     seed: int | None = Field(default=None, strict=True)
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null: false (the openai client types it Optional)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
-    text: Any = None
-    reasoning: Any = None
-    store: StrictBool = True
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    store: StrictBool | None = True  # null: true (OpenAI's default)
     previous_response_id: str | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, strict=True)
     chat_template_kwargs: dict[str, Any] | None = None
     # echoed, no effect on the answer
-    metadata: dict[str, str] | None = None
-    user: str | None = None
+    metadata: dict[str, StrictStr] | None = None
+    user: StrictStr | None = None
     service_tier: Any = None
     prompt_cache_key: Any = None
     safety_identifier: Any = None
@@ -125,6 +152,24 @@ class ResponsesRequest(BaseModel):
                                       f"{', '.join(INCLUDES)}", param="include")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed with stream: true", param="stream_options")
+        pairs, key_len, value_len = METADATA_LIMITS
+        meta = self.metadata or {}
+        if len(meta) > pairs or any(len(k) > key_len or len(v) > value_len for k, v in meta.items()):
+            raise InvalidRequestError(f"metadata holds at most {pairs} pairs, keys of at most {key_len} characters and "
+                                      f"values of at most {value_len} (OpenAI's limits)", param="metadata")
+        if self.user is not None and len(self.user) > MAX_USER:
+            raise InvalidRequestError(f"user is {len(self.user)} characters; give at most {MAX_USER}", param="user")
+        if self.previous_response_id == "":
+            raise InvalidRequestError("previous_response_id is empty; give a response's id (resp_...), or leave it out",
+                                      param="previous_response_id")
+        from dflash_trt.api import check_text
+
+        for name in ("instructions", "metadata", "user", "text", "tool_choice", "tools", "previous_response_id"):
+            try:  # echoed in the Response: text the JSON answer could not encode is the request's fault
+                check_text(json.dumps(getattr(self, name) if name != "text" or self.text is None else
+                                      self.text.model_dump(exclude_none=True), ensure_ascii=False), name)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(str(exc), param=name) from None
 
     def logprobs(self) -> bool:
         """Whether output text carries logprobs: `include` names them, or `top_logprobs` asks for alternatives."""
@@ -141,12 +186,22 @@ class ResponsesRequest(BaseModel):
                 the Responses field).
         """
         conversation = history + input_messages(self.input)
+        check_tool_results(conversation)
+        if not any(m["role"] == "user" and _has_text(m["content"]) for m in conversation):
+            raise InvalidRequestError('input has no user message with text; give one, e.g. "input": "Hi" or [{"role": '
+                                      '"user", "content": "Hi"}]', param="input")
+        fmt = response_format(self.text)
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
+        if forced and fmt is not None and self.tools:
+            raise InvalidRequestError(f"tool_choice {json.dumps(self.tool_choice)[:60]} fixes the answer's format (a "
+                                      "function call), so it cannot have a text.format too; leave one of them out",
+                                      param="tool_choice")
         system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
-        body = {"messages": system + conversation, "stream": self.stream,
+        body = {"messages": system + conversation, "stream": bool(self.stream),
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "tools": chat_tools(self.tools),
                 "tool_choice": chat_tool_choice(self.tool_choice), "parallel_tool_calls": self.parallel_tool_calls,
-                "response_format": response_format(self.text), "chat_template_kwargs": self.chat_template_kwargs}
+                "response_format": fmt, "chat_template_kwargs": self.chat_template_kwargs}
         if self.logprobs():
             body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         try:
@@ -160,7 +215,10 @@ def _text(content, where: str, role: str) -> str | list:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequestError(f"{where} ({role}) has content {str(content)[:40]!r}; give a string or a list of "
+        raise InvalidRequestError(f"{where} ({role}) has content {json.dumps(content)[:40]}; give a string or a list of "
+                                  '{"type": "input_text", "text": "..."} parts', param="input")
+    if not content:
+        raise InvalidRequestError(f"{where} ({role}) has no content parts; give its text as a string or as "
                                   '{"type": "input_text", "text": "..."} parts', param="input")
     parts = []
     for j, part in enumerate(content):
@@ -172,8 +230,15 @@ def _text(content, where: str, role: str) -> str | list:
                                       "input_text parts", param="input")
         else:
             raise InvalidRequestError(f'{where} part {j} is not a {{"type": "input_text", "text": "..."}} part (got '
-                                      f"{str(part)[:60]})", param="input")
+                                      f"{json.dumps(part)[:60]})", param="input")
     return parts
+
+
+def _has_text(content) -> bool:
+    """Whether a chat message's content (a string, text parts, or None) holds non-blank text."""
+    if isinstance(content, list):
+        return any(p["text"].strip() for p in content)
+    return bool(content and content.strip())
 
 
 def input_messages(items: str | list) -> list[dict]:
@@ -191,7 +256,7 @@ def input_messages(items: str | list) -> list[dict]:
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise InvalidRequestError(f'{where} is {str(item)[:40]!r}, not an item; give {{"role": "user", '
+            raise InvalidRequestError(f'{where} is {json.dumps(item)[:40]}, not an item; give {{"role": "user", '
                                       '"content": "..."} messages (or a string input)', param="input")
         kind = item.get("type", "message")
 
@@ -227,6 +292,23 @@ def input_messages(items: str | list) -> list[dict]:
     return out
 
 
+def check_tool_results(conversation: list[dict]) -> None:
+    """Raises InvalidRequestError (param "input") when a tool result (`function_call_output`) answers no earlier
+    call of the conversation, or two calls share a call_id (OpenAI's rule: each result names its call)."""
+    calls: set[str] = set()
+    for m in conversation:
+        for call in m.get("tool_calls") or ():
+            if call["id"] in calls:
+                raise InvalidRequestError(f"two function calls have the call_id {json.dumps(call['id'])[:80]}; give "
+                                          "each call its own", param="input")
+            calls.add(call["id"])
+        if m["role"] == "tool" and m["tool_call_id"] not in calls:
+            raise InvalidRequestError(f"no function call found for the function_call_output with call_id "
+                                      f"{json.dumps(m['tool_call_id'])[:80]}; give the function_call item before "
+                                      "its output (or continue the response that made it: previous_response_id)",
+                                      param="input")
+
+
 def chat_tools(tools: list | None) -> list[dict] | None:
     """Responses' function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) as chat's
     (`{"type": "function", "function": {...}}`; their names and schemas are checked there).
@@ -243,6 +325,10 @@ def chat_tools(tools: list | None) -> list[dict] | None:
             raise InvalidRequestError(f"tools[{i}] is of type {kind!r:.40}; this server serves function tools "
                                       '({"type": "function", "name": ..., "parameters": {...}}), not built-in ones',
                                       param="tools")
+        if "function" in t and "name" not in t:
+            raise InvalidRequestError(f'tools[{i}] is in chat\'s form ({{"type": "function", "function": {{...}}}}); '
+                                      'a Responses function tool has its fields at the top: {"type": "function", '
+                                      '"name": ..., "parameters": {...}}', param="tools")
         out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
     return out
 
@@ -256,40 +342,50 @@ def chat_tool_choice(choice):
     """
     if choice is None or isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+    if (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str)
+            and set(choice) == {"type", "name"}):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}, '
                               f"got {choice!r:.80}", param="tool_choice")
 
 
-def response_format(text) -> dict | None:
+def response_format(text: TextConfig | None) -> dict | None:
     """`text.format` as chat's `response_format`: {"type": "text"} (or none): None; {"type": "json_object"};
-    {"type": "json_schema", "name", "schema", "strict"}: chat's `{"type": "json_schema", "json_schema": {...}}`.
+    {"type": "json_schema", "name", "schema", "strict", "description"}: chat's `{"type": "json_schema",
+    "json_schema": {...}}`.
 
     Raises:
-        InvalidRequestError (param "text" / "text.format"): not an object, another type, or a json_schema format
-            without its schema.
+        InvalidRequestError (param "text.format"): another type, a json_schema format without its schema or name, a
+            field of the wrong type.
     """
-    if text is None:
-        return None
-    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
-        raise InvalidRequestError(f'text must be an object with "format" (and "verbosity"), got {text!r:.80}',
-                                  param="text")
-    fmt = text.get("format")
+    fmt = text.format if text is not None else None
     if fmt is None:
         return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
+    kind = fmt.get("type")
+    if kind == "text" and set(fmt) == {"type"}:
         return None
-    if kind == "json_object":
+    if kind == "json_object" and set(fmt) == {"type"}:
         return {"type": "json_object"}
     if kind == "json_schema":
+        def bad(problem: str):
+            return InvalidRequestError(f'text.format of type "json_schema" {problem}; give {{"type": "json_schema", '
+                                       '"name": ..., "schema": {...}} (and "strict", "description")',
+                                       param="text.format")
+
         if not isinstance(fmt.get("schema"), dict):
-            raise InvalidRequestError('text.format of type "json_schema" needs "schema" (an object)',
-                                      param="text.format")
+            raise bad('needs "schema" (an object)')
+        if not isinstance(fmt.get("name"), str) or not _FORMAT_NAME.fullmatch(fmt["name"]):
+            raise bad('needs "name": 1 to 64 of a-z, A-Z, 0-9, _ and -')
+        if not isinstance(fmt.get("strict", False), (bool, type(None))) or not isinstance(
+                fmt.get("description", ""), (str, type(None))):
+            raise bad('has "strict" that is not a boolean or "description" that is not a string')
+        extra = set(fmt) - {"type", "name", "schema", "strict", "description"}
+        if extra:
+            raise bad(f"has {sorted(extra)!r:.60}, which it does not take")
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     raise InvalidRequestError(f'text.format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": '
-                              f'"json_schema", "name": ..., "schema": {{...}}}}, got {fmt!r:.80}', param="text.format")
+                              f'"json_schema", "name": ..., "schema": {{...}}}}, got {json.dumps(fmt)[:80]}',
+                              param="text.format")
 
 
 def as_responses_error(exc: DFlashError) -> DFlashError:
@@ -297,8 +393,12 @@ def as_responses_error(exc: DFlashError) -> DFlashError:
     its `param` and the field names in its message."""
     param = getattr(exc, "param", None)
     message = re.sub(r"\b(" + "|".join(FIELD_NAMES) + r")\b", lambda m: FIELD_NAMES[m.group(1)], str(exc))
-    if isinstance(exc, (InvalidRequestError, PromptTooLongError)):
-        return type(exc)(message, param=FIELD_NAMES.get(param, param))
+    if isinstance(exc, PromptTooLongError):
+        return PromptTooLongError(message, param=FIELD_NAMES.get(param, param))
+    if isinstance(exc, InvalidRequestError):
+        return InvalidRequestError(message, param=FIELD_NAMES.get(param, param))
+    if isinstance(exc, ConfigError):  # the messages: one the chat template refused
+        return InvalidRequestError(message, param="input")
     return exc
 
 
@@ -330,7 +430,8 @@ def function_call_item(call: dict, status: str, item_id: str | None = None) -> d
 def output_items(message: dict, finish_reason: str, logprobs: list | None = None) -> list[dict]:
     """A chat answer's `message` ({"content", "reasoning_content", "tool_calls"}, `ChatAnswers.message`) as Response
     output items: reasoning, then the message (when it has text, or when nothing else came), then the calls. The
-    last item's status is "incomplete" when max_output_tokens cut it (`finish_reason` "length")."""
+    last item's status is "incomplete" when max_output_tokens or the server's shutdown cut it (`finish_reason`
+    "length", "abort")."""
     items = []
     if message.get("reasoning_content"):
         items.append(reasoning_item(message["reasoning_content"], "completed"))
@@ -339,7 +440,7 @@ def output_items(message: dict, finish_reason: str, logprobs: list | None = None
     if content or logprobs or (not items and not calls):
         items.append(message_item(content, "completed", logprobs))
     items += [function_call_item(c, "completed") for c in calls]
-    if finish_reason == "length":
+    if finish_reason in ("length", "abort"):
         items[-1]["status"] = "incomplete"
     return items
 
@@ -356,9 +457,13 @@ def assistant_messages(items: list[dict]) -> list[dict]:
 
 
 def status_of(finish_reason: str) -> str:
-    """A Response's status for its answer's finish_reason: "incomplete" (max_output_tokens), "cancelled" (aborted
-    by the server's shutdown), else "completed"."""
-    return {"length": "incomplete", "abort": "cancelled"}.get(finish_reason, "completed")
+    """A Response's status for its answer's finish_reason: "incomplete" (max_output_tokens), "failed" (aborted by
+    the server's shutdown: `error_of`), else "completed"."""
+    return {"length": "incomplete", "abort": "failed"}.get(finish_reason, "completed")
+
+
+#: the `error` of a Response whose generation the server's shutdown aborted
+ABORTED = {"code": "server_error", "message": "generation aborted: the server is shutting down; send the request again"}
 
 
 def response_object(rid: str, created_at: int, model: str, req: ResponsesRequest, output: list[dict], status: str,
@@ -367,12 +472,13 @@ def response_object(rid: str, created_at: int, model: str, req: ResponsesRequest
     ({"input_tokens", "output_tokens", "total_tokens", and their details}), and the runtime's `metrics` (acceptance
     length tau... of the answer, non-standard, as a chat choice's)."""
     out = {"id": rid, "object": "response", "created_at": created_at, "status": status, "background": False,
-           "error": None, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+           "error": ABORTED if status == "failed" else None, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
            "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
-           "previous_response_id": req.previous_response_id, "reasoning": req.reasoning, "store": req.store,
+           "previous_response_id": req.previous_response_id,
+           "reasoning": req.reasoning.model_dump() if req.reasoning is not None else None, "store": req.store is not False,
            "temperature": 1.0 if req.temperature is None else req.temperature,
-           "text": req.text if req.text is not None else {"format": {"type": "text"}},
+           "text": {"format": {"type": "text"}, **(req.text.model_dump(exclude_none=True) if req.text is not None else {})},
            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
            "top_logprobs": req.top_logprobs, "top_p": 1.0 if req.top_p is None else req.top_p,
            "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
@@ -486,11 +592,13 @@ class ResponseEvents:
 
     def finish(self, finish_reason: str, usage: dict, metrics: dict | None = None) -> list[dict]:
         """The last events: the open item's end (an empty message first when nothing came), then
-        `response.completed` (`response.incomplete` when max_output_tokens cut the answer) with the whole Response."""
+        `response.completed` (`response.incomplete` when max_output_tokens cut the answer, `response.failed` when the
+        server's shutdown did: its `error` says so) with the whole Response."""
         events = [] if self.items else self._add(message_item("", "in_progress"))
         status = status_of(finish_reason)
-        events += self._close("incomplete" if finish_reason == "length" else "completed")
+        events += self._close("incomplete" if finish_reason in ("length", "abort") else "completed")
         final = {**self.response, "status": status, "output": self.items, "usage": usage,
+                 "error": ABORTED if status == "failed" else None,
                  "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
         if metrics is not None:
             final["metrics"] = metrics
@@ -516,31 +624,55 @@ def _copy(obj):
 
 
 class ResponseStore:
-    """Stored responses (`store: true`) in memory: id -> (the Response, the chat conversation it ends), the
-    `limit` most recent (the oldest dropped first). Safe to use from the event loop only."""
+    """Stored responses (`store: true`) in memory: id -> (the Response, the chat conversation it ends, or None while
+    it cannot be continued: in progress, failed, cancelled), the `limit` most recent within `max_bytes` of JSON (the
+    oldest dropped first). Used from the event loop only."""
 
-    def __init__(self, limit: int = MAX_STORED):
-        self.limit, self._items = limit, OrderedDict()
+    def __init__(self, limit: int = MAX_STORED, max_bytes: int = MAX_STORED_BYTES):
+        self.limit, self.max_bytes, self.bytes = limit, max_bytes, 0
+        self._items: OrderedDict[str, tuple[dict, list[dict] | None, int]] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        """Keep `response` and `conversation` (its input's chat messages and its output's, instructions left out)."""
-        self._items[response["id"]] = (response, conversation)
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+    def put(self, response: dict, conversation: list[dict] | None) -> None:
+        """Keep (or replace) `response` and `conversation` (its input's chat messages and its output's, instructions
+        left out; None: not to be continued)."""
+        size = len(json.dumps(response, ensure_ascii=False)) + len(json.dumps(conversation, ensure_ascii=False))
+        self._drop(response["id"])
+        self._items[response["id"]] = (response, conversation, size)
+        self.bytes += size
+        while self._items and (len(self._items) > self.limit or self.bytes > self.max_bytes):
+            self._drop(next(iter(self._items)))
 
-    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict]]:
-        """(Response, conversation) of `rid`.
+    def _drop(self, rid: str) -> None:
+        if rid in self._items:
+            self.bytes -= self._items.pop(rid)[2]
+
+    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict] | None]:
+        """(Response, conversation or None) of `rid`.
 
         Raises:
             ResponseNotFound: no such stored response (`param`: the field that named it).
         """
         if rid not in self._items:
-            raise ResponseNotFound(f"no stored response has id {rid!r:.80} (never made, made with store: false, "
-                                   f"deleted, or dropped: this server keeps the {self.limit} most recent, in memory)",
-                                   param=param)
-        return self._items[rid]
+            raise ResponseNotFound(f"no stored response has id {json.dumps(rid)[:80]} (never made, made with store: "
+                                   f"false, deleted, or dropped: this server keeps the {self.limit} most recent, in "
+                                   "memory, until it stops)", param=param)
+        response, conversation, _ = self._items[rid]
+        return response, conversation
+
+    def conversation(self, rid: str) -> list[dict]:
+        """The conversation a new request continues with `previous_response_id` `rid`.
+
+        Raises:
+            ResponseNotFound: no such stored response.
+            InvalidRequestError: it has not finished (in progress), or failed or was cancelled.
+        """
+        response, conversation = self.get(rid, "previous_response_id")
+        if conversation is None:
+            raise InvalidRequestError(f"the response {rid} is {response['status']}; continue a completed (or "
+                                      "incomplete) response", param="previous_response_id")
+        return conversation
 
     def delete(self, rid: str) -> None:
         """Drop `rid` (ResponseNotFound when it is not stored)."""
         self.get(rid)
-        del self._items[rid]
+        self._drop(rid)

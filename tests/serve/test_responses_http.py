@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import httpx
 import pytest
@@ -26,6 +27,12 @@ ASK = "What is the capital of France?"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                           "additionalProperties": False}}
+#: JSON nested 500 levels deep
+NESTED: dict = {}
+_level = NESTED
+for _ in range(500):
+    _level["a"] = {}
+    _level = _level["a"]
 #: fields that differ between two requests for the same answer
 VARYING = ("id", "created_at", "call_id", "metrics")
 
@@ -155,6 +162,9 @@ def test_previous_response_id_continues_and_stored_responses_are_kept(served):
     again = httpx.post(base + "/v1/responses", json={"input": "Hi", "previous_response_id": first.id})
     assert again.status_code == 404 and again.json()["error"]["param"] == "previous_response_id"
     assert httpx.delete(f"{base}/v1/responses/{first.id}").status_code == 404
+    assert post(base, {"input": "Hi", "store": None, "stream": None, "max_output_tokens": 2})["store"] is True
+    streamed_back = httpx.get(f"{base}/v1/responses/{second.id}?stream=true")
+    assert streamed_back.status_code == 400 and streamed_back.json()["error"]["param"] == "stream"
     unstored = post(base, {"input": "Hi", "store": False, "max_output_tokens": 2})
     assert unstored["store"] is False and httpx.get(f"{base}/v1/responses/{unstored['id']}").status_code == 404
     # a streamed response is stored too, and continues as the non-streamed one would
@@ -163,6 +173,27 @@ def test_previous_response_id_continues_and_stored_responses_are_kept(served):
     follow = post(base, {"input": "And the capital of Italy?", "previous_response_id": streamed["id"],
                          "max_output_tokens": 32, "temperature": 0})
     assert follow["output"][0]["content"][0]["text"] == second.output_text
+
+
+def test_a_response_in_progress_then_cancelled_by_its_client(served):
+    """GET shows a streamed response in progress; its client leaving makes it cancelled, which cannot be continued."""
+    base, _, _ = served
+    body = {"model": MODEL, "input": "Write a very long story about a dragon and a knight.", "stream": True,
+            "max_output_tokens": 2000, "temperature": 0}
+    with httpx.stream("POST", base + "/v1/responses", json=body, timeout=120) as r:
+        lines = r.iter_lines()  # kept: an iterator dropped would close the connection
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: "):])
+        rid = first["response"]["id"]
+        assert first["type"] == "response.created" and first["response"]["status"] == "in_progress"
+        assert httpx.get(f"{base}/v1/responses/{rid}").json()["status"] == "in_progress"
+    for _ in range(600):  # the server notices the disconnect at the next tokens
+        got = httpx.get(f"{base}/v1/responses/{rid}").json()
+        if got["status"] != "in_progress":
+            break
+        time.sleep(0.05)
+    assert got["status"] == "cancelled"
+    refused = httpx.post(base + "/v1/responses", json={"input": "Go on.", "previous_response_id": rid})
+    assert refused.status_code == 400 and "cancelled" in refused.json()["error"]["message"]
 
 
 def test_a_function_call_and_its_output(served):
@@ -264,11 +295,51 @@ def test_reasoning_items(smollm2_pipeline):
     ({"input": "Hi", "previous_response_id": "resp_nope"}, 404, "previous_response_id", "resp_nope"),
     ({"input": "Hi", "model": "gpt-5"}, 404, "model", "gpt-5"),
     ({}, 400, "input", "input"),
+    ({"input": ""}, 400, "input", "no user message"),
+    ({"input": []}, 400, "input", "no user message"),
+    ({"input": [{"role": "developer", "content": "Be brief."}]}, 400, "input", "no user message"),
+    ({"input": [{"role": "user", "content": []}]}, 400, "input", "no content parts"),
+    ({"input": [{"role": "user", "content": ["\ud800"]}]}, 400, "input", '"\\ud800"'),
+    ({"input": "Hi", "instructions": "\ud800"}, 400, "instructions", "surrogate"),
+    ({"input": "Hi", "metadata": {"k": "\ud800"}}, 400, "metadata", "surrogate"),
+    ({"input": "Hi", "metadata": {"\ud800": "v"}}, 400, "metadata", "surrogate"),
+    ({"input": "Hi", "user": "\ud800"}, 400, "user", "surrogate"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "\ud800", "schema": {}}}}, 400, "text",
+     "surrogate"),
+    ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather", "x": "\ud800"}},
+     400, "tool_choice", "surrogate"),
+    ({"input": "Hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "16 pairs"),
+    ({"input": "Hi", "metadata": {"k": "v" * 513}}, 400, "metadata", "512"),
+    ({"input": "Hi", "user": "u" * 513}, 400, "user", "512"),
+    ({"input": "Hi", "reasoning": "high"}, 400, "reasoning", "reasoning"),
+    ({"input": "Hi", "reasoning": {"effort": "ultra"}}, 400, "reasoning", "effort"),
+    ({"input": "Hi", "text": {"verbosity": "extreme"}}, 400, "text", "verbosity"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, 400, "text.format",
+     '"name"'),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}}, 400,
+     "text.format", '"strict"'),
+    ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"},
+      "text": {"format": {"type": "json_object"}}}, 400, "tool_choice", "text.format"),
+    ({"input": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "chat's form"),
+    ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather", "x": 1}}, 400,
+     "tool_choice", "tool_choice must be"),
+    ({"input": "Hi", "previous_response_id": ""}, 400, "previous_response_id", "empty"),
+    ({"input": [{"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "c9", "output": "x"}]},
+     400, "input", "no function call found"),
+    ({"input": [{"role": "user", "content": "Hi"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c1", "name": "g", "arguments": "{}"}]}, 400, "input", "c1"),
+    ({"input": "Hi", "tools": [{**WEATHER, "parameters": {"type": "object", "x": NESTED}}], "tool_choice": "required"},
+     400, "tools", "nests"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object",
+                                                                                     "x": NESTED}}}},
+     400, "text.format", "nests"),
     ([1, 2], 400, None, '{"input": "Hi"}'),
 ])
 def test_bad_requests_name_the_field(served, body, status, param, words):
     base, _, _ = served
-    r = httpx.post(base + "/v1/responses", json=body, timeout=120)
+    r = httpx.post(base + "/v1/responses", content=json.dumps(body), timeout=120,  # JSON escapes: lone surrogates
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"]
@@ -301,6 +372,7 @@ def test_input_items_become_chat_messages():
     ("all reasoning, cut", "length"),
     ("</think>", "stop"),
     ("short</think>The answer is <tool_c", "length"),
+    ("cut by a shutdown</think>Hel", "abort"),
 ])
 def test_events_join_to_the_whole_output(text, finish):
     """Any split of an answer into stream deltas gives the items (and final Response) the whole answer gives."""
@@ -323,4 +395,7 @@ def test_events_join_to_the_whole_output(text, finish):
         assert [e["sequence_number"] for e in got] == list(range(len(got)))
         final = got[-1]["response"]
         assert strip(final["output"]) == strip(whole["output"])
-        assert final["status"] == ("incomplete" if finish == "length" else "completed")
+        status = {"length": "incomplete", "abort": "failed"}.get(finish, "completed")
+        assert final["status"] == status and got[-1]["type"] == "response." + status
+        assert (final["error"] is None) == (finish != "abort")
+        assert final["output"][-1]["status"] == ("completed" if finish == "stop" else "incomplete")
