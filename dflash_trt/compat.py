@@ -108,6 +108,44 @@ def _training_info(folder: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+def _model_name(folder: Path) -> str:
+    """The name a target folder goes by when a drafter's training.json target is compared with a target:
+    the folder's name, except for two folders whose own name says nothing of the model: a bundle's target
+    folder (`dflash-trt build` writes it as NAME/trtllm/target and records the folder it came from in
+    NAME/manifest.json: that folder's name) and a Hugging Face hub snapshot
+    (.../models--ORG--MODEL/snapshots/REVISION: MODEL). `folder` need not exist here (a training.json written
+    on another machine)."""
+    folder = Path(folder)
+    for root in (folder.parent, folder.parent.parent):
+        try:
+            source = json.loads((root / "manifest.json").read_text())["models"]["target"]
+            if (root / source["path"]).resolve() == folder.resolve():
+                return Path(source["source"]).name
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name
+
+
+def _training_target_problem(info: dict, target_path: Path) -> str | None:
+    """The warning `check_checkpoints` gives when the drafter's training.json (`info`, written by
+    train-drafter: "target" is the resolved path of the target it was trained on) names another target than
+    `target_path`: another folder whose name (`_model_name`, compared without case) differs too; None when
+    it names this target, or records none (a drafter trained elsewhere)."""
+    recorded = info.get("target")
+    if not isinstance(recorded, str) or not recorded.strip():
+        return None
+    trained_for, here = Path(recorded), Path(target_path).resolve()
+    if trained_for == here or _model_name(trained_for).casefold() == _model_name(here).casefold():
+        return None
+    return (f"training target: the drafter's training.json says it was trained for the target {trained_for} "
+            f"({_model_name(trained_for)}), not {here} ({_model_name(here)}); fine if this target is a sibling of "
+            "that one (same tokenizer and layers, e.g. a fine-tune of it), otherwise the drafter was made for "
+            "another model (acceptance will be low): use the drafter trained for this target, or train one with "
+            f"dflash-trt train-drafter --target {here}")
+
+
 def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
     """(sha256 of the token->id vocabulary incl. added tokens, {id: special token}) from tokenizer.json,
     or None when the folder has no tokenizer.json."""
@@ -260,9 +298,10 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     shard the index names absent) or do not match their config.json (read from the safetensors headers,
     no target tensor data loaded), drafter weights holding NaN or infinite values (the drafter's tensors
     are read), every `compatibility_problems` item, different tokenizers. Warnings: an
-    untrained drafter, a drafter context (max_position_embeddings) shorter than the target's (the
-    runtime then stops drafting near the drafter's limit and decodes one token per step), different
-    RoPE settings, a mask token that is not a special token of the tokenizer.
+    untrained drafter, an unfinished training run, a drafter whose training.json names another target
+    (`_training_target_problem`: a sibling target may serve), a drafter context (max_position_embeddings)
+    shorter than the target's (the runtime then stops drafting near the drafter's limit and decodes one
+    token per step), different RoPE settings, a mask token that is not a special token of the tokenizer.
     """
     from dflash_trt.errors import DFlashError
 
@@ -323,6 +362,9 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"unfinished: the drafter's training.json says its run stopped at step {info.get('steps')} of "
             f"{info.get('total_steps')} (a time limit or --max-steps); acceptance may be low: continue it with "
             "dflash-trt train-drafter ... --resume")))
+    other_target = _training_target_problem(info, target_path)
+    if other_target is not None:
+        out.append(Finding(WARNING, other_target))
     if not drafter.trained:
         out.append(Finding(WARNING, (
             "untrained: the drafter's config.json marks it untrained (dflash_trt.untrained, as init-drafter writes): "

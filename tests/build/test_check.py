@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from build_helpers import write_tiny_drafter, write_tiny_target
+from build_helpers import build_bundle, write_tiny_drafter, write_tiny_target
 
 from dflash_trt.compat import ERROR, WARNING, check_checkpoints
 
@@ -263,3 +263,27 @@ def test_a_mask_token_that_occurs_in_text_is_warned(target, drafter):
             f"mask token: id {mask} ({name}) is a special token that occurs in the target's text (BOS / EOS / PAD / UNK "
             "or a chat-template marker), so a block can hold it as both a mask and a word. Pick a special token that "
             "text never holds as dflash_config.mask_token_id (init-drafter chooses one)"]
+
+
+def test_a_bundle_target_goes_by_the_name_of_the_target_it_was_built_from(tmp_path, smollm2_path):
+    """A bundle's target folder is NAME/trtllm/target, whatever the model: `check` on a bundle's target and drafter
+    compares training.json's target with the folder the bundle was built from (manifest.json's models.target.source),
+    so a drafter trained for that target gets no "training target" warning there, and one trained for another does."""
+    target = write_tiny_target(tmp_path / "tiny-llama", smollm2_path)
+    drafter = write_tiny_drafter(tmp_path / "drafter", target)
+    (drafter / "training.json").write_text(json.dumps({"target": str(target.resolve())}))  # as train-drafter records it
+    bundle = tmp_path / "bundle"
+    build_bundle(target, drafter, bundle, quant="none")
+    assert json.loads((bundle / "trtllm" / "drafter" / "training.json").read_text())["target"] == str(target.resolve())
+
+    def training_target_warnings():
+        findings = check_checkpoints(bundle / "trtllm" / "target", bundle / "trtllm" / "drafter")
+        assert only(findings, ERROR) == []
+        return [w for w in only(findings, WARNING) if w.startswith("training target:")]
+
+    assert training_target_warnings() == []
+    other = tmp_path / "models" / "tiny-other"
+    (bundle / "trtllm" / "drafter" / "training.json").write_text(json.dumps({"target": str(other)}))
+    [warning] = training_target_warnings()
+    assert warning.startswith(f"training target: the drafter's training.json says it was trained for the target {other} "
+                              f"(tiny-other), not {(bundle / 'trtllm' / 'target').resolve()} (tiny-llama); ")

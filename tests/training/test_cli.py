@@ -924,3 +924,46 @@ def test_a_run_started_with_layer_ids_out_of_order_can_be_resumed(tmp_path, targ
     assert res.exit_code == 0, res.output + repr(res.exception)
     res = _run(args + ["--target-layer-ids", "2,0", "--max-steps", "2", "--resume", "--force"])
     assert isinstance(res.exception, ConfigError) and "give them in increasing order (0,2)" in str(res.exception)
+
+
+def test_check_warns_when_the_drafter_was_trained_for_another_target(tmp_path, target_with_tokenizer):
+    """`dflash-trt check` ignored training.json's "target" (the target train-drafter trained on): a drafter made for
+    one model passed silently with another. Now a target of another name gets one warning naming both (exit 0: a
+    drafter may serve a sibling of its target); the same folder, a copy under the same name, and the same model as
+    a Hugging Face hub snapshot (models--ORG--NAME/snapshots/REVISION) get none."""
+    import shutil
+
+    from dflash_trt.compat import ERROR, WARNING, check_checkpoints
+
+    out = tmp_path / "drafter"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 8)),
+                "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "0,1", "--max-new-tokens", "8",
+                "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "1"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    trained_for = target_with_tokenizer.resolve()
+    assert json.loads((out / "training.json").read_text())["target"] == str(trained_for)
+
+    def training_target_warnings(target):
+        findings = check_checkpoints(target, out)
+        assert [f.message for f in findings if f.level == ERROR] == []
+        return [f.message for f in findings if f.level == WARNING and f.message.startswith("training target:")]
+
+    assert training_target_warnings(target_with_tokenizer) == []
+    same_name = shutil.copytree(target_with_tokenizer, tmp_path / "elsewhere" / target_with_tokenizer.name)
+    assert training_target_warnings(same_name) == []
+    snapshot = shutil.copytree(target_with_tokenizer, tmp_path / "hub" / f"models--org--{target_with_tokenizer.name}"
+                               / "snapshots" / "0123abcd")
+    assert training_target_warnings(snapshot) == []
+    sibling = shutil.copytree(target_with_tokenizer, tmp_path / "tiny-sibling")
+    expected = (f"training target: the drafter's training.json says it was trained for the target {trained_for} "
+                f"({trained_for.name}), not {sibling} (tiny-sibling); fine if this target is a sibling of that one "
+                "(same tokenizer and layers, e.g. a fine-tune of it), otherwise the drafter was made for another model "
+                "(acceptance will be low): use the drafter trained for this target, or train one with dflash-trt "
+                f"train-drafter --target {sibling}")
+    assert training_target_warnings(sibling) == [expected]
+    cli_run = CliRunner().invoke(cli, ["check", "--target", str(sibling), "--drafter", str(out)])
+    assert cli_run.exit_code == 0, cli_run.output + repr(cli_run.exception)
+    assert f"warning: {expected}" in cli_run.stderr.splitlines()
+    assert [line.split(":")[1] for line in cli_run.stderr.splitlines()] == [" unfinished", " training target",
+                                                                          " mask token"]  # --max-steps 1; MASK is text
+    assert cli_run.stdout == "ok: the drafter fits the target (3 warnings)\n"
