@@ -297,7 +297,8 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     Errors: unreadable configs, target or drafter weights that are missing, unreadable (truncated, a
     shard the index names absent) or do not match their config.json (read from the safetensors headers,
     no target tensor data loaded), drafter weights holding NaN or infinite values (the drafter's tensors
-    are read), every `compatibility_problems` item, different tokenizers. Warnings: an
+    are read), every `compatibility_problems` item, different tokenizers, a target without tokenizer
+    files (tokenizer.json, tokenizer.model or vocab.json: the runtime cannot load it). Warnings: an
     untrained drafter, an unfinished training run, a drafter whose training.json names another target
     (`_training_target_problem`: a sibling target may serve), a drafter context (max_position_embeddings)
     shorter than the target's (the runtime then stops drafting near the drafter's limit and decodes one
@@ -383,11 +384,13 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             "it was made for another target (acceptance will be low)")))
     t_tok, d_tok = _tokenizer_identity(target_path), _tokenizer_identity(drafter_path)
     if t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):
-        out.append(Finding(WARNING, (
-            f"tokenizer: {target_path} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json), so "
-            "generate, bench, train-drafter and trtllm-serve cannot use it, and the tokenizer identity and the mask "
-            "token were not checked; copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into "
-            "the folder")))
+        # an error: load_pipeline, load_bundle and train-drafter's data generation all load the target's tokenizer
+        # (`api.load_tokenizer`) and refuse a folder without one
+        out.append(Finding(ERROR, (
+            f"tokenizer: {target_path} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); the "
+            "runtime encodes prompts and decodes answers with the target's tokenizer, so generate, bench, serve and "
+            "train-drafter cannot run this target, nor a bundle built from it (generate --bundle, trtllm-serve): copy "
+            "the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder")))
     elif t_tok is None:
         out.append(Finding(WARNING, f"tokenizer: {target_path} has no tokenizer.json; tokenizer identity and the mask "
                                     "token were not checked"))

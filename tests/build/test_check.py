@@ -126,22 +126,34 @@ def test_cli_exit_codes(target, drafter, tmp_path):
     assert missing.returncode == 1 and "no such folder" in missing.stderr
 
 
-def test_a_target_without_tokenizer_files_is_a_warning_naming_what_fails_and_the_fix(tmp_path, target, drafter):
-    """check passed a target with no tokenizer files ('identity not checked'), and generate then refused the pair:
-    the warning now says which commands cannot use it and how to fix it; a slow tokenizer (tokenizer.model) only
-    leaves the identity unchecked."""
+def test_a_target_without_tokenizer_files_is_an_error_naming_the_files_and_the_fix(tmp_path, target, drafter):
+    """check passed a target with no tokenizer files (exit 0, a warning) that the runtime then refused: every way
+    dflash-trt runs a target loads its tokenizer. Now it is an error (exit 1) naming the files and the fix; a slow
+    tokenizer (tokenizer.model) only leaves the identity unchecked (a warning)."""
     import shutil
+
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.errors import CheckpointError
 
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
         shutil.copy2(target / f, bare / f)
-    assert only(check_checkpoints(bare, drafter), ERROR) == []
-    assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
-        f"tokenizer: {bare} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json), so generate, bench, "
-        "train-drafter and trtllm-serve cannot use it, and the tokenizer identity and the mask token were not "
-        "checked; copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder"]
+    expected = (f"tokenizer: {bare} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); the runtime "
+                "encodes prompts and decodes answers with the target's tokenizer, so generate, bench, serve and "
+                "train-drafter cannot run this target, nor a bundle built from it (generate --bundle, trtllm-serve): "
+                "copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder")
+    assert only(check_checkpoints(bare, drafter), ERROR) == [expected]
+    assert not [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")]
+    with pytest.raises(CheckpointError, match="no usable tokenizer"):  # what the error stands for
+        load_pipeline(bare, drafter)
+    run = [sys.executable, "-c", "from dflash_trt.cli import main; main()", "check", "--target", str(bare), "--drafter",
+           str(drafter)]
+    res = subprocess.run(run, capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == "", res.stderr
+    assert f"error: {expected}" in res.stderr.splitlines() and "check failed: 1 error, 1 warning" in res.stderr
     (bare / "tokenizer.model").write_bytes(b"sentencepiece")
+    assert only(check_checkpoints(bare, drafter), ERROR) == []
     assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
         f"tokenizer: {bare} has no tokenizer.json; tokenizer identity and the mask token were not checked"]
 

@@ -14,16 +14,19 @@ from safetensors.torch import load_file, save_file
 
 from dflash_trt.compat import ERROR, check_checkpoints
 from tests.conftest import make_hf_model
+from tests.training.conftest import word_tokenizer
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """(target folder, drafter folder): tiny random Llama (hidden 64, 4 layers, vocab 96), 1-layer drafter."""
+    """(target folder, drafter folder): tiny random Llama (hidden 64, 4 layers, vocab 96) with a word-level
+    tokenizer, 1-layer drafter."""
     from dflash_trt.config import TargetConfig
     from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
 
     root = tmp_path_factory.mktemp("pair")
     _, target = make_hf_model(root)
+    word_tokenizer(96).save_pretrained(target)  # a runnable target: `check` refuses one without tokenizer files
     cfg = new_drafter_config(TargetConfig.from_pretrained(target), 1, 4, 95, [1, 2])
     return target, init_drafter(cfg, root / "drafter", seed=0)
 
@@ -67,6 +70,7 @@ def test_sharded_targets_and_a_missing_shard(tmp_path, pair):
 
     target = tmp_path / "sharded"
     AutoModelForCausalLM.from_pretrained(pair[0]).save_pretrained(target, max_shard_size="100KB")
+    word_tokenizer(96).save_pretrained(target)
     shards = sorted(target.glob("model-*.safetensors"))
     assert (target / "model.safetensors.index.json").is_file() and len(shards) > 2
     assert errors(target, pair[1]) == []

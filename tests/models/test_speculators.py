@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import run_main
-from tests.training.conftest import MASK, TINY
+from tests.training.conftest import MASK, TINY, word_tokenizer
 from dflash_trt.config import DrafterConfig, TargetConfig
 from dflash_trt.errors import CheckpointError, ConfigError, IncompatibleModelsError
 from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
@@ -31,6 +31,7 @@ def _tiny_target(folder, seed):
             if "norm" not in name:
                 p.normal_(0, 0.15)
     save_checkpoint(folder, TINY, model.state_dict())
+    word_tokenizer().save_pretrained(folder)  # a runnable target: `check` refuses one without tokenizer files
     return folder
 
 

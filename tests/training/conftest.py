@@ -68,12 +68,13 @@ def tiny_samples(tiny_data_dir):
     return load_shards(tiny_data_dir)
 
 
-def word_tokenizer():
-    """A word-level tokenizer over the tiny vocabulary ("w0".."w63" -> ids 0..63, EOS "w2"), no chat template."""
+def word_tokenizer(vocab: int = VOCAB):
+    """A word-level tokenizer over the tiny vocabulary ("w0".."w63" -> ids 0..63, EOS "w2"; `vocab` words in
+    all), no chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token=f"w{EOS}")
 
