@@ -1,8 +1,10 @@
 """dflash-trt's C++ op library (torch custom ops, namespace `torch.ops.dflash_trt`): `packed_linear` and
 `pack_q4_1` / `pack_q8_0` (csrc/packed_linear.cpp, csrc/pack_gguf.cpp; `dflash_trt.ops.packed_linear`) and
-the fused KV injection `kv_inject` (csrc/kv_inject.cpp; `DFlashDrafter.use_fused_injection`), whose schema
-is defined here so that its CUDA kernel (csrc/kv_inject.cu, `dflash_trt.ops.cuda`, registered here for the
-CUDA dispatch key and built with nvcc on first use) serves the same op where the CPU library is not built.
+the fused KV injection `kv_inject` (`DFlashDrafter.use_fused_injection`), whose schema and kernels are
+registered here at import: for CPU tensors `_kv_inject_cpu`, which loads the CPU library (building it on
+first use) and calls its `kv_inject_cpu` (csrc/kv_inject.cpp), so the op runs before `require_cpu_kernels()`
+too, or raises a ConfigError saying why it cannot; for CUDA tensors its CUDA kernel (csrc/kv_inject.cu,
+`dflash_trt.ops.cuda`, built with nvcc on first use), which needs no CPU library.
 
 Built from `dflash_trt/ops/csrc/*.cpp` on first use with `torch.utils.cpp_extension` (needs a C++
 compiler and the `ninja` package; ~15 s once), for the CPU's instruction set (`cpu_isa`: AVX-512, or
@@ -236,10 +238,28 @@ def build_once(final: Path, record: Path, compiler: dict, what: str, build) -> s
     return None
 
 
-#: the op library's Python side: `kv_inject`'s schema (its CPU kernel: csrc/kv_inject.cpp) and CUDA kernel
+#: the op library's Python side: `kv_inject`'s schema and its kernels for CPU and CUDA tensors
 _LIBRARY = torch.library.Library("dflash_trt", "FRAGMENT")
 _LIBRARY.define("kv_inject(Tensor kv, Tensor k_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) cache, "
                 "Tensor rows, Tensor positions) -> ()")
+
+
+def _kv_inject_cpu(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
+    """`torch.ops.dflash_trt.kv_inject` on CPU tensors: the CPU op library's `kv_inject_cpu`
+    (csrc/kv_inject.cpp; arguments, shapes and errors there), loaded first (`cpu_kernels_unavailable`:
+    built once, ~15 s), so a call before `require_cpu_kernels()` runs as one after it.
+
+    Raises:
+        ConfigError: the CPU kernels cannot run here (the reason, `require_cpu_kernels` and the fix).
+    """
+    why = cpu_kernels_unavailable()
+    if why is not None:
+        from dflash_trt.errors import ConfigError
+
+        raise ConfigError(f"torch.ops.dflash_trt.kv_inject has no CPU kernel here: {why} (dflash_trt.ops."
+                          "require_cpu_kernels() says the same); inject with the PyTorch path instead: a DFlashDrafter "
+                          "without use_fused_injection(), as --cpu-kernels off runs")
+    torch.ops.dflash_trt.kv_inject_cpu(kv, k_norm, eps, cos, sin, cache, rows, positions)
 
 
 def _kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
@@ -248,4 +268,5 @@ def _kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
     kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions)
 
 
+_LIBRARY.impl("kv_inject", _kv_inject_cpu, "CPU")
 _LIBRARY.impl("kv_inject", _kv_inject_cuda, "CUDA")

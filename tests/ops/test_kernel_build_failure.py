@@ -189,3 +189,35 @@ def test_failure_reason_is_the_first_compiler_error_line():
     assert ops._failure_reason(OSError("disk\nfull")) == "OSError: full"
     assert ops._failure_reason(RuntimeError("")) == "RuntimeError"
     assert len(ops._failure_reason(RuntimeError("error: " + "x" * 1000))) < 320
+
+
+def test_the_op_says_why_it_cannot_run_when_the_kernels_cannot_be_built(tmp_path):
+    """torch.ops.dflash_trt.kv_inject called on CPU tensors where the CPU library cannot be built (here: a fresh
+    cache and no compiler): a ConfigError with the reason, require_cpu_kernels() and the PyTorch fallback, not
+    torch's "Could not run 'dflash_trt::kv_inject' with arguments from the 'CPU' backend" (a real process, nothing
+    patched)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "import dflash_trt.ops as ops\n"
+        "from dflash_trt.errors import ConfigError\n"
+        "args = (torch.zeros(1, 1, 16), torch.ones(1, 4), 1e-6, torch.ones(1, 1, 4), torch.zeros(1, 1, 4),\n"
+        "        torch.zeros(2, 1, 1, 2, 8, 4), torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))\n"
+        "try:\n"
+        "    torch.ops.dflash_trt.kv_inject(*args)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+        "print(ops.cpu_kernels_unavailable())\n")
+    env = {**os.environ, "DFLASH_TRT_CACHE": str(tmp_path / "cache"), "CXX": str(tmp_path / "no-such-compiler")}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    message, why = res.stdout.splitlines()
+    if ops.cpu_isa() is not None:  # else the reason is the CPU's instruction set
+        assert why == (f"building the CPU kernels needs a C++ compiler, and `{tmp_path / 'no-such-compiler'}` is not on "
+                       "PATH: install g++ (e.g. apt install g++) or set CXX")
+    assert message == (f"torch.ops.dflash_trt.kv_inject has no CPU kernel here: {why} (dflash_trt.ops.require_cpu_kernels() "
+                       "says the same); inject with the PyTorch path instead: a DFlashDrafter without "
+                       "use_fused_injection(), as --cpu-kernels off runs")
+    assert not (tmp_path / "cache" / "ops").exists() or not any((tmp_path / "cache" / "ops").iterdir())

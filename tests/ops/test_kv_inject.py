@@ -85,6 +85,44 @@ def test_bad_arguments_are_named(drafters):
         op(kv[..., :-1], norm, 1e-6, cos, sin, cache.buffer, torch.tensor([0]), torch.tensor([[0]]))
 
 
+#: run in a fresh process: `import dflash_trt.ops`, then the op on CPU tensors with no require_cpu_kernels() before it
+DIRECT_CALL = """
+import torch
+
+import dflash_trt.ops
+
+torch.manual_seed(0)
+L, B, H, cap, D, n, c, eps = 2, 3, 2, 8, 4, 1, 2, 1e-6
+kv, w = torch.randn(n, c, L * 2 * H * D), torch.rand(L, D) + 0.5
+cos, sin = torch.randn(n, c, D), torch.randn(n, c, D)
+cache, rows, positions = torch.zeros(2, L, B, H, cap, D), torch.tensor([1]), torch.tensor([[5, 2]])
+torch.ops.dflash_trt.kv_inject(kv, w, eps, cos, sin, cache, rows, positions)
+
+x = kv.view(n, c, L, 2, H, D)  # the reference: k_norm (RMSNorm over D), then RoPE (rotate-half) on K; V as it is
+k, v = x[:, :, :, 0], x[:, :, :, 1]
+k = k / torch.sqrt(k.double().pow(2).mean(-1, keepdim=True).float() + eps) * w[:, None]
+k = k * cos[:, :, None, None] + torch.cat([-k[..., D // 2:], k[..., :D // 2]], -1) * sin[:, :, None, None]
+want = torch.zeros_like(cache)
+for t, p in enumerate(positions[0].tolist()):
+    want[0, :, 1, :, p], want[1, :, 1, :, p] = k[0, t], v[0, t]
+assert torch.equal(cache[1], want[1]) and cache[1].count_nonzero() == L * H * c * D
+torch.testing.assert_close(cache[0], want[0], rtol=1e-6, atol=1e-6)
+print("kv_inject ok")
+"""
+
+
+def test_the_op_runs_before_require_cpu_kernels():
+    """`import dflash_trt.ops` registers kv_inject's schema, but its CPU kernel came only with the library that
+    require_cpu_kernels() loads: a direct call before it failed with torch's "Could not run 'dflash_trt::kv_inject'
+    with arguments from the 'CPU' backend". Now the op's CPU kernel loads the library itself and the call writes what
+    the reference writes."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", DIRECT_CALL], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout == "kv_inject ok\n", res.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_same_drafts_end_to_end(smollm2_pipeline):
     """The test pipeline runs the CPU kernels, so its drafter injects with the fused op; the reference path

@@ -104,5 +104,12 @@ void kv_inject(const at::Tensor& kv, const at::Tensor& k_norm, double eps, const
 
 }  // namespace
 
-// the schema is defined in Python (dflash_trt/ops/__init__.py), shared with the CUDA kernel (kv_inject.cu)
-TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("kv_inject", &kv_inject); }
+// This kernel under its own name, `kv_inject_cpu`. The public op `kv_inject` (schema and CPU / CUDA kernels
+// registered in dflash_trt/ops/__init__.py, shared with kv_inject.cu) calls it for CPU tensors, loading this
+// library first (building it once), so a call made before the library is loaded runs, or says why it cannot.
+TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
+  m.def("kv_inject_cpu(Tensor kv, Tensor k_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) cache, Tensor rows, "
+        "Tensor positions) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("kv_inject_cpu", &kv_inject); }
