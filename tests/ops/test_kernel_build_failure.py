@@ -211,7 +211,7 @@ def test_the_op_says_why_it_cannot_run_when_the_kernels_cannot_be_built(tmp_path
         "    print(exc)\n"
         "print(ops.cpu_kernels_unavailable())\n")
     env = {**os.environ, "DFLASH_TRT_CACHE": str(tmp_path / "cache"), "CXX": str(tmp_path / "no-such-compiler")}
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     message, why = res.stdout.splitlines()
     if ops.cpu_isa() is not None:  # else the reason is the CPU's instruction set

@@ -119,7 +119,7 @@ def test_the_op_runs_before_require_cpu_kernels():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", DIRECT_CALL], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", DIRECT_CALL], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and res.stdout == "kv_inject ok\n", res.stderr[-3000:]
 
 
