@@ -2,8 +2,8 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (OpenAI API; `stream: true` sends
   server-sent events ending with `data: [DONE]`), `GET /v1/models`;
-- `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}` (OpenAI's Responses API, answered by the chat
-  pipeline: `dflash_trt.serve.responses`);
+- `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (OpenAI's
+  Responses API, answered by the chat pipeline: `dflash_trt.serve.responses`);
 - `GET /health` (200 once the model is loaded), `GET /health_generate` (200 after a one-token
   generation), `GET /version`;
 - `GET /metrics` (iteration stats, JSON) and `GET /prometheus/metrics` (Prometheus text):
@@ -37,8 +37,8 @@ from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
 from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
-                                        as_responses_error, assistant_messages, new_id, output_items, response_object,
-                                        status_of, usage_of)
+                                        as_responses_error, assistant_messages, listed_items, new_id, output_items,
+                                        response_object, status_of, usage_of)
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
 
 logger = logging.getLogger("dflash_trt.serve")
@@ -166,7 +166,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         errors = exc.errors()
-        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x not in ("body", "query", "path")]
         if errors and errors[0].get("type") == "json_invalid":
             loc = []  # its loc is the character position, not a field
         return JSONResponse(error_body(validation_message(errors, request.url.path), param=loc[0] if loc else None),
@@ -182,7 +182,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
-                      "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
+                      "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), /v1/responses/{id}/input_items, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
                       "/prometheus/metrics")
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow")
@@ -593,8 +593,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid, created, seq = new_id("resp"), int(time.time()), seqs[0]
         keep = req.store is not False
         start = response_object(rid, created, model_name, req, [], "in_progress", None)
+        items = listed_items(req.input)
         if keep:  # GET shows it in progress
-            stored.put(start, None)
+            stored.put(start, None, items)
 
         def logprobs_of(lps) -> list | None:
             return None if lps is None else formatter.chat(lps)["content"]
@@ -606,11 +607,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 return
             if response is not None:
                 stored.put(response, conversation + assistant_messages(response["output"])
-                           if response["status"] in ("completed", "incomplete") else None)
+                           if response["status"] in ("completed", "incomplete") else None, items)
                 return
             status = "cancelled" if error is None else "failed"
             failure = None if error is None else {"code": "server_error", "message": f"generation failed: {error}"}
-            stored.put({**start, "status": status, "error": failure}, None)
+            stored.put({**start, "status": status, "error": failure}, None, items)
 
         if not req.stream:
             try:
@@ -677,6 +678,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise InvalidRequestError("streaming a stored response back is not served; GET it without stream",
                                       param="stream")
         return stored.get(rid)[0]
+
+    @app.get("/v1/responses/{rid}/input_items")
+    async def stored_input_items(rid: str, limit: int = 20, order: str = "desc", after: str | None = None):
+        return stored.input_items(rid, limit, order, after)
 
     return app
 

@@ -15,7 +15,9 @@ item with one `output_text` part, and a `function_call` item per tool call, in t
 say so) carrying the whole Response, equal to the one a non-streamed request gets.
 
 Conversation state: a response is stored (`store`, default true) in the server's memory (`ResponseStore`, the
-`MAX_STORED` most recent), retrievable by `GET /v1/responses/{id}`, deletable, and continued by a later request's
+`MAX_STORED` most recent), retrievable by `GET /v1/responses/{id}` (in progress while it is made; cancelled when its
+client left first, failed when its generation failed), its input by `GET /v1/responses/{id}/input_items`
+(OpenAI's pages: limit, order, after), deletable, and continued by a later request's
 `previous_response_id` (its input and output come before the new input; its `instructions` do not carry over, as
 OpenAI's). Input items: messages (roles user, system, developer (read as system), assistant; text parts
 `input_text` / `output_text`), `function_call` and `function_call_output` items (a tool call and its result, as
@@ -289,6 +291,29 @@ def input_messages(items: str | list) -> list[dict]:
             raise InvalidRequestError(f"{where} is an item of type {kind!r:.40}, which this server does not serve; "
                                       "give message, function_call, function_call_output or reasoning items",
                                       param="input")
+    return out
+
+
+def listed_items(items: str | list) -> list[dict]:
+    """`input` (checked: `input_messages`) as `GET /v1/responses/{id}/input_items` lists it: each item with its
+    `type`, an `id` (the one given, or a new one) and a `status`; a message's content as parts (`input_text`, or
+    `output_text` for the assistant's, as OpenAI lists them)."""
+    out = []
+    for item in [{"role": "user", "content": items}] if isinstance(items, str) else items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role, content = item["role"], item["content"]
+            texts = [content] if isinstance(content, str) else [p["text"] for p in content]
+            parts = ([{"type": "output_text", "text": t, "annotations": []} for t in texts] if role == "assistant"
+                     else [{"type": "input_text", "text": t} for t in texts])
+            out.append({"id": item.get("id") or new_id("msg"), "type": "message", "role": role,
+                        "status": item.get("status") or "completed", "content": parts})
+        else:
+            prefix = {"function_call": "fc", "function_call_output": "fco"}.get(kind, "rs")
+            listed = {**item, "id": item.get("id") or new_id(prefix)}
+            if kind != "reasoning":
+                listed["status"] = item.get("status") or "completed"
+            out.append(listed)
     return out
 
 
@@ -625,29 +650,29 @@ def _copy(obj):
 
 class ResponseStore:
     """Stored responses (`store: true`) in memory: id -> (the Response, the chat conversation it ends, or None while
-    it cannot be continued: in progress, failed, cancelled), the `limit` most recent within `max_bytes` of JSON (the
-    oldest dropped first). Used from the event loop only."""
+    it cannot be continued: in progress, failed, cancelled; its input items, `listed_items`), the `limit` most recent
+    within `max_bytes` of JSON (the oldest dropped first). Used from the event loop only."""
 
     def __init__(self, limit: int = MAX_STORED, max_bytes: int = MAX_STORED_BYTES):
         self.limit, self.max_bytes, self.bytes = limit, max_bytes, 0
-        self._items: OrderedDict[str, tuple[dict, list[dict] | None, int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[dict, list[dict] | None, list[dict], int]] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict] | None) -> None:
-        """Keep (or replace) `response` and `conversation` (its input's chat messages and its output's, instructions
-        left out; None: not to be continued)."""
-        size = len(json.dumps(response, ensure_ascii=False)) + len(json.dumps(conversation, ensure_ascii=False))
+    def put(self, response: dict, conversation: list[dict] | None, items: list[dict]) -> None:
+        """Keep (or replace) `response`, `conversation` (its input's chat messages and its output's, instructions
+        left out; None: not to be continued) and its input `items`."""
+        size = len(json.dumps([response, conversation, items], ensure_ascii=False))
         self._drop(response["id"])
-        self._items[response["id"]] = (response, conversation, size)
+        self._items[response["id"]] = (response, conversation, items, size)
         self.bytes += size
         while self._items and (len(self._items) > self.limit or self.bytes > self.max_bytes):
             self._drop(next(iter(self._items)))
 
     def _drop(self, rid: str) -> None:
         if rid in self._items:
-            self.bytes -= self._items.pop(rid)[2]
+            self.bytes -= self._items.pop(rid)[3]
 
-    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict] | None]:
-        """(Response, conversation or None) of `rid`.
+    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict] | None, list[dict]]:
+        """(Response, conversation or None, input items) of `rid`.
 
         Raises:
             ResponseNotFound: no such stored response (`param`: the field that named it).
@@ -656,8 +681,7 @@ class ResponseStore:
             raise ResponseNotFound(f"no stored response has id {json.dumps(rid)[:80]} (never made, made with store: "
                                    f"false, deleted, or dropped: this server keeps the {self.limit} most recent, in "
                                    "memory, until it stops)", param=param)
-        response, conversation, _ = self._items[rid]
-        return response, conversation
+        return self._items[rid][:3]
 
     def conversation(self, rid: str) -> list[dict]:
         """The conversation a new request continues with `previous_response_id` `rid`.
@@ -666,11 +690,35 @@ class ResponseStore:
             ResponseNotFound: no such stored response.
             InvalidRequestError: it has not finished (in progress), or failed or was cancelled.
         """
-        response, conversation = self.get(rid, "previous_response_id")
+        response, conversation, _ = self.get(rid, "previous_response_id")
         if conversation is None:
             raise InvalidRequestError(f"the response {rid} is {response['status']}; continue a completed (or "
                                       "incomplete) response", param="previous_response_id")
         return conversation
+
+    def input_items(self, rid: str, limit: int = 20, order: str = "desc", after: str | None = None) -> dict:
+        """A page of `rid`'s input items, OpenAI's list object ({"object": "list", "data", "first_id", "last_id",
+        "has_more"}): `limit` (1 to 100) items in `order` ("asc" or "desc", the default), after the item `after`.
+
+        Raises:
+            ResponseNotFound: no such stored response.
+            InvalidRequestError: limit, order or after out of range (naming it).
+        """
+        items = list(self.get(rid)[2])
+        if not 1 <= limit <= 100:
+            raise InvalidRequestError(f"limit must be in [1, 100], got {limit}", param="limit")
+        if order not in ("asc", "desc"):
+            raise InvalidRequestError(f'order must be "asc" or "desc", got {order!r:.40}', param="order")
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [it["id"] for it in items]
+            if after not in ids:
+                raise InvalidRequestError(f"after names no input item of {rid}: {after!r:.80}", param="after")
+            items = items[ids.index(after) + 1:]
+        page = items[:limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
 
     def delete(self, rid: str) -> None:
         """Drop `rid` (ResponseNotFound when it is not stored)."""

@@ -175,6 +175,37 @@ def test_previous_response_id_continues_and_stored_responses_are_kept(served):
     assert follow["output"][0]["content"][0]["text"] == second.output_text
 
 
+def test_input_items_are_listed(served):
+    base, client, _ = served
+    given = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}]
+    rid = post(base, {"input": given, "max_output_tokens": 4})["id"]
+    listed = list(client.responses.input_items.list(rid, order="asc"))  # the client pages through them
+    assert [(it.type, getattr(it, "role", None)) for it in listed] == [
+        ("message", "developer"), ("message", "user"), ("function_call", None), ("function_call_output", None)]
+    assert listed[0].content[0].text == "Be brief." and listed[2].arguments == '{"city": "Paris"}'
+    assert len({it.id for it in listed}) == 4
+    page = httpx.get(f"{base}/v1/responses/{rid}/input_items", params={"limit": 2}).json()  # newest first
+    assert [it["id"] for it in page["data"]] == [listed[3].id, listed[2].id] and page["has_more"] is True
+    from openai.types.responses import ResponseItem
+    from pydantic import TypeAdapter
+
+    for item in page["data"] + httpx.get(f"{base}/v1/responses/{rid}/input_items").json()["data"]:
+        TypeAdapter(ResponseItem).validate_python(item)  # OpenAI's own item types accept them
+    rest = httpx.get(f"{base}/v1/responses/{rid}/input_items", params={"after": page["last_id"]}).json()
+    assert [it["id"] for it in rest["data"]] == [listed[1].id, listed[0].id] and rest["has_more"] is False
+    text = post(base, {"input": "Hi", "max_output_tokens": 2})["id"]
+    [only] = httpx.get(f"{base}/v1/responses/{text}/input_items").json()["data"]
+    assert (only["role"], only["content"]) == ("user", [{"type": "input_text", "text": "Hi"}])
+    for params, param in (({"limit": 0}, "limit"), ({"order": "up"}, "order"), ({"after": "x"}, "after"),
+                          ({"limit": "many"}, "limit")):
+        bad = httpx.get(f"{base}/v1/responses/{rid}/input_items", params=params)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param
+    assert httpx.get(f"{base}/v1/responses/resp_nope/input_items").status_code == 404
+
+
 def test_a_response_in_progress_then_cancelled_by_its_client(served):
     """GET shows a streamed response in progress; its client leaving makes it cancelled, which cannot be continued."""
     base, _, _ = served
