@@ -110,18 +110,20 @@ _SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "not", "conta
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
-def check_nesting(value) -> None:
-    """Raises InvalidRequestError when JSON data (dicts, lists) nests more than MAX_JSON_DEPTH levels, whatever the
-    keys (walked without recursion: what reads a schema later, recursively, would overflow Python's stack)."""
+def check_nesting(value, limit: int = MAX_JSON_DEPTH, what: str = "guided decoding: the JSON schema",
+                  hint: str = "flatten it or use $defs and $ref", param: str | None = None) -> None:
+    """Raises InvalidRequestError (`param`) when JSON data (dicts, lists) nests more than `limit` levels, whatever the
+    keys: "{what} nests more than {limit} levels of objects and arrays; {hint}". Walked without recursion: what
+    reads the data later recursively (json.dumps, a schema's walk) would overflow Python's stack."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
         if children is None:
             continue
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidRequestError(f"guided decoding: the JSON schema nests more than {MAX_JSON_DEPTH} levels of "
-                                      "objects and arrays; flatten it or use $defs and $ref")
+        if depth > limit:
+            raise InvalidRequestError(f"{what} nests more than {limit} levels of objects and arrays; {hint}",
+                                      param=param)
         stack.extend((child, depth + 1) for child in children)
 
 

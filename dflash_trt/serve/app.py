@@ -35,7 +35,8 @@ from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, Pro
 from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
-from dflash_trt.serve.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, fit_context
+from dflash_trt.serve.protocol import (UNSUPPORTED, ChatCompletionRequest, CompletionRequest, check_request_nesting,
+                                       fit_context)
 from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
                                         as_responses_error, assistant_messages, listed_items, new_id, output_items,
                                         response_object, status_of, usage_of)
@@ -487,6 +488,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         ConfigError / ModelNotFound as the request's error."""
         from dflash_trt.training.prompts import encode_prompt, parse_messages
 
+        check_request_nesting(req)
         check_model(req.model)
         req.unsupported()
         req.check_n()
@@ -578,8 +580,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     @app.post("/v1/responses")
     async def create_response(req: ResponsesRequest, request: Request):
+        check_request_nesting(req)
         check_model(req.model)
         req.unsupported()
+        items = listed_items(req.input)  # checked here: they are stored as given
         if req.logprobs() and (reasoning_parser is not None or req.tools and req.tool_choice != "none"):
             raise InvalidRequestError("logprobs on /v1/responses are served for plain text answers: not with tools or "
                                       "a reasoning parser (use /v1/chat/completions, whose choices carry them)",
@@ -593,7 +597,6 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         rid, created, seq = new_id("resp"), int(time.time()), seqs[0]
         keep = req.store is not False
         start = response_object(rid, created, model_name, req, [], "in_progress", None)
-        items = listed_items(req.input)
         if keep:  # GET shows it in progress
             stored.put(start, None, items)
 
@@ -603,7 +606,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         def settle(response: dict | None, error: BaseException | None = None) -> None:
             """Store the finished `response`, or (None) the request's end without one: failed (`error`: the
             generation's) or cancelled (its client left)."""
-            if not keep:
+            if not keep or rid not in stored:  # not stored, or deleted while it was made
                 return
             if response is not None:
                 stored.put(response, conversation + assistant_messages(response["output"])

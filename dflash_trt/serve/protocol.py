@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
-from dflash_trt.runtime.guided import GuidedDecoding
+from dflash_trt.runtime.guided import MAX_JSON_DEPTH, GuidedDecoding, check_nesting
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS
 from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 from dflash_trt.serve.tools import ToolCalling
@@ -284,6 +284,18 @@ UNSUPPORTED = {
 HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself",
          "functions": "use tools", "function_call": "use tool_choice",
          "tools": "tool calling is on /v1/chat/completions", "tool_choice": "tool calling is on /v1/chat/completions"}
+
+
+#: how deeply a request's fields may nest (a tool's parameters schema may nest MAX_JSON_DEPTH levels, inside its tool)
+MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
+
+
+def check_request_nesting(request: BaseModel) -> None:
+    """Raises InvalidRequestError (param: the field) when a field of `request` nests more than MAX_BODY_DEPTH levels
+    of objects and arrays (the body parser takes ~1000: what then copies or encodes them recursively would fail)."""
+    for name, value in request:
+        check_nesting(value.model_dump() if isinstance(value, BaseModel) else value, MAX_BODY_DEPTH, name,
+                      "flatten it", param=name)
 
 
 def refuse_unless_off(request: BaseModel, off: dict[str, tuple], hints: dict[str, str]) -> None:

@@ -192,6 +192,9 @@ class ResponsesRequest(BaseModel):
         if not any(m["role"] == "user" and _has_text(m["content"]) for m in conversation):
             raise InvalidRequestError('input has no user message with text; give one, e.g. "input": "Hi" or [{"role": '
                                       '"user", "content": "Hi"}]', param="input")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise InvalidRequestError(f"tool_choice {json.dumps(self.tool_choice)[:60]} needs tools; give tools, or "
+                                      "leave tool_choice out", param="tool_choice")
         fmt = response_format(self.text)
         forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
         if forced and fmt is not None and self.tools:
@@ -294,44 +297,102 @@ def input_messages(items: str | list) -> list[dict]:
     return out
 
 
+_STATUSES = ("in_progress", "completed", "incomplete")
+
+
 def listed_items(items: str | list) -> list[dict]:
-    """`input` (checked: `input_messages`) as `GET /v1/responses/{id}/input_items` lists it: each item with its
-    `type`, an `id` (the one given, or a new one) and a `status`; a message's content as parts (`input_text`, or
-    `output_text` for the assistant's, as OpenAI lists them)."""
-    out = []
-    for item in [{"role": "user", "content": items}] if isinstance(items, str) else items:
+    """`input` as `GET /v1/responses/{id}/input_items` lists it (and as it is stored): each item with its `type`, an
+    `id` (the one given, or a new one), a `status` (the one given, or "completed"), and its own fields only: a
+    message's `role` and content as parts (`input_text`, or `output_text` for the assistant's, as OpenAI lists them);
+    a function call's `call_id`, `name`, `arguments`; a function call output's `call_id`, `output`; a reasoning item's
+    `summary`, `content`, `encrypted_content`.
+
+    Raises:
+        InvalidRequestError (param "input"): an item `input_messages` refuses; an id that is not a string, or used
+            twice; a status OpenAI does not have; a reasoning item's summary or content not as OpenAI writes them;
+            text a tokenizer refuses (a lone surrogate) in any of them.
+    """
+    from dflash_trt.api import check_text
+
+    input_messages(items)  # the item types, roles and text parts
+    out, seen = [], set()
+    for i, item in enumerate([{"role": "user", "content": items}] if isinstance(items, str) else items):
+        where = f"input[{i}]"
         kind = item.get("type", "message")
+        item_id, status = item.get("id"), item.get("status", "completed")
+        if item_id is not None and (not isinstance(item_id, str) or not item_id):
+            raise InvalidRequestError(f"{where} has an id that is not a string: {json.dumps(item_id)[:40]}",
+                                      param="input")
+        if item_id is not None and item_id in seen:
+            raise InvalidRequestError(f"{where} has the id {json.dumps(item_id)[:80]}, which an earlier item has; give "
+                                      "each item its own (or none)", param="input")
+        seen.add(item_id)
+        if kind != "reasoning" and status not in _STATUSES:
+            raise InvalidRequestError(f"{where} has status {json.dumps(status)[:40]}; give one of "
+                                      f"{', '.join(_STATUSES)} (or none)", param="input")
         if kind == "message":
             role, content = item["role"], item["content"]
             texts = [content] if isinstance(content, str) else [p["text"] for p in content]
             parts = ([{"type": "output_text", "text": t, "annotations": []} for t in texts] if role == "assistant"
                      else [{"type": "input_text", "text": t} for t in texts])
-            out.append({"id": item.get("id") or new_id("msg"), "type": "message", "role": role,
-                        "status": item.get("status") or "completed", "content": parts})
+            listed = {"type": "message", "role": role, "content": parts}
+        elif kind == "function_call":
+            listed = {k: item[k] for k in ("type", "call_id", "name", "arguments")}
+        elif kind == "function_call_output":
+            output = item["output"]
+            listed = {"type": kind, "call_id": item["call_id"], "output": output if isinstance(output, str) else
+                      [{"type": "input_text", "text": p["text"]} for p in output]}
         else:
-            prefix = {"function_call": "fc", "function_call_output": "fco"}.get(kind, "rs")
-            listed = {**item, "id": item.get("id") or new_id(prefix)}
-            if kind != "reasoning":
-                listed["status"] = item.get("status") or "completed"
-            out.append(listed)
+            listed = {"type": "reasoning", "summary": _reasoning_parts(item.get("summary", []), "summary_text", where)}
+            if item.get("content") is not None:
+                listed["content"] = _reasoning_parts(item["content"], "reasoning_text", where)
+            if item.get("encrypted_content") is not None:
+                if not isinstance(item["encrypted_content"], str):
+                    raise InvalidRequestError(f"{where} has encrypted_content that is not a string", param="input")
+                listed["encrypted_content"] = item["encrypted_content"]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "rs")
+        out.append({"id": item_id or new_id(prefix), **listed, **({} if kind == "reasoning" else {"status": status})})
+    try:
+        check_text(json.dumps(out, ensure_ascii=False), "input")
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(str(exc), param="input") from None
     return out
+
+
+def _reasoning_parts(parts, kind: str, where: str) -> list[dict]:
+    """A reasoning item's `summary` ("summary_text") or `content` ("reasoning_text") parts, checked."""
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == kind and
+                                              isinstance(p.get("text"), str) for p in parts):
+        field = "summary" if kind == "summary_text" else "content"
+        raise InvalidRequestError(f'{where} (reasoning) has a {field} that is not a list of {{"type": "{kind}", '
+                                  '"text": "..."} parts', param="input")
+    return [{"type": kind, "text": p["text"]} for p in parts]
 
 
 def check_tool_results(conversation: list[dict]) -> None:
     """Raises InvalidRequestError (param "input") when a tool result (`function_call_output`) answers no earlier
-    call of the conversation, or two calls share a call_id (OpenAI's rule: each result names its call)."""
-    calls: set[str] = set()
+    call of the conversation, a call has no result, or two calls share a call_id (OpenAI's rules: each result names
+    its call, each call gets its result before the conversation goes on)."""
+    calls: dict[str, None] = {}  # in order
+    answered: set[str] = set()
     for m in conversation:
         for call in m.get("tool_calls") or ():
             if call["id"] in calls:
                 raise InvalidRequestError(f"two function calls have the call_id {json.dumps(call['id'])[:80]}; give "
                                           "each call its own", param="input")
-            calls.add(call["id"])
+            calls[call["id"]] = None
         if m["role"] == "tool" and m["tool_call_id"] not in calls:
             raise InvalidRequestError(f"no function call found for the function_call_output with call_id "
                                       f"{json.dumps(m['tool_call_id'])[:80]}; give the function_call item before "
                                       "its output (or continue the response that made it: previous_response_id)",
                                       param="input")
+        if m["role"] == "tool":
+            answered.add(m["tool_call_id"])
+    missing = next((c for c in calls if c not in answered), None)
+    if missing is not None:
+        raise InvalidRequestError(f"no function_call_output found for the function call with call_id "
+                                  f"{json.dumps(missing)[:80]}; give its output in input ({{\"type\": "
+                                  '"function_call_output", "call_id": ..., "output": "..."})', param="input")
 
 
 def chat_tools(tools: list | None) -> list[dict] | None:
@@ -417,7 +478,11 @@ def as_responses_error(exc: DFlashError) -> DFlashError:
     """An error the chat pipeline raised, about the Responses fields the chat fields came from (`FIELD_NAMES`):
     its `param` and the field names in its message."""
     param = getattr(exc, "param", None)
-    message = re.sub(r"\b(" + "|".join(FIELD_NAMES) + r")\b", lambda m: FIELD_NAMES[m.group(1)], str(exc))
+    message = str(exc)
+    if param != "chat_template_kwargs":  # whose message names the template's own variables
+        # field names, not the same words quoted (a tool's name, a value)
+        message = re.sub(r"(?<!['\"])\b(" + "|".join(FIELD_NAMES) + r")\b(?!['\"])",
+                         lambda m: FIELD_NAMES[m.group(1)], message)
     if isinstance(exc, PromptTooLongError):
         return PromptTooLongError(message, param=FIELD_NAMES.get(param, param))
     if isinstance(exc, InvalidRequestError):
@@ -667,6 +732,9 @@ class ResponseStore:
         while self._items and (len(self._items) > self.limit or self.bytes > self.max_bytes):
             self._drop(next(iter(self._items)))
 
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._items
+
     def _drop(self, rid: str) -> None:
         if rid in self._items:
             self.bytes -= self._items.pop(rid)[3]
@@ -717,8 +785,9 @@ class ResponseStore:
                 raise InvalidRequestError(f"after names no input item of {rid}: {after!r:.80}", param="after")
             items = items[ids.index(after) + 1:]
         page = items[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+        # an empty page's ids: "" (OpenAI's list type has them as strings)
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else "",
+                "last_id": page[-1]["id"] if page else "", "has_more": len(items) > limit}
 
     def delete(self, rid: str) -> None:
         """Drop `rid` (ResponseNotFound when it is not stored)."""

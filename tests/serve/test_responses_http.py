@@ -204,6 +204,8 @@ def test_input_items_are_listed(served):
         bad = httpx.get(f"{base}/v1/responses/{rid}/input_items", params=params)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param
     assert httpx.get(f"{base}/v1/responses/resp_nope/input_items").status_code == 404
+    empty = httpx.get(f"{base}/v1/responses/{rid}/input_items", params={"after": rest["last_id"]}).json()
+    assert (empty["data"], empty["first_id"], empty["has_more"]) == ([], "", False)
 
 
 def test_a_response_in_progress_then_cancelled_by_its_client(served):
@@ -225,6 +227,25 @@ def test_a_response_in_progress_then_cancelled_by_its_client(served):
     assert got["status"] == "cancelled"
     refused = httpx.post(base + "/v1/responses", json={"input": "Go on.", "previous_response_id": rid})
     assert refused.status_code == 400 and "cancelled" in refused.json()["error"]["message"]
+
+
+def test_a_response_deleted_while_in_progress_stays_deleted(served):
+    base, _, _ = served
+    body = {"model": MODEL, "input": ASK, "stream": True, "max_output_tokens": 24, "temperature": 0}
+    with httpx.stream("POST", base + "/v1/responses", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        rid = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: "):])["response"]["id"]
+        assert httpx.delete(f"{base}/v1/responses/{rid}").json()["deleted"] is True
+        assert [line for line in lines if line.startswith("event: ")][-1] == "event: response.completed"
+    assert httpx.get(f"{base}/v1/responses/{rid}").status_code == 404
+
+
+def test_chat_refuses_fields_nested_too_deeply(served):
+    base, _, _ = served
+    r = httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                        "chat_template_kwargs": {"x": NESTED}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    assert "nests more than" in r.json()["error"]["message"]
 
 
 def test_a_function_call_and_its_output(served):
@@ -364,8 +385,27 @@ def test_reasoning_items(smollm2_pipeline):
      400, "tools", "nests"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object",
                                                                                      "x": NESTED}}}},
-     400, "text.format", "nests"),
+     400, "text", "nests"),
     ([1, 2], 400, None, '{"input": "Hi"}'),
+    ({"input": [{"role": "user", "content": "Hi"}, {"type": "reasoning", "summary": [],
+                                                     "content": [{"type": "reasoning_text", "text": "\ud800"}]}]},
+     400, "input", "surrogate"),
+    ({"input": [{"role": "user", "content": "Hi", "id": "msg\ud800"}]}, 400, "input", "surrogate"),
+    ({"input": [{"role": "user", "content": "a", "id": "m1"}, {"role": "user", "content": "b", "id": "m1"}]}, 400,
+     "input", "earlier item"),
+    ({"input": [{"role": "user", "content": "Hi", "id": 5}]}, 400, "input", "not a string"),
+    ({"input": [{"role": "user", "content": "Hi", "status": "bogus"}]}, 400, "input", "status"),
+    ({"input": [{"role": "user", "content": "Hi"}, {"type": "reasoning", "summary": "x"}]}, 400, "input", "summary"),
+    ({"input": [{"role": "user", "content": "Hi"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "x": NESTED}]}, 400,
+     "input", "nests"),
+    ({"input": "Hi", "chat_template_kwargs": {"x": NESTED}}, 400, "chat_template_kwargs", "nests"),
+    ({"input": [{"role": "user", "content": "Hi"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]}, 400, "input",
+     "no function_call_output found"),
+    ({"input": "Hi", "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice", '"name": "nope"'),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "messages", "parameters": {"type": "string"}}],
+      "tool_choice": "required"}, 400, "tools", "'messages'"),
 ])
 def test_bad_requests_name_the_field(served, body, status, param, words):
     base, _, _ = served
