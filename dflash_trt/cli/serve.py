@@ -61,14 +61,18 @@ def check_port(host: str, port: int) -> None:
                    "--reasoning_parser, vLLM's --reasoning-parser): deepseek-r1 (the answer starts inside the "
                    "reasoning) or qwen3 (reasoning where the answer writes <think>). Default: none, the answer is the "
                    "content.")
+@click.option("--api-key", envvar="DFLASH_TRT_API_KEY", default=None, metavar="KEY",
+              help="Require `Authorization: Bearer KEY` on the /v1 endpoints (vLLM's --api-key; the openai client's "
+                   "api_key); also read from DFLASH_TRT_API_KEY. /health, /version and the metrics stay open. "
+                   "Default: none, every request is served.")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, prefill_chunk_size, log_level, tool_parser, reasoning_parser, tp_size):
+          max_batch_size, prefill_chunk_size, log_level, tool_parser, reasoning_parser, api_key, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
-    Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/models,
-    /health, /health_generate, /version, /metrics (iteration stats, JSON), /prometheus/metrics.
+    Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/responses,
+    /v1/models, /health, /health_generate, /version, /metrics (iteration stats, JSON), /prometheus/metrics.
     Greedy requests (temperature 0) return exactly the target's own greedy output."""
     try:
         import fastapi  # noqa: F401
@@ -81,6 +85,13 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_untrained_drafter)
     from dflash_trt.serve.app import create_app
 
+    import os
+
+    if api_key is None and "DFLASH_TRT_API_KEY" in os.environ:  # set but empty: click reads that as unset
+        api_key = os.environ["DFLASH_TRT_API_KEY"]
+    if api_key is not None and (not api_key.strip() or not api_key.isprintable()):
+        raise click.UsageError("--api-key (or DFLASH_TRT_API_KEY) is empty or holds blanks only or control characters; "
+                               "give the key clients send, or leave it out to serve without one")
     check_port(host, port)
     warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)
@@ -112,11 +123,12 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
     app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size,
-                     tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+                     tool_parser=tool_parser, reasoning_parser=reasoning_parser, api_key=api_key)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"
-    print(f"serving {name!r} ({pipe.target_path}, {what}) on {where} (OpenAI API under /v1)", file=sys.stderr,
+    key = ", an API key required" if api_key is not None else ""
+    print(f"serving {name!r} ({pipe.target_path}, {what}) on {where} (OpenAI API under /v1{key})", file=sys.stderr,
           flush=True)
 
     class Server(uvicorn.Server):

@@ -97,7 +97,8 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
 
 
 def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False,
-               prefill_chunk: int | None = None, tool_parser: str | None = None, reasoning_parser: str | None = None):
+               prefill_chunk: int | None = None, tool_parser: str | None = None, reasoning_parser: str | None = None,
+               api_key: str | None = None):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -113,6 +114,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             or None: "auto" is refused.
         reasoning_parser: splits chat answers into reasoning_content and content
             (`dflash_trt.serve.reasoning.REASONING_PARSERS`), or None: the answer is the content.
+        api_key: the key the /v1 endpoints require (`RequireApiKey`), or None: none.
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -162,7 +164,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     app.state.scheduler, app.state.metrics = scheduler, metrics
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, context_len=context_len)
-    app.add_middleware(ServerErrors)  # the outermost of ours: added last
+    app.add_middleware(ServerErrors)
+    if api_key is not None:
+        app.add_middleware(RequireApiKey, key=api_key)  # the outermost: a request without the key is read no further
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -739,6 +743,34 @@ class ServerErrors:
             log_failure(scope.get("method"), scope.get("path"), exc)
             status, body = _status_of(exc)
             await JSONResponse(body, status_code=status)(scope, receive, send)
+
+
+class RequireApiKey:
+    """ASGI middleware: a request to a /v1 endpoint must carry `Authorization: Bearer <key>` (what the openai
+    client sends for its api_key; vLLM's --api-key), else it gets a 401 with OpenAI's error body (code
+    "invalid_api_key") before its body is read. The other endpoints (/health, /version, the metrics) stay open
+    for probes and scrapers. The key is compared in constant time."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        import hmac
+
+        given = dict(scope.get("headers", ())).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            await self.app(scope, receive, send)
+            return
+        from fastapi.responses import JSONResponse
+
+        why = "carries no API key" if not given else "carries a wrong API key"
+        body = error_body(f"the request {why}; this server requires its key as the header Authorization: Bearer <key> "
+                          "(the openai client's api_key)", code="invalid_api_key")
+        await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
 
 
 class BodyLimit:

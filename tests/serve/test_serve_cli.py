@@ -37,8 +37,18 @@ def test_an_unknown_host_is_named(monkeypatch, capsys):
 def test_help_lists_the_endpoints(monkeypatch, capsys):
     code, out, err = run_main(monkeypatch, capsys, "serve", "--help")
     assert code == 0
-    for word in ("/v1/chat/completions", "/prometheus/metrics", "--max-batch-size", "--served-model-name", "--bundle"):
+    for word in ("/v1/chat/completions", "/v1/responses", "/prometheus/metrics", "--max-batch-size",
+                 "--served-model-name", "--bundle", "--api-key", "DFLASH_TRT_API_KEY"):
         assert word in out
+
+
+@pytest.mark.parametrize("key", ["", "   ", "a\nb"])
+def test_an_empty_api_key_is_refused_before_the_models_load(monkeypatch, capsys, key):
+    monkeypatch.setenv("DFLASH_TRT_API_KEY", key)  # the environment's, as a deployment sets it
+    start = time.perf_counter()
+    code, out, err = run_main(monkeypatch, capsys, "serve")
+    assert code == 2 and "--api-key (or DFLASH_TRT_API_KEY) is empty" in err
+    assert time.perf_counter() - start < 5
 
 
 def wait_until_healthy(proc: subprocess.Popen, base: str, seconds: float = 300) -> None:
