@@ -1,5 +1,6 @@
-"""OpenAI's Responses API on the server: `POST /v1/responses`, `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}`
-(the endpoints trtllm-serve and vLLM serve beside Chat Completions; OpenAI API reference, "Responses").
+"""OpenAI's Responses API on the server: `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`, `GET
+/v1/responses/{id}/input_items` (the endpoints trtllm-serve and vLLM serve beside Chat Completions; OpenAI API
+reference, "Responses").
 
 A request is read as the chat request it amounts to (`ResponsesRequest.chat_request`): `instructions` becomes the
 first (system) message, `input` (a string: one user message; or a list of items) the messages after it, a function
@@ -11,8 +12,9 @@ item with one `output_text` part, and a `function_call` item per tool call, in t
 (`stream: true`), the server-sent events are named (`event: response.output_text.delta`) and numbered
 (`sequence_number`) as OpenAI sends them (`ResponseEvents`): `response.created`, `response.in_progress`, per item
 `response.output_item.added` ... `response.output_item.done` with its text or arguments as deltas, then
-`response.completed` (or `response.incomplete` when `max_output_tokens` cut the answer; its `incomplete_details`
-say so) carrying the whole Response, equal to the one a non-streamed request gets.
+`response.completed` (or `response.incomplete` when `max_output_tokens` cut the answer, its `incomplete_details`
+saying so; `response.failed` when the server's shutdown did, its `error` saying so) carrying the whole Response,
+equal to the one a non-streamed request gets.
 
 Conversation state: a response is stored (`store`, default true) in the server's memory (`ResponseStore`, the
 `MAX_STORED` most recent), retrievable by `GET /v1/responses/{id}` (in progress while it is made; cancelled when its
@@ -36,11 +38,11 @@ reasoning_tokens` is 0 (the split into reasoning and content is in text, not in 
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections import OrderedDict
-import json
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -113,7 +115,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    input: Union[str, list[Any]]
+    input: str | list[Any]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, strict=True)
     temperature: float | None = Field(default=None, strict=True)

@@ -17,8 +17,14 @@ import pytest
 from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.serve.chat import ChatAnswers
-from dflash_trt.serve.responses import (ResponseEvents, input_messages, output_items, response_object,
-                                        ResponsesRequest, usage_of)
+from dflash_trt.serve.responses import (
+    ResponseEvents,
+    ResponsesRequest,
+    input_messages,
+    output_items,
+    response_object,
+    usage_of,
+)
 from dflash_trt.serve.tools import ToolCalling
 from dflash_trt.training.prompts import encode_prompt
 from tests.serve.test_openai_server import MODEL, live_server
@@ -89,7 +95,7 @@ def check_stream(base: str, body: dict, whole: dict) -> list[dict]:
     assert strip(final) == strip(whole)
     for index, item in enumerate(final["output"]):
         mine = [e for e in got if e.get("output_index") == index]
-        assert [e["type"] for e in mine][0] == "response.output_item.added"
+        assert mine[0]["type"] == "response.output_item.added"
         assert mine[-1] == {"type": "response.output_item.done", "sequence_number": mine[-1]["sequence_number"],
                             "output_index": index, "item": item}
         deltas = "".join(e["delta"] for e in mine if e["type"].endswith(".delta"))
@@ -290,7 +296,7 @@ def test_a_json_schema_format(served):
 
 
 def test_logprobs_are_chats(served):
-    base, client, pipe = served
+    base, client, _ = served
     body = {"input": "Say hello.", "temperature": 0, "max_output_tokens": 6,
             "include": ["message.output_text.logprobs"], "top_logprobs": 2}
     raw = post(base, body)
@@ -438,8 +444,8 @@ def test_input_items_become_chat_messages():
 
 
 @pytest.mark.parametrize("text, finish", [
-    ('need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
-     '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>', "stop"),
+    (('need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+      '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'), "stop"),
     ("all reasoning, cut", "length"),
     ("</think>", "stop"),
     ("short</think>The answer is <tool_c", "length"),
