@@ -108,6 +108,17 @@ def _training_info(folder: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+def _training_json_problem(folder: Path) -> str | None:
+    """The warning `check_checkpoints` gives when the drafter has a training.json that is not a readable JSON
+    object (the checks that read it are then skipped), else None."""
+    path = folder / "training.json"
+    if not path.is_file() or _training_info(folder):
+        return None
+    return (f"training.json: {path} is not a readable JSON object (malformed, or not an object), so the checks that "
+            "read it (the target it was trained for, an unfinished run) were skipped; restore it from the drafter's "
+            "source, or remove it")
+
+
 def _model_name(folder: Path) -> str:
     """The name a target folder goes by when a drafter's training.json target is compared with a target:
     the folder's name, except for two folders whose own name says nothing of the model: a bundle's target
@@ -358,6 +369,9 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             "target's layers run (increasing order), so fc would get its inputs permuted there: retrain (or re-export) the "
             "drafter with sorted layer ids")))
     info = _training_info(drafter_path)
+    unreadable = _training_json_problem(drafter_path)
+    if unreadable is not None:
+        out.append(Finding(WARNING, unreadable))
     if drafter.trained and info.get("finished") is False:
         out.append(Finding(WARNING, (
             f"unfinished: the drafter's training.json says its run stopped at step {info.get('steps')} of "

@@ -89,9 +89,10 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
 
     if api_key is None and "DFLASH_TRT_API_KEY" in os.environ:  # set but empty: click reads that as unset
         api_key = os.environ["DFLASH_TRT_API_KEY"]
-    if api_key is not None and (not api_key.strip() or not api_key.isprintable()):
-        raise click.UsageError("--api-key (or DFLASH_TRT_API_KEY) is empty or holds blanks only or control characters; "
-                               "give the key clients send, or leave it out to serve without one")
+    if api_key is not None and (not api_key.strip() or not api_key.isprintable() or api_key != api_key.strip()):
+        raise click.UsageError("--api-key (or DFLASH_TRT_API_KEY) is empty, holds control characters, or starts or ends "
+                               "with blanks (an HTTP header cannot carry those); give the key clients send, or leave it "
+                               "out to serve without one")
     check_port(host, port)
     warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)

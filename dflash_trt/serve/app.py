@@ -189,8 +189,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
                       "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), /v1/responses/{id}/input_items, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
                       "/prometheus/metrics")
-        elif exc.status_code == 405:
-            allowed = (exc.headers or {}).get("Allow")
+        elif exc.status_code == 405:  # the methods of every route of this path (Starlette's names the first's)
+            methods = {m for r in request.app.router.routes if getattr(r, "methods", None)
+                       and r.path_regex.match(request.url.path) for m in r.methods}
+            allowed = ", ".join(sorted(methods)) or (exc.headers or {}).get("Allow")
+            exc.headers = {**(exc.headers or {}), "Allow": allowed} if allowed else exc.headers
             detail = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
         return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)
 
@@ -607,9 +610,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         def logprobs_of(lps) -> list | None:
             return None if lps is None else formatter.chat(lps)["content"]
 
-        def settle(response: dict | None, error: BaseException | None = None) -> None:
+        def settle(response: dict | None, error: BaseException | None = None, output: list | None = None) -> None:
             """Store the finished `response`, or (None) the request's end without one: failed (`error`: the
-            generation's) or cancelled (its client left)."""
+            generation's) or cancelled (its client left; `output`: the items it was sent, the last one
+            incomplete)."""
             if not keep or rid not in stored:  # not stored, or deleted while it was made
                 return
             if response is not None:
@@ -618,7 +622,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 return
             status = "cancelled" if error is None else "failed"
             failure = None if error is None else {"code": "server_error", "message": f"generation failed: {error}"}
-            stored.put({**start, "status": status, "error": failure}, None, items)
+            output = [dict(it) for it in output or []]
+            if output:
+                output[-1]["status"] = "incomplete"
+            stored.put({**start, "status": status, "error": failure, "output": output}, None, items)
 
         if not req.stream:
             try:
@@ -670,17 +677,19 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     return
             finally:
                 if not settled:  # the client left
-                    settle(None)
+                    settle(None, output=out.items)
                 for s in seqs:
                     s.cancelled = True
 
         return StreamingResponse(stream_events(), media_type="text/event-stream")
 
-    @app.api_route("/v1/responses/{rid}", methods=["GET", "DELETE"])
-    async def stored_response(rid: str, request: Request):
-        if request.method == "DELETE":
-            stored.delete(rid)
-            return {"id": rid, "object": "response", "deleted": True}
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str):
+        stored.delete(rid)
+        return {"id": rid, "object": "response", "deleted": True}
+
+    @app.get("/v1/responses/{rid}")
+    async def get_response(rid: str, request: Request):
         if request.query_params.get("stream", "false").lower() not in ("false", "0"):
             raise InvalidRequestError("streaming a stored response back is not served; GET it without stream",
                                       param="stream")

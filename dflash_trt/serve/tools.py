@@ -28,7 +28,8 @@ forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as gu
 `min_tokens` and `ignore_eos`.
 
 An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went,
-and the "required" array (which does not parse) as content with no tool call (`finish_reason` "length").
+and the "required" array's whole calls (`whole_calls`; with none, the text as content, no tool call), with
+`finish_reason` "length".
 Streamed, a named function's arguments come as `tool_calls[0].function.arguments` deltas; "required" and "auto"
 send their calls whole in the choice's last chunk ("auto" streams the content before the first call,
 holding back text that could begin one).
@@ -158,6 +159,29 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
 
 #: per `--tool-parser`: the function reading an answer's content and calls
 PARSE = {"hermes": parse_hermes, "qwen3": parse_hermes, "llama3_json": parse_llama3_json}
+
+
+def whole_calls(text: str) -> list[dict]:
+    """The calls a "required" answer cut by max_tokens holds whole: the `{"name", "parameters"}` objects its JSON
+    array (`required_schema`) completed before the cut, in order ([] when none)."""
+    decoder, out = json.JSONDecoder(), []
+    i = len(text) - len(text.lstrip())
+    if not text.startswith("[", i):
+        return out
+    i += 1
+    while True:
+        i += len(text[i:]) - len(text[i:].lstrip())
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return out
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str) and "parameters" in item):
+            return out
+        out.append(item)
+        i += len(text[i:]) - len(text[i:].lstrip())
+        if not text.startswith(",", i):
+            return out
+        i += 1
 
 
 def required_schema(tools: tuple[dict, ...], parallel: bool = True) -> dict:
@@ -311,8 +335,10 @@ class ToolCalling:
         if self.choice == "required":
             try:
                 items = json.loads(text)
-            except ValueError:  # cut by max_tokens: returned as text
-                return text, []
+            except ValueError:  # cut by max_tokens: its whole calls, or (none) the text
+                items = whole_calls(text)
+                if not items:
+                    return text, []
             return None, [(it["name"], json.dumps(it["parameters"], ensure_ascii=False)) for it in items]
         if self.choice == "auto":
             content, calls = PARSE[self.parser](text)

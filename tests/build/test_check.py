@@ -299,3 +299,17 @@ def test_a_bundle_target_goes_by_the_name_of_the_target_it_was_built_from(tmp_pa
     [warning] = training_target_warnings()
     assert warning.startswith(f"training target: the drafter's training.json says it was trained for the target {other} "
                               f"(tiny-other), not {(bundle / 'trtllm' / 'target').resolve()} (tiny-llama); ")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "{}"])
+def test_an_unreadable_training_json_is_a_warning(tmp_path, smollm2_path, text):
+    """A training.json that is not a readable JSON object is named: the checks that read it were skipped."""
+    target = write_tiny_target(tmp_path / "tiny-llama", smollm2_path)
+    drafter = write_tiny_drafter(tmp_path / "drafter", target)
+    findings = check_checkpoints(target, drafter)
+    assert not [w for w in only(findings, WARNING) if w.startswith("training.json:")]
+    (drafter / "training.json").write_text(text)
+    findings = check_checkpoints(target, drafter)
+    assert only(findings, ERROR) == []
+    [warning] = [w for w in only(findings, WARNING) if w.startswith("training.json:")]
+    assert warning.startswith(f"training.json: {drafter / 'training.json'} is not a readable JSON object")

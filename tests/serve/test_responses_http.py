@@ -169,6 +169,9 @@ def test_previous_response_id_continues_and_stored_responses_are_kept(served):
     assert again.status_code == 404 and again.json()["error"]["param"] == "previous_response_id"
     assert httpx.delete(f"{base}/v1/responses/{first.id}").status_code == 404
     assert post(base, {"input": "Hi", "store": None, "stream": None, "max_output_tokens": 2})["store"] is True
+    wrong = httpx.post(f"{base}/v1/responses/{second.id}", json={})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "DELETE, GET"
+    assert "use DELETE, GET" in wrong.json()["error"]["message"]
     streamed_back = httpx.get(f"{base}/v1/responses/{second.id}?stream=true")
     assert streamed_back.status_code == 400 and streamed_back.json()["error"]["param"] == "stream"
     unstored = post(base, {"input": "Hi", "store": False, "max_output_tokens": 2})
@@ -225,12 +228,20 @@ def test_a_response_in_progress_then_cancelled_by_its_client(served):
         rid = first["response"]["id"]
         assert first["type"] == "response.created" and first["response"]["status"] == "in_progress"
         assert httpx.get(f"{base}/v1/responses/{rid}").json()["status"] == "in_progress"
+        received = ""
+        for line in lines:
+            if line.startswith("data: ") and '"response.output_text.delta"' in line:
+                received += json.loads(line[len("data: "):])["delta"]
+                if len(received) > 20:
+                    break
     for _ in range(600):  # the server notices the disconnect at the next tokens
         got = httpx.get(f"{base}/v1/responses/{rid}").json()
         if got["status"] != "in_progress":
             break
         time.sleep(0.05)
     assert got["status"] == "cancelled"
+    [item] = got["output"]  # what it was sent so far is kept
+    assert item["status"] == "incomplete" and item["content"][0]["text"].startswith(received) and received
     refused = httpx.post(base + "/v1/responses", json={"input": "Go on.", "previous_response_id": rid})
     assert refused.status_code == 400 and "cancelled" in refused.json()["error"]["message"]
 

@@ -13,7 +13,8 @@ import pytest
 
 from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.serve.tools import TOOL_PARSERS, ToolCalling, parse_hermes, parse_llama3_json, required_schema
+from dflash_trt.serve.tools import (TOOL_PARSERS, ToolCalling, parse_hermes, parse_llama3_json, required_schema,
+                                   whole_calls)
 from dflash_trt.training.prompts import encode_prompt
 from tests.serve.test_openai_server import MODEL, live_server
 
@@ -114,6 +115,7 @@ TOOLS = [WEATHER["function"], TIME["function"]]
              "\"arguments\": {\"city\": \"Paris\"}}</tool_call>", "stop"),
     ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}]', "stop"),
     ("required", '[{"name": "get_time", "param', "length"),
+    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, {"name": "get_weather", "para', "length"),
     ("function", '{"city": "Paris", "unit": "celsius"}', "stop"),
     ("none", "a <tool_call> is only text here", "stop"),
     ("llama3_json", '  {"name": "get_time", "parameters": {"timezone": "UTC"}}; {"name": "get_weather", '
@@ -218,11 +220,37 @@ def test_required_with_nested_models(client, smollm2_pipeline):
             assert set(it["parameters"]["where"]) == {"city", "country"}
 
 
-def test_required_cut_by_max_tokens_is_text(client):
+def test_required_cut_by_max_tokens_keeps_its_whole_calls(client, smollm2_pipeline):
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0, tools=[WEATHER],
                                        tool_choice="required")
-    c = r.choices[0]
+    c = r.choices[0]  # cut before any call is whole: the text
     assert c.finish_reason == "length" and c.message.tool_calls is None and c.message.content.startswith("[")
+    # cut after its call is whole (the array's "]" not yet written): the call, finish_reason still "length"
+    spec = GuidedDecoding(json=required_schema((WEATHER["function"],)))
+    full = reference(smollm2_pipeline, ASK, [WEATHER], spec, 64)
+    text = smollm2_pipeline.decode(full.token_ids)
+    closed = next(n for n in range(1, len(full.token_ids)) if whole_calls(smollm2_pipeline.decode(full.token_ids[:n])))
+    assert closed < len(full.token_ids) - 1 and whole_calls(text) == json.loads(text)  # a cut exists
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=closed, temperature=0, tools=[WEATHER],
+                                       tool_choice="required")
+    c = r.choices[0]
+    [call] = whole_calls(smollm2_pipeline.decode(full.token_ids[:closed]))
+    assert c.finish_reason == "length" and c.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        (call["name"], call["parameters"])]
+
+
+@pytest.mark.parametrize("text, calls", [
+    ('[{"name": "f", "parameters": {}}, {"name": "g", "param', [{"name": "f", "parameters": {}}]),
+    ('  [ {"name": "f", "parameters": {"a": [1]}} \n\n ', [{"name": "f", "parameters": {"a": [1]}}]),
+    ('[{"name": "f", "parameters": {}} {"name"', [{"name": "f", "parameters": {}}]),
+    ('[{"name": "f"}, ', []),
+    ('[{"name": "f", "par', []),
+    ("", []),
+    ("{}", []),
+])
+def test_whole_calls_of_a_cut_array(text, calls):
+    assert whole_calls(text) == calls
 
 
 def test_auto_needs_a_tool_parser(server, client):
