@@ -187,7 +187,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
-                      "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), /v1/responses/{id}/input_items, /v1/models, /v1/models/{name}, /health, /health_generate, /version, /metrics, "
+                      "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), "
+                      "/v1/responses/{id}/input_items, /v1/models, /v1/models/{name}, /health, /health_generate, "
+                      "/version, /metrics, "
                       "/prometheus/metrics")
         elif exc.status_code == 405:  # the methods of every route of this path (Starlette's names the first's)
             methods = {m for r in request.app.router.routes if getattr(r, "methods", None)
