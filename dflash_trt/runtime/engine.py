@@ -32,6 +32,7 @@ from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, nod
 from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
 from dflash_trt.runtime.guided import Grammars, GuidedLogits
 from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
+from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
@@ -169,6 +170,11 @@ class Engine:
         #: `dflash_trt.runtime.guided.Grammars` of the target's tokenizer (set by `dflash_trt.api`): what
         #: compiles a request's guided decoding. None refuses such requests.
         self.grammars: Grammars | None = None
+        #: Optional `dflash_trt.runtime.prefix_cache.PrefixCache`: when set, the K/V of every sequence a
+        #: `DecodeBatch` reads is kept (its prompt once read, prompt and output once it ends) and a new prompt
+        #: starting with a kept sequence is prefilled from there (automatic prefix caching; not for requests
+        #: asking for prompt_logprobs, nor while `feature_sink` records). None keeps nothing.
+        self.prefix_cache: PrefixCache | None = None
 
     def _phase(self, name: str):
         return self.phase_timer.phase(name) if self.phase_timer is not None else nullcontext()
@@ -765,6 +771,7 @@ class DecodeBatch:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)
         group = _Prefill(reqs, cache, drafter_cache)
+        group.next = self._reuse_prefixes(reqs, cache, drafter_cache)
         if self.prefill_chunk is None:
             self._advance(group)  # raises before anything changed here
             self._context[3] += time.perf_counter() - t0  # the next iteration's latency includes it
@@ -773,6 +780,42 @@ class DecodeBatch:
         self._added.extend(reqs)
         self._next_id += len(reqs)
         return ids
+
+    def _caches_prefixes(self, r: _Request) -> bool:
+        return (self.engine.prefix_cache is not None and r.params.prompt_logprobs is None
+                and self.engine.feature_sink is None)
+
+    def _reuse_prefixes(self, reqs: list[_Request], cache, drafter_cache) -> int:
+        """With a prefix cache: write the K/V of the longest cached prefix all of `reqs` can reuse (each its own
+        entry's; the shortest of their matches, 0 if one has none) to their new cache rows, and return its length,
+        the position their prefill starts at (0 without a prefix cache)."""
+        pc = self.engine.prefix_cache
+        if pc is None:
+            return 0
+        hits = [pc.match(r.prompt, self.mode == "dflash") if self._caches_prefixes(r) else (0, None) for r in reqs]
+        begin = min(n for n, _ in hits)
+        for j, (r, (_, entry)) in enumerate(zip(reqs, hits)):
+            if begin:
+                cache.import_row(j, entry.target[:, :, :, :begin])
+                if drafter_cache is not None:
+                    drafter_cache.import_row(j, entry.drafter[:, :, :, :begin])
+            r.metrics.cached_tokens = begin
+            if self._caches_prefixes(r):
+                pc.record(len(r.prompt), begin)
+        return begin
+
+    def _keep_prefix(self, r: _Request, row: int, cache, drafter_cache) -> None:
+        """With a prefix cache: store the K/V of what `r` (cache row `row`) has read, its prompt and output up to
+        the position its target K/V and (DFlash) drafter context are written for."""
+        eng = self.engine
+        if not self._caches_prefixes(r):
+            return
+        tokens = (r.prompt + r.out)[: r.start]  # the target's K/V: positions [0, start)
+        if drafter_cache is not None:  # the drafter's context is written up to where the row could draft
+            tokens = tokens[: max(len(r.prompt), eng.proposer.max_position - self.block)]
+        n = len(tokens)
+        eng.prefix_cache.store(tokens, cache.export_row(row, n),
+                               None if drafter_cache is None else drafter_cache.export_row(row, n))
 
     def _advance(self, group: _Prefill) -> bool:
         """Prefill the next chunk of `group` (all of it without chunking); once its prompts are read,
@@ -810,6 +853,8 @@ class DecodeBatch:
 
     def _join(self, reqs: list[_Request], cache, drafter_cache) -> None:
         """Requests whose prompts are read (first token emitted) join the running batch with their cache rows."""
+        for j, r in enumerate(reqs):  # its prompt, for requests arriving while it is decoded
+            self._keep_prefix(r, j, cache, drafter_cache)
         ttft = time.perf_counter() - reqs[0].t0
         for r in reqs:
             r.metrics.time_to_first_token_s = ttft
@@ -866,6 +911,10 @@ class DecodeBatch:
         eng._step(self.live, self.cache, mode, self.block)
         if eng.phase_timer is not None:
             eng.phase_timer.steps += 1
+        if eng.prefix_cache is not None:
+            for j, (r, b) in enumerate(zip(self.live, before)):
+                if r.finish_reason:
+                    self._keep_prefix(r, j, self.cache, self._drafter_cache)
         now = time.perf_counter()
         for r in self.live:
             if r.finish_reason:

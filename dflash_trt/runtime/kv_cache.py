@@ -110,6 +110,31 @@ class KVCache:
         dst, src = torch.tensor(dst_rows, device=dev), torch.tensor(src_rows, device=dev)
         self.buffer[:, :, dst, :, begin:end] = self.buffer[:, :, src, :, begin:end]
 
+    def export_row(self, row: int, length: int) -> torch.Tensor:
+        """A copy of the K/V of slots [0, length) of `row` in every layer: [2 (k, v), layers, kv_heads, length,
+        head_dim], this cache's dtype and device (what `import_row` writes back; `PrefixCache` keeps it).
+
+        Raises:
+            ValueError: length outside [0, capacity]."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"length {length} outside [0, {self.capacity}]")
+        return self.buffer[:, :, row, :, :length].clone()
+
+    def import_row(self, row: int, kv: torch.Tensor) -> None:
+        """Write `kv` ([2, layers, kv_heads, n, head_dim], from `export_row` of a cache of the same layout) to
+        slots [0, n) of `row`, and commit them: the row's length becomes n.
+
+        Raises:
+            ValueError: another layout, or n above the capacity."""
+        b = self.buffer
+        if kv.dim() != 5 or kv.shape[:3] != b.shape[:2] + b.shape[3:4] or kv.shape[4] != b.shape[5] \
+                or kv.shape[3] > self.capacity:
+            raise ValueError(f"cannot import K/V of shape {tuple(kv.shape)} into a row of a cache of shape "
+                             f"{tuple(b.shape)} (capacity {self.capacity})")
+        n = kv.shape[3]
+        b[:, :, row, :, :n] = kv.to(device=b.device, dtype=b.dtype)
+        self.lengths[row] = n
+
     def move(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of slots `src` of `row` to slots `dst` in every layer (the accepted path of a
         draft tree to consecutive positions). The sources are read before any destination is

@@ -13,6 +13,8 @@ Definitions (TensorRT-LLM / DFlash paper names):
   verify step) leaves it undefined: the property gives 0.0 (a float for formatting), `to_dict` (the
   --json of generate) gives None / null, as bench's results.json does for "ar".
 - accepted_per_position[j]: verify steps in which draft position j + 1 was accepted and emitted.
+- cached_tokens: prompt tokens whose K/V came from the prefix cache (`dflash_trt.runtime.prefix_cache`), not
+  prefilled; 0 without one (OpenAI's usage.prompt_tokens_details.cached_tokens).
 - time_to_first_token_s / total_time_s: seconds from the start of the `generate` call to this
   request's first token / its last. Requests of one batch share a prefill, so they share the first,
   and requests that finish at the same step share the second (the batch's clock, not copied numbers).
@@ -34,6 +36,7 @@ class RequestMetrics:
     accepted_tokens: int = 0
     verify_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
     time_to_first_token_s: float = 0.0
     total_time_s: float = 0.0
 

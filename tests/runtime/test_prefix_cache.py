@@ -1,0 +1,216 @@
+"""Automatic prefix caching (`dflash_trt.runtime.prefix_cache`): the store's matching, replacement and memory
+bound on small tensors, and on the real SmolLM2 pipeline: a prompt that starts with a sequence read before is
+prefilled from where it differs, with the same tokens as without the cache (DFlash and autoregressive, greedy
+and seeded sampling, chunked prefill), and exactly the reused tokens counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.runtime.kv_cache import KVCache
+from dflash_trt.runtime.prefix_cache import PrefixCache
+from dflash_trt.runtime.sampling import SamplingParams
+
+
+def kv(n: int, fill: float = 1.0, layers: int = 2) -> torch.Tensor:
+    """K/V of n tokens: [2, layers, 1 head, n, 4] float32 (4 * 2 * layers * 4 bytes = 32 * layers bytes a token)."""
+    return torch.full((2, layers, 1, n, 4), fill)
+
+
+def test_match_takes_the_longest_shared_prefix_but_never_the_last_prompt_token():
+    pc = PrefixCache(1 << 20)
+    assert pc.store([1, 2, 3, 4, 5], kv(5), kv(5)) and pc.store([1, 2, 9], kv(3, 2.0), kv(3, 2.0))
+    n, e = pc.match([1, 2, 3, 4, 7, 8], with_drafter=True)
+    assert n == 4 and e.tokens.tolist() == [1, 2, 3, 4, 5]
+    n, e = pc.match([1, 2, 3], with_drafter=True)  # all three are held, the last one is read anyway
+    assert n == 2
+    n, e = pc.match([1, 2, 9, 9], with_drafter=True)
+    assert n == 3 and e.tokens.tolist() == [1, 2, 9]
+    assert pc.match([7, 1, 2], with_drafter=True) == (0, None)
+    assert pc.match([1], with_drafter=True) == (0, None)
+    assert pc.match([], with_drafter=False) == (0, None)
+
+
+def test_entries_without_the_drafters_context_serve_autoregressive_prompts_only():
+    pc = PrefixCache(1 << 20)
+    pc.store([1, 2, 3, 4], kv(4), None)
+    assert pc.match([1, 2, 3, 4, 5], with_drafter=True) == (0, None)
+    n, e = pc.match([1, 2, 3, 4, 5], with_drafter=False)
+    assert n == 4 and e.drafter is None
+    # a DFlash sequence holding it is stored beside it (the shorter one serves "ar" only), and then preferred
+    assert pc.store([1, 2, 3], kv(3), kv(3)) and len(pc) == 2
+    assert pc.match([1, 2, 3, 4, 5], with_drafter=True)[0] == 3
+    # an "ar" sequence that a DFlash entry holds is not stored again
+    assert not pc.store([1, 2], kv(2), None) and len(pc) == 2
+
+
+def test_a_longer_sequence_replaces_its_prefixes_and_a_held_one_is_not_stored_twice():
+    pc = PrefixCache(1 << 20)
+    pc.store([1, 2], kv(2), kv(2))
+    pc.store([5, 6], kv(2), kv(2))
+    assert pc.store([1, 2, 3, 4], kv(4), kv(4))
+    assert sorted(e.tokens.tolist() for e in pc._entries.values()) == [[1, 2, 3, 4], [5, 6]]
+    assert not pc.store([1, 2, 3], kv(3), kv(3))
+    assert len(pc) == 2 and pc.nbytes == 2 * (2 * 2 * 4 * 4) * (4 + 2)
+
+
+def test_least_recently_used_entries_go_when_the_bytes_pass_the_bound():
+    per_token = 2 * (2 * 2 * 4 * 4)  # target + drafter K/V, 2 layers, 1 head, head_dim 4, float32
+    pc = PrefixCache(10 * per_token)
+    pc.store([1, 1, 1, 1], kv(4), kv(4))
+    pc.store([2, 2, 2, 2], kv(4), kv(4))
+    assert pc.match([1, 1, 1, 1, 0], True)[0] == 4  # [1...] is now the most recently used
+    pc.store([3, 3, 3], kv(3), kv(3))  # 11 tokens > 10: the least recently used ([2...]) goes
+    assert sorted(e.tokens.tolist()[0] for e in pc._entries.values()) == [1, 3] and pc.nbytes == 7 * per_token
+    assert not pc.store(list(range(11)), kv(11), kv(11))  # alone above the bound: not kept, nothing dropped
+    assert len(pc) == 2
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="max_bytes must be a whole number of bytes >= 1"):
+        PrefixCache(0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(True)
+    with pytest.raises(ValueError, match=r"for 3 tokens: want \[2, layers, kv_heads, 3, head_dim\]"):
+        PrefixCache(100).store([1, 2, 3], kv(4), None)
+    assert not PrefixCache(100).store([], kv(0), None)
+
+
+def test_kv_cache_rows_export_and_import():
+    a = KVCache(num_layers=3, batch=2, kv_heads=2, capacity=8, head_dim=4)
+    a.buffer.copy_(torch.randn_like(a.buffer))
+    part = a.export_row(1, 5)
+    assert part.shape == (2, 3, 2, 5, 4) and torch.equal(part, a.buffer[:, :, 1, :, :5])
+    b = KVCache(num_layers=3, batch=3, kv_heads=2, capacity=6, head_dim=4)
+    b.import_row(2, part)
+    assert b.lengths == [0, 0, 5] and torch.equal(b.buffer[:, :, 2, :, :5], part)
+    assert not b.buffer[:, :, :2].any() and not b.buffer[:, :, 2, :, 5:].any()
+    part.zero_()  # a copy: the cache it came from is unchanged
+    assert a.buffer[:, :, 1, :, :5].any()
+    with pytest.raises(ValueError, match="cannot import K/V of shape"):
+        b.import_row(0, a.export_row(0, 7))  # 7 slots into a capacity of 6
+    with pytest.raises(ValueError, match="cannot import K/V of shape"):
+        KVCache(2, 1, 2, 8, 4).import_row(0, part)  # another number of layers
+    with pytest.raises(ValueError, match="length 9 outside"):
+        a.export_row(0, 9)
+
+
+@pytest.fixture
+def caching(smollm2_pipeline):
+    """The session pipeline's engine with a fresh 1 GiB prefix cache for one test (none again after it)."""
+    eng = smollm2_pipeline.engine
+    eng.prefix_cache = PrefixCache(1 << 30)
+    try:
+        yield eng.prefix_cache
+    finally:
+        eng.prefix_cache = None
+
+
+def chat(pipe, *turns: str, answers: tuple[str, ...] = ()) -> list[int]:
+    from dflash_trt.training.prompts import encode_prompt
+
+    messages = []
+    for i, q in enumerate(turns):
+        messages.append({"role": "user", "content": q})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    return encode_prompt(pipe.tokenizer, messages)
+
+
+def shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_the_next_turn_of_a_chat_reuses_the_first_and_gives_the_same_tokens(smollm2_pipeline, caching, mode):
+    pipe = smollm2_pipeline
+    sp = SamplingParams(max_tokens=40)
+    first = chat(pipe, "Name three rivers of Europe.")
+    pipe.engine.prefix_cache = None
+    [ref1] = pipe.generate([first], sp, mode=mode)
+    second = chat(pipe, "Name three rivers of Europe.", "Which one is the longest?", answers=(pipe.decode(ref1.token_ids),))
+    [ref2] = pipe.generate([second], sp, mode=mode)
+    pipe.engine.prefix_cache = caching
+    [got1] = pipe.generate([first], sp, mode=mode)
+    assert got1.token_ids == ref1.token_ids and got1.metrics.cached_tokens == 0
+    [held] = caching._entries.values()  # the first turn read, to where its K/V are written
+    seq = first + got1.token_ids
+    assert held.tokens.tolist() == seq[: len(held.tokens)] and len(seq) - 1 <= len(held.tokens) <= len(seq)
+    if mode == "ar":  # one token per step: the last one (EOS) is never read
+        assert len(held.tokens) == len(seq) - 1
+    [got2] = pipe.generate([second], sp, mode=mode)
+    assert got2.token_ids == ref2.token_ids
+    reused = shared(second[:-1], held.tokens.tolist())
+    assert reused > len(first) and got2.metrics.cached_tokens == reused
+    assert got2.metrics.prompt_tokens == len(second)
+    assert (caching.queried_tokens, caching.hit_tokens) == (len(first) + len(second), reused)
+
+
+def test_a_batch_reuses_the_prefix_all_its_prompts_share_with_what_was_read(smollm2_pipeline, caching):
+    pipe = smollm2_pipeline
+    sp = SamplingParams(max_tokens=12)
+    prompts = [pipe.encode(f"The following is a list of facts about {x}. Fact one:") for x in ("cats", "dogs", "owls")]
+    pipe.engine.prefix_cache = None
+    refs = pipe.generate(prompts, sp)
+    pipe.engine.prefix_cache = caching
+    pipe.generate([prompts[0]], sp)
+    got = pipe.generate(prompts, sp)  # one prefill for all three, from the prefix they all share with it
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs]
+    common = shared(prompts[1], prompts[0])
+    assert common == shared(prompts[2], prompts[0]) > 0
+    assert [g.metrics.cached_tokens for g in got] == [common] * 3
+
+
+def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefix(smollm2_pipeline, caching):
+    pipe = smollm2_pipeline
+    eng = pipe.engine
+    long = pipe.encode("Once upon a time, in a village by the sea, there lived an old fisherman who " * 3)
+    longer = long + pipe.encode(" Every morning he")
+    sampled = SamplingParams(max_tokens=24, temperature=0.8, seed=7)
+    logprobs = SamplingParams(max_tokens=4, prompt_logprobs=2)
+
+    def run(prompt, sp, chunk=None):
+        batch = DecodeBatch(eng, "dflash", chunk)
+        batch.add([prompt], sp)
+        while batch.active:
+            batch.step()
+        return batch.take_finished()[0][1]
+
+    eng.prefix_cache = None
+    ref_sampled, ref_chunked, ref_lp = run(longer, sampled), run(longer, SamplingParams(max_tokens=24), 8), run(longer, logprobs)
+    eng.prefix_cache = caching
+
+    def prime():  # only `long` read before
+        caching.clear()
+        run(long, SamplingParams(max_tokens=1))
+        assert [len(e.tokens) for e in caching._entries.values()] == [len(long)]
+
+    prime()
+    got = run(longer, sampled)
+    assert got.token_ids == ref_sampled.token_ids and got.metrics.cached_tokens == len(long)
+    prime()
+    got = run(longer, SamplingParams(max_tokens=24), 8)  # prefilled in chunks of 8 from the cached prefix
+    assert got.token_ids == ref_chunked.token_ids and got.metrics.cached_tokens == len(long)
+    prime()
+    got = run(longer, logprobs)  # prompt logprobs need every prompt position read: no reuse
+    assert got.metrics.cached_tokens == 0 and got.token_ids == ref_lp.token_ids
+    assert len(got.prompt_logprobs) == len(longer) and got.prompt_logprobs[0] is None
+    assert [p.token_id for p in got.prompt_logprobs[1:]] == longer[1:]
+    assert [round(p.logprob, 4) for p in got.prompt_logprobs[1:]] == [round(p.logprob, 4) for p in ref_lp.prompt_logprobs[1:]]
+
+
+def test_a_prefix_cache_too_small_for_a_sequence_keeps_nothing_and_reuses_nothing(smollm2_pipeline):
+    pipe = smollm2_pipeline
+    prompt = pipe.encode("A short prompt about the weather today in Paris and")
+    pipe.engine.prefix_cache = PrefixCache(1024)  # less than one token's K/V of 30 layers
+    try:
+        pipe.generate([prompt], SamplingParams(max_tokens=4))
+        [got] = pipe.generate([prompt], SamplingParams(max_tokens=4))
+        assert len(pipe.engine.prefix_cache) == 0 and got.metrics.cached_tokens == 0
+    finally:
+        pipe.engine.prefix_cache = None
