@@ -149,7 +149,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
                           lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s),
                           lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
-    metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting)
+    metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
+                            prefix_caching=pipe.engine.prefix_cache is not None)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -289,10 +290,16 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return {**result.metrics.to_dict(), "queue_time_s": seq.queue_time_s}
 
     def usage(prompts: list[list[int]], results) -> dict:
+        """OpenAI's usage of `prompts` and their choices' `results` (n per prompt, in order); with prefix caching,
+        `prompt_tokens_details.cached_tokens`: per prompt, the tokens all of its choices reused."""
         prompt_tokens = sum(len(p) for p in prompts)
         completion = sum(len(r.token_ids) for r in results)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion}
+        out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+        if pipe.engine.prefix_cache is not None:
+            n = len(results) // len(prompts)
+            cached = sum(min(r.metrics.cached_tokens for r in results[p * n : (p + 1) * n]) for p in range(len(prompts)))
+            out["prompt_tokens_details"] = {"cached_tokens": cached}
+        return out
 
     async def stream(req, seqs, events, prompts, chunk, path, first_delta=None, opening=None):
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
@@ -638,7 +645,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             message, finish = answers.message(result.text, result.finish_reason)
             output = output_items(message, finish, logprobs_of(result.logprobs))
             response = response_object(rid, created, model_name, req, output, status_of(finish),
-                                       usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result))
+                                       usage_of(len(ids), len(result.token_ids), result.metrics.cached_tokens), choice_metrics(seq, result))
             settle(response)
             return response
 
@@ -671,7 +678,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     lps = seq.rest_logprobs(result) if result.logprobs is not None else None
                     delta, finish = state.last(seq.text.rest(result.finish_reason), result.finish_reason)
                     last = out.delta(delta, logprobs_of(lps)) + out.finish(
-                        finish, usage_of(len(ids), len(result.token_ids)), choice_metrics(seq, result))
+                        finish, usage_of(len(ids), len(result.token_ids), result.metrics.cached_tokens), choice_metrics(seq, result))
                     settle(out.response)
                     settled = True
                     for event in last:

@@ -7,7 +7,8 @@
   `engine_type`) plus token counters and speculative-decoding counters in vLLM's naming
   (`trtllm_prompt_tokens_total`, `trtllm_generation_tokens_total`,
   `trtllm_spec_decode_num_draft_tokens_total`, `trtllm_spec_decode_num_accepted_tokens_total`,
-  `trtllm_spec_decode_num_verify_steps_total`; acceptance length = (generation tokens - the requests that
+  `trtllm_spec_decode_num_verify_steps_total`; with `--enable-prefix-caching` vLLM's
+  `trtllm_prefix_cache_queries_total` / `trtllm_prefix_cache_hits_total`, in prompt tokens; acceptance length = (generation tokens - the requests that
   generated a token, the count of `trtllm_time_to_first_token_seconds`) / verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
@@ -44,9 +45,10 @@ class ServerMetrics:
     Args:
         model_name: the `model_name` label (the served model name).
         running / waiting: callables giving the sequences in the current batch / in the queue.
+        prefix_caching: the engine has a prefix cache: also count its queries and hits.
     """
 
-    def __init__(self, model_name: str, running, waiting):
+    def __init__(self, model_name: str, running, waiting, prefix_caching: bool = False):
         disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
@@ -78,6 +80,12 @@ class ServerMetrics:
                                      "Draft tokens the target accepted (and that were emitted).")
         self.verify_steps = count("trtllm_spec_decode_num_verify_steps",
                                   "Target forward passes after prefill, summed over requests.")
+        self.prefix_queries = self.prefix_hits = None
+        if prefix_caching:
+            self.prefix_queries = count("trtllm_prefix_cache_queries",
+                                        "Prefix cache queries, in prompt tokens (the prompts of finished sequences).")
+            self.prefix_hits = count("trtllm_prefix_cache_hits",
+                                     "Prefix cache hits, in prompt tokens whose K/V were reused, not prefilled.")
         Gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.", names,
               registry=r).labels(**labels).set_function(running)
         Gauge("trtllm_num_requests_waiting", "Sequences queued, not yet in the batch.", names,
@@ -106,6 +114,9 @@ class ServerMetrics:
         self.draft_tokens.inc(m.drafted_tokens)
         self.accepted_tokens.inc(m.accepted_tokens)
         self.verify_steps.inc(m.verify_steps)
+        if self.prefix_queries is not None:
+            self.prefix_queries.inc(m.prompt_tokens)
+            self.prefix_hits.inc(m.cached_tokens)
 
     def cancelled_in_queue(self, queue_time_s: float) -> None:
         """Record a sequence whose client left while it was queued: finished_reason "abort" (as an abort

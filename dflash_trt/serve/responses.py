@@ -579,9 +579,12 @@ def response_object(rid: str, created_at: int, model: str, req: ResponsesRequest
     return out
 
 
-def usage_of(input_tokens: int, output_tokens: int) -> dict:
-    """A Response's `usage` (no prompt cache: cached_tokens and cache_write_tokens 0; reasoning tokens not counted apart: 0)."""
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+    """A Response's `usage`: `cached_tokens` input tokens reused from the prefix cache (`dflash-trt serve
+    --enable-prefix-caching`; 0 without), cache_write_tokens 0 (nothing is billed); reasoning tokens not counted
+    apart: 0."""
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens}
 
