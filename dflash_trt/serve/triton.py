@@ -53,7 +53,9 @@ model: a stream still generating then is cut, so drain the server (or let its cl
 Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
 relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
 defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most),
-`prefill_chunk_size` (chunked prefill: prompt tokens read per decode step; empty: off, as `serve`'s flag).
+`prefill_chunk_size` (chunked prefill: prompt tokens read per decode step; empty: off, as `serve`'s flag),
+`enable_kv_cache_reuse` (true / false, tensorrtllm_backend's name; empty: false: prefix caching, as `serve
+--enable-prefix-caching`) and `prefix_cache_gb` (its memory bound in GiB; empty: 1).
 
 Source of the backend API: Triton's python_backend README ("Decoupled mode", `TritonPythonModel`,
 `pb_utils.InferenceResponse`, `get_response_sender`).
@@ -101,7 +103,8 @@ DEFAULT_MAX_TOKENS = 256
 #: how often the model asks Triton whether a request in progress was cancelled (seconds)
 CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
-PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size")
+PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size",
+              "enable_kv_cache_reuse", "prefix_cache_gb")
 #: config.pbtxt parameters that Triton's Python backend reads itself (its README: a custom execution environment)
 BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
@@ -168,9 +171,30 @@ def check_parameters(params: dict[str, str]) -> None:
     mode = params.get("mode") or "dflash"
     if mode not in MODES:
         raise ValueError(f"config.pbtxt parameter 'mode' must be one of {', '.join(MODES)} (empty: dflash), got {mode!r}")
+    reuse = (params.get("enable_kv_cache_reuse") or "").strip().lower()
+    if reuse not in ("", "true", "false"):
+        raise ValueError(f"config.pbtxt parameter 'enable_kv_cache_reuse' must be true or false (empty: false), got "
+                         f"{params['enable_kv_cache_reuse']!r}")
+    prefix_cache_bytes(params)
     if params.get("bundle") and (params.get("target") or params.get("drafter")):
         raise ValueError("config.pbtxt parameters 'bundle' and 'target' / 'drafter' exclude each other (a bundle holds "
                          "its target and drafter): keep one of them")
+
+
+def prefix_cache_bytes(params: dict[str, str]) -> int | None:
+    """The prefix cache's bound in bytes that `enable_kv_cache_reuse` / `prefix_cache_gb` ask for, or None (off).
+
+    Raises:
+        ValueError: a prefix_cache_gb that is not a number of GiB > 0."""
+    text = (params.get("prefix_cache_gb") or "").strip()
+    try:
+        gb = float(text) if text else 1.0
+    except ValueError:
+        gb = float("nan")
+    if not gb > 0 or gb == float("inf"):
+        raise ValueError(f"config.pbtxt parameter 'prefix_cache_gb' must be a number of GiB > 0 (empty: 1), got {text!r}")
+    on = (params.get("enable_kv_cache_reuse") or "").strip().lower() == "true"
+    return max(1, int(gb * 2**30)) if on else None
 
 
 def load_from_parameters(params: dict[str, str], model_dir: Path):
@@ -358,6 +382,11 @@ class TritonPythonModel:
             print(f"dflash-trt: warning: {line}", file=sys.stderr, flush=True)
         mode = params.get("mode") or "dflash"
         engine = self.pipe.engine
+        cache_bytes = prefix_cache_bytes(params)
+        if cache_bytes is not None:
+            from dflash_trt.runtime.prefix_cache import PrefixCache
+
+            engine.prefix_cache = PrefixCache(cache_bytes)
         self.scheduler = Scheduler(lambda: DecodeBatch(engine, mode, chunk), batch_size)
         self._tokenizer_lock = threading.Lock()
         self._live: dict[int, tuple] = {}  # id(sequence) -> (sequence, its response sender), until its final response

@@ -25,11 +25,12 @@ from tests.serve.test_serve_cli import wait_until_healthy
 PROMPT = [1, 520, 3011, 44, 7]
 
 
-@pytest.fixture(scope="module", params=[None, 2], ids=["whole-prefill", "chunked-prefill"])
+@pytest.fixture(scope="module", params=[None, 2], ids=["whole-prefill", "chunked-prefill-prefix-caching"])
 def tp_server(tiny_qwen3, request):  # noqa: F811
-    """A torchrun server; its second instance reads prompts 2 tokens per step (chunked prefill in lockstep)."""
+    """A torchrun server; its second instance reads prompts 2 tokens per step (chunked prefill in lockstep) and
+    keeps a prefix cache on each rank (each its shard of the K/V, taking the same decisions)."""
     target, drafter = tiny_qwen3
-    chunk = [] if request.param is None else ["--prefill-chunk-size", str(request.param)]
+    chunk = [] if request.param is None else ["--prefill-chunk-size", str(request.param), "--enable-prefix-caching"]
     beside = Path(sys.executable).parent / "dflash-trt"
     exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
     port = free_port()
@@ -50,6 +51,10 @@ def tp_server(tiny_qwen3, request):  # noqa: F811
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
+
+
+def proc_args(server) -> list[str]:
+    return server[1].args
 
 
 def completion(base, **body):
@@ -86,7 +91,11 @@ def test_answers_are_the_targets_and_ranks_stay_in_step(tp_server):
                             "stream": True}) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
-    assert completion(base, max_tokens=10, temperature=0, ignore_eos=True)["choices"][0]["text"] == text
+    again = completion(base, max_tokens=10, temperature=0, ignore_eos=True)
+    assert again["choices"][0]["text"] == text
+    # with prefix caching, PROMPT was read before: all of it but its last token is reused on both ranks
+    cached = again["usage"].get("prompt_tokens_details", {"cached_tokens": None})["cached_tokens"]
+    assert cached == (len(PROMPT) - 1 if "--enable-prefix-caching" in proc_args(tp_server) else None)
     # logprobs in lockstep (rank 1 gets them in its callbacks too): the single-process runtime's values
     [lp_ref] = one.generate([PROMPT], SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2), mode="ar")
     lps = completion(base, max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)["choices"][0]["logprobs"]

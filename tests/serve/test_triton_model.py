@@ -43,6 +43,10 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     ({"max_batch_sise": "2"}, "unknown Triton model parameter(s) ['max_batch_sise']"),
     ({"bundle": "/b", "target": "/t"}, "'bundle' and 'target' / 'drafter' exclude each other"),
     ({"max_batch_size": "0"}, "'max_batch_size' must be a whole number >= 1"),
+    ({"enable_kv_cache_reuse": "yes"}, "'enable_kv_cache_reuse' must be true or false (empty: false), got 'yes'"),
+    ({"enable_kv_cache_reuse": "true", "prefix_cache_gb": "0"}, "'prefix_cache_gb' must be a number of GiB > 0"),
+    ({"prefix_cache_gb": "lots"}, "'prefix_cache_gb' must be a number of GiB > 0 (empty: 1), got 'lots'"),
+    ({"prefix_cache_gb": "nan"}, "got 'nan'"),
     ({"EXECUTION_ENV_PATH": "env.tar.gz", "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "mode": "x"}, "got 'x'"),  # theirs
 ])
 def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words):
@@ -93,8 +97,11 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     work = tmp_path_factory.mktemp("triton")
-    # the embedded default model and drafter; one sequence at a time: a request left running would hold up the next
-    write_model_repository(work / "repo", "dflash", max_batch_size="1")
+    # the embedded default model and drafter; one sequence at a time: a request left running would hold up the next;
+    # prefix caching on (tensorrtllm_backend's parameter): the prompts repeated below reuse their K/V, with the
+    # target's own tokens
+    write_model_repository(work / "repo", "dflash", max_batch_size="1", enable_kv_cache_reuse="True",
+                           prefix_cache_gb="0.25")
     server = TritonServer(work / "repo", work)
     yield server
     server.stop()
@@ -334,3 +341,22 @@ def test_guided_decoding_gives_the_engines_tokens(triton, smollm2_pipeline):
     assert out["text_output"] in ("Paris", "Lyon")  # the whole output matches the regex
     status, out = generate(triton, {**body, "guided_decoding_guide_type": "regex", "guided_decoding_guide": "(a"})
     assert status != 200 and "guided decoding: the regex does not compile" in out["error"]
+
+
+def test_kv_cache_reuse_parameters_give_the_engine_a_prefix_cache(tmp_path, smollm2_path):
+    """`enable_kv_cache_reuse` / `prefix_cache_gb` (in-process: the model's initialize, then finalize)."""
+    import json as json_
+
+    from dflash_trt.serve.triton import TritonPythonModel
+
+    for params, expected in (({"enable_kv_cache_reuse": "true", "prefix_cache_gb": "0.5"}, 2**29),
+                             ({"enable_kv_cache_reuse": " TRUE "}, 2**30), ({"enable_kv_cache_reuse": "false"}, None),
+                             ({}, None)):
+        config = {"parameters": {k: {"string_value": v} for k, v in {"target": str(smollm2_path), **params}.items()}}
+        model = TritonPythonModel()
+        model.initialize({"model_config": json_.dumps(config), "model_repository": str(tmp_path)})
+        try:
+            cache = model.pipe.engine.prefix_cache
+            assert (cache.max_bytes if cache is not None else None) == expected
+        finally:
+            model.finalize()

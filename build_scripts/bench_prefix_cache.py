@@ -1,0 +1,120 @@
+"""Prefix caching on multi-turn chats: with vs without, side by side in one run on the same model.
+
+The workload: MT-Bench's two-turn questions (the first --num-prompts), each a conversation: turn 1 (the first
+question, chat template applied), then turn 2 (question, greedy answer, second question). Run by the runtime
+(`Engine.generate`, DFlash, greedy, --max-tokens per turn) once without a prefix cache and once with one (kept
+over the whole run, as a server keeps it: turn 2 reuses turn 1's prompt and answer, and every turn 1 the chat
+template's default system prompt that earlier conversations read), the two settings alternated per
+conversation after a warm-up. Outputs must be identical (checked).
+
+Per setting: time to first token of each turn (median and mean), the conversation's latency, the prompt tokens
+prefilled vs reused; then the ratios without / with. Prints a table; writes JSON with --out.
+
+Usage: python build_scripts/bench_prefix_cache.py [--num-prompts 10] [--max-tokens 128] [--threads 1]
+       [--mode dflash|ar] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from dflash_trt.api import load_pipeline
+from dflash_trt.datasets import mt_bench_questions
+from dflash_trt.runtime.prefix_cache import PrefixCache
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.training.prompts import encode_prompt
+
+
+def conversation(pipe, turns: list[str], max_tokens: int, mode: str) -> dict:
+    """Both turns of one question with the engine's current prefix cache (or none): per turn the prompt
+    length, reused tokens, time to first token, latency and token ids."""
+    messages, out = [], []
+    for q in turns:
+        messages.append({"role": "user", "content": q})
+        ids = encode_prompt(pipe.tokenizer, messages)
+        t0 = time.perf_counter()
+        [r] = pipe.generate([ids], SamplingParams(max_tokens=max_tokens), mode=mode)
+        latency = time.perf_counter() - t0
+        out.append({"prompt_tokens": len(ids), "cached_tokens": r.metrics.cached_tokens,
+                    "ttft_s": r.metrics.time_to_first_token_s, "latency_s": latency, "token_ids": r.token_ids})
+        messages.append({"role": "assistant", "content": pipe.decode(r.token_ids)})
+    return {"turns": out, "latency_s": sum(t["latency_s"] for t in out)}
+
+
+def summary(runs: list[dict]) -> dict:
+    s = {}
+    for k in (0, 1):
+        ttft = [r["turns"][k]["ttft_s"] for r in runs]
+        s[f"turn{k + 1}"] = {
+            "ttft_median_s": statistics.median(ttft), "ttft_mean_s": statistics.fmean(ttft),
+            "prompt_tokens": sum(r["turns"][k]["prompt_tokens"] for r in runs),
+            "cached_tokens": sum(r["turns"][k]["cached_tokens"] for r in runs),
+        }
+    s["conversation_latency_mean_s"] = statistics.fmean(r["latency_s"] for r in runs)
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-prompts", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mode", choices=["dflash", "ar"], default="dflash")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pipe = load_pipeline()
+    eng = pipe.engine
+    questions = [q["turns"] for q in mt_bench_questions()]
+    cache = PrefixCache(1 << 30)
+    # warm-up: a conversation not measured, each setting (the cached one's entries are dropped after)
+    for setting in (None, cache):
+        eng.prefix_cache = setting
+        conversation(pipe, questions[-1], 16, args.mode)
+    cache.clear()
+    runs = {"off": [], "on": []}
+    for i, turns in enumerate(questions[: args.num_prompts]):
+        for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            eng.prefix_cache = cache if name == "on" else None
+            runs[name].append(conversation(pipe, turns, args.max_tokens, args.mode))
+        print(f"conversation {i + 1}/{args.num_prompts}: turn 2 reused {runs['on'][-1]['turns'][1]['cached_tokens']} "
+              f"of {runs['on'][-1]['turns'][1]['prompt_tokens']} prompt tokens", flush=True)
+    eng.prefix_cache = None
+    identical = all(a["turns"][k]["token_ids"] == b["turns"][k]["token_ids"]
+                    for a, b in zip(runs["off"], runs["on"]) for k in (0, 1))
+    off, on = summary(runs["off"]), summary(runs["on"])
+    ratios = {f"turn{k}_ttft_median": off[f"turn{k}"]["ttft_median_s"] / on[f"turn{k}"]["ttft_median_s"] for k in (1, 2)}
+    ratios["conversation_latency_mean"] = off["conversation_latency_mean_s"] / on["conversation_latency_mean_s"]
+    rows = [("turn 1 TTFT median (ms)", off["turn1"]["ttft_median_s"] * 1e3, on["turn1"]["ttft_median_s"] * 1e3),
+            ("turn 2 TTFT median (ms)", off["turn2"]["ttft_median_s"] * 1e3, on["turn2"]["ttft_median_s"] * 1e3),
+            ("turn 2 TTFT mean (ms)", off["turn2"]["ttft_mean_s"] * 1e3, on["turn2"]["ttft_mean_s"] * 1e3),
+            ("conversation latency mean (s)", off["conversation_latency_mean_s"], on["conversation_latency_mean_s"])]
+    print(f"\n{'':32} {'no cache':>10} {'prefix cache':>13} {'ratio':>7}")
+    for name, a, b in rows:
+        print(f"{name:32} {a:10.2f} {b:13.2f} {a / b:6.2f}x")
+    for k in (1, 2):
+        t = on[f"turn{k}"]
+        print(f"turn {k}: {t['cached_tokens']} of {t['prompt_tokens']} prompt tokens reused "
+              f"({t['cached_tokens'] / t['prompt_tokens']:.0%})")
+    print(f"outputs identical with and without the cache: {identical}")
+    if args.out:
+        result = {"workload": "mt-bench two-turn conversations", "num_prompts": args.num_prompts,
+                  "max_tokens": args.max_tokens, "threads": args.threads, "mode": args.mode,
+                  "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__},
+                  "off": off, "on": on, "ratios_off_over_on": ratios, "outputs_identical": identical,
+                  "runs": runs}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+    if not identical:
+        raise SystemExit("outputs differ with the prefix cache")
+
+
+if __name__ == "__main__":
+    main()
