@@ -912,7 +912,7 @@ class DecodeBatch:
         if eng.phase_timer is not None:
             eng.phase_timer.steps += 1
         if eng.prefix_cache is not None:
-            for j, (r, b) in enumerate(zip(self.live, before)):
+            for j, r in enumerate(self.live):  # what a request that ended read: for the next turn of its conversation
                 if r.finish_reason:
                     self._keep_prefix(r, j, self.cache, self._drafter_cache)
         now = time.perf_counter()
