@@ -697,6 +697,12 @@ class DecodeBatch:
     shapes differ, so logits may differ from an unchunked prefill in their last bits (greedy tokens only
     where two are that close).
 
+    Prefix caching (the engine's `prefix_cache`): the requests of one `add` call are prefilled from the longest
+    prefix that each of them shares with a kept sequence (the shortest of their matches: one prefill for all),
+    their rows getting those positions' target K/V and drafter context from the cache; a request's prompt is kept
+    once read, its prompt and output once it ends (`dflash_trt.runtime.prefix_cache`; same caveat on last bits as
+    chunks).
+
     `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
     time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
 
