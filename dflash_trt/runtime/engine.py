@@ -140,6 +140,14 @@ class _Request:
         return taken
 
 
+def _prefill_capacity(reqs: list[_Request]) -> int:
+    """KV slots a cache of `reqs` (with their `capacity` and `metrics.cached_tokens` set) needs: what each can
+    write, and what a prefill writes: one forward reads the same number of positions in every row, so a row whose
+    prompt is read past a long cached prefix is padded (stale slots) to the longest part another row reads."""
+    return max(max(r.capacity for r in reqs),
+               max(r.metrics.cached_tokens for r in reqs) + max(len(r.prompt) - r.metrics.cached_tokens for r in reqs))
+
+
 class Engine:
     """Batched speculative (DFlash) and autoregressive generation over one target.
 
@@ -290,24 +298,27 @@ class Engine:
         return tuple(self.feature_sink.layer_ids) if self.feature_sink is not None else ()
 
     def _prefill(self, reqs: list[_Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
-        """Prefill prompt positions [begin, begin + chunk) of `reqs` (cache row j holds reqs[j]; chunk None:
-        to the end of the longest prompt), in one target forward over the rows whose prompts reach past
-        `begin` (one row per distinct prompt: rows repeating one get copies). Chunked prefill calls it once
-        per chunk, in order; the whole prefill is one call.
+        """Prefill the next prompt positions of `reqs` (cache row j holds reqs[j]) in one target forward over the
+        rows that have some left (one row per distinct prompt: rows repeating one get copies). Row j reads its
+        prompt from position c_j + begin on, `chunk` positions (None: all it has left), where c_j is its
+        `metrics.cached_tokens`: the prefix whose K/V its rows already hold (prefix caching; 0 without). `begin`
+        is thus an offset into the part of each prompt left to read. Chunked prefill calls it once per chunk, in
+        order; the whole prefill is one call.
 
         Returns:
-            the position the next chunk starts at. Once it reaches the longest prompt's length, every
-            request has chosen and emitted its first token (all chosen before any is emitted).
+            the offset the next chunk starts at. Once it reaches the longest part left to read, every request
+            has chosen and emitted its first token (all chosen before any is emitted).
         Raises:
             DFlashError: non-finite target logits; whatever sampling or an `on_tokens` callback raises.
         """
-        lens = [len(r.prompt) for r in reqs]
+        skip = [r.metrics.cached_tokens for r in reqs]
+        lens = [len(r.prompt) - c for r, c in zip(reqs, skip)]  # what is left to read of each prompt
         longest = max(lens)
         end = longest if chunk is None else min(longest, begin + chunk)
         act = [j for j, n in enumerate(lens) if n > begin]  # rows with prompt tokens in this chunk
         # identical prompts (a request's n choices) are read once: the first row holding each one runs the
         # forward, the others get copies of its K/V, drafter context and logits (and prompt logprobs: rows
-        # that ask for a different number of them are read apart)
+        # that ask for a different number of them are read apart). They reuse the same cached prefix.
         first: dict[tuple, int] = {}
         source = {j: first.setdefault((tuple(reqs[j].prompt), reqs[j].params.prompt_logprobs), j) for j in act}
         copies = [j for j in act if source[j] != j]
@@ -315,14 +326,15 @@ class Engine:
         dev = self.device
         ids = torch.zeros(len(act), end - begin, dtype=torch.int64)
         for i, j in enumerate(act):
-            part = reqs[j].prompt[begin:end]
+            part = reqs[j].prompt[skip[j] + begin : skip[j] + end]
             ids[i, : len(part)] = torch.tensor(part)
         ids = ids.to(dev)
-        positions = torch.arange(begin, end, device=dev).expand(len(act), end - begin)
+        starts = [skip[j] + begin for j in act]
+        positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(end - begin, device=dev)
         ends = [min(lens[j], end) for j in act]
         last = torch.tensor(ends, device=dev)[:, None] - 1 - begin
         rows = None if len(act) == len(reqs) else torch.tensor(act, device=dev)
-        out = self.target(ids, positions, cache, end, rows, self._feature_ids(mode), last)
+        out = self.target(ids, positions, cache, max(starts) + end - begin, rows, self._feature_ids(mode), last)
         if not torch.isfinite(out.logits).all():
             raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
                               "this dtype?); try --dtype float32")
@@ -335,17 +347,18 @@ class Engine:
         for i, j in enumerate(act):
             if lens[j] <= end:  # this row's last prompt token: its first token's logits
                 reqs[j].first_logits = out.logits[i, 0]
-            if reqs[j].prompt_logprobs is not None:
+            if reqs[j].prompt_logprobs is not None:  # (such rows reuse no prefix: skip[j] == 0)
                 self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(end, lens[j] - 1))
-        if copies:
-            src = [source[j] for j in copies]
-            cache.copy_slots(src, copies, begin, end)
+        for c in sorted({skip[j] for j in copies}):  # the slots each copy's source read, by prefix length
+            pairs = [(source[j], j) for j in copies if skip[j] == c]
+            src, dst = [a for a, _ in pairs], [b for _, b in pairs]
+            cache.copy_slots(src, dst, c + begin, c + end)
             if mode == "dflash":
-                self.proposer.cache.copy_slots(src, copies, begin, end)
-            for j in copies:
-                reqs[j].first_logits = reqs[source[j]].first_logits
-                if reqs[j].prompt_logprobs is not None:
-                    reqs[j].prompt_logprobs = list(reqs[source[j]].prompt_logprobs)
+                self.proposer.cache.copy_slots(src, dst, c + begin, c + end)
+        for j in copies:
+            reqs[j].first_logits = reqs[source[j]].first_logits
+            if reqs[j].prompt_logprobs is not None:
+                reqs[j].prompt_logprobs = list(reqs[source[j]].prompt_logprobs)
         if end < longest:
             return end
         self._emit_first(reqs, list(range(len(reqs))), cache)
@@ -675,7 +688,7 @@ class _Prefill:
     reqs: list[_Request]
     cache: object  # KVCache of their target rows
     drafter_cache: object  # the drafter's context cache of their rows (mode "dflash"), or None
-    next: int = 0  # the prompt position the next chunk starts at
+    next: int = 0  # where the next chunk starts: an offset into each prompt's part left to read (past its cached prefix)
 
 
 class DecodeBatch:
@@ -697,11 +710,11 @@ class DecodeBatch:
     shapes differ, so logits may differ from an unchunked prefill in their last bits (greedy tokens only
     where two are that close).
 
-    Prefix caching (the engine's `prefix_cache`): the requests of one `add` call are prefilled from the longest
-    prefix that each of them shares with a kept sequence (the shortest of their matches: one prefill for all),
-    their rows getting those positions' target K/V and drafter context from the cache; a request's prompt is kept
-    once read, its prompt and output once it ends (`dflash_trt.runtime.prefix_cache`; same caveat on last bits as
-    chunks).
+    Prefix caching (the engine's `prefix_cache`): each request is prefilled from the end of the longest prefix
+    its prompt shares with a kept sequence (its rows get those positions' target K/V and drafter context from the
+    cache; the requests of one `add` call still share one forward per chunk, each reading its own positions); a
+    request's prompt is kept once read, its prompt and output once it ends (`dflash_trt.runtime.prefix_cache`;
+    same caveat on last bits as chunks).
 
     `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
     time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
@@ -765,7 +778,8 @@ class DecodeBatch:
             r.index, r.call_index, r.on_tokens, r.t0 = i, k, on_tokens, t0
         for r in reqs:  # KV slots it can write: its prompt, its tokens (up to the context), one block past them
             r.capacity = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
-        capacity = max(r.capacity for r in reqs)
+        hits = self._prefix_hits(reqs)
+        capacity = _prefill_capacity(reqs)
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
         if mode == "dflash":
@@ -776,8 +790,8 @@ class DecodeBatch:
             if eng.proposer.prompt_lookup:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)
+        self._reuse_prefixes(reqs, hits, cache, drafter_cache)
         group = _Prefill(reqs, cache, drafter_cache)
-        group.next = self._reuse_prefixes(reqs, cache, drafter_cache)
         if self.prefill_chunk is None:
             self._advance(group)  # raises before anything changed here
             self._context[3] += time.perf_counter() - t0  # the next iteration's latency includes it
@@ -791,24 +805,27 @@ class DecodeBatch:
         return (self.engine.prefix_cache is not None and r.params.prompt_logprobs is None
                 and self.engine.feature_sink is None)
 
-    def _reuse_prefixes(self, reqs: list[_Request], cache, drafter_cache) -> int:
-        """With a prefix cache: write the K/V of the longest cached prefix all of `reqs` can reuse (each its own
-        entry's; the shortest of their matches, 0 if one has none) to their new cache rows, and return its length,
-        the position their prefill starts at (0 without a prefix cache)."""
+    def _prefix_hits(self, reqs: list[_Request]) -> list[tuple[int, object]]:
+        """Per request, (the length of the longest prefix of its prompt the prefix cache holds, that `PrefixEntry`),
+        or (0, None): no prefix cache, no match, or a request that reuses none (`_caches_prefixes`); the length
+        becomes its `metrics.cached_tokens`: where its prefill starts."""
         pc = self.engine.prefix_cache
-        if pc is None:
-            return 0
         hits = [pc.match(r.prompt, self.mode == "dflash") if self._caches_prefixes(r) else (0, None) for r in reqs]
-        begin = min(n for n, _ in hits)
-        for j, (r, (_, entry)) in enumerate(zip(reqs, hits)):
-            if begin:
-                cache.import_row(j, entry.target[:, :, :, :begin])
+        for r, (n, _) in zip(reqs, hits):
+            r.metrics.cached_tokens = n
+        return hits
+
+    def _reuse_prefixes(self, reqs: list[_Request], hits: list[tuple[int, object]], cache, drafter_cache) -> None:
+        """Write each request's cached prefix (`_prefix_hits`) to its new cache rows (the target's K/V and the
+        drafter's context), and count the lookups."""
+        pc = self.engine.prefix_cache
+        for j, (r, (n, entry)) in enumerate(zip(reqs, hits)):
+            if n:
+                cache.import_row(j, entry.target[:, :, :, :n])
                 if drafter_cache is not None:
-                    drafter_cache.import_row(j, entry.drafter[:, :, :, :begin])
-            r.metrics.cached_tokens = begin
+                    drafter_cache.import_row(j, entry.drafter[:, :, :, :n])
             if self._caches_prefixes(r):
-                pc.record(len(r.prompt), begin)
-        return begin
+                pc.record(len(r.prompt), n)
 
     def _keep_prefix(self, r: _Request, row: int, cache, drafter_cache) -> None:
         """With a prefix cache: store the K/V of what `r` (cache row `row`) has read, its prompt and output up to
@@ -832,10 +849,10 @@ class DecodeBatch:
         begin = group.next
         with eng._phase("prefill"):
             group.next = eng._prefill(group.reqs, group.cache, self.mode, begin, self.prefill_chunk)
-        lens = [len(r.prompt) for r in group.reqs]
+        lens = [len(r.prompt) - r.metrics.cached_tokens for r in group.reqs]  # what each had to read
         self._context[0] += sum(1 for n in lens if n > begin)
         self._context[1] += sum(min(n, group.next) - begin for n in lens if n > begin)
-        self._context[2].update(r.index for r in group.reqs if len(r.prompt) > begin)
+        self._context[2].update(r.index for r, n in zip(group.reqs, lens) if n > begin)
         if group.next >= max(lens):
             self._join(group.reqs, group.cache, group.drafter_cache)
             return True
@@ -844,9 +861,10 @@ class DecodeBatch:
         if done:
             eng._emit_first(group.reqs, done, group.cache)
             rest = [j for j in range(len(lens)) if j not in done]
-            # each part keeps only the slots its own requests can write (the batch's caches grow no further)
+            # each part keeps only the slots its own requests can write (the batch's caches grow no further), the
+            # rest also those their next chunks write
             cap_done = max(group.reqs[j].capacity for j in done)
-            cap_rest = max(group.reqs[j].capacity for j in rest)
+            cap_rest = _prefill_capacity([group.reqs[j] for j in rest])
             part = group.cache.take_rows(done, cap_done)
             group.cache.keep_rows(rest, cap_rest)
             drafter_part = None
@@ -957,7 +975,7 @@ class DecodeBatch:
             for r in group.reqs:
                 if r.index in ids:
                     r.finish_reason = "abort"
-                    r.metrics.prompt_tokens = min(len(r.prompt), group.next)
+                    r.metrics.prompt_tokens = min(len(r.prompt), r.metrics.cached_tokens + group.next)
                     ended += 1
             if rows:
                 if len(rows) < len(group.reqs):

@@ -150,7 +150,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                           lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s),
                           lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
-                            prefix_caching=pipe.engine.prefix_cache is not None)
+                            prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None)
 
     @asynccontextmanager
     async def lifespan(app):

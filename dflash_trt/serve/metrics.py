@@ -27,6 +27,7 @@ import collections
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from dflash_trt.runtime.engine import StepStats
 from dflash_trt.runtime.stats import GenerationResult
@@ -45,10 +46,11 @@ class ServerMetrics:
     Args:
         model_name: the `model_name` label (the served model name).
         running / waiting: callables giving the sequences in the current batch / in the queue.
-        prefix_caching: the engine has a prefix cache: also count its queries and hits.
+        prefix_cache: a callable giving the engine's `PrefixCache` (or None): its lookups are exported as
+            counters (those of the cache itself: requests that look it up, per sequence); None: not exported.
     """
 
-    def __init__(self, model_name: str, running, waiting, prefix_caching: bool = False):
+    def __init__(self, model_name: str, running, waiting, prefix_cache=None):
         disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
@@ -80,12 +82,8 @@ class ServerMetrics:
                                      "Draft tokens the target accepted (and that were emitted).")
         self.verify_steps = count("trtllm_spec_decode_num_verify_steps",
                                   "Target forward passes after prefill, summed over requests.")
-        self.prefix_queries = self.prefix_hits = None
-        if prefix_caching:
-            self.prefix_queries = count("trtllm_prefix_cache_queries",
-                                        "Prefix cache queries, in prompt tokens (the prompts of finished sequences).")
-            self.prefix_hits = count("trtllm_prefix_cache_hits",
-                                     "Prefix cache hits, in prompt tokens whose K/V were reused, not prefilled.")
+        if prefix_cache is not None:
+            r.register(_PrefixCacheCounters(prefix_cache, labels))
         Gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.", names,
               registry=r).labels(**labels).set_function(running)
         Gauge("trtllm_num_requests_waiting", "Sequences queued, not yet in the batch.", names,
@@ -114,9 +112,6 @@ class ServerMetrics:
         self.draft_tokens.inc(m.drafted_tokens)
         self.accepted_tokens.inc(m.accepted_tokens)
         self.verify_steps.inc(m.verify_steps)
-        if self.prefix_queries is not None:
-            self.prefix_queries.inc(m.prompt_tokens)
-            self.prefix_hits.inc(m.cached_tokens)
 
     def cancelled_in_queue(self, queue_time_s: float) -> None:
         """Record a sequence whose client left while it was queued: finished_reason "abort" (as an abort
@@ -153,3 +148,23 @@ class ServerMetrics:
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCounters:
+    """A Prometheus collector of the prefix cache's own counts (vLLM's prefix cache queries and hits, in prompt
+    tokens): `PrefixCache.queried_tokens` / `hit_tokens`, counted when a prompt looks the cache up (as it is
+    prefilled; a request asking for prompt_logprobs does not), read at each scrape."""
+
+    def __init__(self, prefix_cache, labels: dict[str, str]):
+        self._cache, self._labels = prefix_cache, labels
+
+    def collect(self):
+        cache = self._cache()
+        for name, doc, value in (
+                ("trtllm_prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up.",
+                 cache.queried_tokens if cache is not None else 0),
+                ("trtllm_prefix_cache_hits", "Prefix cache hits, in prompt tokens whose K/V were reused, not prefilled.",
+                 cache.hit_tokens if cache is not None else 0)):
+            family = CounterMetricFamily(name, doc, labels=list(self._labels))
+            family.add_metric(list(self._labels.values()), value)
+            yield family

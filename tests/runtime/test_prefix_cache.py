@@ -151,19 +151,37 @@ def test_the_next_turn_of_a_chat_reuses_the_first_and_gives_the_same_tokens(smol
     assert (caching.queried_tokens, caching.hit_tokens) == (len(first) + len(second), reused)
 
 
-def test_a_batch_reuses_the_prefix_all_its_prompts_share_with_what_was_read(smollm2_pipeline, caching):
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_requests_added_together_each_reuse_their_own_prefix(smollm2_pipeline, caching, chunk):
+    """One add call (one forward per chunk) whose requests reuse 0, a little and most of their prompts, and two
+    that repeat one prompt (read once, copied): each starts its prefill where its own cached prefix ends, with
+    the tokens of a run without the cache, also when read 5 positions per step."""
     pipe = smollm2_pipeline
-    sp = SamplingParams(max_tokens=12)
-    prompts = [pipe.encode(f"The following is a list of facts about {x}. Fact one:") for x in ("cats", "dogs", "owls")]
-    pipe.engine.prefix_cache = None
-    refs = pipe.generate(prompts, sp)
-    pipe.engine.prefix_cache = caching
-    pipe.generate([prompts[0]], sp)
-    got = pipe.generate(prompts, sp)  # one prefill for all three, from the prefix they all share with it
+    eng = pipe.engine
+    sp = SamplingParams(max_tokens=10)
+    story = pipe.encode("The old lighthouse keeper climbed the stairs every night to light the lamp, and")
+    prompts = [story + pipe.encode(" then he"), pipe.encode("Seven facts about owls: first,"),
+               story[:6] + pipe.encode(" a completely different ending, where the"),
+               story + pipe.encode(" then he"), pipe.encode("Q: What is 2 + 2?\nA:")]
+
+    def run(batch_prompts):
+        batch = DecodeBatch(eng, "dflash", chunk)
+        batch.add(batch_prompts, sp)
+        while batch.active:
+            batch.step()
+        return [r for _, r in sorted(batch.take_finished())]
+
+    eng.prefix_cache = None
+    refs = run(prompts)
+    eng.prefix_cache = caching
+    run([story])  # what is cached: the story, and its 10 tokens
+    [held] = caching._entries.values()
+    got = run(prompts)
     assert [g.token_ids for g in got] == [r.token_ids for r in refs]
-    common = shared(prompts[1], prompts[0])
-    assert common == shared(prompts[2], prompts[0]) > 0
-    assert [g.metrics.cached_tokens for g in got] == [common] * 3
+    want = [shared(p[:-1], held.tokens.tolist()) for p in prompts]
+    assert want[0] == want[3] == len(story) and want[2] == 6 and want[1] == want[4] == 0
+    assert [g.metrics.cached_tokens for g in got] == want
+    assert [g.metrics.prompt_tokens for g in got] == [len(p) for p in prompts]
 
 
 def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefix(smollm2_pipeline, caching):
@@ -214,3 +232,34 @@ def test_a_prefix_cache_too_small_for_a_sequence_keeps_nothing_and_reuses_nothin
         assert len(pipe.engine.prefix_cache) == 0 and got.metrics.cached_tokens == 0
     finally:
         pipe.engine.prefix_cache = None
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_a_chunked_group_split_keeps_room_for_a_long_cached_prefix(smollm2_pipeline, caching, mode):
+    """Chunked prefill of [a short prompt, a long one, a cached prefix + 70 tokens]: the short one joins after the
+    first chunk, and the two left still read 64 positions per chunk, the third past its 150 cached tokens, padded
+    to the long one's part (stale slots up to 150 + 200): their split cache keeps room for that (it was cut to
+    their own capacities: an IndexError)."""
+    import random
+
+    eng = smollm2_pipeline.engine
+    rng = random.Random(1)
+    pre = [rng.randrange(100, 1000) for _ in range(150)]
+    prompts = [[rng.randrange(100, 1000) for _ in range(5)], [rng.randrange(100, 1000) for _ in range(200)],
+               pre + [rng.randrange(100, 1000) for _ in range(70)]]
+    sp = SamplingParams(max_tokens=3)
+
+    def run():
+        batch = DecodeBatch(eng, mode, prefill_chunk=64)
+        batch.add(prompts, sp)
+        while batch.active:
+            batch.step()
+        return [r for _, r in sorted(batch.take_finished())]
+
+    eng.prefix_cache = None
+    refs = run()
+    eng.prefix_cache = caching
+    smollm2_pipeline.generate([pre + [5]], SamplingParams(max_tokens=1), mode=mode)
+    got = run()
+    assert [g.metrics.cached_tokens for g in got] == [0, 0, 150]
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs]

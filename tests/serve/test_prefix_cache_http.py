@@ -44,6 +44,16 @@ def cached_server(smollm2_pipeline):
         eng.prefix_cache = None
 
 
+def uncached_reference(pipe, ids: list[int], max_tokens: int) -> list[int]:
+    """The target's own greedy tokens (autoregressive), computed without the prefix cache (nothing counted or kept)."""
+    eng = pipe.engine
+    cache, eng.prefix_cache = eng.prefix_cache, None
+    try:
+        return ar_tokens(pipe, ids, max_tokens)[0]
+    finally:
+        eng.prefix_cache = cache
+
+
 def held_tokens(pc: PrefixCache) -> list[list[int]]:
     return [e.tokens.tolist() for e in pc._entries.values()]
 
@@ -64,7 +74,7 @@ def test_the_next_chat_turn_reports_the_tokens_it_reused(cached_server, smollm2_
     assert reused > len(ids1)  # the first prompt and most of its answer
     assert r2.usage.prompt_tokens_details.cached_tokens == reused and r2.usage.prompt_tokens == len(ids2)
     assert r2.choices[0].model_extra["metrics"]["cached_tokens"] == reused  # the runtime's per-choice metrics
-    ref, _ = ar_tokens(smollm2_pipeline, ids2, 32)  # the target's own greedy answer, without any cache
+    ref = uncached_reference(smollm2_pipeline, ids2, 32)  # the target's own greedy answer, without any cache
     assert r2.choices[0].message.content == smollm2_pipeline.decode(ref)
     after = prometheus(base)
     assert sample(after, "trtllm_prefix_cache_queries_total") - sample(before, "trtllm_prefix_cache_queries_total") \
@@ -84,6 +94,29 @@ def test_streamed_usage_and_n_choices_count_the_prompt_once(cached_server, smoll
     assert usage[0].prompt_tokens_details.cached_tokens == len(ids) - 1  # all but the last token, once
 
 
+def test_a_request_for_prompt_logprobs_is_not_a_lookup(cached_server, smollm2_pipeline):
+    """echo + logprobs needs every prompt position read: it reuses nothing and counts neither as a query nor a
+    hit (the counters are the cache's own), while the same prompt without them reuses all but its last token."""
+    base, pc, client = cached_server
+    prompt = "The history of the Roman Empire begins"
+    ids = smollm2_pipeline.encode(prompt)
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    before = prometheus(base)
+    scored = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=1)
+    assert scored.usage.prompt_tokens_details.cached_tokens == 0
+    assert scored.choices[0].logprobs.tokens[: len(ids)] == [smollm2_pipeline.decode([t]) for t in ids]
+    middle = prometheus(base)
+    for name in ("trtllm_prefix_cache_queries_total", "trtllm_prefix_cache_hits_total"):
+        assert sample(middle, name) == sample(before, name)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+    after = prometheus(base)
+    assert sample(after, "trtllm_prefix_cache_queries_total") - sample(middle, "trtllm_prefix_cache_queries_total") \
+        == len(ids)
+    assert sample(after, "trtllm_prefix_cache_hits_total") - sample(middle, "trtllm_prefix_cache_hits_total") \
+        == len(ids) - 1
+
+
 def test_a_responses_chain_reuses_the_previous_response(cached_server, smollm2_pipeline):
     from openai.types.responses import Response
 
@@ -100,7 +133,7 @@ def test_a_responses_chain_reuses_the_previous_response(cached_server, smollm2_p
     ids = chat_ids(smollm2_pipeline, conversation)
     assert second.usage.input_tokens == len(ids)
     assert second.usage.input_tokens_details.cached_tokens == shared(ids[:-1], held) > 0
-    ref, _ = ar_tokens(smollm2_pipeline, ids, 24)
+    ref = uncached_reference(smollm2_pipeline, ids, 24)
     assert second.output_text == smollm2_pipeline.decode(ref)
 
 
