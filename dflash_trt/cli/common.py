@@ -716,6 +716,19 @@ def warn_untrained_drafter(pipe) -> None:
                    "train it with dflash-trt train-drafter --init DIR, or use a trained drafter", err=True)
 
 
+def warn_training_target(pipe) -> None:
+    """One stderr line when the drafter's training.json names another target than the one loaded, the
+    warning `dflash-trt check` and `build` give (`dflash_trt.compat._training_target_problem`: output stays
+    exact, but a drafter made for another model has its drafts rarely accepted)."""
+    from dflash_trt.compat import _training_info, _training_target_problem
+
+    if pipe.drafter_path is None:  # mode ar: no drafter loaded
+        return
+    problem = _training_target_problem(_training_info(pipe.drafter_path), pipe.target_path)
+    if problem is not None:
+        click.echo(f"warning: {problem}", err=True)
+
+
 def warn_block_size(pipe) -> None:
     """One stderr line when the draft block is larger than the block the drafter was trained with.
 

@@ -79,7 +79,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                                        compile_guided, guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
-                                       warn_tree_unused, warn_untrained_drafter)
+                                       warn_training_target, warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
     from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 
@@ -132,6 +132,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     compile_guided(pipe.engine.grammars, params.guided)
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
+    warn_training_target(pipe)
     wheres = [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)] if prompts_file else [None] * len(items)
     prompts = [encode_item(pipe, it, where) for it, where in zip(items, wheres)]
     if prompts_file:  # a prompt too long for the context is named by its file and line

@@ -91,7 +91,8 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
         raise click.ClickException(f"dflash-trt serve needs {exc.name}, which is not installed: "
                                    "pip install 'dflash-trt[serve]' (make install includes it)") from None
     from dflash_trt.cli.common import (check_draft_lengths, load_models, set_threads, warn_block_size,
-                                       warn_draft_flags_unused, warn_float16_on_cpu, warn_untrained_drafter)
+                                       warn_draft_flags_unused, warn_float16_on_cpu, warn_training_target,
+                                       warn_untrained_drafter)
     from dflash_trt.serve.app import create_app
 
     import os
@@ -135,6 +136,7 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
             return
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
+    warn_training_target(pipe)
     from pathlib import Path
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)

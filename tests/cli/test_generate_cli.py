@@ -390,6 +390,36 @@ def test_an_untrained_drafter_warns_as_check_does(monkeypatch, capsys, smollm2_p
     assert "untrained" not in err  # the shipped drafter is trained
 
 
+def other_targets_drafter(folder, drafter) -> tuple:
+    """(a copy of `drafter` in `folder` whose training.json says it was trained for another target, the
+    warning line `dflash-trt check` gives for it with SmolLM2 as the target `here`)."""
+    from dflash_trt.models.default import default_target_path
+
+    copy = shutil.copytree(drafter, folder / "drafter")
+    (copy / "training.json").write_text(json.dumps({"target": "/models/Llama-3.1-8B-Instruct", "finished": True}))
+    here = default_target_path().resolve()
+    return copy, (f"warning: training target: the drafter's training.json says it was trained for the target "
+                  f"/models/Llama-3.1-8B-Instruct (Llama-3.1-8B-Instruct), not {here} (SmolLM2-135M-Instruct); fine "
+                  "if this target is a sibling of that one (same tokenizer and layers, e.g. a fine-tune of it), "
+                  "otherwise the drafter was made for another model (acceptance will be low): use the drafter "
+                  f"trained for this target, or train one with dflash-trt train-drafter --target {here}")
+
+
+def test_a_drafter_trained_for_another_target_warns_as_check_does(monkeypatch, capsys, tmp_path, smollm2_path,
+                                                                   untrained_drafter):
+    """generate said nothing when the drafter's training.json names another target; check and build warned."""
+    drafter, warning = other_targets_drafter(tmp_path, untrained_drafter)
+    code, _, err = run_main(monkeypatch, capsys, "check", "--target", str(smollm2_path), "--drafter", str(drafter))
+    assert code == 0 and warning in err.splitlines(), err
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter", str(drafter),
+                            "--prompt", "Hello", "--max-tokens", "2")
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("warning: training target:")] == [warning]
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(smollm2_path), "--drafter", str(drafter),
+                            "--prompt", "Hello", "--max-tokens", "2", "--mode", "ar")
+    assert code == 0 and "training target" not in err, err  # no drafter loaded
+
+
 @pytest.mark.slow
 def test_logits_processing_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline):
     """--repetition-penalty, --presence-penalty, --frequency-penalty, --logit-bias and --min-tokens: the text of the

@@ -112,3 +112,20 @@ def test_torchrun_without_a_matching_tp_size_is_refused(monkeypatch, capsys):
     code, out, err = run_main(monkeypatch, capsys, "generate", "--tp-size", "2", "--chat", "Hi", "--max-tokens", "2")
     assert code == 1 and "--tp-size 2 does not divide the target's attention heads (9), KV heads (3); use a --tp-size " \
         "that divides them: 1, 3" in err and "torchrun" not in err
+
+
+def test_a_drafter_trained_for_another_target_warns_as_check_does(monkeypatch, capsys, tmp_path, smollm2_path,
+                                                                   untrained_drafter):
+    """serve said nothing when the drafter's training.json names another target; check and build warned."""
+    import dflash_trt.serve.app as app_module
+    from tests.cli.test_generate_cli import other_targets_drafter
+
+    def stop(*args, **kwargs):  # the models are loaded and the warnings given: stop before serving
+        raise SystemExit(0)
+
+    monkeypatch.setattr(app_module, "create_app", stop)
+    drafter, warning = other_targets_drafter(tmp_path, untrained_drafter)
+    code, _, err = run_main(monkeypatch, capsys, "serve", "--port", "0", "--target", str(smollm2_path), "--drafter",
+                            str(drafter))
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("warning: training target:")] == [warning]
