@@ -17,7 +17,8 @@ from dflash_trt.text import count
                    "drafter).")
 def check(target, drafter):
     """Run every compatibility check (configs, both models' weights read from their safetensors headers, the
-    drafter's weight values, tokenizers); print each problem with its fix. Warnings do not fail the check."""
+    drafter's weight values, tokenizers); print each problem with its fix. Warnings do not fail the check; a
+    passing check names the target and drafter folders it checked."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.errors import ConfigError
@@ -28,11 +29,13 @@ def check(target, drafter):
     if why is not None:
         raise ConfigError(why)
     drafter = model_folder("--drafter", drafter, "drafter")
-    findings = check_checkpoints(target or default_target_path(), drafter or default_drafter_path())
+    target, drafter = target or default_target_path(), drafter or default_drafter_path()
+    findings = check_checkpoints(target, drafter)
     for f in findings:  # diagnostics on stderr, as every command prints its warnings; the verdict on stdout
         click.echo(f"{f.level}: {f.message}", err=True)
     errors = sum(f.level == ERROR for f in findings)
     if errors:
         click.echo(f"check failed: {count(errors, 'error')}, {count(len(findings) - errors, 'warning')}", err=True)
         sys.exit(1)
-    click.echo(f"ok: the drafter fits the target ({count(len(findings), 'warning')})")
+    click.echo(f"ok: the drafter fits the target ({count(len(findings), 'warning')}): target {target}, "
+               f"drafter {drafter}")

@@ -194,8 +194,12 @@ def test_unknown_device_is_one_error_line_before_loading(monkeypatch, capsys, tm
 
 
 def test_check_defaults_to_the_embedded_pair_and_empty_prompts_are_refused_early(monkeypatch, capsys):
+    from dflash_trt.models.default import default_drafter_path, default_target_path
+
     code, out, err = run_main(monkeypatch, capsys, "check")
-    assert code == 0 and out.startswith("ok: the drafter fits the target"), err
+    assert (code, err) == (0, "")
+    assert out == (f"ok: the drafter fits the target (0 warnings): target {default_target_path()}, "
+                   f"drafter {default_drafter_path()}\n")  # the folders it checked, defaults included
     for flag in ("--prompt", "--chat"):
         code, out, err = run_main(monkeypatch, capsys, "generate", flag, "")
         assert code == 2 and err.startswith(f"error: {flag} is empty; give some text") and err.count("\n") == 1, err
@@ -534,7 +538,8 @@ def test_check_reads_the_target_weights(monkeypatch, capsys, tmp_path, tiny):
     `check` (exit 1, one error line with the fix) instead of 'ok' and a failing generate; the tiny pair passes."""
     target, drafter = tiny
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(drafter))
-    assert code == 0 and out.splitlines()[-1].startswith("ok: the drafter fits the target"), err
+    assert code == 0, err
+    assert out == f"ok: the drafter fits the target (1 warning): target {target}, drafter {drafter}\n"  # untrained
     bare = tmp_path / "bare"
     shutil.copytree(target, bare, ignore=shutil.ignore_patterns("*.safetensors"))
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(bare), "--drafter", str(drafter))

@@ -966,4 +966,4 @@ def test_check_warns_when_the_drafter_was_trained_for_another_target(tmp_path, t
     assert f"warning: {expected}" in cli_run.stderr.splitlines()
     assert [line.split(":")[1] for line in cli_run.stderr.splitlines()] == [" unfinished", " training target",
                                                                           " mask token"]  # --max-steps 1; MASK is text
-    assert cli_run.stdout == "ok: the drafter fits the target (3 warnings)\n"
+    assert cli_run.stdout == f"ok: the drafter fits the target (3 warnings): target {sibling}, drafter {out}\n"
