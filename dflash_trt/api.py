@@ -54,21 +54,41 @@ def stop_token_ids(target_path: Path, cfg: TargetConfig) -> tuple[int, ...]:
     return cfg.eos_token_id
 
 
+#: the tokenizer files AutoTokenizer reads as JSON, the ones `load_tokenizer` names when they are not JSON
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json")
+
+
 def load_tokenizer(path: Path):
-    """The HF tokenizer saved in `path`.
+    """The HF tokenizer saved in `path`, loaded by transformers' AutoTokenizer.
 
     Raises:
-        CheckpointError: the folder has no usable tokenizer files.
+        CheckpointError: the folder has no usable tokenizer files: none, or files AutoTokenizer cannot load;
+            the message names the first of `TOKENIZER_JSON_FILES` that is not valid JSON (a download or copy
+            cut short), else the error AutoTokenizer gave.
     """
+    import json
+
     from transformers import AutoTokenizer
 
     from dflash_trt.errors import CheckpointError
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{path}: no usable tokenizer ({type(exc).__name__}); copy the model's tokenizer files "
-                              "(tokenizer.json, tokenizer_config.json) into the folder") from exc
+    except Exception as exc:  # noqa: BLE001 - a broken file raises what its reader raises (JSONDecodeError,
+        # KeyError, TypeError, the tokenizers library's bare Exception), a folder without tokenizer files OSError
+        fix = "copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder"
+        for name in TOKENIZER_JSON_FILES:
+            file = Path(path) / name
+            try:
+                json.loads(file.read_text())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as bad:  # ValueError: JSONDecodeError, UnicodeDecodeError
+                raise CheckpointError(f"{file} is not valid JSON ({bad}), so the tokenizer does not load; {fix} "
+                                      "again (a download or copy cut short leaves a truncated file)") from exc
+        why = type(exc).__name__ if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"  # OSError: no files
+        raise CheckpointError(f"{path}: no usable tokenizer ({why}); {fix}") from exc
 
 
 def check_text(text, name: str) -> None:

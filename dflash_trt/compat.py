@@ -309,7 +309,8 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     shard the index names absent) or do not match their config.json (read from the safetensors headers,
     no target tensor data loaded), drafter weights holding NaN or infinite values (the drafter's tensors
     are read), every `compatibility_problems` item, different tokenizers, a target without tokenizer
-    files (tokenizer.json, tokenizer.model or vocab.json: the runtime cannot load it). Warnings: an
+    files (tokenizer.json, tokenizer.model or vocab.json: the runtime cannot load it) or with tokenizer files
+    transformers' AutoTokenizer cannot load (`_target_tokenizer`: e.g. a truncated tokenizer.json). Warnings: an
     untrained drafter, an unfinished training run, a drafter whose training.json names another target
     (`_training_target_problem`: a sibling target may serve), a drafter context (max_position_embeddings)
     shorter than the target's (the runtime then stops drafting near the drafter's limit and decodes one
@@ -396,8 +397,12 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"rope: drafter rope_theta {drafter.rope_theta:g} / scaling {drafter.rope_scaling} differ from the target's "
             f"{target.rope_theta:g} / {target.rope_scaling}; fine if the drafter was trained that way, otherwise "
             "it was made for another target (acceptance will be low)")))
-    t_tok, d_tok = _tokenizer_identity(target_path), _tokenizer_identity(drafter_path)
-    if t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):
+    tokenizer, unloadable = _target_tokenizer(target_path)
+    t_tok = _tokenizer_identity(target_path) if tokenizer is not None else None
+    d_tok = _tokenizer_identity(drafter_path)
+    if unloadable is not None:
+        out.append(Finding(ERROR, unloadable))
+    elif t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):
         # an error: load_pipeline, load_bundle and train-drafter's data generation all load the target's tokenizer
         # (`api.load_tokenizer`) and refuse a folder without one
         out.append(Finding(ERROR, (
@@ -417,7 +422,7 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"mask token: id {drafter.mask_token_id} is not a special token of the target's tokenizer; it may occur "
             f"in normal text. Pick a reserved special token as {_mask_field(drafter)}")))
     elif t_tok is not None and 0 <= drafter.mask_token_id < target.vocab_size:
-        streamed = _streamed_special_token(target_path, drafter.mask_token_id)
+        streamed = _streamed_special_token(tokenizer, drafter.mask_token_id)
         if streamed is not None:
             out.append(Finding(WARNING, (
                 f"mask token: id {drafter.mask_token_id} ({streamed}) is a special token that occurs in the target's "
@@ -426,14 +431,27 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
     return out
 
 
-def _streamed_special_token(target_path: Path, mask_id: int) -> str | None:
-    """The token string of `mask_id` when it is a special token that occurs in the target's token streams
-    (`dflash_trt.models.mask_token.streamed_special_ids`), else None (also when the tokenizer does not load)."""
+def _target_tokenizer(target_path: Path):
+    """(the target's tokenizer, None), loaded as the runtime loads it (`api.load_tokenizer`: transformers'
+    AutoTokenizer), or (None, the error `check_checkpoints` gives: its message names the broken file and the
+    fix) when the folder has tokenizer files that do not load; (None, None) when it has none (the error for
+    that is `check_checkpoints`' own)."""
     from dflash_trt.api import load_tokenizer
+    from dflash_trt.errors import CheckpointError
+
+    if not any((target_path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None, None
+    try:
+        return load_tokenizer(target_path), None
+    except CheckpointError as exc:
+        return None, ("tokenizer: the target's tokenizer does not load as the runtime loads it (transformers' "
+                      "AutoTokenizer), so generate, bench, serve and train-drafter cannot run this target, nor a "
+                      f"bundle built from it: {exc}")
+
+
+def _streamed_special_token(tokenizer, mask_id: int) -> str | None:
+    """The token string of `mask_id` when it is a special token that occurs in the token streams of the
+    target's `tokenizer` (`dflash_trt.models.mask_token.streamed_special_ids`), else None."""
     from dflash_trt.models.mask_token import streamed_special_ids, token_name
 
-    try:
-        tokenizer = load_tokenizer(target_path)
-    except Exception:  # noqa: BLE001 - a tokenizer transformers cannot load: the other checks still stand
-        return None
     return token_name(tokenizer, mask_id) if mask_id in streamed_special_ids(tokenizer) else None

@@ -128,8 +128,9 @@ def test_cli_exit_codes(target, drafter, tmp_path):
 
 def test_a_target_without_tokenizer_files_is_an_error_naming_the_files_and_the_fix(tmp_path, target, drafter):
     """check passed a target with no tokenizer files (exit 0, a warning) that the runtime then refused: every way
-    dflash-trt runs a target loads its tokenizer. Now it is an error (exit 1) naming the files and the fix; a slow
-    tokenizer (tokenizer.model) only leaves the identity unchecked (a warning)."""
+    dflash-trt runs a target loads its tokenizer. Now it is an error (exit 1) naming the files and the fix, as is a
+    tokenizer file that does not load (a tokenizer.model that is not one); a slow tokenizer that loads (vocab.json
+    and merges.txt) only leaves the identity unchecked (a warning)."""
     import shutil
 
     from dflash_trt.api import load_pipeline
@@ -152,7 +153,17 @@ def test_a_target_without_tokenizer_files_is_an_error_naming_the_files_and_the_f
     res = subprocess.run(run, capture_output=True, text=True, check=False)
     assert res.returncode == 1 and res.stdout == "", res.stderr
     assert f"error: {expected}" in res.stderr.splitlines() and "check failed: 1 error, 1 warning" in res.stderr
-    (bare / "tokenizer.model").write_bytes(b"sentencepiece")
+    (bare / "tokenizer.model").write_bytes(b"sentencepiece")  # not a tokenizer: AutoTokenizer's error, an error
+    [error] = only(check_checkpoints(bare, drafter), ERROR)
+    assert error.startswith("tokenizer: the target's tokenizer does not load as the runtime loads it (transformers' "
+                            "AutoTokenizer), so generate, bench, serve and train-drafter cannot run this target, nor a "
+                            f"bundle built from it: {bare}: no usable tokenizer ("), error
+    assert error.endswith("); copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into the folder")
+    (bare / "tokenizer.model").unlink()  # a slow tokenizer that loads (GPT-2's vocab.json and merges.txt): a warning
+    model = json.loads((target / "tokenizer.json").read_text())["model"]
+    (bare / "vocab.json").write_text(json.dumps(model["vocab"]))
+    (bare / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{' '.join(m)}\n" for m in model["merges"]))
+    (bare / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
     assert only(check_checkpoints(bare, drafter), ERROR) == []
     assert [w for w in only(check_checkpoints(bare, drafter), WARNING) if w.startswith("tokenizer:")] == [
         f"tokenizer: {bare} has no tokenizer.json; tokenizer identity and the mask token were not checked"]

@@ -554,6 +554,34 @@ def test_check_reads_the_target_weights(monkeypatch, capsys, tmp_path, tiny):
     assert err.splitlines()[0].endswith("); re-save or re-download it")
 
 
+def test_check_refuses_a_target_tokenizer_that_does_not_load(monkeypatch, capsys, tmp_path, tiny):
+    """A target whose tokenizer files are there but broken passed `check` (invalid JSON: a traceback); generate
+    then failed. Now check exits 1 with one error naming the file (or AutoTokenizer's error) and the fix, and
+    generate says the same in one line."""
+    target, drafter = tiny
+    broken = shutil.copytree(target, tmp_path / "broken")
+    (broken / "tokenizer.json").write_text('{"version": "1.0", broken')
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(broken), "--drafter", str(drafter))
+    not_json = (f"{broken / 'tokenizer.json'} is not valid JSON (Expecting property name enclosed in double quotes: "
+                "line 1 column 20 (char 19)), so the tokenizer does not load; copy the model's tokenizer files "
+                "(tokenizer.json, tokenizer_config.json) into the folder again (a download or copy cut short leaves a "
+                "truncated file)")
+    assert (code, out) == (1, ""), err
+    assert [line for line in err.splitlines() if not line.startswith("warning: untrained:")] == [
+        "error: tokenizer: the target's tokenizer does not load as the runtime loads it (transformers' AutoTokenizer), "
+        "so generate, bench, serve and train-drafter cannot run this target, nor a bundle built from it: " + not_json,
+        "check failed: 1 error, 1 warning"]
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--target", str(broken), "--mode", "ar", "--prompt", "hi")
+    assert one_error_line(code, err) and err == f"error: {not_json}\n", err
+    (broken / "tokenizer.json").write_text("{}")  # JSON, not a tokenizer: AutoTokenizer's own error
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(broken), "--drafter", str(drafter))
+    assert (code, out) == (1, "") and (
+        f"error: tokenizer: the target's tokenizer does not load as the runtime loads it (transformers' AutoTokenizer), "
+        f"so generate, bench, serve and train-drafter cannot run this target, nor a bundle built from it: {broken}: no "
+        "usable tokenizer (KeyError: 'added_tokens'); copy the model's tokenizer files (tokenizer.json, "
+        "tokenizer_config.json) into the folder") in err.splitlines(), err
+
+
 def test_check_names_a_missing_target_before_asking_for_a_drafter(monkeypatch, capsys, tmp_path):
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(tmp_path / "nope"))
     assert one_error_line(code, err) and out == "", err
