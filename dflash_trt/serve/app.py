@@ -516,6 +516,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             if not template_renders_tools:
                 warn_tools_unrendered()
         template_kwargs = req.template_kwargs()
+        req.check_tool_messages()
         messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True)
         if messages is None:
             raise InvalidRequestError("messages is an empty list; give at least one "

@@ -375,6 +375,19 @@ class ChatCompletionRequest(_Request):
     chat_template_kwargs: dict[str, Any] | None = None  # the chat template's variables (vLLM's, trtllm-serve's)
     _tools: ToolCalling | None = PrivateAttr(default=None)
 
+    def check_tool_messages(self) -> None:
+        """Raises InvalidRequestError (param "messages[i].tool_call_id", i from 0 as OpenAI counts) for a "tool"
+        message without a tool_call_id string: a tool result answers one call of an assistant message, named by
+        its id (OpenAI refuses it with a 400 too)."""
+        for i, m in enumerate(self.messages):
+            if isinstance(m, dict) and m.get("role") == "tool" and not isinstance(m.get("tool_call_id"), str):
+                field = f"messages[{i}].tool_call_id"
+                value = m.get("tool_call_id")
+                got = "missing" if value is None else f"{json.dumps(value)[:40]}, not a string"
+                raise InvalidRequestError(f"{field} is {got}; a tool message answers one tool call: give the id of "
+                                          'that call in the assistant message\'s tool_calls, e.g. "tool_call_id": '
+                                          '"call_1"', param=field)
+
     def template_kwargs(self) -> dict[str, Any]:
         """`chat_template_kwargs` (e.g. {"enable_thinking": false}, Qwen3's switch), or {}.
 

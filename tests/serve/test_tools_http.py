@@ -366,6 +366,14 @@ def bad(fn_name="get_weather", **fn):
     ({"tools": [WEATHER], "tool_choice": "none", "messages": ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]},
      "messages", 'tool call 0 is not {"function": {"name": "...", "arguments": "<JSON text>"}}, as OpenAI writes one'),
+    ({"tools": [WEATHER], "tool_choice": "none", "messages": ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "content": "21 C"}]},
+     "messages[2].tool_call_id", "messages[2].tool_call_id is missing; a tool message answers one tool call: give the "
+     'id of that call in the assistant message\'s tool_calls, e.g. "tool_call_id": "call_1"'),
+    ({"messages": ASK + [{"role": "tool", "tool_call_id": 1, "content": "21 C"}]}, "messages[1].tool_call_id",
+     "messages[1].tool_call_id is 1, not a string; a tool message answers one tool call: give the id of that call"),
     ({"tools": bad(parameters={"type": "string"}), "tool_choice": "none"}, "tools",
      "tool 'get_weather' has parameters {\"type\": \"string\"}; a function's parameters are a JSON schema of type "
      "object"),
