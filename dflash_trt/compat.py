@@ -139,6 +139,12 @@ def _model_name(folder: Path) -> str:
     return folder.name
 
 
+def training_target_problem(drafter_path: str | Path, target_path: str | Path) -> str | None:
+    """The warning `check_checkpoints` gives when the drafter's training.json names another target than the one
+    at `target_path` (`_training_target_problem`), or None; for commands that load a pair without checking it."""
+    return _training_target_problem(_training_info(Path(drafter_path)), Path(target_path))
+
+
 def _training_target_problem(info: dict, target_path: Path) -> str | None:
     """The warning `check_checkpoints` gives when the drafter's training.json (`info`, written by
     train-drafter: "target" is the resolved path of the target it was trained on) names another target than

@@ -718,13 +718,13 @@ def warn_untrained_drafter(pipe) -> None:
 
 def warn_training_target(pipe) -> None:
     """One stderr line when the drafter's training.json names another target than the one loaded, the
-    warning `dflash-trt check` and `build` give (`dflash_trt.compat._training_target_problem`: output stays
+    warning `dflash-trt check` and `build` give (`dflash_trt.compat.training_target_problem`: output stays
     exact, but a drafter made for another model has its drafts rarely accepted)."""
-    from dflash_trt.compat import _training_info, _training_target_problem
+    from dflash_trt.compat import training_target_problem
 
     if pipe.drafter_path is None:  # mode ar: no drafter loaded
         return
-    problem = _training_target_problem(_training_info(pipe.drafter_path), pipe.target_path)
+    problem = training_target_problem(pipe.drafter_path, pipe.target_path)
     if problem is not None:
         click.echo(f"warning: {problem}", err=True)
 
