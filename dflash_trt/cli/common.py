@@ -643,6 +643,34 @@ def tp_size_option(command: str, who_answers: str):
              f"{who_answers}.")
 
 
+def prefix_cache_options(command):
+    """--enable-prefix-caching / --prefix-cache-gb of `generate` and `serve` (applied with `use_prefix_cache`)."""
+    command = click.option(
+        "--prefix-cache-gb", default=1.0, show_default=True, type=click.FloatRange(0, min_open=True),
+        help="Memory the prefix cache keeps at most, in GiB (on the model's device), least recently used sequences "
+             "dropped first.")(command)
+    return click.option(
+        "--enable-prefix-caching", is_flag=True, default=False,
+        help="Automatic prefix caching (vLLM's --enable-prefix-caching, TensorRT-LLM's KV cache block reuse): the "
+             "target's K/V and the drafter's context of every sequence read are kept, and a prompt starting with one "
+             "(the next turn of a chat, a shared system or few-shot prompt) is prefilled from where they differ. "
+             "Default: off.")(command)
+
+
+def use_prefix_cache(pipe, enable: bool, gb: float) -> None:
+    """Give `pipe`'s engine a `PrefixCache` of `gb` GiB when `enable` (every rank under tensor parallelism: each
+    keeps its shard of the K/V, taking the same decisions); with --prefix-cache-gb given alone, one stderr line
+    that it has no effect."""
+    from click.core import ParameterSource
+
+    if enable:
+        from dflash_trt.runtime.prefix_cache import PrefixCache
+
+        pipe.engine.prefix_cache = PrefixCache(max(1, int(gb * 2**30)))
+    elif click.get_current_context().get_parameter_source("prefix_cache_gb") is ParameterSource.COMMANDLINE:
+        click.echo("warning: --prefix-cache-gb has no effect without --enable-prefix-caching", err=True)
+
+
 #: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(
     "--threads", default=None, type=click.IntRange(1),

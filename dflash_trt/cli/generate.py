@@ -9,7 +9,7 @@ import sys
 import click
 
 from dflash_trt.cli.common import (SEED_RANGE, guided_decoding_options, logits_processing_options, max_tokens_option,
-                                   model_options,
+                                   model_options, prefix_cache_options,
                                    temperature_option, top_k_option, top_p_option, tp_size_option)
 from dflash_trt.text import count, final_text, text_to_stream
 
@@ -61,6 +61,7 @@ def prompt_header(index: int, total: int) -> str:
                    "repeated prompts sample differently and each reproducibly; unset: a random one per prompt.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 256), help="Prompts decoded together.")
 @tp_size_option("generate", "rank 0 prints")
+@prefix_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
 @click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
@@ -70,14 +71,15 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema,
              json_object, regex, grammar, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, cuda_kernels, tp_size, as_json, num_logprobs):
+             threads, cpu_kernels, cuda_kernels, tp_size, enable_prefix_caching, prefix_cache_gb, as_json, num_logprobs):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
     from dflash_trt.cli.common import (check_context, check_draft_lengths, check_logit_bias_ids, jsonl_file, load_models,
                                        compile_guided, guided_decoding, logits_processing,
-                                       note_max_concurrency, prompt_file_lines, set_threads, warn_block_size,
+                                       note_max_concurrency, prompt_file_lines, set_threads, use_prefix_cache,
+                                       warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_training_target, warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
@@ -133,6 +135,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     warn_training_target(pipe)
+    use_prefix_cache(pipe, enable_prefix_caching, prefix_cache_gb)  # batches after the first reuse what it read
     wheres = [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)] if prompts_file else [None] * len(items)
     prompts = [encode_item(pipe, it, where) for it, where in zip(items, wheres)]
     if prompts_file:  # a prompt too long for the context is named by its file and line

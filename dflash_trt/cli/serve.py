@@ -8,9 +8,8 @@ import socket
 import sys
 
 import click
-from click.core import ParameterSource
 
-from dflash_trt.cli.common import model_options, tp_size_option
+from dflash_trt.cli.common import model_options, prefix_cache_options, tp_size_option
 
 
 def check_port(host: str, port: int) -> None:
@@ -48,14 +47,7 @@ def check_port(host: str, port: int) -> None:
               help="Chunked prefill (TensorRT-LLM's enable_chunked_prefill): a request joining the running batch has "
                    "N prompt tokens read per decode step, so a long prompt delays the running streams by one chunk "
                    "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
-@click.option("--enable-prefix-caching", is_flag=True, default=False,
-              help="Automatic prefix caching (vLLM's --enable-prefix-caching, TensorRT-LLM's KV cache block reuse): the "
-                   "target's K/V and the drafter's context of every conversation read are kept, and a prompt starting "
-                   "with one (the next turn of a chat, a shared system prompt) is prefilled from where they differ. "
-                   "usage.prompt_tokens_details.cached_tokens says how many were reused. Default: off.")
-@click.option("--prefix-cache-gb", default=1.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="Memory the prefix cache keeps at most, in GiB (on the model's device), least recently used "
-                   "sequences dropped first.")
+@prefix_cache_options
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
 @click.option("--tool-parser", type=click.Choice(["hermes", "qwen3", "llama3_json"], case_sensitive=False),
@@ -90,7 +82,7 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     except ImportError as exc:
         raise click.ClickException(f"dflash-trt serve needs {exc.name}, which is not installed: "
                                    "pip install 'dflash-trt[serve]' (make install includes it)") from None
-    from dflash_trt.cli.common import (check_draft_lengths, load_models, set_threads, warn_block_size,
+    from dflash_trt.cli.common import (check_draft_lengths, load_models, set_threads, use_prefix_cache, warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_training_target,
                                        warn_untrained_drafter)
     from dflash_trt.serve.app import create_app
@@ -114,12 +106,7 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
                        cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
                        prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,
                        **({"tp_size": tp_size} if tp_size > 1 else {}))
-    if enable_prefix_caching:  # every rank: each keeps its own shard of the K/V, taking the same decisions
-        from dflash_trt.runtime.prefix_cache import PrefixCache
-
-        pipe.engine.prefix_cache = PrefixCache(max(1, int(prefix_cache_gb * 2**30)))
-    elif click.get_current_context().get_parameter_source("prefix_cache_gb") is ParameterSource.COMMANDLINE:
-        click.echo("warning: --prefix-cache-gb has no effect without --enable-prefix-caching", err=True)
+    use_prefix_cache(pipe, enable_prefix_caching, prefix_cache_gb)
     if tp_size > 1:
         import torch.distributed as dist
 

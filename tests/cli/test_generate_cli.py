@@ -493,3 +493,36 @@ def test_logits_processing_flags_that_do_not_fit_together_are_refused_before_loa
     assert code == 2 and "Invalid value for '--min-tokens': 5 is more than --max-tokens 4" in err
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--logit-bias", "5:1", "--logit-bias", "5:2")
     assert code == 2 and "Invalid value for '--logit-bias': token 5 is given twice" in err
+
+
+def test_prefix_caching_flag_reuses_a_shared_few_shot_prefix_across_batches(monkeypatch, capsys, tmp_path,
+                                                                          smollm2_pipeline):
+    """--enable-prefix-caching with --batch-size 1: each prompt after the first is prefilled past the few-shot
+    prefix it shares with the prompts read before (metrics.cached_tokens), with the tokens of a run without it;
+    --prefix-cache-gb alone warns."""
+    shots = "Q: capital of Italy? A: Rome. Q: capital of Spain? A: Madrid. Q: capital of Japan? A: Tokyo. "
+    questions = ["Q: capital of France? A:", "Q: capital of Egypt? A:", "Q: capital of Canada? A:"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": shots + q}) + "\n" for q in questions))
+    args = ("generate", "--prompts-file", str(prompts), "--batch-size", "1", "--max-tokens", "6", "--json")
+    code, out, err = run_main(monkeypatch, capsys, *args, "--enable-prefix-caching", "--prefix-cache-gb", "0.25")
+    assert code == 0, err
+    cached = [json.loads(line) for line in out.strip().splitlines()]
+    code, out, err = run_main(monkeypatch, capsys, *args, "--prefix-cache-gb", "0.25")
+    assert code == 0 and "warning: --prefix-cache-gb has no effect without --enable-prefix-caching" in err
+    plain = [json.loads(line) for line in out.strip().splitlines()]
+    assert [o["token_ids"] for o in cached] == [o["token_ids"] for o in plain]
+    ids = [smollm2_pipeline.encode(shots + q) for q in questions]
+
+    def shared(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    # what each reuses: its longest shared prefix with a prompt read before and that prompt's answer
+    seen = [ids[k] + cached[k]["token_ids"] for k in range(3)]
+    want = [0] + [max(shared(ids[k][:-1], seen[j]) for j in range(k)) for k in (1, 2)]
+    assert want[1] >= len(smollm2_pipeline.encode(shots)) - 1
+    assert [o["metrics"]["cached_tokens"] for o in cached] == want
+    assert [o["metrics"]["cached_tokens"] for o in plain] == [0, 0, 0]
