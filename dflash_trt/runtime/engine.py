@@ -140,12 +140,17 @@ class _Request:
         return taken
 
 
-def _prefill_capacity(reqs: list[_Request]) -> int:
-    """KV slots a cache of `reqs` (with their `capacity` and `metrics.cached_tokens` set) needs: what each can
-    write, and what a prefill writes: one forward reads the same number of positions in every row, so a row whose
-    prompt is read past a long cached prefix is padded (stale slots) to the longest part another row reads."""
-    return max(max(r.capacity for r in reqs),
-               max(r.metrics.cached_tokens for r in reqs) + max(len(r.prompt) - r.metrics.cached_tokens for r in reqs))
+#: padding tokens a prefill row with a cached prefix may get to share a forward with longer ones (`Engine._forwards`):
+#: a few tokens cost less than another forward's fixed cost (its weights read again)
+PAD_TOKENS = 16
+
+
+def _grouped(pairs) -> list[tuple]:
+    """[(key, [values...])] of (key, value) pairs, keys in the order first seen."""
+    out: dict = {}
+    for key, value in pairs:
+        out.setdefault(key, []).append(value)
+    return list(out.items())
 
 
 class Engine:
@@ -298,12 +303,13 @@ class Engine:
         return tuple(self.feature_sink.layer_ids) if self.feature_sink is not None else ()
 
     def _prefill(self, reqs: list[_Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
-        """Prefill the next prompt positions of `reqs` (cache row j holds reqs[j]) in one target forward over the
-        rows that have some left (one row per distinct prompt: rows repeating one get copies). Row j reads its
-        prompt from position c_j + begin on, `chunk` positions (None: all it has left), where c_j is its
-        `metrics.cached_tokens`: the prefix whose K/V its rows already hold (prefix caching; 0 without). `begin`
-        is thus an offset into the part of each prompt left to read. Chunked prefill calls it once per chunk, in
-        order; the whole prefill is one call.
+        """Prefill the next prompt positions of `reqs` (cache row j holds reqs[j]) over the rows that have some
+        left (one row per distinct prompt: rows repeating one get copies). Row j reads its prompt from position
+        c_j + begin on, `chunk` positions (None: all it has left), where c_j is its `metrics.cached_tokens`: the
+        prefix whose K/V its row already holds (prefix caching; 0 without). `begin` is thus an offset into the
+        part of each prompt left to read. The rows without a cached prefix are read in one target forward (as
+        without prefix caching: padded to the longest); the others in forwards of rows reading similar lengths
+        (`_forwards`). Chunked prefill calls it once per chunk, in order; the whole prefill is one call.
 
         Returns:
             the offset the next chunk starts at. Once it reaches the longest part left to read, every request
@@ -323,38 +329,15 @@ class Engine:
         source = {j: first.setdefault((tuple(reqs[j].prompt), reqs[j].params.prompt_logprobs), j) for j in act}
         copies = [j for j in act if source[j] != j]
         act = [j for j in act if source[j] == j]
-        dev = self.device
-        ids = torch.zeros(len(act), end - begin, dtype=torch.int64)
-        for i, j in enumerate(act):
-            part = reqs[j].prompt[skip[j] + begin : skip[j] + end]
-            ids[i, : len(part)] = torch.tensor(part)
-        ids = ids.to(dev)
-        starts = [skip[j] + begin for j in act]
-        positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(end - begin, device=dev)
-        ends = [min(lens[j], end) for j in act]
-        last = torch.tensor(ends, device=dev)[:, None] - 1 - begin
-        rows = None if len(act) == len(reqs) else torch.tensor(act, device=dev)
-        out = self.target(ids, positions, cache, max(starts) + end - begin, rows, self._feature_ids(mode), last)
-        if not torch.isfinite(out.logits).all():
-            raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
-                              "this dtype?); try --dtype float32")
-        if mode == "dflash":
-            self.proposer.add_context(out.features, positions, rows)
-        elif self.feature_sink is not None:
-            at = [act.index(source[j]) for j in act + copies]
-            self.feature_sink.record([reqs[j].index for j in act + copies], out.features[at], positions[at],
-                                     [ends[i] - begin for i in at])
-        for i, j in enumerate(act):
-            if lens[j] <= end:  # this row's last prompt token: its first token's logits
-                reqs[j].first_logits = out.logits[i, 0]
-            if reqs[j].prompt_logprobs is not None:  # (such rows reuse no prefix: skip[j] == 0)
-                self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(end, lens[j] - 1))
-        for c in sorted({skip[j] for j in copies}):  # the slots each copy's source read, by prefix length
-            pairs = [(source[j], j) for j in copies if skip[j] == c]
-            src, dst = [a for a, _ in pairs], [b for _, b in pairs]
-            cache.copy_slots(src, dst, c + begin, c + end)
+        reads = {j: min(lens[j], end) - begin for j in act}  # prompt tokens each row reads in this chunk
+        for part in self._forwards(act, skip, reads):
+            self._prefill_forward(reqs, part, cache, mode, skip, begin, reads,
+                                  {j: source[j] for j in copies if source[j] in part})
+        for (c, n), pairs in _grouped(((skip[j], len(reqs[j].prompt)), (source[j], j)) for j in copies):
+            src, dst = [a for a, _ in pairs], [b for _, b in pairs]  # the slots their source read: from c + begin
+            cache.copy_slots(src, dst, c + begin, min(c + end, n))
             if mode == "dflash":
-                self.proposer.cache.copy_slots(src, dst, c + begin, c + end)
+                self.proposer.cache.copy_slots(src, dst, c + begin, min(c + end, n))
         for j in copies:
             reqs[j].first_logits = reqs[source[j]].first_logits
             if reqs[j].prompt_logprobs is not None:
@@ -363,6 +346,62 @@ class Engine:
             return end
         self._emit_first(reqs, list(range(len(reqs))), cache)
         return end
+
+    @staticmethod
+    def _forwards(act: list[int], skip: list[int], reads: dict[int, int]) -> list[list[int]]:
+        """The target forwards of a prefill chunk, as lists of rows: those without a cached prefix in one (they
+        read the same positions: with the rest of their prompts from position 0, the causal prefill's fast path);
+        each row with one, longest first, joins the current forward when its padding to that forward's length is
+        at most PAD_TOKENS or a quarter of that length, else starts the next (a row reading 1 token past a long
+        cached prefix is not padded to a long prompt's prefill, nor does it slow that one's attention)."""
+        out = [[j for j in act if not skip[j]]]
+        for j in sorted((j for j in act if skip[j]), key=lambda j: -reads[j]):
+            longest = reads[out[-1][0]] if out[-1] and skip[out[-1][0]] else None
+            if longest is not None and longest - reads[j] <= max(PAD_TOKENS, longest // 4):
+                out[-1].append(j)
+            else:
+                out.append([j])
+        return [part for part in out if part]
+
+    def _prefill_forward(self, reqs: list[_Request], part: list[int], cache, mode: str, skip: list[int], begin: int,
+                         reads: dict[int, int], copies: dict[int, int]) -> None:
+        """One target forward of `_prefill`: rows `part` read reads[j] prompt tokens from position skip[j] + begin
+        (padded to the longest), their K/V and drafter context written, their first token's logits kept when
+        their prompt ends here, their prompt logprobs added; `copies` ({row repeating a prompt: its source row in
+        `part`}) are recorded for a feature sink with them."""
+        dev = self.device
+        t = max(reads[j] for j in part)
+        ids = torch.zeros(len(part), t, dtype=torch.int64)
+        for i, j in enumerate(part):
+            ids[i, : reads[j]] = torch.tensor(reqs[j].prompt[skip[j] + begin : skip[j] + begin + reads[j]])
+        ids = ids.to(dev)
+        starts = [skip[j] + begin for j in part]
+        positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(t, device=dev)
+        last_slot = [c + t - 1 for c in starts]  # per row, the last slot this forward writes
+        if any(skip[j] for j in part):
+            # a row's padding (past its prompt) goes to its first slot after the prompt, not past its capacity: that
+            # slot is overwritten by its first decode step before anything reads it, and no prompt token sees it
+            # (causal by position). Rows read from the same position keep theirs (the causal fast path from 0).
+            ends = torch.tensor([len(reqs[j].prompt) for j in part], device=dev)[:, None]
+            positions = torch.minimum(positions, ends)
+            last_slot = [min(x, len(reqs[j].prompt)) for x, j in zip(last_slot, part)]
+        last = torch.tensor([reads[j] - 1 for j in part], device=dev)[:, None]
+        rows = None if len(part) == cache.batch else torch.tensor(part, device=dev)
+        out = self.target(ids, positions, cache, max(last_slot) + 1, rows, self._feature_ids(mode), last)
+        if not torch.isfinite(out.logits).all():
+            raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "
+                              "this dtype?); try --dtype float32")
+        if mode == "dflash":
+            self.proposer.add_context(out.features, positions, rows)
+        elif self.feature_sink is not None:
+            at = [part.index(j) for j in part] + [part.index(src) for src in copies.values()]
+            self.feature_sink.record([reqs[j].index for j in part + list(copies)], out.features[at], positions[at],
+                                     [reads[part[i]] for i in at])
+        for i, j in enumerate(part):
+            if skip[j] + begin + reads[j] == len(reqs[j].prompt):  # its last prompt token: its first token's logits
+                reqs[j].first_logits = out.logits[i, 0]
+            if reqs[j].prompt_logprobs is not None:  # (such rows reuse no prefix: skip[j] == 0)
+                self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(begin + reads[j], len(reqs[j].prompt) - 1))
 
     def _emit_first(self, reqs: list[_Request], rows: list[int], cache) -> None:
         """Choose and emit the first token of each request reqs[j], j in `rows`, whose prompt is read (from
@@ -779,7 +818,7 @@ class DecodeBatch:
         for r in reqs:  # KV slots it can write: its prompt, its tokens (up to the context), one block past them
             r.capacity = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
         hits = self._prefix_hits(reqs)
-        capacity = _prefill_capacity(reqs)
+        capacity = max(r.capacity for r in reqs)
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
         if mode == "dflash":
@@ -861,10 +900,9 @@ class DecodeBatch:
         if done:
             eng._emit_first(group.reqs, done, group.cache)
             rest = [j for j in range(len(lens)) if j not in done]
-            # each part keeps only the slots its own requests can write (the batch's caches grow no further), the
-            # rest also those their next chunks write
+            # each part keeps only the slots its own requests can write (the batch's caches grow no further)
             cap_done = max(group.reqs[j].capacity for j in done)
-            cap_rest = _prefill_capacity([group.reqs[j] for j in rest])
+            cap_rest = max(group.reqs[j].capacity for j in rest)
             part = group.cache.take_rows(done, cap_done)
             group.cache.keep_rows(rest, cap_rest)
             drafter_part = None

@@ -237,9 +237,9 @@ def test_a_prefix_cache_too_small_for_a_sequence_keeps_nothing_and_reuses_nothin
 @pytest.mark.parametrize("mode", ["dflash", "ar"])
 def test_a_chunked_group_split_keeps_room_for_a_long_cached_prefix(smollm2_pipeline, caching, mode):
     """Chunked prefill of [a short prompt, a long one, a cached prefix + 70 tokens]: the short one joins after the
-    first chunk, and the two left still read 64 positions per chunk, the third past its 150 cached tokens, padded
-    to the long one's part (stale slots up to 150 + 200): their split cache keeps room for that (it was cut to
-    their own capacities: an IndexError)."""
+    first chunk, and the two left still read 64 positions per chunk, the third past its 150 cached tokens (once
+    padded to the long one's part, stale slots up to 150 + 200 that its split cache had no room for: an
+    IndexError; now read in a forward of its own, its padding kept to its first free slot)."""
     import random
 
     eng = smollm2_pipeline.engine
@@ -263,3 +263,16 @@ def test_a_chunked_group_split_keeps_room_for_a_long_cached_prefix(smollm2_pipel
     got = run()
     assert [g.metrics.cached_tokens for g in got] == [0, 0, 150]
     assert [g.token_ids for g in got] == [r.token_ids for r in refs]
+
+
+def test_prefill_forwards_keep_cached_rows_apart_from_long_fresh_ones():
+    """`Engine._forwards`: rows without a cached prefix in one forward (as before prefix caching); rows with one,
+    longest first, share a forward while their padding is at most 16 tokens or a quarter of its length."""
+    from dflash_trt.runtime.engine import PAD_TOKENS, Engine
+
+    assert PAD_TOKENS == 16
+    skip = [0, 100, 0, 50, 7, 9]
+    assert Engine._forwards([0, 1, 2, 3, 4], skip, {0: 10, 1: 1, 2: 30, 3: 40, 4: 35}) == [[0, 2], [3, 4], [1]]
+    assert Engine._forwards([1, 3, 4, 5], skip, {1: 1, 3: 200, 4: 150, 5: 149}) == [[3, 4], [5], [1]]
+    assert Engine._forwards([0, 2], skip, {0: 5, 2: 500}) == [[0, 2]]  # no prefix: padded together, as before
+    assert Engine._forwards([1], skip, {1: 3}) == [[1]]
