@@ -386,7 +386,7 @@ class Engine:
             positions = torch.minimum(positions, ends)
             last_slot = [min(x, len(reqs[j].prompt)) for x, j in zip(last_slot, part)]
         last = torch.tensor([reads[j] - 1 for j in part], device=dev)[:, None]
-        rows = None if len(part) == cache.batch else torch.tensor(part, device=dev)
+        rows = None if part == list(range(cache.batch)) else torch.tensor(part, device=dev)  # (input i: cache row part[i])
         out = self.target(ids, positions, cache, max(last_slot) + 1, rows, self._feature_ids(mode), last)
         if not torch.isfinite(out.logits).all():
             raise DFlashError("the target produced non-finite logits at prefill (NaN/inf weights or overflow in "

@@ -276,3 +276,21 @@ def test_prefill_forwards_keep_cached_rows_apart_from_long_fresh_ones():
     assert Engine._forwards([1, 3, 4, 5], skip, {1: 1, 3: 200, 4: 150, 5: 149}) == [[3, 4], [5], [1]]
     assert Engine._forwards([0, 2], skip, {0: 5, 2: 500}) == [[0, 2]]  # no prefix: padded together, as before
     assert Engine._forwards([1], skip, {1: 3}) == [[1]]
+
+
+def test_rows_of_a_forward_out_of_cache_order_write_their_own_rows(smollm2_pipeline, caching):
+    """Two requests, both past a cached prefix, the second reading more: their forward takes the longer first
+    (rows [1, 0]); each must still write its own cache row (all rows in a forward once meant rows in order)."""
+    pipe = smollm2_pipeline
+    eng = pipe.engine
+    base = pipe.encode("A recipe for bread: mix flour, water, salt and yeast, then knead the dough for ten minutes")
+    prompts = [base + pipe.encode(" and let"), base + pipe.encode(" until it is smooth and elastic, then")]
+    sp = SamplingParams(max_tokens=12)
+    eng.prefix_cache = None
+    refs = pipe.generate(prompts, sp)
+    eng.prefix_cache = caching
+    pipe.generate([base + [13]], SamplingParams(max_tokens=1))
+    got = pipe.generate(prompts, sp)
+    reads = [len(p) - g.metrics.cached_tokens for p, g in zip(prompts, got)]
+    assert got[0].metrics.cached_tokens == got[1].metrics.cached_tokens == len(base) and reads[0] < reads[1]
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs]
