@@ -751,9 +751,9 @@ class DecodeBatch:
 
     Prefix caching (the engine's `prefix_cache`): each request is prefilled from the end of the longest prefix
     its prompt shares with a kept sequence (its rows get those positions' target K/V and drafter context from the
-    cache; the requests of one `add` call still share one forward per chunk, each reading its own positions); a
-    request's prompt is kept once read, its prompt and output once it ends (`dflash_trt.runtime.prefix_cache`;
-    same caveat on last bits as chunks).
+    cache; of the requests of one `add` call, those without a cached prefix share one forward per chunk as before,
+    the others forwards of similar lengths, `Engine._forwards`); a request's prompt is kept once read, its prompt
+    and output once it ends (`dflash_trt.runtime.prefix_cache`; same caveat on last bits as chunks).
 
     `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
     time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
