@@ -53,7 +53,6 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 #: a function name, as OpenAI restricts it
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
 #: parameters of a function that gives none: an object without properties
 NO_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -69,14 +68,10 @@ def tool_call(name: str, arguments: str, index: int | None = None) -> dict:
     return out if index is None else {"index": index, **out}
 
 
-def _hermes_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments as JSON text) of one call's JSON: an object with a string "name" and its arguments as an
+def _call(obj) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of one decoded call: an object with a string "name" and its arguments as an
     object under "arguments" (or "parameters", Llama 3's key; either as JSON text of an object too; absent: {});
-    None when `body` is not such an object."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
+    None when `obj` is not such an object."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters"))
@@ -90,8 +85,17 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
     return (obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
 
 
+def _ran_out(exc: json.JSONDecodeError, text: str) -> bool:
+    """Whether decoding failed because `text` ended inside the JSON value (cut by max_tokens) rather than on a
+    character that cannot be JSON."""
+    return exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip())
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """The content and the calls of a Hermes-format answer: each `<tool_call>JSON</tool_call>` (`_hermes_call`).
+    """The content and the calls of a Hermes-format answer: each `<tool_call>JSON</tool_call>` (`_call`).
+
+    Each call's JSON is decoded from its opening tag on, so an argument string holding "</tool_call>" stays in
+    the argument (a tag is only the one after the whole JSON value).
 
     Args:
         text: the model's answer.
@@ -101,17 +105,32 @@ def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
         call whose JSON is not a call), the whole text and []. A last call left unclosed (cut by max_tokens, also
         inside `</tool_call>`) is a call if its JSON is whole, else left out.
     """
-    calls = []
-    for match in _CALL.finditer(text):
-        body = match.group(1)
-        closed = match.group(0).endswith(CLOSE)
-        if not closed:  # cut: drop what began the closing tag
-            body = body[:len(body) - partial_suffix(body, (CLOSE,))]
-        call = _hermes_call(body)
-        if call is None and closed:
-            return text, []
-        if call is not None:
+    decoder, calls = json.JSONDecoder(), []
+    start = text.find(OPEN)
+    while start >= 0:
+        pos = start + len(OPEN)
+        pos += len(text[pos:]) - len(text[pos:].lstrip())
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            if _ran_out(exc, text) or text.find(CLOSE, pos) < 0:  # cut, or a last unclosed call: left out
+                break
+            return text, []  # a closed call that is not JSON
+        rest = text[end:].lstrip()
+        if rest.startswith(CLOSE):
+            call = _call(obj)
+            if call is None:
+                return text, []
             calls.append(call)
+            start = text.find(OPEN, len(text) - len(rest) + len(CLOSE))
+            continue
+        if len(rest) == partial_suffix(rest, (CLOSE,)):  # the text ends in the JSON, or inside its closing tag
+            call = _call(obj)
+            calls += [call] if call is not None else []
+            break
+        if text.find(CLOSE, end) >= 0:  # something else before the tag: not a call
+            return text, []
+        break  # a last unclosed call followed by text: left out
     if not calls:
         return text, []
     return text[:text.index(OPEN)].rstrip() or None, calls
@@ -130,7 +149,7 @@ def _moved_refs(schema, to: str):
 def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     """The content and the calls of a Llama 3.1 JSON tool-call answer (vLLM's `llama3_json`): the answer (after
     whitespace and an optional `<|python_tag|>`) is one or more `{"name": ..., "parameters": {...}}` objects
-    (`_hermes_call` reads each: "arguments" works too) separated by `;`.
+    (`_call` reads each: "arguments" works too) separated by `;`.
 
     Returns:
         (None, calls) when the whole answer is such calls (a last one cut by max_tokens left out, if others are
@@ -145,9 +164,9 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
         try:
             obj, end = decoder.raw_decode(body, pos)
         except json.JSONDecodeError as exc:  # the text ran out inside an object (cut), or is not JSON
-            cut = body[pos] == "{" and (exc.msg.startswith("Unterminated string") or exc.pos >= len(body))
+            cut = body[pos] == "{" and _ran_out(exc, body)
             return (None, calls) if calls and cut else (text, [])
-        call = _hermes_call(json.dumps(obj))
+        call = _call(obj)
         if call is None:
             return text, []
         calls.append(call)

@@ -85,6 +85,15 @@ def hermes_client(hermes):
     ('A <tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g", "argu', "A", [("f", "{}")]),  # cut: dropped
     ('<tool_call>{"name": "f", "arguments": {"a": 1}}\n</tool_c', None, [("f", '{"a": 1}')]),  # cut in the tag
     ('<tool_call>{"name": "f", "arguments": null}</tool_call>', None, [("f", "{}")]),
+    # a closing tag inside an argument string is the argument's text
+    ('<tool_call>{"name": "f", "arguments": {"s": "a</tool_call>b"}}</tool_call>', None, [("f", '{"s": "a</tool_call>b"}')]),
+    ('<tool_call>{"name": "f", "arguments": {"s": "a</tool_call>', '<tool_call>{"name": "f", "arguments": {"s": '
+                                                                   '"a</tool_call>', []),  # cut in the string
+    ('<tool_call>{"name": "f"} junk</tool_call>', '<tool_call>{"name": "f"} junk</tool_call>', []),
+    ('<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>',  # a tag left unclosed before another
+     '<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>', []),
+    ('<tool_call>{"name": "f"}</tool_call> then <tool_call>{"name": "g"} and text', None, [("f", "{}")]),
+    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {"a": tru', None, [("f", "{}")]),
 ])
 def test_parse_hermes(text, content, calls):
     assert parse_hermes(text) == (content, calls)
