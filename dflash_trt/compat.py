@@ -165,17 +165,24 @@ def _training_target_problem(info: dict, target_path: Path) -> str | None:
 
 def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
     """(sha256 of the token->id vocabulary incl. added tokens, {id: special token}) from tokenizer.json,
-    or None when the folder has no tokenizer.json."""
+    or None when the folder has no tokenizer.json.
+
+    Raises:
+        ValueError: tokenizer.json is not JSON, or not a tokenizer (the `tokenizers` library's format).
+    """
     file = folder / "tokenizer.json"
     if not file.is_file():
         return None
-    tok = json.loads(file.read_text())
-    vocab = (tok.get("model") or {}).get("vocab") or {}
-    if isinstance(vocab, list):  # unigram: [[piece, score], ...]
-        vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-    added = {int(t["id"]): t["content"] for t in tok.get("added_tokens", [])}
-    blob = json.dumps([sorted(vocab.items()), sorted(added.items())], ensure_ascii=False).encode()
-    special = {int(t["id"]): t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
+    try:
+        tok = json.loads(file.read_text(encoding="utf-8"))
+        vocab = (tok.get("model") or {}).get("vocab") or {}
+        if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+            vocab = {piece[0]: i for i, piece in enumerate(vocab)}
+        added = {int(t["id"]): t["content"] for t in tok.get("added_tokens", [])}
+        blob = json.dumps([sorted(vocab.items()), sorted(added.items())], ensure_ascii=False).encode()
+        special = {int(t["id"]): t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise ValueError(f"{file} is not a tokenizer file ({type(exc).__name__}: {exc})") from exc
     return hashlib.sha256(blob).hexdigest(), special
 
 
@@ -405,7 +412,13 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             "it was made for another target (acceptance will be low)")))
     tokenizer, unloadable = _target_tokenizer(target_path)
     t_tok = _tokenizer_identity(target_path) if tokenizer is not None else None
-    d_tok = _tokenizer_identity(drafter_path)
+    try:
+        d_tok = _tokenizer_identity(drafter_path)
+    except ValueError as exc:  # the runtime never loads the drafter's tokenizer: not an error
+        d_tok = None
+        out.append(Finding(WARNING, (
+            f"tokenizer: {exc}; the runtime uses the target's tokenizer, so this file is unused, but the drafter's "
+            "tokenizer was not compared with the target's: replace it with the target's tokenizer.json or delete it")))
     if unloadable is not None:
         out.append(Finding(ERROR, unloadable))
     elif t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):

@@ -75,6 +75,24 @@ def test_different_tokenizer_is_an_error(target, drafter):
     assert only(check_checkpoints(target, drafter), ERROR) == []
 
 
+@pytest.mark.parametrize("content", ['{"model": {"vocab": ', '[1, 2]', '{"added_tokens": [{"content": "x"}]}'])
+def test_a_drafter_tokenizer_file_that_is_not_one_is_a_warning_naming_it(target, drafter, content):
+    """check raised a traceback on a drafter folder whose tokenizer.json is not JSON (or not a tokenizer); the runtime
+    never loads the drafter's tokenizer, so it is a warning naming the file, and the rest of the check still runs."""
+    (drafter / "tokenizer.json").write_text(content)
+    findings = check_checkpoints(target, drafter)
+    assert only(findings, ERROR) == []
+    warnings = [w for w in only(findings, WARNING) if w.startswith("tokenizer:")]
+    named = f"tokenizer: {drafter / 'tokenizer.json'} is not a tokenizer file ("
+    assert len(warnings) == 1 and warnings[0].startswith(named), warnings
+    assert warnings[0].endswith("replace it with the target's tokenizer.json or delete it")
+    run = subprocess.run([sys.executable, "-c", "from dflash_trt.cli import main; main()", "check",
+                          "--target", str(target), "--drafter", str(drafter)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0 and "Traceback" not in run.stderr
+    assert "is not a tokenizer file" in run.stdout + run.stderr
+
+
 def test_shorter_drafter_context_rope_and_plain_mask_are_warnings(target, drafter):
     edit_config(drafter, max_position_embeddings=128, rope_theta=1e6, mask_token_id=300)
     findings = check_checkpoints(target, drafter)
