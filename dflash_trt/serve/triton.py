@@ -36,7 +36,11 @@ text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort");
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
 streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their sum, in the last
-response). A request is
+response); with return_perf_metrics BOOL [1] (the TensorRT-LLM backend's request metrics, in the last response:
+`perf_metrics`), arrival_time_ns, first_scheduled_time_ns, first_token_time_ns and last_token_time_ns INT64 [1]
+(nanoseconds since the Unix epoch), acceptance_rate FP32 [1], total_accepted_draft_tokens and total_draft_tokens
+INT32 [1], and cached_tokens INT32 [1] (prompt tokens whose K/V came from the prefix cache; where the TensorRT-LLM
+backend counts reused KV blocks, this cache keeps tokens, not blocks). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
 that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words.
 Triton's JSON frontend converts the values before the model sees them: a `max_tokens` beyond INT32 wraps
@@ -66,6 +70,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 #: The model's inputs and outputs: (name, Triton data type, dims, optional).
@@ -80,6 +85,7 @@ INPUTS = (
     ("stop_words", "TYPE_STRING", [-1], True),
     ("apply_chat_template", "TYPE_BOOL", [1], True),
     ("return_log_probs", "TYPE_BOOL", [1], True),
+    ("return_perf_metrics", "TYPE_BOOL", [1], True),
     ("repetition_penalty", "TYPE_FP32", [1], True),
     ("presence_penalty", "TYPE_FP32", [1], True),
     ("frequency_penalty", "TYPE_FP32", [1], True),
@@ -98,7 +104,17 @@ OUTPUTS = (
     ("acceptance_length", "TYPE_FP32", [1]),
     ("output_log_probs", "TYPE_FP32", [-1]),
     ("cum_log_probs", "TYPE_FP32", [1]),
+    ("arrival_time_ns", "TYPE_INT64", [1]),
+    ("first_scheduled_time_ns", "TYPE_INT64", [1]),
+    ("first_token_time_ns", "TYPE_INT64", [1]),
+    ("last_token_time_ns", "TYPE_INT64", [1]),
+    ("acceptance_rate", "TYPE_FP32", [1]),
+    ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+    ("total_draft_tokens", "TYPE_INT32", [1]),
+    ("cached_tokens", "TYPE_INT32", [1]),
 )
+#: the outputs `return_perf_metrics` adds (`perf_metrics`)
+PERF_OUTPUTS = tuple(name for name, *_ in OUTPUTS[OUTPUTS.index(("arrival_time_ns", "TYPE_INT64", [1])):])
 DEFAULT_MAX_TOKENS = 256
 #: how often the model asks Triton whether a request in progress was cancelled (seconds)
 CANCEL_POLL_S = 0.5
@@ -250,6 +266,30 @@ def _same(value, neutral) -> bool:
     if isinstance(value, bool) or isinstance(neutral, bool):
         return value is neutral
     return value == neutral
+
+
+def perf_metrics(metrics, queue_time_s: float, arrival_ns: int) -> dict[str, tuple[float | int, str]]:
+    """The `return_perf_metrics` outputs of a finished request: {output name: (value, numpy dtype name)}.
+
+    Args:
+        metrics: the request's `RequestMetrics` (times in seconds from the start of its prefill).
+        queue_time_s: seconds from its arrival to its admission into the batch (`Sequence.queue_time_s`).
+        arrival_ns: the wall clock (`time.time_ns()`) when the model received it.
+    Returns:
+        arrival_time_ns, first_scheduled_time_ns (arrival + queue time), first_token_time_ns (+ time to first
+        token) and last_token_time_ns (+ the request's whole time), in ns since the Unix epoch (int64); the drafts
+        accepted / verified (`total_accepted_draft_tokens` / `total_draft_tokens`, int32) and their ratio
+        `acceptance_rate` (float32; 0 when nothing was drafted, as the TensorRT-LLM backend reports it);
+        `cached_tokens` (int32).
+    """
+    scheduled = arrival_ns + round(queue_time_s * 1e9)
+    return {"arrival_time_ns": (arrival_ns, "int64"), "first_scheduled_time_ns": (scheduled, "int64"),
+            "first_token_time_ns": (scheduled + round(metrics.time_to_first_token_s * 1e9), "int64"),
+            "last_token_time_ns": (scheduled + round(metrics.total_time_s * 1e9), "int64"),
+            "acceptance_rate": (metrics.acceptance_rate, "float32"),
+            "total_accepted_draft_tokens": (metrics.accepted_tokens, "int32"),
+            "total_draft_tokens": (metrics.drafted_tokens, "int32"),
+            "cached_tokens": (metrics.cached_tokens, "int32")}
 
 
 def min_tokens(given, min_length) -> int:
@@ -445,6 +485,7 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, name)
             return None if t is None else list(t.as_numpy().reshape(-1))
 
+        arrival_ns, arrival = time.time_ns(), time.perf_counter()  # the queue time counts from here
         check_extra_fields(json.loads(request.parameters() or "{}"), self.pipe.engine.eos_token_ids)
         raw = scalar("text_input", None)
         if raw is None:
@@ -468,6 +509,7 @@ class TritonPythonModel:
 
         seed = scalar("random_seed", None)
         log_probs = bool(scalar("return_log_probs", False))
+        perf = bool(scalar("return_perf_metrics", False))
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
                                 top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
                                 seed=None if seed is None else int(seed), logprobs=0 if log_probs else None,
@@ -516,10 +558,13 @@ class TritonPythonModel:
                 tensors += log_prob_tensors(seq.rest_logprobs(result))
                 tensors.append(pb_utils.Tensor("cum_log_probs", np.array([sum(lp.logprob for lp in result.logprobs)],
                                                                          dtype=np.float32)))
+            if perf:
+                tensors += [pb_utils.Tensor(name, np.array([value], dtype=dtype)) for name, (value, dtype)
+                            in perf_metrics(result.metrics, seq.queue_time_s, arrival_ns).items()]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
         seq = Sequence(ids, params, StopText(self._decode, stops, min_tokens=params.min_tokens),
-                       on_text if stream else None, on_done)
+                       on_text if stream else None, on_done, arrival=arrival)
         return seq, stream
 
     def finalize(self) -> None:

@@ -360,3 +360,58 @@ def test_kv_cache_reuse_parameters_give_the_engine_a_prefix_cache(tmp_path, smol
             assert (cache.max_bytes if cache is not None else None) == expected
         finally:
             model.finalize()
+
+
+def test_perf_metrics_place_the_request_on_the_wall_clock():
+    """`perf_metrics`: the times from the arrival on (queue, then TTFT and the whole time from the prefill's start,
+    in ns), the draft counts, and acceptance_rate 0 when nothing was drafted (as the TensorRT-LLM backend)."""
+    from dflash_trt.runtime.stats import RequestMetrics
+    from dflash_trt.serve.triton import PERF_OUTPUTS, perf_metrics
+
+    m = RequestMetrics(prompt_tokens=9, completion_tokens=7, drafted_tokens=30, accepted_tokens=4, cached_tokens=5,
+                       time_to_first_token_s=0.25, total_time_s=1.5)
+    out = perf_metrics(m, queue_time_s=0.125, arrival_ns=10**18)
+    assert out == {"arrival_time_ns": (10**18, "int64"), "first_scheduled_time_ns": (10**18 + 125_000_000, "int64"),
+                   "first_token_time_ns": (10**18 + 375_000_000, "int64"),
+                   "last_token_time_ns": (10**18 + 1_625_000_000, "int64"), "acceptance_rate": (4 / 30, "float32"),
+                   "total_accepted_draft_tokens": (4, "int32"), "total_draft_tokens": (30, "int32"),
+                   "cached_tokens": (5, "int32")}
+    assert tuple(out) == PERF_OUTPUTS
+    assert perf_metrics(RequestMetrics(completion_tokens=1), 0.0, 7)["acceptance_rate"] == (0.0, "float32")
+
+
+@pytest.mark.slow
+def test_return_perf_metrics_gives_the_requests_draft_counts_times_and_cached_tokens(triton):
+    """return_perf_metrics (the TensorRT-LLM backend's input): the last response carries the request's draft counts,
+    equal to the engine's own for the same prompt and settings (the model's: the CPU defaults), times on the wall
+    clock in order within the request's span, and the prompt tokens the prefix cache gave (0, then all but the
+    last on a repeat, with the same text)."""
+    import time
+
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.serve.triton import PERF_OUTPUTS
+
+    prompt = "Zebra crossings in three sentences:"  # a first token no other request here starts with
+    body = {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True}
+    before = time.time_ns()
+    status, out = generate(triton, body)
+    after = time.time_ns()
+    assert status == 200, out
+    reference = load_pipeline(dtype="float32")  # the model's settings (its config.pbtxt sets none)
+    ids = reference.encode(prompt)
+    [ref] = reference.generate([ids], SamplingParams(max_tokens=24))
+    assert out["text_output"] == ref.text
+    assert out["total_draft_tokens"] == ref.metrics.drafted_tokens > 0
+    assert out["total_accepted_draft_tokens"] == ref.metrics.accepted_tokens
+    assert out["acceptance_rate"] == pytest.approx(ref.metrics.accepted_tokens / ref.metrics.drafted_tokens, abs=1e-6)
+    times = [out[k] for k in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert before <= times[0] <= times[1] <= times[2] <= times[3] <= after, times
+    assert out["cached_tokens"] == 0
+    status, events = generate(triton, {**body, "stream": True}, stream=True)
+    assert status == 200
+    assert [k for k in PERF_OUTPUTS if k in events[-1]] == list(PERF_OUTPUTS)
+    assert not any(k in e for e in events[:-1] for k in PERF_OUTPUTS)
+    assert "".join(e["text_output"] for e in events) == ref.text
+    assert events[-1]["cached_tokens"] == len(ids) - 1  # the repeat reads all but its last token from the cache
+    _, plain = generate(triton, {"text_input": prompt, "max_tokens": 4})
+    assert not any(k in plain for k in PERF_OUTPUTS)
