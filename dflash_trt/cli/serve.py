@@ -66,14 +66,20 @@ def check_port(host: str, port: int) -> None:
               help="Require `Authorization: Bearer KEY` on the /v1 endpoints (vLLM's --api-key; the openai client's "
                    "api_key); also read from DFLASH_TRT_API_KEY. /health, /version and the metrics stay open. "
                    "Default: none, every request is served.")
+@click.option("--perf-metrics-max-requests", default=0, show_default=True, type=click.IntRange(0), metavar="N",
+              help="Keep the per-request metrics of the last N finished requests for GET /perf_metrics (TensorRT-LLM's "
+                   "perf_metrics_max_requests; each record returned once): arrival, scheduling, first and last token "
+                   "times, draft and accepted tokens. 0: none kept.")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, prefill_chunk_size, enable_prefix_caching, prefix_cache_gb, log_level, tool_parser, reasoning_parser, api_key, tp_size):
+          max_batch_size, prefill_chunk_size, enable_prefix_caching, prefix_cache_gb, log_level, tool_parser, reasoning_parser, api_key,
+          perf_metrics_max_requests, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/responses,
-    /v1/models, /health, /health_generate, /version, /metrics (iteration stats, JSON), /prometheus/metrics.
+    /v1/models, /health, /health_generate, /version, /metrics (iteration stats, JSON), /perf_metrics
+    (per-request metrics, JSON), /prometheus/metrics.
     Greedy requests (temperature 0) return exactly the target's own greedy output."""
     try:
         import fastapi  # noqa: F401
@@ -128,7 +134,8 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
 
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
     app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size,
-                     tool_parser=tool_parser, reasoning_parser=reasoning_parser, api_key=api_key)
+                     tool_parser=tool_parser, reasoning_parser=reasoning_parser, api_key=api_key,
+                     perf_metrics_max_requests=perf_metrics_max_requests)
     what = f"drafter {pipe.drafter_path}" if pipe.drafter_path is not None else "no drafter (mode ar)"
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     where = f"http://{shown}:{port}" if port else f"{host}, on a free port (uvicorn's line below names it)"

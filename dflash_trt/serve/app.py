@@ -6,8 +6,8 @@
   Responses API, answered by the chat pipeline: `dflash_trt.serve.responses`);
 - `GET /health` (200 once the model is loaded), `GET /health_generate` (200 after a one-token
   generation), `GET /version`;
-- `GET /metrics` (iteration stats, JSON) and `GET /prometheus/metrics` (Prometheus text):
-  `dflash_trt.serve.metrics`.
+- `GET /metrics` (iteration stats, JSON), `GET /perf_metrics` (per-request metrics, JSON) and
+  `GET /prometheus/metrics` (Prometheus text): `dflash_trt.serve.metrics`.
 
 Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
 (malformed JSON, a field of the wrong type or out of range, a prompt too long for the context, an
@@ -98,7 +98,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
 
 def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int = 8, lockstep: bool = False,
                prefill_chunk: int | None = None, tool_parser: str | None = None, reasoning_parser: str | None = None,
-               api_key: str | None = None):
+               api_key: str | None = None, perf_metrics_max_requests: int = 0):
     """The FastAPI app serving `pipe` (a `dflash_trt.api.Pipeline`) under `model_name`.
 
     Args:
@@ -115,6 +115,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         reasoning_parser: splits chat answers into reasoning_content and content
             (`dflash_trt.serve.reasoning.REASONING_PARSERS`), or None: the answer is the content.
         api_key: the key the /v1 endpoints require (`RequireApiKey`), or None: none.
+        perf_metrics_max_requests: finished sequences whose per-request metrics GET /perf_metrics keeps (the
+            latest; `ServerMetrics`), 0: none.
     Returns:
         a FastAPI app; its generation thread starts now and stops at the app's shutdown.
     """
@@ -147,10 +149,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
         open_batch = leader(open_batch)
     scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
-                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s),
+                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s, s.arrival),
                           lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
-                            prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None)
+                            prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None,
+                            perf_metrics_max_requests=perf_metrics_max_requests)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -190,7 +193,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             detail = (f"no endpoint {request.method} {request.url.path}; this server has /v1/completions, "
                       "/v1/chat/completions, /v1/responses, /v1/responses/{id} (GET, DELETE), "
                       "/v1/responses/{id}/input_items, /v1/models, /v1/models/{name}, /health, /health_generate, "
-                      "/version, /metrics, "
+                      "/version, /metrics, /perf_metrics, "
                       "/prometheus/metrics")
         elif exc.status_code == 405:  # the methods of every route of this path (Starlette's names the first's)
             methods = {m for r in request.app.router.routes if getattr(r, "methods", None)
@@ -411,6 +414,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     @app.get("/metrics")
     async def iteration_stats():
         return metrics.iteration_stats()
+
+    @app.get("/perf_metrics")
+    async def perf_metrics():
+        return metrics.perf_metrics()
 
     @app.get("/prometheus/metrics")
     async def prometheus():

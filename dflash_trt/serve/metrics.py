@@ -17,6 +17,14 @@
   `specDecodingStats` with `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`,
   `acceptanceLength`: tokens emitted per request in that step), the last MAX_ITER_STATS steps, each
   returned once (trtllm-serve drains its queue the same way).
+- `GET /perf_metrics` (with `serve --perf-metrics-max-requests N`, TensorRT-LLM's `perf_metrics_max_requests`):
+  trtllm-serve's per-request records of the last N finished sequences, each returned once: `request_id` (an
+  integer, in order of finishing) and `perf_metrics` with `timing_metrics` (`arrival_time`, `first_scheduled_time`,
+  `first_token_time`, `last_token_time`: seconds on the steady clock, Python's `time.perf_counter`, CLOCK_MONOTONIC
+  on Linux), `speculative_decoding` (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`; only
+  when the sequence drafted, as trtllm-serve) and, with prefix caching, `kv_cache_metrics` in tokens
+  (`num_reused_tokens`, `num_missed_tokens`: this cache keeps tokens, not TensorRT-LLM's blocks). trtllm-serve's
+  `first_iter` / `last_iter` and `server_*` times are not given.
 
 Every metric counts sequences (choices): a request with n = 2 counts twice.
 """
@@ -48,9 +56,11 @@ class ServerMetrics:
         running / waiting: callables giving the sequences in the current batch / in the queue.
         prefix_cache: a callable giving the engine's `PrefixCache` (or None): its lookups are exported as
             counters (those of the cache itself: requests that look it up, per sequence); None: not exported.
+        perf_metrics_max_requests: finished sequences whose records GET /perf_metrics keeps (the latest);
+            0: none (the endpoint answers []).
     """
 
-    def __init__(self, model_name: str, running, waiting, prefix_cache=None):
+    def __init__(self, model_name: str, running, waiting, prefix_cache=None, perf_metrics_max_requests: int = 0):
         disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
@@ -92,11 +102,18 @@ class ServerMetrics:
         self._iters: collections.deque[dict] = collections.deque(maxlen=MAX_ITER_STATS)
         self._iter = 0
         self._lock = threading.Lock()
+        self._perf: collections.deque[dict] | None = (collections.deque(maxlen=perf_metrics_max_requests)
+                                                      if perf_metrics_max_requests > 0 else None)
+        self._perf_id = 0
+        self._prefix_cache = prefix_cache
 
-    def finished(self, result: GenerationResult, queue_time_s: float) -> None:
+    def finished(self, result: GenerationResult, queue_time_s: float, arrival: float | None = None) -> None:
         """Record one finished sequence (queue time: seconds from its arrival to its prefill; prompt tokens:
-        those read, fewer for one aborted while its prompt was read in chunks)."""
+        those read, fewer for one aborted while its prompt was read in chunks; arrival: its `time.perf_counter()`
+        when queued, for GET /perf_metrics)."""
         m = result.metrics
+        if self._perf is not None and arrival is not None:
+            self._record_perf(m, queue_time_s, arrival)
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
         # one aborted before its first token has no latency (as one cancelled in the queue); a scoring request
         # (max_tokens 0 with echo) has one, and no first token
@@ -137,6 +154,32 @@ class ServerMetrics:
                     "acceptanceLength": step.emitted_tokens / step.requests if step.requests else 1.0,
                 },
             })
+
+    def _record_perf(self, m, queue_time_s: float, arrival: float) -> None:
+        """Keep one finished sequence's GET /perf_metrics record (trtllm-serve's layout, module docstring)."""
+        scheduled = arrival + queue_time_s
+        perf = {"timing_metrics": {"arrival_time": arrival, "first_scheduled_time": scheduled,
+                                   "first_token_time": scheduled + m.time_to_first_token_s,
+                                   "last_token_time": scheduled + m.total_time_s}}
+        if self._prefix_cache is not None:
+            perf["kv_cache_metrics"] = {"num_reused_tokens": m.cached_tokens,
+                                        "num_missed_tokens": m.prompt_tokens - m.cached_tokens}
+        if m.drafted_tokens:
+            perf["speculative_decoding"] = {"acceptance_rate": m.acceptance_rate,
+                                            "total_accepted_draft_tokens": m.accepted_tokens,
+                                            "total_draft_tokens": m.drafted_tokens}
+        with self._lock:
+            self._perf_id += 1
+            self._perf.append({"request_id": self._perf_id, "perf_metrics": perf})
+
+    def perf_metrics(self) -> list[dict]:
+        """The GET /perf_metrics records kept since the last call (and forgets them); [] when not kept."""
+        if self._perf is None:
+            return []
+        with self._lock:
+            out = list(self._perf)
+            self._perf.clear()
+        return out
 
     def iteration_stats(self) -> list[dict]:
         """The iterations recorded since the last call (and forgets them)."""

@@ -57,5 +57,5 @@ def test_the_scheme_is_case_insensitive_and_probes_stay_open(keyed):
     r = httpx.post(base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
                    headers={"Authorization": "bearer " + KEY})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
-    for path in ("/health", "/version", "/metrics", "/prometheus/metrics"):
+    for path in ("/health", "/version", "/metrics", "/perf_metrics", "/prometheus/metrics"):
         assert httpx.get(base + path).status_code == 200, path

@@ -37,7 +37,7 @@ def test_an_unknown_host_is_named(monkeypatch, capsys):
 def test_help_lists_the_endpoints(monkeypatch, capsys):
     code, out, err = run_main(monkeypatch, capsys, "serve", "--help")
     assert code == 0
-    for word in ("/v1/chat/completions", "/v1/responses", "/prometheus/metrics", "--max-batch-size",
+    for word in ("/v1/chat/completions", "/v1/responses", "/prometheus/metrics", "/perf_metrics", "--max-batch-size",
                  "--served-model-name", "--bundle", "--api-key", "DFLASH_TRT_API_KEY"):
         assert word in out
 
