@@ -289,6 +289,11 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 s.cancelled = True  # no-op for finished ones; ends the rest if this request is gone
         return results
 
+    def responses_usage(ids: list[int], result, answers: ChatAnswers) -> dict:
+        """A Response's usage: its prompt `ids`, its `result`'s tokens, cached and reasoning tokens."""
+        return usage_of(len(ids), len(result.token_ids), result.metrics.cached_tokens,
+                        answers.reasoning_tokens(result.token_ids, decode))
+
     def choice_metrics(seq: Sequence, result) -> dict:
         return {**result.metrics.to_dict(), "queue_time_s": seq.queue_time_s}
 
@@ -653,7 +658,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             message, finish = answers.message(result.text, result.finish_reason)
             output = output_items(message, finish, logprobs_of(result.logprobs))
             response = response_object(rid, created, model_name, req, output, status_of(finish),
-                                       usage_of(len(ids), len(result.token_ids), result.metrics.cached_tokens), choice_metrics(seq, result))
+                                       responses_usage(ids, result, answers), choice_metrics(seq, result))
             settle(response)
             return response
 
@@ -686,7 +691,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     lps = seq.rest_logprobs(result) if result.logprobs is not None else None
                     delta, finish = state.last(seq.text.rest(result.finish_reason), result.finish_reason)
                     last = out.delta(delta, logprobs_of(lps)) + out.finish(
-                        finish, usage_of(len(ids), len(result.token_ids), result.metrics.cached_tokens), choice_metrics(seq, result))
+                        finish, responses_usage(ids, result, answers), choice_metrics(seq, result))
                     settle(out.response)
                     settled = True
                     for event in last:

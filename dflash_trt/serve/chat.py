@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dflash_trt.serve.reasoning import ReasoningStream, split_reasoning
+from dflash_trt.serve.reasoning import ReasoningStream, reasoning_token_count, split_reasoning
 from dflash_trt.serve.tools import ToolCalling
 
 
@@ -42,6 +42,10 @@ class ChatAnswers:
             if msg["content"] == "":  # all reasoning: content null, as vLLM's
                 msg["content"] = None
         return msg, finish_reason
+
+    def reasoning_tokens(self, token_ids: list[int], decode) -> int:
+        """How many of the answer's tokens are reasoning (`reasoning_token_count`); 0 without a reasoning split."""
+        return 0 if self.reasoning is None else reasoning_token_count(token_ids, decode, self.at_start)
 
     def stream(self) -> "ChatStream":
         """The state of one streamed choice."""

@@ -46,6 +46,42 @@ def split_reasoning(text: str, at_start: bool) -> tuple[str, str]:
     return reasoning, before + after
 
 
+def reasoning_token_count(token_ids: list[int], decode, at_start: bool) -> int:
+    """How many of an answer's tokens are its reasoning (the Responses API's `usage.output_tokens_details.
+    reasoning_tokens`): from the token that begins `<think>` (the first token when `at_start`) to the one that
+    completes `</think>`, both included, or to the last token while the reasoning is not closed (cut by max_tokens);
+    0 when the answer has no reasoning. The split is `split_reasoning`'s, located in the tokens by decoding their
+    prefixes (a binary search: O(log n) decodes).
+
+    Args:
+        token_ids: the answer's token ids.
+        decode: token ids -> text (the target tokenizer's decode).
+        at_start: as `split_reasoning`.
+    """
+    n = len(token_ids)
+
+    def first(holds) -> int | None:
+        """The fewest leading tokens whose text `holds` (a property that, once true, stays true), None if never."""
+        if not n or not holds(decode(token_ids)):
+            return None
+        lo, hi = 1, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(decode(token_ids[:mid])) else (mid + 1, hi)
+        return lo
+
+    if at_start:
+        begin, after = 0, 0
+    else:
+        k = first(lambda t: START in t)
+        if k is None:
+            return 0
+        i = decode(token_ids[:k]).index(START)
+        begin, after = first(lambda t: len(t) > i) - 1, i + len(START)  # the token holding the tag's first character
+    end = first(lambda t: END in t[after:])
+    return (n if end is None else end) - begin
+
+
 class ReasoningStream:
     """One streamed choice's split: `delta(text)` and `last(text)` give (reasoning delta, content delta); each
     field's deltas join to `split_reasoning` of the whole answer."""

@@ -33,7 +33,7 @@ Not served, each refused with a 400 naming the field: built-in tools (web search
 (`effort`: the target thinks as its chat template makes it; Qwen3's switch is `chat_template_kwargs`), `metadata`,
 `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, `include:
 ["reasoning.encrypted_content"]` (reasoning items carry their text in the clear). `usage.output_tokens_details.
-reasoning_tokens` is 0 (the split into reasoning and content is in text, not in tokens).
+reasoning_tokens` counts the output tokens of the reasoning (`--reasoning-parser`; 0 without one).
 """
 
 from __future__ import annotations
@@ -579,13 +579,14 @@ def response_object(rid: str, created_at: int, model: str, req: ResponsesRequest
     return out
 
 
-def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
     """A Response's `usage`: `cached_tokens` input tokens reused from the prefix cache (`dflash-trt serve
-    --enable-prefix-caching`; 0 without), cache_write_tokens 0 (nothing is billed); reasoning tokens not counted
-    apart: 0."""
+    --enable-prefix-caching`; 0 without), cache_write_tokens 0 (nothing is billed), `reasoning_tokens` of the
+    output tokens its reasoning (`dflash_trt.serve.reasoning.reasoning_token_count`; 0 without a reasoning
+    parser)."""
     return {"input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
 

@@ -41,6 +41,28 @@ def test_split_reasoning(text, at_start, want):
     assert split_reasoning(text, at_start) == want
 
 
+@pytest.mark.parametrize("pieces, at_start, reasoning_piece", [
+    (["Hello ", "<think>\nplan it\n</think>", "\n\nParis."], False, 1),  # qwen3: the tags' tokens included
+    (["plan it\n</think>", "\n\nParis."], True, 0),  # deepseek-r1: from the first token
+    (["<think>\nplan</think>", "Paris."], True, 0),
+    (["Sure. ", "<think>\nstill planning"], False, 1),  # cut inside the reasoning: to the last token
+    (["still planning, cut"], True, 0),
+    (["Paris.", ""], False, None),  # no reasoning
+    (["plan</think>Paris."], False, None),  # qwen3 without <think>: all content
+])
+def test_reasoning_token_count_is_the_reasoning_texts_tokens(smollm2_pipeline, pieces, at_start, reasoning_piece):
+    """`reasoning_token_count` (the Responses usage's reasoning_tokens) on token ids built piece by piece with the
+    real tokenizer: exactly the tokens of the piece holding the reasoning (its tags included)."""
+    from dflash_trt.serve.reasoning import reasoning_token_count
+
+    tok = smollm2_pipeline.tokenizer
+    parts = [tok.encode(p, add_special_tokens=False) for p in pieces]
+    ids = [t for part in parts for t in part]
+    want = 0 if reasoning_piece is None else len(parts[reasoning_piece])
+    assert reasoning_token_count(ids, smollm2_pipeline.decode, at_start) == want
+    assert reasoning_token_count([], smollm2_pipeline.decode, at_start) == 0
+
+
 @pytest.mark.parametrize("text", ["<think>\nplan a < b\n</think>\n\nParis <3.", "plan</think>Paris.", "no tags <",
                                   "<thi", "Hi <think>cut </thi"])
 @pytest.mark.parametrize("at_start", [True, False])

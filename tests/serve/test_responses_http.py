@@ -329,6 +329,7 @@ def test_reasoning_items(smollm2_pipeline):
         [item] = raw["output"]
         assert item["type"] == "reasoning" and item["summary"] == []
         assert item["content"] == [{"type": "reasoning_text", "text": pipe.decode(ref.token_ids)}]
+        assert raw["usage"]["output_tokens_details"]["reasoning_tokens"] == raw["usage"]["output_tokens"] == len(ref.token_ids)
         got = check_stream(base, body, raw)
         assert "response.reasoning_text.delta" in {e["type"] for e in got}
         refused = httpx.post(base + "/v1/responses", json={**body, "top_logprobs": 2})
