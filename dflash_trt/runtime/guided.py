@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.errors import ConfigError, InvalidRequestError
+from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,9 @@ class Grammars:
 
         Raises:
             ConfigError: xgrammar is missing. InvalidRequestError: the schema, regex or grammar does not compile
-                (XGrammar's message).
+                (XGrammar's message). DFlashError: compiling failed for a reason of the machine's (XGrammar's
+                error without its parse-error prefix, e.g. "Resource temporarily unavailable": no thread could
+                start), which the server answers with a 500, not a 400 blaming the request.
         """
         xgr = require_xgrammar()
         with self._lock:
@@ -223,7 +225,11 @@ class Grammars:
             else:
                 compiled = compiler.compile_grammar(spec.grammar)
         except RuntimeError as exc:  # XGrammar's parse errors: "[time] file.cc:line: message"
-            message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip())
+            raw = str(exc).strip()
+            message = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", raw)
+            if message == raw:  # no log prefix: not a parse error but the system's (a thread it could not start)
+                raise DFlashError(f"guided decoding: compiling the {spec.kind} failed on this machine ({raw}); the "
+                                  "request itself may be fine: retry it") from exc
             raise InvalidRequestError(f"guided decoding: the {spec.kind} does not compile: {message}") from None
         with self._lock:
             self._compiled[spec] = compiled

@@ -314,3 +314,27 @@ def test_sampling_with_a_mask_that_forgets_the_drafts_fails_the_same_test(tiny, 
     monkeypatch.setattr(engine_mod, "chain_prefixes", lambda drafts, first, end: [[] for _ in range(first, end)])
     p, impossible, _ = guided_pvalue(tiny_engine(tiny))
     assert impossible > 0 or p < 1e-6
+
+
+def test_a_compile_failure_of_the_machine_is_not_the_requests(smollm2_pipeline, monkeypatch):
+    """XGrammar raises RuntimeError both for a schema that does not parse (its message carries a "[time] file:line:"
+    prefix) and for a failure of the system, e.g. EAGAIN when a thread cannot start on a loaded machine: the server
+    answered that with a 400 saying the JSON does not compile. It is a DFlashError (a 500), the request not blamed."""
+    from dflash_trt.errors import DFlashError
+
+    grammars = smollm2_pipeline.engine.grammars
+    grammars.compile(GuidedDecoding(regex="(a|b)"))  # the compiler exists
+    compiler = grammars._compiler
+
+    class Failing:
+        def compile_regex(self, regex):
+            raise RuntimeError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(grammars, "_compiler", Failing())
+    with pytest.raises(DFlashError, match=r"compiling the regex failed on this machine \(Resource temporarily "
+                                          r"unavailable\); the request itself may be fine: retry it") as info:
+        grammars.compile(GuidedDecoding(regex="(c|d)"))
+    assert not isinstance(info.value, InvalidRequestError)
+    monkeypatch.setattr(grammars, "_compiler", compiler)
+    with pytest.raises(InvalidRequestError, match="the regex does not compile"):
+        grammars.compile(GuidedDecoding(regex="(c|d"))
