@@ -412,7 +412,7 @@ class Scheduler:
             self._batch, self._seqs = None, {}
 
     def _finish(self) -> None:
-        """Hand out the results of the sequences finished in the batch."""
+        """Hand out the results of the sequences finished in the batch, each recorded (`on_finished`) first."""
         for rid, r in self._batch.take_finished():
             s = self._seqs.pop(rid)
             if s.score_only:  # scoring the prompt: no completion (the first token was generated and is dropped)
@@ -427,9 +427,12 @@ class Scheduler:
                 r.metrics.completion_tokens = len(r.token_ids)  # as `usage` counts them, and the metrics
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
+            try:  # recorded before the client has its result: it then finds it in the metrics
+                if self._on_finished is not None:
+                    self._on_finished(s, r)
+            except Exception:  # noqa: BLE001 - the metrics, not the request, failed: it still gets its result
+                logger.exception("dflash-trt: recording a finished request failed; the generation thread goes on")
             _done(s, r, None)
-            if self._on_finished is not None:
-                self._on_finished(s, r)
         self._drop_if_empty()
 
     def _drop_if_empty(self) -> None:

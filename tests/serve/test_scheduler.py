@@ -306,6 +306,25 @@ def test_failing_iteration_stats_lose_no_result():
     assert sorted(got) == [(-2, None, "RuntimeError"), (1, "Hello.", "NoneType"), (3, "Hello.", "NoneType")]
 
 
+def test_a_finished_request_is_recorded_before_its_result_goes_out_and_a_failing_record_loses_nothing():
+    """on_finished (the request metrics, GET /perf_metrics) runs before the sequence's on_done: a client that has
+    its answer finds its record (it could be missing, found by a race over real HTTP); an on_finished that raises
+    for one sequence of a step is logged, and that one and the others finishing with it still get their results."""
+    order = []
+
+    def record(seq, result):
+        order.append(("recorded", seq.prompt[0]))
+        if seq.prompt[0] == 1:
+            raise ValueError("metrics backend down")
+
+    sched = Scheduler(lambda: ScriptedBatch([]), 8, on_finished=record)
+    sched.submit([Sequence([k], SamplingParams(max_tokens=1), StopText(decode), None,
+                           lambda r, e, k=k: order.append(("done", k, r and r.text))) for k in (1, 2)])
+    wait_for(lambda: len(order) == 4 and sched.idle)
+    sched.close()
+    assert order == [("recorded", 1), ("done", 1, "Hello."), ("recorded", 2), ("done", 2, "Hello.")]
+
+
 def test_a_failure_after_tokens_reruns_the_others_but_not_a_started_stream():
     log, gate, started = [], threading.Event(), threading.Event()
     done, streamed = {}, []
