@@ -77,18 +77,25 @@ def _call(obj) -> tuple[str, str] | None:
     args = obj.get("arguments", obj.get("parameters"))
     if args is None:  # left out, or null: no arguments
         args = {}
-    if isinstance(args, str):
-        try:
+    try:
+        if isinstance(args, str):
             args = json.loads(args)
-        except ValueError:
-            return None
-    return (obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
+        # NaN / Infinity (which Python's decoder reads) are not JSON: such arguments are no call
+        return (obj["name"], json.dumps(args, ensure_ascii=False, allow_nan=False)) if isinstance(args, dict) else None
+    except (ValueError, RecursionError):
+        return None
+
+
+#: what the text after a JSON error's position can be when the value was cut there: a literal's or a number's
+#: beginning (`tru`, `-`, `1.` / `1e+` past the digits read), or a `\u` escape's
+_CUT_TAIL = re.compile(r"t(r(u)?)?|f(a(l(s)?)?)?|n(u(l)?)?|-|\.\d*([eE][+-]?\d*)?|[eE][+-]?\d*|u[0-9a-fA-F]{0,3}")
 
 
 def _ran_out(exc: json.JSONDecodeError, text: str) -> bool:
     """Whether decoding failed because `text` ended inside the JSON value (cut by max_tokens) rather than on a
-    character that cannot be JSON."""
-    return exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip())
+    character that cannot be JSON: inside a string, or in a literal, number or escape begun at the text's end."""
+    rest = text[exc.pos:].rstrip()
+    return exc.msg.startswith("Unterminated string") or not rest or _CUT_TAIL.fullmatch(rest) is not None
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
@@ -112,8 +119,9 @@ def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
         pos += len(text[pos:]) - len(text[pos:].lstrip())
         try:
             obj, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            if _ran_out(exc, text) or text.find(CLOSE, pos) < 0:  # cut, or a last unclosed call: left out
+        except (ValueError, RecursionError) as exc:  # not JSON, or beyond Python's (4,300-digit integers, depth)
+            cut = isinstance(exc, json.JSONDecodeError) and _ran_out(exc, text)
+            if cut or text.find(CLOSE, pos) < 0:  # cut, or a last unclosed call: left out
                 break
             return text, []  # a closed call that is not JSON
         rest = text[end:].lstrip()
@@ -163,8 +171,8 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     while pos < len(body):
         try:
             obj, end = decoder.raw_decode(body, pos)
-        except json.JSONDecodeError as exc:  # the text ran out inside an object (cut), or is not JSON
-            cut = body[pos] == "{" and _ran_out(exc, body)
+        except (ValueError, RecursionError) as exc:  # the text ran out inside an object (cut), or is not JSON
+            cut = body[pos] == "{" and isinstance(exc, json.JSONDecodeError) and _ran_out(exc, body)
             return (None, calls) if calls and cut else (text, [])
         call = _call(obj)
         if call is None:

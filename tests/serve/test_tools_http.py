@@ -94,7 +94,17 @@ def hermes_client(hermes):
      '<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>', []),
     ('<tool_call>{"name": "f"}</tool_call> then <tool_call>{"name": "g"} and text', None, [("f", "{}")]),
     ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {"a": tru', None, [("f", "{}")]),
-])
+    # cut in a literal, a number or an escape after an argument holding the closing tag: the whole calls kept
+    *[('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"name": "g", "arguments": {"s": '
+        '"</tool_call>", "b": ' + cut, None, [("f", "{}")]) for cut in ("tru", "nul", "-", "1.", "1e+", '"\\u12')],
+    # arguments Python reads but JSON has not (NaN), or that Python cannot read (a 4,301-digit integer): no call
+    ('<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>',
+     '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', []),
+    ('A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>',
+     'A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>', []),
+    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": ' + "[" * 100_000,
+     None, [("f", "{}")]),  # nested too deep, unclosed: left out
+], ids=lambda v: v[:60] if isinstance(v, str) else None)
 def test_parse_hermes(text, content, calls):
     assert parse_hermes(text) == (content, calls)
 
@@ -104,6 +114,9 @@ def test_parse_hermes(text, content, calls):
     (' <|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"b": "x"}}\n', None,
      [("f", "{}"), ("g", '{"b": "x"}')]),
     ('{"name": "f", "parameters": {}}; {"name": "g", "param', None, [("f", "{}")]),  # the cut last one left out
+    ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": fals', None, [("f", "{}")]),
+    ('{"name": "f", "parameters": {"n": ' + "9" * 4400 + '}}', '{"name": "f", "parameters": {"n": ' + "9" * 4400 + '}}',
+     []),
     ('{"name": "f", "parameters": {"a": 1}} and then text', '{"name": "f", "parameters": {"a": 1}} and then text', []),
     ('The answer is {"name": "f"}', 'The answer is {"name": "f"}', []),
     ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON, but not a call
