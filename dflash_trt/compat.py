@@ -175,13 +175,21 @@ def _tokenizer_identity(folder: Path) -> tuple[str, dict[int, str]] | None:
         return None
     try:
         tok = json.loads(file.read_text(encoding="utf-8"))
-        vocab = (tok.get("model") or {}).get("vocab") or {}
+        vocab = tok["model"]["vocab"]
         if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+            if not all(isinstance(piece, list) and piece and isinstance(piece[0], str) for piece in vocab):
+                raise ValueError("its model.vocab is a list, but not of [piece, score] pairs")
             vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-        added = {int(t["id"]): t["content"] for t in tok.get("added_tokens", [])}
-        blob = json.dumps([sorted(vocab.items()), sorted(added.items())], ensure_ascii=False).encode()
-        special = {int(t["id"]): t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        added = [t for t in tok.get("added_tokens", []) if isinstance(t["id"], int) and isinstance(t["content"], str)]
+        if not isinstance(vocab, dict) or not vocab or not all(isinstance(k, str) and isinstance(v, int)
+                                                               for k, v in vocab.items()):
+            raise ValueError("its model.vocab is not a map of token to id")
+        if len(added) != len(tok.get("added_tokens", [])):
+            raise ValueError("an added_tokens entry lacks an integer id or a string content")
+        blob = json.dumps([sorted(vocab.items()), sorted((t["id"], t["content"]) for t in added)],
+                          ensure_ascii=False).encode()
+        special = {t["id"]: t["content"] for t in added if t.get("special")}
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         raise ValueError(f"{file} is not a tokenizer file ({type(exc).__name__}: {exc})") from exc
     return hashlib.sha256(blob).hexdigest(), special
 
@@ -411,7 +419,11 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             f"{target.rope_theta:g} / {target.rope_scaling}; fine if the drafter was trained that way, otherwise "
             "it was made for another target (acceptance will be low)")))
     tokenizer, unloadable = _target_tokenizer(target_path)
-    t_tok = _tokenizer_identity(target_path) if tokenizer is not None else None
+    t_tok, t_unread = None, None
+    try:
+        t_tok = _tokenizer_identity(target_path) if tokenizer is not None else None
+    except ValueError as exc:  # it loads (AutoTokenizer), in a form this check cannot read: nothing to compare
+        t_unread = f"tokenizer: {exc}; tokenizer identity and the mask token were not checked"
     try:
         d_tok = _tokenizer_identity(drafter_path)
     except ValueError as exc:  # the runtime never loads the drafter's tokenizer: not an error
@@ -421,6 +433,8 @@ def check_checkpoints(target_path: str | Path, drafter_path: str | Path) -> list
             "tokenizer was not compared with the target's: replace it with the target's tokenizer.json or delete it")))
     if unloadable is not None:
         out.append(Finding(ERROR, unloadable))
+    elif t_unread is not None:
+        out.append(Finding(WARNING, t_unread))
     elif t_tok is None and not any((target_path / f).is_file() for f in ("tokenizer.model", "vocab.json")):
         # an error: load_pipeline, load_bundle and train-drafter's data generation all load the target's tokenizer
         # (`api.load_tokenizer`) and refuse a folder without one

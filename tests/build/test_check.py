@@ -75,7 +75,10 @@ def test_different_tokenizer_is_an_error(target, drafter):
     assert only(check_checkpoints(target, drafter), ERROR) == []
 
 
-@pytest.mark.parametrize("content", ['{"model": {"vocab": ', '[1, 2]', '{"added_tokens": [{"content": "x"}]}'])
+@pytest.mark.parametrize("content", ['{"model": {"vocab": ', '[1, 2]', '{"added_tokens": [{"content": "x"}]}', '{}',
+                                     '{"model": {"vocab": ["a", "b"]}}', '{"model": {"vocab": {"a": 0}}, "added_tokens": '
+                                     '[{"id": 1e400, "content": "x"}]}', '{"model": {"vocab": {"a": 0}}, "added_tokens": '
+                                     '[{"id": 1, "content": {"x": 1}}]}', '{"model": {"vocab": ' + "[" * 100_000])
 def test_a_drafter_tokenizer_file_that_is_not_one_is_a_warning_naming_it(target, drafter, content):
     """check raised a traceback on a drafter folder whose tokenizer.json is not JSON (or not a tokenizer); the runtime
     never loads the drafter's tokenizer, so it is a warning naming the file, and the rest of the check still runs."""
