@@ -219,6 +219,9 @@ class Engine:
         beyond = [t for t, _ in params.logit_bias or () if t >= vocab]
         if beyond:
             raise InvalidRequestError(f"logit_bias names token {beyond[0]}, outside the vocabulary [0, {vocab})")
+        beyond = [t for word in params.bad_words or () for t in word if t >= vocab]
+        if beyond:
+            raise InvalidRequestError(f"bad_words holds token {beyond[0]}, outside the vocabulary [0, {vocab})")
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())

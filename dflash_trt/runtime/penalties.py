@@ -17,7 +17,9 @@ top-p and min-p (`sampling.probs_from_logits`):
    logit - f * c[t] - a * (c[t] > 0) (OpenAI's definition; vLLM's scope: the prompt does not count.
    With `prompt_ignore_length` L, TensorRT-LLM's: the prompt's tokens from position L on count too).
 4. min_tokens: while fewer than min_tokens tokens are out, the request's stop tokens get -inf.
-5. guided decoding: the tokens the request's grammar forbids get -inf (`dflash_trt.runtime.guided`).
+5. bad_words: the last token of each bad word (a token id sequence) gets -inf where the output so far ends with
+   the rest of it (always, for a one-token word; vLLM's `NoBadWordsLogitsProcessor`, the prompt not read).
+6. guided decoding: the tokens the request's grammar forbids get -inf (`dflash_trt.runtime.guided`).
 The logprobs a request asks for stay the raw target's (`dflash_trt.runtime.logprobs`).
 """
 
@@ -51,6 +53,10 @@ class LogitsPenalties:
         bias = params.logit_bias or ()
         self.bias_ids = torch.tensor([t for t, _ in bias], dtype=torch.int64)
         self.bias_values = torch.tensor([b for _, b in bias], dtype=torch.float32)
+        words = params.bad_words or ()
+        self.banned = torch.tensor(sorted({w[0] for w in words if len(w) == 1}), dtype=torch.int64)  # always
+        self.bad_words = [w for w in words if len(w) > 1]  # banned after the rest of them
+        self.bad_context = max((len(w) - 1 for w in self.bad_words), default=0)  # the history they read
 
     @property
     def for_drafts(self) -> bool:
@@ -60,7 +66,7 @@ class LogitsPenalties:
         of 13); a grammar too. The penalties are left to the verifier: applied to the drafter's logits they
         did not help (8 MT-Bench prompts: 393 -> 407 steps at repetition 1.1, 358 -> 366 at presence/frequency
         0.5)."""
-        return bool(self.params.logit_bias or self.params.min_tokens or self.guided is not None)
+        return bool(self.params.logit_bias or self.params.min_tokens or self.guided is not None or self.params.bad_words)
 
     def apply(self, logits: torch.Tensor, out: list[int], prefixes: list[list[int]],
               penalize: bool = True) -> torch.Tensor:
@@ -87,6 +93,14 @@ class LogitsPenalties:
             if early:
                 rows = torch.tensor(early, device=dev)
                 scores[rows[:, None], self.stop_ids.to(dev)[None, :]] = float("-inf")
+        if len(self.banned):
+            scores[:, self.banned.to(dev)] = float("-inf")
+        for i, pre in enumerate(prefixes) if self.bad_words else ():
+            history = (out[-self.bad_context:] + pre)[-self.bad_context:]
+            ends = [w[-1] for w in self.bad_words
+                    if len(history) >= len(w) - 1 and tuple(history[len(history) - len(w) + 1:]) == w[:-1]]
+            if ends:
+                scores[i, torch.tensor(ends, device=dev)] = float("-inf")
         if self.guided is not None:
             self.guided.mask(scores, out, prefixes)
         return scores
@@ -119,6 +133,27 @@ class LogitsPenalties:
         if p.frequency_penalty or p.presence_penalty:
             sub = sub - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
         scores[:, columns.to(dev)] = sub
+
+
+def bad_word_ids(words, encode) -> tuple[tuple[int, ...], ...]:
+    """The token id sequences of `words` (strings) for `SamplingParams.bad_words`: each word as it is and with a
+    leading space (how it reads after another word: BPE tokenizers give it other ids), both banned (vLLM reads
+    `bad_words` the same way, keeping the spaced form only where its length matches).
+
+    Args:
+        words: the bad words, e.g. a request's `bad_words`.
+        encode: text -> token ids, without special tokens (the target tokenizer's).
+    Raises:
+        InvalidRequestError: a word that is not a string, or empty (or only whitespace).
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    out = []
+    for i, word in enumerate(words):
+        if not isinstance(word, str) or not word.strip():
+            raise InvalidRequestError(f"bad_words[{i}] must be a non-empty string, got {word!r}")
+        out += [tuple(encode(word)), tuple(encode(" " + word.lstrip()))]
+    return tuple(sorted({w for w in out if w}))
 
 
 def chain_prefixes(drafts: list[int], first: int, end: int) -> list[list[int]]:

@@ -43,7 +43,11 @@ class SamplingParams:
     and top-p, drop the tokens whose probability is below min_p times the top token's (Nguyen et al.
     2024; HF's `MinPLogitsWarper`; sampling only: the argmax is always kept). guided: a
     `dflash_trt.runtime.guided.GuidedDecoding` (a JSON schema, any JSON object, a regex or an EBNF grammar) the
-    output follows (structured output; after the other processing, before temperature), or None.
+    output follows (structured output; after the other processing, before temperature), or None. bad_words:
+    token id sequences the output never holds (vLLM's `bad_words`, TensorRT-LLM's `bad`): the last token of
+    each cannot follow the rest of it (a one-token sequence: never chosen); matched in the output, not the
+    prompt (vLLM's scope); stored as a sorted tuple of tuples (`dflash_trt.runtime.penalties.bad_word_ids`
+    turns words into them).
 
     Every field is type-checked (InvalidRequestError naming it; bool is not a number).
     """
@@ -65,6 +69,7 @@ class SamplingParams:
     min_p: float = 0.0
     guided: GuidedDecoding | None = None
     prompt_ignore_length: int | None = None
+    bad_words: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -117,6 +122,8 @@ class SamplingParams:
             if self.prompt_ignore_length < 0:
                 raise InvalidRequestError(f"prompt_ignore_length must be >= 0 (0: the whole prompt counts for the "
                                           f"presence and frequency penalties), got {self.prompt_ignore_length}")
+        if self.bad_words is not None:
+            set_(self, "bad_words", _bad_words(self.bad_words) or None)
         if self.guided is not None:
             if not isinstance(self.guided, GuidedDecoding):
                 raise InvalidRequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
@@ -136,7 +143,7 @@ class SamplingParams:
         """Whether the target's logits go through `dflash_trt.runtime.penalties` (logit bias, a penalty,
         min_tokens or a grammar set): what they do depends on each verify position's own history."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1 or self.min_tokens or self.guided is not None)
+                    or self.repetition_penalty != 1 or self.min_tokens or self.guided is not None or self.bad_words)
 
 
 def check_seed(seed) -> int | None:
@@ -211,6 +218,22 @@ def _token_ids(value) -> tuple[int, ...]:
     if bad:
         raise InvalidRequestError(f"stop_token_ids must be {allowed}; {bad[0]!r} in {value!r} is not one")
     return tuple(int(t) for t in ids)
+
+
+def _bad_words(value) -> tuple[tuple[int, ...], ...]:
+    """bad_words as a sorted tuple of distinct non-empty tuples of token ids (ints >= 0), else InvalidRequestError."""
+    allowed = "a list of token id sequences (non-empty lists of integers >= 0), or None"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidRequestError(f"bad_words must be {allowed}, got {value!r} ({type(value).__name__})")
+    out = set()
+    for word in value:
+        if isinstance(word, (str, bytes, Mapping)) or not isinstance(word, Iterable):
+            raise InvalidRequestError(f"bad_words must be {allowed}; {word!r} is not a sequence of token ids")
+        ids = tuple(word)
+        if not ids or any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0 for t in ids):
+            raise InvalidRequestError(f"bad_words must be {allowed}; {word!r} is not one")
+        out.add(tuple(int(t) for t in ids))
+    return tuple(sorted(out))
 
 
 #: OpenAI's range of a logit bias

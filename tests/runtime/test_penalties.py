@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import pytest
 import torch
@@ -59,8 +60,25 @@ class Bias(LogitsProcessor):
         return scores
 
 
+class BadWordsInOutput(LogitsProcessor):
+    """vLLM's bad words over the generated tokens (the reference: HF's NoBadWordsLogitsProcessor reads the prompt
+    too): a word's last token gets -inf where the output ends with the rest of it."""
+
+    def __init__(self, prompt_len: int, words):
+        self.prompt_len, self.words = prompt_len, words
+
+    def __call__(self, input_ids, scores):
+        for b in range(input_ids.shape[0]):
+            out = input_ids[b, self.prompt_len:].tolist()
+            for w in self.words:
+                if len(out) >= len(w) - 1 and out[len(out) - len(w) + 1:] == list(w[:-1]):
+                    scores[b, w[-1]] = float("-inf")
+        return scores
+
+
 def hf_processors(params: SamplingParams, prompt_len: int, stop_ids) -> LogitsProcessorList:
-    """HF's processors for `params`, in our order (logit bias, repetition, presence / frequency, min_tokens)."""
+    """HF's processors for `params`, in our order (logit bias, repetition, presence / frequency, min_tokens, bad
+    words)."""
     procs = []
     if params.logit_bias:
         procs.append(Bias(dict(params.logit_bias)))
@@ -71,6 +89,8 @@ def hf_processors(params: SamplingParams, prompt_len: int, stop_ids) -> LogitsPr
         procs.append(OutputPenalties(start, params.presence_penalty, params.frequency_penalty))
     if params.min_tokens:
         procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, params.min_tokens, list(stop_ids)))
+    if params.bad_words:
+        procs.append(BadWordsInOutput(prompt_len, params.bad_words))
     return LogitsProcessorList(procs)
 
 
@@ -93,8 +113,12 @@ def test_prefixes_of_chains_and_trees():
     SamplingParams(presence_penalty=1.5, frequency_penalty=-0.4, prompt_ignore_length=2),
     SamplingParams(presence_penalty=0.5, prompt_ignore_length=0, repetition_penalty=1.2),
     SamplingParams(frequency_penalty=0.5, prompt_ignore_length=99),
+    # one-token words; words whose rest ends the output (5), spans output and drafts (9 5 17), lies in the drafts
+    # (17 3), or only in the prompt (12 40: not matched); a word longer than the history
+    SamplingParams(bad_words=[[2], [61], [5, 8], [9, 5, 17, 30], [17, 3, 11], [12, 40, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]),
+    SamplingParams(bad_words=[[3, 3]], logit_bias={3: 5.0}, min_tokens=6, max_tokens=10),
 ], ids=["rep", "rep<1", "presence-frequency", "bias", "min_tokens", "all", "prompt-from-2", "prompt-whole-rep",
-        "prompt-beyond"])
+        "prompt-beyond", "bad-words", "bad-words-bias"])
 def test_each_position_equals_hf_processors_on_its_own_history(params):
     gen = torch.Generator().manual_seed(0)
     vocab, prompt, out, drafts = 64, [3, 9, 9, 12, 40], [5, 9, 5, 17], [17, 3, 3, 60]
@@ -136,11 +160,38 @@ def test_min_p_equals_hf_min_p_after_temperature_and_top_k():
     (dict(min_p=1.5), "min_p must be in [0, 1] (0 = off), got 1.5"),
     (dict(prompt_ignore_length=-1), "prompt_ignore_length must be >= 0 (0: the whole prompt counts"),
     (dict(prompt_ignore_length=True), "prompt_ignore_length must be None or an integer >= 0, got True"),
+    (dict(bad_words="no"), "bad_words must be a list of token id sequences (non-empty lists of integers >= 0), or None"),
+    (dict(bad_words=[[]]), "; [] is not one"),
+    (dict(bad_words=[[1, -2]]), "; [1, -2] is not one"),
+    (dict(bad_words=[5]), "; 5 is not a sequence of token ids"),
+    (dict(bad_words=[["a"]]), "; ['a'] is not one"),
 ])
 def test_bad_values_are_named(kw, message):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kw)
     assert message in str(info.value)
+
+
+def test_bad_words_are_normalized_checked_against_the_vocabulary_and_made_from_words(smollm2_pipeline):
+    from dflash_trt.runtime.penalties import bad_word_ids
+
+    p = SamplingParams(bad_words=[(9, 1), [2], [9, 1]])
+    assert p.bad_words == ((2,), (9, 1)) and p.processes_logits and hash(p) == hash(SamplingParams(bad_words=[[2], [9, 1]]))
+    assert SamplingParams(bad_words=[]).bad_words is None and not SamplingParams(bad_words=[]).processes_logits
+    with pytest.raises(InvalidRequestError, match=r"bad_words holds token 49152, outside the vocabulary \[0, 49152\)"):
+        smollm2_pipeline.engine.generate([[1, 2]], SamplingParams(bad_words=[[1, 49152]]))
+    tok = smollm2_pipeline.tokenizer
+
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    assert bad_word_ids(["Red", " blue sky"], encode) == tuple(sorted({tuple(encode("Red")), tuple(encode(" Red")),
+                                                                        tuple(encode(" blue sky"))}))
+    for words, message in (([""], "bad_words[0] must be a non-empty string, got ''"),
+                           (["ok", "  "], "bad_words[1] must be a non-empty string"),
+                           (["ok", 3], "bad_words[1] must be a non-empty string, got 3")):
+        with pytest.raises(InvalidRequestError, match=re.escape(message)):
+            bad_word_ids(words, encode)
 
 
 def test_logit_bias_is_normalized_and_checked_against_the_vocabulary(smollm2_pipeline):
@@ -165,6 +216,8 @@ GREEDY_CASES = {
                                    prompt_ignore_length=4),  # TensorRT-LLM's: the chat prompt's tokens count too
     "bias": SamplingParams(max_tokens=MAX_TOKENS, logit_bias={504: 5.0, 30: -100.0}),
     "min_tokens": SamplingParams(max_tokens=MAX_TOKENS, min_tokens=20),
+    # " Red" (colours' first answer), and "_" then "str" (the reversing function's input_str)
+    "bad_words": SamplingParams(max_tokens=MAX_TOKENS, bad_words=[[3950], [79, 1321]]),
 }
 
 
