@@ -671,9 +671,13 @@ def use_prefix_cache(pipe, enable: bool, gb: float) -> None:
         click.echo("warning: --prefix-cache-gb has no effect without --enable-prefix-caching", err=True)
 
 
+#: the most CPU threads --threads takes: far past any core count worth using, below what OpenMP can start (20,000
+#: threads failed to start and 100,000 crashed the process on a 2-core VM)
+MAX_THREADS = 1024
+
 #: --threads, shared by `generate` and `bench` (applied with `set_threads`).
 threads_option = click.option(
-    "--threads", default=None, type=click.IntRange(1),
+    "--threads", default=None, type=click.IntRange(1, MAX_THREADS),
     help="torch CPU threads (default: torch's, one per core). On a busy machine fewer can be much faster "
          "(2 vCPUs, one held by another process: 0.6-0.8 tokens/s with 2 threads, 16.5 with 1).")
 

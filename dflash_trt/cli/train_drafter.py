@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import finite_float, lower_word, parse_layer_ids
+from dflash_trt.cli.common import MAX_THREADS, finite_float, lower_word, parse_layer_ids
 from dflash_trt.text import count
 
 
@@ -343,7 +343,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of the drafter's random weights, the training order, the anchors and the --val-samples "
                    "split (not of the --max-samples prompts).")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_THREADS))
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where the target and drafter run: cpu, cuda or cuda:N (data generation and training).")
 @click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True),

@@ -286,9 +286,11 @@ def test_threads_flag_sets_torch_threads_and_rejects_zero(monkeypatch, capsys, s
         assert json.loads(out1.splitlines()[-1])["token_ids"] == json.loads(out.splitlines()[-1])["token_ids"]
     finally:
         torch.set_num_threads(before)
-    for bad in ("0", "-2", "two"):
+    for bad in ("0", "-2", "two", "1025", "100000"):  # 100000 crashed the process (OpenMP could not start them)
         code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--threads", bad)
         assert code == 2 and "--threads" in err and "Traceback" not in err
+    code, _, err = run_main(monkeypatch, capsys, "train-drafter", "--out", "x", "--threads", "5000")
+    assert code == 2 and "'--threads': 5000 is not in the range 1<=x<=1024" in err
 
 
 def test_more_threads_than_cores_warns(monkeypatch, capsys):
