@@ -189,6 +189,9 @@ class TargetConfig:
         if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or ()):
             raise ConfigError("this config.json is a DFlash drafter's (DFlashDraftModel), not a target model's: "
                               + _swap_hint(flag, "the target model's folder"))
+        if model_type is None:
+            raise ConfigError(f"{where} has no model_type: it is not a Hugging Face model's config.json; give the "
+                              f"folder of a Hugging Face model (Llama or Qwen3) as {flag or '--target'}")
         if model_type not in SUPPORTED_TARGET_TYPES:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"

@@ -373,6 +373,9 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
             return GuidedDecoding(json_object=True)
         if regex is not None:
             return GuidedDecoding(regex=regex)
+        if "::=" not in grammar and not Path(grammar).exists():  # every EBNF grammar has a rule: a mistyped file
+            raise click.BadParameter(f"no file {grammar}, and not a grammar either (no rule such as root ::= ...); "
+                                     "give an EBNF grammar file or the grammar text", param_hint="'--grammar'")
         return GuidedDecoding(grammar=text("--grammar", grammar))
     except InvalidRequestError as exc:
         note = " (a file that does not exist is read as the text itself)" if given[0] != "--regex" else ""
@@ -596,11 +599,13 @@ def warn_sampling_unused(temperature: float, top_p: float = 1.0, top_k: int = 0,
 
 
 def warn_float16_on_cpu(dtype: str, device: str) -> None:
-    """One stderr line for --dtype float16 on the CPU, where torch has no fast float16 matmul (the
-    default model ran at ~1 token/s that way, against ~70 in float32 with the packed kernels)."""
+    """One stderr line for --dtype float16 on the CPU, where torch has no fast float16 matmul (the default model
+    ran at ~1 token/s that way in session 9, 12-26 tokens/s in session 45, against ~40-70 in float32 with the packed
+    kernels)."""
     if dtype == "float16" and device == "cpu":
-        click.echo("warning: --dtype float16 is very slow on a CPU (~1 token/s with the default model); use float32 "
-                   "(the default, with the packed CPU kernels) or bfloat16", err=True)
+        click.echo("warning: --dtype float16 is slow on a CPU (no fast float16 matmul: several times slower than "
+                   "float32 with the default model); use float32 (the default, with the packed CPU kernels) or "
+                   "bfloat16", err=True)
 
 
 def set_threads(threads: int | None) -> None:

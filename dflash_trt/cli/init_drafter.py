@@ -68,6 +68,10 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         mask_token_id = default_id
         click.echo(f"mask token id {mask_token_id}: {why} (the default; pass --mask-token-id to choose another "
                    "reserved token of the target's tokenizer)", err=True)
+    if not 0 <= mask_token_id < tcfg.vocab_size:  # the flag, not the config field the compatibility check names
+        raise click.BadParameter(f"{mask_token_id} is outside the target's vocabulary [0, {tcfg.vocab_size}); give a "
+                                 f"reserved token id of its tokenizer (default: {default_id}, {why})",
+                                 param_hint="'--mask-token-id'")
     cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
     check_compatible(tcfg, cfg)
     if tokenizer is not None:

@@ -478,6 +478,8 @@ def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys)
             (["--json-schema", "{bad"], "Invalid value for '--json-schema': guided decoding: the JSON schema is not JSON"),
             (["--json-object", "--min-tokens", "2"], "min_tokens and guided decoding do not go together"),
             (["--grammar", "/"], "Invalid value for '--grammar': / is a directory; give a file, or the text itself"),
+            (["--grammar", "nosuch.gbnf"], "Invalid value for '--grammar': no file nosuch.gbnf, and not a grammar either "
+                                           "(no rule such as root ::= ...); give an EBNF grammar file or the grammar text"),
             (["--regex", ""], "Invalid value for '--regex': guided decoding: regex must be a non-empty string, got '' (see"),
             (["--json-schema", '{"allOf": []}'], "keyword 'allOf' (at #) is not supported")):
         code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "4", *flags)

@@ -33,6 +33,10 @@ def test_rope_layouts_v4_and_v5_agree():
 def test_unsupported_configs_are_named():
     with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported"):
         TargetConfig.from_hf_config({"model_type": "gpt2"})
+    with pytest.raises(ConfigError, match=r"target config.json has no model_type: it is not a Hugging Face model's "
+                                          r"config.json; give the folder of a Hugging Face model \(Llama or Qwen3\) as "
+                                          r"--target"):
+        TargetConfig.from_hf_config({"hidden_size": 8})
     with pytest.raises(ConfigError, match="rope scaling type 'longrope'"):
         TargetConfig.from_hf_config(dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16,
                                          num_hidden_layers=2, num_attention_heads=2,
