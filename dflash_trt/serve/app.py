@@ -239,7 +239,16 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         stops = req.stop_strings()
-        params_of = [[req.sampling_params(mt, eos, vocab, j) for j in range(req.n)] for mt in max_tokens]
+        bad = None
+        if req.bad_words:
+            from dflash_trt.runtime.penalties import bad_word_ids
+
+            with tokenizer_lock:
+                try:
+                    bad = bad_word_ids(req.bad_words, lambda w: pipe.tokenizer.encode(w, add_special_tokens=False))
+                except InvalidRequestError as exc:
+                    raise InvalidRequestError(str(exc), param="bad_words") from None
+        params_of = [[req.sampling_params(mt, eos, vocab, j, bad) for j in range(req.n)] for mt in max_tokens]
         guided = params_of[0][0].guided
         if guided is not None:  # compiled here (cached), off the event loop: not on the generation thread
             try:

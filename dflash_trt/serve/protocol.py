@@ -12,7 +12,8 @@ exactly by the runtime (`dflash_trt.runtime.penalties`; left out or null: off): 
 ids written as decimal strings), and vLLM's `repetition_penalty`, `min_tokens` (no stop, neither a stop
 token nor a `stop` string, before that many tokens are out) and `min_p`; trtllm-serve's `prompt_ignore_length`
 (given, the presence and frequency penalties count the prompt's tokens from that position on too, TensorRT-LLM's
-scope; left out, vLLM's: the output only). Structured output:
+scope; left out, vLLM's: the output only); vLLM's `bad_words` (strings the output never holds, each as written and
+after a space: `dflash_trt.runtime.penalties.bad_word_ids`). Structured output:
 `response_format` (OpenAI's json_object / json_schema, trtllm-serve's json / regex / ebnf;
 `dflash_trt.runtime.guided`). Tool calling: `tools`, `tool_choice` on chat (`dflash_trt.serve.tools`); the chat
 template's variables: `chat_template_kwargs`. A field this runtime cannot honour (the deprecated `functions` /
@@ -27,7 +28,7 @@ import json
 from dataclasses import replace
 from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.guided import MAX_JSON_DEPTH, GuidedDecoding, check_nesting
@@ -129,6 +130,7 @@ class _Request(BaseModel):
     min_tokens: int | None = Field(default=None, strict=True)
     min_p: float | None = Field(default=None, strict=True)
     prompt_ignore_length: int | None = Field(default=None, strict=True)  # trtllm-serve's (`SamplingParams`)
+    bad_words: list[StrictStr] | None = None  # vLLM's: words the output never holds (the app tokenizes them)
     response_format: Any = None  # guided decoding (`guided_decoding`)
     # refused unless left at their "off" value (see UNSUPPORTED)
     tools: Any = None
@@ -157,8 +159,9 @@ class _Request(BaseModel):
         return check_stops((self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()))
 
     def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
-                        seed_offset: int = 0) -> SamplingParams:
-        """The runtime's SamplingParams for one choice. `stop_token_ids` are added to the target's
+                        seed_offset: int = 0, bad_words: tuple[tuple[int, ...], ...] | None = None) -> SamplingParams:
+        """The runtime's SamplingParams for one choice (`bad_words`: the request's `bad_words` as token id sequences,
+        `dflash_trt.runtime.penalties.bad_word_ids`). `stop_token_ids` are added to the target's
         `eos_token_ids` (vLLM's and trtllm-serve's meaning; `ignore_eos` drops the EOS ids only);
         `top_k` -1 is off (vLLM's spelling of 0); `seed_offset` (the choice's index among n) keeps the n
         choices of a seeded request different and each one reproducible. A penalty, `min_tokens` or `min_p`
@@ -184,7 +187,8 @@ class _Request(BaseModel):
                               frequency_penalty=self.frequency_penalty or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               logit_bias=self.token_logit_bias(vocab_size), min_tokens=self.min_tokens or 0,
-                              min_p=self.min_p or 0.0, guided=guided, prompt_ignore_length=self.prompt_ignore_length)
+                              min_p=self.min_p or 0.0, guided=guided, prompt_ignore_length=self.prompt_ignore_length,
+                              bad_words=bad_words)
 
     def guided_param(self) -> str:
         """The request field its guided decoding comes from ("response_format"; chat: "tool_choice" for a forced
@@ -335,9 +339,9 @@ class CompletionRequest(_Request):
         return self.logprobs
 
     def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
-                        seed_offset: int = 0) -> SamplingParams:
+                        seed_offset: int = 0, bad_words: tuple[tuple[int, ...], ...] | None = None) -> SamplingParams:
         """`_Request.sampling_params`, with the prompt's logprobs asked for when `echo` and `logprobs` are set."""
-        params = super().sampling_params(max_tokens, eos_token_ids, vocab_size, seed_offset)
+        params = super().sampling_params(max_tokens, eos_token_ids, vocab_size, seed_offset, bad_words)
         return replace(params, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else params
 
     def prompt_list(self) -> list[str | list[int]]:

@@ -1,5 +1,5 @@
 """Logits processing over the OpenAI server (real HTTP on 127.0.0.1, the real `openai` client): presence,
-frequency and repetition penalties, `logit_bias`, `min_tokens` and `min_p` give exactly the runtime's greedy
+frequency and repetition penalties, `logit_bias`, `min_tokens`, `min_p` and `bad_words` give exactly the runtime's greedy
 tokens for the same SamplingParams (autoregressive, so DFlash's output is checked too); `min_tokens` holds
 back stop strings as well as stop tokens, streamed or not; bad values are a 400 naming the field."""
 
@@ -37,6 +37,24 @@ def test_penalties_and_logit_bias_give_the_runtimes_tokens(client, smollm2_pipel
     assert r.choices[0].text == ref.text and r.usage.completion_tokens == len(ref.token_ids)
     assert r.choices[0].finish_reason == ref.finish_reason
     assert r.choices[0].text != plain.choices[0].text
+
+
+def test_bad_words_are_kept_out_of_the_answer_as_the_runtime_keeps_them(client, smollm2_pipeline):
+    """vLLM's `bad_words`: each word, as written and after a space, never completes in the answer; the tokens are
+    the runtime's own for the same token sequences, streamed or not."""
+    from dflash_trt.runtime.penalties import bad_word_ids
+
+    pipe = smollm2_pipeline
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    body = dict(model=MODEL, messages=question, max_tokens=24, temperature=0)
+    plain = client.chat.completions.create(**body).choices[0].message.content
+    assert "Paris" in plain
+    r = client.chat.completions.create(**body, extra_body={"bad_words": ["Paris", "capital of"]})
+    bad = bad_word_ids(["Paris", "capital of"], lambda w: pipe.tokenizer.encode(w, add_special_tokens=False))
+    ref = runtime(pipe, chat_ids(pipe, question), max_tokens=24, bad_words=bad)
+    assert r.choices[0].message.content == ref.text and "Paris" not in ref.text and "capital of" not in ref.text
+    chunks = client.chat.completions.create(**body, stream=True, extra_body={"bad_words": ["Paris", "capital of"]})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
 
 
 def test_repetition_penalty_in_chat_streamed_or_not(client, smollm2_pipeline):
@@ -112,6 +130,10 @@ BAD = [
     ("completions", {"prompt": "hi", "min_p": 1.5, "stream": True}, "min_p", "min_p must be in [0, 1]"),
     ("completions", {"prompt": "hi", "prompt_ignore_length": -2}, "prompt_ignore_length",
      "prompt_ignore_length must be >= 0"),
+    ("chat/completions", {"messages": QUESTION, "bad_words": ["ok", " "]}, "bad_words",
+     "bad_words[1] must be a non-empty string, got ' '"),
+    ("completions", {"prompt": "hi", "bad_words": "Paris"}, "bad_words", "bad_words: Input should be a valid list"),
+    ("completions", {"prompt": "hi", "bad_words": [3]}, "bad_words", "bad_words.0: Input should be a valid string"),
 ]
 
 
