@@ -23,7 +23,9 @@ INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (Open
 strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
 [1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
-frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), min_tokens
+frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), bad_words STRING
+[-1] (the TensorRT-LLM backend's: words the output never holds, each as written and after a space,
+`dflash_trt.runtime.penalties.bad_word_ids`; an empty one means none), min_tokens
 INT32 [1] (default 0: no stop token or stop word ends the output before that many tokens; `min_length` INT32 [1],
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
@@ -31,7 +33,7 @@ off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embe
 words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
-defaults (`ENSEMBLE_NEUTRAL`: e.g. `"bad_words": ""`, `"beam_width": 1`). Outputs:
+defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
@@ -83,6 +85,7 @@ INPUTS = (
     ("random_seed", "TYPE_UINT64", [1], True),
     ("stream", "TYPE_BOOL", [1], True),
     ("stop_words", "TYPE_STRING", [-1], True),
+    ("bad_words", "TYPE_STRING", [-1], True),
     ("apply_chat_template", "TYPE_BOOL", [1], True),
     ("return_log_probs", "TYPE_BOOL", [1], True),
     ("return_perf_metrics", "TYPE_BOOL", [1], True),
@@ -229,9 +232,9 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 
 
 #: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what
-#: it does anyway (its examples send `"bad_words": ""`; None: any value); `end_id` is checked against the target's
+#: it does anyway (None: any value); `end_id` is checked against the target's
 #: EOS ids; `id` is the request id of Triton's JSON requests
-ENSEMBLE_NEUTRAL = {"id": None, "bad_words": ("", []), "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
+ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
                     "num_return_sequences": (1,), "return_context_logits": (False,), "return_generation_logits": (False,),
                     "length_penalty": (1,)}
 
@@ -474,6 +477,7 @@ class TritonPythonModel:
         import numpy as np
 
         from dflash_trt.errors import ConfigError, InvalidRequestError
+        from dflash_trt.runtime.penalties import bad_word_ids
         from dflash_trt.serve.protocol import check_stops, fit_context
         from dflash_trt.serve.scheduler import Sequence, StopText
 
@@ -493,9 +497,13 @@ class TritonPythonModel:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         if not text:
             raise InvalidRequestError("text_input is empty; give some text")
-        texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in vector("stop_words") or ())
-        # an empty one means none, as in the TensorRT-LLM backend (its example request sends "stop_words": "")
-        stops = check_stops(tuple(t for t in texts if t), "stop_words")
+        def words(name) -> tuple[str, ...]:
+            """A STRING [-1] input's words; an empty one means none, as in the TensorRT-LLM backend (its example
+            request sends "stop_words": "", "bad_words": "")."""
+            texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in vector(name) or ())
+            return tuple(t for t in texts if t)
+
+        stops = check_stops(words("stop_words"), "stop_words")
         with self._tokenizer_lock:
             if bool(scalar("apply_chat_template", False)):
                 if not getattr(self.pipe.tokenizer, "chat_template", None):
@@ -505,6 +513,7 @@ class TritonPythonModel:
                 ids = self.pipe.encode(text)
             bias = embedding_bias(vector("embedding_bias_words"), vector("embedding_bias_weights"),
                                   lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
+            bad = bad_word_ids(words("bad_words"), lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
         from dflash_trt.runtime.sampling import SamplingParams
 
         seed = scalar("random_seed", None)
@@ -517,7 +526,7 @@ class TritonPythonModel:
                                 presence_penalty=float(scalar("presence_penalty", 0.0)),
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
                                 min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)),
-                                min_p=float(scalar("min_p", 0.0)), logit_bias=bias,
+                                min_p=float(scalar("min_p", 0.0)), logit_bias=bias, bad_words=bad or None,
                                 guided=guided_decoding(scalar("guided_decoding_guide_type", None),
                                                        scalar("guided_decoding_guide", None)))
         fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server

@@ -80,15 +80,14 @@ def test_a_repository_from_an_older_version_loads_with_a_warning_naming_its_miss
 
 
 def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
-    """The TensorRT-LLM backend's own example sends `"bad_words": "", "stop_words": ""`: ensemble inputs this model
-    does not have pass at the value that asks for what it does anyway; a typo, or such an input set otherwise
+    """Ensemble inputs this model does not have pass at the value that asks for what it does anyway; a typo, or such an input set otherwise
     (beam search, another end_id), is refused naming it."""
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.serve.triton import check_extra_fields
 
-    check_extra_fields({"id": "42", "bad_words": "", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
+    check_extra_fields({"id": "42", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
                         "length_penalty": 1.0}, eos_token_ids=(2,))
-    for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5}, {"bad_words": "x"},
+    for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5},
                   {"exclude_input_in_output": False}, {"length_penalty": 1.2}):
         with pytest.raises(InvalidRequestError, match=rf"unknown field\(s\) \['{next(iter(extra))}'\]"):
             check_extra_fields(extra, eos_token_ids=(2,))
@@ -320,6 +319,24 @@ def test_min_p_and_embedding_bias_give_the_engines_tokens(triton, smollm2_pipeli
     assert status != 200 and "embedding_bias_words has 2 word(s) and embedding_bias_weights 1 weight(s)" in out["error"]
     status, out = generate(triton, {**body, "min_p": 1.5})
     assert status != 200 and "min_p must be in [0, 1] (0 = off), got 1.5" in out["error"]
+
+
+@pytest.mark.slow
+def test_bad_words_give_the_engines_tokens(triton, smollm2_pipeline):
+    """The TensorRT-LLM backend's bad_words (STRING [-1]): the answer is the engine's own with those words' token
+    sequences banned (`bad_word_ids`); "" means none, as the backend's example request sends it."""
+    from dflash_trt.runtime.penalties import bad_word_ids
+
+    ids = smollm2_pipeline.encode_chat(QUESTION)
+    body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 16}
+    bad = bad_word_ids(["Paris", "capital of"], lambda w: smollm2_pipeline.tokenizer.encode(w, add_special_tokens=False))
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, bad_words=bad), mode="ar")
+    [plain] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16), mode="ar")
+    assert "Paris" in plain.text and "Paris" not in ref.text
+    status, out = generate(triton, {**body, "bad_words": ["Paris", "capital of"]})
+    assert status == 200 and out["text_output"] == ref.text, out
+    status, out = generate(triton, {**body, "bad_words": ""})
+    assert status == 200 and out["text_output"] == plain.text, out
 
 
 @pytest.mark.slow
