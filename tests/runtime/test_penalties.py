@@ -304,8 +304,9 @@ def sampled_pvalue(engine, params):
         else:
             pooled_o += counts[k]
             pooled_e += pk * N
-    obs.append(pooled_o)
-    exp.append(pooled_e)
+    if pooled_e > 0:  # (none left to pool when every rare sequence has probability 0)
+        obs.append(pooled_o)
+        exp.append(pooled_e)
     assert len(obs) >= 10
     p, rate = scaled_pvalue_and_rate(obs, exp, results)
     return p, impossible, rate
@@ -318,6 +319,15 @@ def test_dflash_sampling_keeps_the_processed_distribution(tiny, sample_drafts):
     p, impossible, rate = sampled_pvalue(engine, SAMPLED)
     assert 0.01 < rate < 0.95  # both verifier paths run (the penalties move p away from the drafter's q)
     assert impossible == 0 and p > 0.001
+
+
+def test_dflash_sampling_keeps_the_distribution_with_bad_words(tiny):
+    """Bad words (token 4 never; token 3 never right after 1) with the other processing: the sampled sequences
+    keep the processed distribution, and none holds a bad word (each has probability 0: counted as impossible)."""
+    target, drafter = tiny
+    engine = Engine(target, DFlashProposer(drafter, target))
+    p, impossible, rate = sampled_pvalue(engine, dataclasses.replace(SAMPLED, bad_words=[[4], [1, 3]]))
+    assert impossible == 0 and p > 0.001 and rate > 0.01
 
 
 def test_sampling_that_forgets_the_drafts_history_fails_the_same_test(tiny, monkeypatch):
