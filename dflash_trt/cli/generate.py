@@ -64,6 +64,9 @@ def prompt_header(index: int, total: int) -> str:
 @prefix_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per prompt instead of streaming text (its times count from the start "
                    "of the batch: requests of one batch share the time to first token).")
+@click.option("--bad-word", "bad_words", multiple=True, metavar="WORD",
+              help="A word the answer never holds (vLLM's bad_words: its tokens, as written and after a space, "
+                   "cannot complete in the output). Repeat for several.")
 @click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
               help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
                    "top-p) and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
@@ -71,7 +74,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema,
              json_object, regex, grammar, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, cuda_kernels, tp_size, enable_prefix_caching, prefix_cache_gb, as_json, num_logprobs):
+             threads, cpu_kernels, cuda_kernels, tp_size, enable_prefix_caching, prefix_cache_gb, bad_words, as_json,
+             num_logprobs):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
@@ -98,6 +102,9 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         if why is not None:
             raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's "
                                    "encoding)")
+    if any(not w.strip() for w in bad_words):
+        raise click.BadParameter("a word is empty or only whitespace; give the words the answer must not hold",
+                                 param_hint="'--bad-word'")
     if num_logprobs is not None and not as_json:
         raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,
@@ -131,6 +138,11 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         raise ConfigError(f"the target at {pipe.target_path} has no chat template, so --chat cannot be used; drop --chat "
                           "(use --prompt for plain text) or use a target with a chat template")
     check_logit_bias_ids(logit_bias, pipe.engine.target.config.vocab_size)
+    if bad_words:
+        from dflash_trt.runtime.penalties import bad_word_ids
+
+        params = dataclasses.replace(params, bad_words=bad_word_ids(
+            bad_words, lambda w: pipe.tokenizer.encode(w, add_special_tokens=False)))
     compile_guided(pipe.engine.grammars, params.guided)
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)

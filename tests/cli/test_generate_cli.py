@@ -442,6 +442,26 @@ def test_logits_processing_flags_give_the_pipelines_tokens(monkeypatch, capsys, 
     assert code == 2 and "Invalid value for '--logit-bias': token 49152 is outside the target's vocabulary [0, 49152)" in err
 
 
+def test_bad_word_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline):
+    """--bad-word (repeatable): the text of the pipeline with those words' sequences banned (`bad_word_ids`); an empty
+    word is a usage error before anything loads."""
+    import dflash_trt.api
+    from dflash_trt.runtime.penalties import bad_word_ids
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    pipe = smollm2_pipeline
+    chat = "What is the capital of France? Answer in one sentence."
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", chat, "--max-tokens", "16", "--bad-word", "Paris",
+                              "--bad-word", "capital of")
+    assert code == 0, err
+    bad = bad_word_ids(["Paris", "capital of"], lambda w: pipe.tokenizer.encode(w, add_special_tokens=False))
+    [ref] = pipe.generate([pipe.encode_chat(chat)], SamplingParams(max_tokens=16, bad_words=bad))
+    assert out == ref.text + "\n" and "Paris" not in out
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--chat", chat, "--bad-word", " ")
+    assert code == 2 and "Invalid value for '--bad-word': a word is empty or only whitespace" in err
+
+
 @pytest.mark.slow
 def test_structured_output_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline, tmp_path):
     """--json-schema (a file or the text), --json-object, --regex and --grammar (a file): the text of the pipeline
