@@ -102,9 +102,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         if why is not None:
             raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's "
                                    "encoding)")
-    if any(not w.strip() for w in bad_words):
-        raise click.BadParameter("a word is empty or only whitespace; give the words the answer must not hold",
-                                 param_hint="'--bad-word'")
+    if any(not w for w in bad_words):
+        raise click.BadParameter("a word is empty; give the words the answer must not hold", param_hint="'--bad-word'")
     if num_logprobs is not None and not as_json:
         raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,

@@ -107,7 +107,15 @@ class _Request:
     def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
         row's `prefixes`: the drafts before it in the block), or `logits` as they are without any."""
-        return logits if self.penalties is None else self.penalties.apply(logits, self.out, prefixes)
+        if self.penalties is None:
+            return logits
+        scores = self.penalties.apply(logits, self.out, prefixes)
+        # bad words can ban every token left (with a grammar, min_tokens, a logit bias): the first row always
+        # chooses a token, so nothing allowed there is the request's dead end (argmax would emit a banned token 0)
+        if self.params.bad_words and bool(torch.isneginf(scores[0]).all()):
+            raise InvalidRequestError(f"bad_words ban every token this request may choose after {len(self.out)} "
+                                      "output tokens (with its grammar, min_tokens or logit bias); drop some bad words")
+        return scores
 
     def draft_scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """`scores` without the penalties: what its drafts follow (`LogitsPenalties.for_drafts`)."""

@@ -135,24 +135,40 @@ class LogitsPenalties:
         scores[:, columns.to(dev)] = sub
 
 
+#: bad words a request may give at most (each is matched at every verify position: 20,000 cost ~150 ms per step)
+MAX_BAD_WORDS = 1000
+
+
 def bad_word_ids(words, encode) -> tuple[tuple[int, ...], ...]:
-    """The token id sequences of `words` (strings) for `SamplingParams.bad_words`: each word as it is and with a
-    leading space (how it reads after another word: BPE tokenizers give it other ids), both banned (vLLM reads
-    `bad_words` the same way, keeping the spaced form only where its length matches).
+    """The token id sequences of `words` (strings) for `SamplingParams.bad_words`: each word as written and, unless
+    it is only whitespace, with one leading space instead of its own (how it reads after another word: BPE
+    tokenizers give it other ids), both banned (vLLM reads `bad_words` so, keeping the spaced form only where its
+    length matches).
 
     Args:
-        words: the bad words, e.g. a request's `bad_words`.
+        words: the bad words, e.g. a request's `bad_words` (a list of strings, MAX_BAD_WORDS at most).
         encode: text -> token ids, without special tokens (the target tokenizer's).
     Raises:
-        InvalidRequestError: a word that is not a string, or empty (or only whitespace).
+        InvalidRequestError: not a list of strings, more than MAX_BAD_WORDS, or a word that is empty or not valid
+            Unicode (a lone surrogate).
     """
     from dflash_trt.errors import InvalidRequestError
 
+    if isinstance(words, (str, bytes)) or not isinstance(words, (list, tuple)):
+        raise InvalidRequestError(f"bad_words must be a list of strings, got {type(words).__name__}")
+    if len(words) > MAX_BAD_WORDS:
+        raise InvalidRequestError(f"bad_words holds {len(words)} words; give at most {MAX_BAD_WORDS}")
     out = []
     for i, word in enumerate(words):
-        if not isinstance(word, str) or not word.strip():
+        if not isinstance(word, str) or not word:
             raise InvalidRequestError(f"bad_words[{i}] must be a non-empty string, got {word!r}")
-        out += [tuple(encode(word)), tuple(encode(" " + word.lstrip()))]
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError(f"bad_words[{i}] is not valid Unicode (a lone surrogate); give UTF-8 text") from None
+        out.append(tuple(encode(word)))
+        if word.strip():
+            out.append(tuple(encode(" " + word.lstrip())))
     return tuple(sorted({w for w in out if w}))
 
 

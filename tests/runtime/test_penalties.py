@@ -187,11 +187,34 @@ def test_bad_words_are_normalized_checked_against_the_vocabulary_and_made_from_w
 
     assert bad_word_ids(["Red", " blue sky"], encode) == tuple(sorted({tuple(encode("Red")), tuple(encode(" Red")),
                                                                         tuple(encode(" blue sky"))}))
+    assert bad_word_ids(["\n"], encode) == (tuple(encode("\n")),)  # whitespace as written only (no space variant)
     for words, message in (([""], "bad_words[0] must be a non-empty string, got ''"),
-                           (["ok", "  "], "bad_words[1] must be a non-empty string"),
-                           (["ok", 3], "bad_words[1] must be a non-empty string, got 3")):
+                           (["ok", 3], "bad_words[1] must be a non-empty string, got 3"),
+                           ("Paris", "bad_words must be a list of strings, got str"),  # not its letters
+                           (None, "bad_words must be a list of strings, got NoneType"),
+                           (["x\ud800"], "bad_words[0] is not valid Unicode (a lone surrogate)"),
+                           (["w"] * 1001, "bad_words holds 1001 words; give at most 1000")):
         with pytest.raises(InvalidRequestError, match=re.escape(message)):
             bad_word_ids(words, encode)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_bad_words_that_leave_nothing_to_choose_are_a_request_error(smollm2_pipeline, mode, temperature):
+    """A grammar allowing "a" or "b" with both banned: nothing is left at the first position. Greedy emitted token 0
+    (neither allowed nor grammatical), sampling failed in torch with a 500; now a request error naming bad_words."""
+    from dflash_trt.runtime.guided import GuidedDecoding
+    from dflash_trt.runtime.penalties import bad_word_ids
+
+    pipe = smollm2_pipeline
+    bad = bad_word_ids(["a", "b"], lambda w: pipe.tokenizer.encode(w, add_special_tokens=False))
+    params = SamplingParams(max_tokens=4, temperature=temperature, seed=1, guided=GuidedDecoding(regex="[ab]"),
+                            bad_words=bad)
+    with pytest.raises(InvalidRequestError, match=r"bad_words ban every token this request may choose after 0 output "
+                                                  r"tokens \(with its grammar, min_tokens or logit bias\)"):
+        pipe.generate([pipe.encode("Pick a letter:")], params, mode=mode)
+    ok = pipe.generate([pipe.encode("Pick a letter:")], dataclasses.replace(params, bad_words=bad[:1]), mode=mode)[0]
+    assert pipe.decode(ok.token_ids[:1]) in ("a", "b")
 
 
 def test_logit_bias_is_normalized_and_checked_against_the_vocabulary(smollm2_pipeline):

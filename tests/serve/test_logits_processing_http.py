@@ -5,6 +5,8 @@ back stop strings as well as stop tokens, streamed or not; bad values are a 400 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -130,8 +132,13 @@ BAD = [
     ("completions", {"prompt": "hi", "min_p": 1.5, "stream": True}, "min_p", "min_p must be in [0, 1]"),
     ("completions", {"prompt": "hi", "prompt_ignore_length": -2}, "prompt_ignore_length",
      "prompt_ignore_length must be >= 0"),
-    ("chat/completions", {"messages": QUESTION, "bad_words": ["ok", " "]}, "bad_words",
-     "bad_words[1] must be a non-empty string, got ' '"),
+    ("chat/completions", {"messages": QUESTION, "bad_words": ["ok", ""]}, "bad_words",
+     "bad_words[1] must be a non-empty string, got ''"),
+    ("completions", {"prompt": "hi", "bad_words": ["a\ud800b"]}, "bad_words",
+     "bad_words[0] is not valid Unicode (a lone surrogate)"),
+    ("completions", {"prompt": "hi", "bad_words": ["w"] * 1001}, "bad_words", "bad_words holds 1001 words; give at most 1000"),
+    ("completions", {"prompt": "hi", "bad_words": ["a", "b"], "temperature": 1.0, "response_format": {
+        "type": "regex", "regex": "[ab]"}}, None, "bad_words ban every token this request may choose after 0 output tokens"),
     ("completions", {"prompt": "hi", "bad_words": "Paris"}, "bad_words", "bad_words: Input should be a valid list"),
     ("completions", {"prompt": "hi", "bad_words": [3]}, "bad_words", "bad_words.0: Input should be a valid string"),
 ]
@@ -139,7 +146,8 @@ BAD = [
 
 @pytest.mark.parametrize("endpoint, body, param, words", BAD)
 def test_bad_values_are_a_400_naming_the_field_and_the_server_goes_on(server, client, endpoint, body, param, words):
-    r = httpx.post(f"{server[0]}/v1/{endpoint}", json=body)
+    r = httpx.post(f"{server[0]}/v1/{endpoint}", content=json.dumps(body),  # ASCII JSON: a lone surrogate as \ud800
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert words in error["message"] and error["param"] == param, error
