@@ -8,7 +8,8 @@ template's default system prompt that earlier conversations read), the two setti
 conversation after a warm-up. Outputs must be identical (checked).
 
 Per setting: time to first token of each turn (median and mean), the conversation's latency, the prompt tokens
-prefilled vs reused; then the ratios without / with. Prints a table; writes JSON with --out.
+prefilled vs reused; then the ratios without / with, and the cache's K/V bytes at the end vs the bytes of the same
+sequences held each whole. Prints a table; writes JSON with --out.
 
 Usage: python build_scripts/bench_prefix_cache.py [--num-prompts 10] [--max-tokens 128] [--threads 1]
        [--mode dflash|ar] [--out F]
@@ -86,6 +87,12 @@ def main() -> None:
         print(f"conversation {i + 1}/{args.num_prompts}: turn 2 reused {runs['on'][-1]['turns'][1]['cached_tokens']} "
               f"of {runs['on'][-1]['turns'][1]['prompt_tokens']} prompt tokens", flush=True)
     eng.prefix_cache = None
+    # what the cache holds at the end: the radix tree shares each common prefix (the system prompt) once; kept as
+    # whole sequences, each would hold its own copy
+    per_token = cache.nbytes / cache.held_tokens
+    memory = {"sequences": len(cache), "tree_tokens": cache.held_tokens, "tree_bytes": cache.nbytes,
+              "whole_sequence_tokens": sum(len(s) for s in cache.sequences())}
+    memory["whole_sequence_bytes"] = round(memory["whole_sequence_tokens"] * per_token)
     identical = all(a["turns"][k]["token_ids"] == b["turns"][k]["token_ids"]
                     for a, b in zip(runs["off"], runs["on"]) for k in (0, 1))
     off, on = summary(runs["off"]), summary(runs["on"])
@@ -102,12 +109,16 @@ def main() -> None:
         t = on[f"turn{k}"]
         print(f"turn {k}: {t['cached_tokens']} of {t['prompt_tokens']} prompt tokens reused "
               f"({t['cached_tokens'] / t['prompt_tokens']:.0%})")
+    print(f"K/V held at the end: {memory['tree_bytes'] / 2**20:.1f} MiB for {memory['sequences']} sequences "
+          f"({memory['tree_tokens']} positions) vs {memory['whole_sequence_bytes'] / 2**20:.1f} MiB as whole sequences "
+          f"({memory['whole_sequence_tokens']}): {memory['whole_sequence_bytes'] / memory['tree_bytes']:.2f}x")
     print(f"outputs identical with and without the cache: {identical}")
     if args.out:
         result = {"workload": "mt-bench two-turn conversations", "num_prompts": args.num_prompts,
                   "max_tokens": args.max_tokens, "threads": args.threads, "mode": args.mode,
                   "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__},
                   "off": off, "on": on, "ratios_off_over_on": ratios, "outputs_identical": identical,
+                  "prefix_cache_memory": memory,
                   "runs": runs}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

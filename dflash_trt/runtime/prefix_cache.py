@@ -1,55 +1,83 @@
 """Automatic prefix caching: the K/V of token sequences the runtime has already read, kept after their
-requests end, so a new prompt that starts with one of them skips prefilling that part.
+requests end in a radix tree, so a new prompt that starts with one of them skips prefilling that part.
 
-What vLLM calls automatic prefix caching (`--enable-prefix-caching`) and TensorRT-LLM KV cache block reuse
-(`kv_cache_config.enable_block_reuse`): a multi-turn conversation's next prompt repeats the previous prompt and
-answer, and requests often share a system prompt. For DFlash both caches are kept: the target's K/V and the
-drafter's injected context K/V (paper sec. 3.2) of the same positions, so drafting after a cached prefix sees the
-same context as after a full prefill.
+What vLLM calls automatic prefix caching (`--enable-prefix-caching`), SGLang RadixAttention and TensorRT-LLM KV
+cache block reuse (`kv_cache_config.enable_block_reuse`): a multi-turn conversation's next prompt repeats the
+previous prompt and answer, and requests often share a system prompt or few-shot examples. For DFlash both caches
+are kept: the target's K/V and the drafter's injected context K/V (paper sec. 3.2) of the same positions, so
+drafting after a cached prefix sees the same context as after a full prefill.
 
-An entry is one sequence: its tokens and the K/V of all of them ([2, layers, kv_heads, n, head_dim] per cache,
-`KVCache.export_row`). A prompt reuses the longest prefix it shares with an entry, at most all of its tokens but
-the last (whose logits choose the first token, so it is always read). Entries are whole sequences, not blocks:
-two conversations sharing a system prompt hold two copies of it. Entries are dropped least recently used first
-when their bytes pass `max_bytes`; one that is a prefix of a newer one is dropped when that one is stored.
+The tree (SGLang's radix tree, at token granularity rather than vLLM's / TensorRT-LLM's fixed blocks): each node
+holds a run of tokens and the K/V of those positions ([2, layers, kv_heads, run, head_dim] per cache, slices of
+`KVCache.export_row`); a node's path from the root is the sequence its K/V continue. Sequences that share a prefix
+share its nodes, so conversations with one system prompt hold it once; storing a sequence that diverges inside a
+node splits the node there. A prompt reuses the longest prefix the tree holds, at most all of its tokens but the
+last (whose logits choose the first token, so it is always read). When the bytes pass `max_bytes`, the least
+recently used leaves are dropped first (a node goes only after every sequence continuing it).
 
-The reused K/V were computed in another forward pass (of other shapes: the earlier request's prefill or verify
-steps), so as with chunked prefill a reused prefix may change logits in their last bits, and greedy tokens only
-where two are that close.
+The drafter's context is optional per node: a sequence read without a drafter (mode "ar") stores the target's K/V
+only, and serves mode "ar" only; a DFlash sequence over the same tokens adds the drafter's part. Nodes holding the
+drafter's context always form a prefix of their paths (storing a DFlash sequence completes its whole path).
+
+Every position's K/V depends only on the tokens up to it, but the reused K/V were computed in another forward
+pass (of other shapes: the earlier request's prefill or verify steps), so as with chunked prefill a reused prefix
+may change logits in their last bits, and greedy tokens only where two are that close.
 """
 
 from __future__ import annotations
 
-import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass
 class PrefixEntry:
-    """One cached sequence: `tokens` (n ids), the target's K/V of them and (DFlash) the drafter's context K/V,
-    each [2 (k, v), layers, kv_heads, n, head_dim] in the cache's dtype and device; `drafter` None for a
-    sequence read without a drafter (mode "ar"): it serves mode "ar" only."""
+    """A cached prefix, as `PrefixCache.match` returns it: `tokens` (n ids), the target's K/V of them and (DFlash)
+    the drafter's context K/V, each [2 (k, v), layers, kv_heads, n, head_dim] in the cache's dtype and device (a
+    copy); `drafter` None for a match asked without it (mode "ar")."""
 
     tokens: torch.Tensor  # [n] int64, on the CPU
     target: torch.Tensor
     drafter: torch.Tensor | None
 
+
+@dataclass(eq=False)
+class _Node:
+    """A radix tree node: a run of tokens (after its parent's path) and their K/V, [2, layers, kv_heads,
+    len(tokens), head_dim] each (`drafter` None where only the target's are held; the root holds none)."""
+
+    tokens: tuple[int, ...]
+    target: torch.Tensor | None
+    drafter: torch.Tensor | None
+    parent: _Node | None
+    children: dict[int, _Node] = field(default_factory=dict)  # by their first token
+    last_use: int = 0
+
     @property
     def nbytes(self) -> int:
-        kv = [t for t in (self.target, self.drafter) if t is not None]
-        return sum(t.numel() * t.element_size() for t in kv)
+        return sum(t.numel() * t.element_size() for t in (self.target, self.drafter) if t is not None)
+
+
+def _shared(run: tuple[int, ...], ids: list[int], start: int) -> int:
+    """How many leading tokens of `run` equal ids[start:]."""
+    n = min(len(run), len(ids) - start)
+    k = 0
+    while k < n and run[k] == ids[start + k]:
+        k += 1
+    return k
 
 
 class PrefixCache:
-    """The K/V of recently read token sequences, for prompts that start with one (see the module docstring).
+    """The K/V of recently read token sequences, in a radix tree, for prompts that start with one (see the module
+    docstring).
 
     Args:
-        max_bytes: bytes of K/V kept at most (both caches; an entry larger than this is not kept).
+        max_bytes: bytes of K/V kept at most (both caches; a sequence whose K/V alone pass it is not kept).
     Raises:
         ValueError: max_bytes < 1.
     Attributes:
+        nbytes: bytes of K/V held now (each shared prefix counted once).
         queried_tokens / hit_tokens: prompt tokens looked up / reused, over every `record` call (vLLM's
             prefix cache queries and hits; hit rate = hit_tokens / queried_tokens).
     """
@@ -58,51 +86,96 @@ class PrefixCache:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a whole number of bytes >= 1, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        self._entries: collections.OrderedDict[int, PrefixEntry] = collections.OrderedDict()  # oldest use first
-        self._next = 0
+        self._root = _Node((), None, None, None)
+        self._clock = 0
         self.nbytes = 0
         self.queried_tokens = 0
         self.hit_tokens = 0
 
+    def _nodes(self) -> list[_Node]:
+        """Every node but the root, parents before their children."""
+        out, todo = [], list(self._root.children.values())
+        while todo:
+            node = todo.pop()
+            out.append(node)
+            todo.extend(node.children.values())
+        return out
+
     def __len__(self) -> int:
-        return len(self._entries)
+        """The number of sequences held that no other held sequence continues (the tree's leaves)."""
+        return sum(not node.children for node in self._nodes())
+
+    @property
+    def held_tokens(self) -> int:
+        """Token positions whose K/V are held (each shared prefix counted once)."""
+        return sum(len(node.tokens) for node in self._nodes())
+
+    def sequences(self) -> list[list[int]]:
+        """The token ids of each sequence `len` counts (root to leaf), least recently used first."""
+        leaves = sorted((n for n in self._nodes() if not n.children), key=lambda n: n.last_use)
+        out = []
+        for node in leaves:
+            runs = []
+            while node is not self._root:
+                runs.append(node.tokens)
+                node = node.parent
+            out.append([t for run in reversed(runs) for t in run])
+        return out
+
+    def _touch(self, path: list[_Node]) -> None:
+        self._clock += 1
+        for node in path:
+            node.last_use = self._clock
 
     def match(self, prompt: list[int], with_drafter: bool) -> tuple[int, PrefixEntry | None]:
-        """The longest prefix of `prompt` held by an entry, capped at len(prompt) - 1 tokens, and that entry
-        (marked as just used); (0, None) when none shares a token. `with_drafter`: only entries holding the
-        drafter's context too (mode "dflash")."""
-        if len(prompt) < 2:
+        """The longest prefix of `prompt` the tree holds, capped at len(prompt) - 1 tokens, as a `PrefixEntry` of
+        exactly those tokens (its nodes marked as just used); (0, None) when none is held. `with_drafter`: only
+        what holds the drafter's context too (mode "dflash"), and the entry carries it."""
+        ids = list(prompt[:-1])
+        node, pos, parts = self._root, 0, []
+        while pos < len(ids):
+            child = node.children.get(ids[pos])
+            if child is None or (with_drafter and child.drafter is None):
+                break
+            k = _shared(child.tokens, ids, pos)
+            parts.append((child, k))
+            pos += k
+            if k < len(child.tokens):
+                break
+            node = child
+        if not pos:
             return 0, None
-        ids = torch.tensor(prompt[:-1], dtype=torch.int64)
-        best, found = 0, None
-        for key, e in self._entries.items():
-            if with_drafter and e.drafter is None:
-                continue
-            n = min(len(ids), len(e.tokens))
-            if n <= best:
-                continue
-            diff = torch.nonzero(ids[:n] != e.tokens[:n])
-            shared = int(diff[0, 0]) if len(diff) else n
-            if shared > best:
-                best, found = shared, key
-        if found is None:
-            return 0, None
-        self._entries.move_to_end(found)
-        return best, self._entries[found]
+        self._touch([n for n, _ in parts])
+        target = torch.cat([n.target[:, :, :, :k] for n, k in parts], dim=3)
+        drafter = torch.cat([n.drafter[:, :, :, :k] for n, k in parts], dim=3) if with_drafter else None
+        return pos, PrefixEntry(torch.tensor(ids[:pos], dtype=torch.int64), target, drafter)
 
     def record(self, queried: int, hit: int) -> None:
         """Count a prompt of `queried` tokens, `hit` of them reused."""
         self.queried_tokens += queried
         self.hit_tokens += hit
 
+    def _split(self, node: _Node, k: int) -> None:
+        """Cut `node`'s run after k tokens (0 < k < its length): it keeps the first k, a new child the rest (with
+        its children). Copies, so that dropping either part frees its bytes."""
+        rest = _Node(node.tokens[k:], node.target[:, :, :, k:].clone(),
+                     None if node.drafter is None else node.drafter[:, :, :, k:].clone(), node, node.children,
+                     node.last_use)
+        for child in rest.children.values():
+            child.parent = rest
+        node.tokens, node.children = node.tokens[:k], {rest.tokens[0]: rest}
+        node.target = node.target[:, :, :, :k].clone()
+        if node.drafter is not None:
+            node.drafter = node.drafter[:, :, :, :k].clone()
+
     def store(self, tokens: list[int], target: torch.Tensor, drafter: torch.Tensor | None) -> bool:
         """Keep the K/V of `tokens` (target / drafter: [2, layers, kv_heads, len(tokens), head_dim], copies the
-        cache will not write again). Entries that are prefixes of `tokens` (and hold no drafter context it
-        lacks) are dropped; nothing is stored when an entry already holds `tokens` as a prefix, or when the
-        entry alone would pass max_bytes. Then the least recently used entries go until the bytes fit.
+        cache will not write again): the part of its path the tree lacks is added (the drafter's context filled
+        in where only the target's was held); what it already holds is kept as it is. Then the least recently
+        used leaves are dropped until the bytes fit (this sequence's path is the most recently used).
 
         Returns:
-            whether it was stored.
+            whether anything was added (False: all of it held already, or its K/V alone pass max_bytes).
         Raises:
             ValueError: K/V whose length is not len(tokens)."""
         n = len(tokens)
@@ -110,32 +183,42 @@ class PrefixCache:
             if kv is not None and (kv.dim() != 5 or kv.shape[3] != n):
                 raise ValueError(f"K/V of shape {tuple(kv.shape)} for {n} tokens: want [2, layers, kv_heads, {n}, "
                                  "head_dim]")
-        if not n:
+        whole = sum(kv.numel() * kv.element_size() for kv in (target, drafter) if kv is not None)
+        if not n or whole > self.max_bytes:
             return False
-        ids = torch.tensor(tokens, dtype=torch.int64)
-        entry = PrefixEntry(ids, target, drafter)
-        if entry.nbytes > self.max_bytes:
-            return False
-        for key, e in list(self._entries.items()):
-            m = min(n, len(e.tokens))
-            if not torch.equal(ids[:m], e.tokens[:m]):
-                continue
-            if len(e.tokens) >= n and (e.drafter is not None or drafter is None):
-                self._entries.move_to_end(key)  # already held
-                return False
-            if len(e.tokens) <= n and (drafter is not None or e.drafter is None):
-                self._drop(key)
-        self._entries[self._next] = entry
-        self._next += 1
-        self.nbytes += entry.nbytes
+        ids = [int(t) for t in tokens]
+        node, pos, path, added = self._root, 0, [], False
+        while pos < n:
+            child = node.children.get(ids[pos])
+            if child is None:  # the rest is new
+                child = _Node(tuple(ids[pos:]), target[:, :, :, pos:].clone(),
+                              None if drafter is None else drafter[:, :, :, pos:].clone(), node)
+                node.children[ids[pos]] = child
+                self.nbytes += child.nbytes
+                path.append(child)
+                added = True
+                break
+            k = _shared(child.tokens, ids, pos)
+            if k < len(child.tokens) and (pos + k < n or (drafter is not None and child.drafter is None)):
+                self._split(child, k)  # diverges inside it, or ends inside it and fills in the drafter's part
+            if drafter is not None and child.drafter is None:
+                child.drafter = drafter[:, :, :, pos:pos + k].clone()
+                self.nbytes += child.drafter.numel() * child.drafter.element_size()
+                added = True
+            path.append(child)
+            pos += k
+            node = child
+        self._touch(path)
         while self.nbytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-        return True
+            self._drop_least_recently_used_leaf()
+        return added
 
-    def _drop(self, key: int) -> None:
-        self.nbytes -= self._entries.pop(key).nbytes
+    def _drop_least_recently_used_leaf(self) -> None:
+        leaf = min((n for n in self._nodes() if not n.children), key=lambda n: n.last_use)
+        del leaf.parent.children[leaf.tokens[0]]
+        self.nbytes -= leaf.nbytes
 
     def clear(self) -> None:
-        """Drop every entry (the counters stay)."""
-        self._entries.clear()
+        """Drop every sequence (the counters stay)."""
+        self._root.children.clear()
         self.nbytes = 0

@@ -23,49 +23,75 @@ def test_match_takes_the_longest_shared_prefix_but_never_the_last_prompt_token()
     pc = PrefixCache(1 << 20)
     assert pc.store([1, 2, 3, 4, 5], kv(5), kv(5)) and pc.store([1, 2, 9], kv(3, 2.0), kv(3, 2.0))
     n, e = pc.match([1, 2, 3, 4, 7, 8], with_drafter=True)
-    assert n == 4 and e.tokens.tolist() == [1, 2, 3, 4, 5]
+    assert n == 4 and e.tokens.tolist() == [1, 2, 3, 4] and e.target.shape == e.drafter.shape == (2, 2, 1, 4, 4)
     n, e = pc.match([1, 2, 3], with_drafter=True)  # all three are held, the last one is read anyway
-    assert n == 2
+    assert n == 2 and e.tokens.tolist() == [1, 2]
     n, e = pc.match([1, 2, 9, 9], with_drafter=True)
     assert n == 3 and e.tokens.tolist() == [1, 2, 9]
+    assert e.target[:, :, :, :2].eq(1.0).all() and e.target[:, :, :, 2].eq(2.0).all()  # [1, 2] kept from the first
     assert pc.match([7, 1, 2], with_drafter=True) == (0, None)
     assert pc.match([1], with_drafter=True) == (0, None)
     assert pc.match([], with_drafter=False) == (0, None)
+    assert pc.match([1, 2, 3], with_drafter=False)[1].drafter is None
 
 
-def test_entries_without_the_drafters_context_serve_autoregressive_prompts_only():
+def test_sequences_sharing_a_prefix_hold_it_once():
+    """The radix tree: a system prompt read by three conversations is one node; each keeps only its own part."""
+    per_token = 2 * (2 * 2 * 4 * 4)  # target + drafter K/V, 2 layers, 1 head, head_dim 4, float32
+    system = list(range(100, 120))
     pc = PrefixCache(1 << 20)
-    pc.store([1, 2, 3, 4], kv(4), None)
-    assert pc.match([1, 2, 3, 4, 5], with_drafter=True) == (0, None)
+    for i in range(3):
+        assert pc.store(system + [i, i, i], kv(23, float(i)), kv(23, float(i)))
+    assert len(pc) == 3 and pc.nbytes == (20 + 3 * 3) * per_token and pc.held_tokens == 29
+    assert sorted(pc.sequences()) == [system + [i] * 3 for i in range(3)]
+    n, e = pc.match(system + [2, 2, 5], with_drafter=True)
+    assert n == 22 and e.target[:, :, :, :20].eq(0.0).all() and e.target[:, :, :, 20:].eq(2.0).all()
+    # a sequence ending inside a node adds nothing; one diverging inside it splits it
+    assert not pc.store(system[:7], kv(7), kv(7)) and pc.nbytes == 29 * per_token
+    assert pc.store(system[:7] + [0], kv(8, 5.0), kv(8, 5.0)) and len(pc) == 4 and pc.nbytes == 30 * per_token
+    n, e = pc.match(system[:7] + [0, 1], with_drafter=True)
+    assert n == 8 and e.target[:, :, :, :7].eq(0.0).all() and e.target[:, :, :, 7].eq(5.0).all()
+    assert pc.match(system + [1, 1, 1, 1], with_drafter=True)[0] == 23  # across the split
+    pc.clear()
+    assert len(pc) == 0 and pc.nbytes == 0 and pc.match(system + [0], True) == (0, None)
+
+
+def test_the_drafters_context_is_filled_in_over_an_autoregressive_sequence():
+    per_token = 2 * 2 * 4 * 4  # one cache's K/V a token
+    pc = PrefixCache(1 << 20)
+    assert pc.store([1, 2, 3, 4], kv(4), None)
+    assert pc.match([1, 2, 3, 4, 5], with_drafter=True) == (0, None)  # held for "ar" only
     n, e = pc.match([1, 2, 3, 4, 5], with_drafter=False)
     assert n == 4 and e.drafter is None
-    # a DFlash sequence holding it is stored beside it (the shorter one serves "ar" only), and then preferred
-    assert pc.store([1, 2, 3], kv(3), kv(3)) and len(pc) == 2
-    assert pc.match([1, 2, 3, 4, 5], with_drafter=True)[0] == 3
-    # an "ar" sequence that a DFlash entry holds is not stored again
-    assert not pc.store([1, 2], kv(2), None) and len(pc) == 2
+    # a DFlash sequence ending inside it: the node splits, its first part gains the drafter's context
+    assert pc.store([1, 2, 3], kv(3), kv(3, 3.0)) and len(pc) == 1 and pc.nbytes == (4 + 3) * per_token
+    n, e = pc.match([1, 2, 3, 4, 5], with_drafter=True)
+    assert n == 3 and e.drafter.eq(3.0).all()
+    assert pc.match([1, 2, 3, 4, 5], with_drafter=False)[0] == 4
+    # held already, with or without the drafter's context: nothing added
+    assert not pc.store([1, 2], kv(2), None) and not pc.store([1, 2, 3], kv(3), kv(3))
+    assert pc.store([1, 2, 3, 4, 6], kv(5), kv(5)) and pc.nbytes == (5 + 5) * per_token  # [4] gains it too
+    assert pc.match([1, 2, 3, 4, 6, 0], with_drafter=True)[0] == 5
 
 
-def test_a_longer_sequence_replaces_its_prefixes_and_a_held_one_is_not_stored_twice():
-    pc = PrefixCache(1 << 20)
-    pc.store([1, 2], kv(2), kv(2))
-    pc.store([5, 6], kv(2), kv(2))
-    assert pc.store([1, 2, 3, 4], kv(4), kv(4))
-    assert sorted(e.tokens.tolist() for e in pc._entries.values()) == [[1, 2, 3, 4], [5, 6]]
-    assert not pc.store([1, 2, 3], kv(3), kv(3))
-    assert len(pc) == 2 and pc.nbytes == 2 * (2 * 2 * 4 * 4) * (4 + 2)
-
-
-def test_least_recently_used_entries_go_when_the_bytes_pass_the_bound():
-    per_token = 2 * (2 * 2 * 4 * 4)  # target + drafter K/V, 2 layers, 1 head, head_dim 4, float32
+def test_least_recently_used_leaves_go_when_the_bytes_pass_the_bound():
+    per_token = 2 * (2 * 2 * 4 * 4)
     pc = PrefixCache(10 * per_token)
     pc.store([1, 1, 1, 1], kv(4), kv(4))
     pc.store([2, 2, 2, 2], kv(4), kv(4))
     assert pc.match([1, 1, 1, 1, 0], True)[0] == 4  # [1...] is now the most recently used
     pc.store([3, 3, 3], kv(3), kv(3))  # 11 tokens > 10: the least recently used ([2...]) goes
-    assert sorted(e.tokens.tolist()[0] for e in pc._entries.values()) == [1, 3] and pc.nbytes == 7 * per_token
+    assert sorted(s[0] for s in pc.sequences()) == [1, 3] and pc.nbytes == 7 * per_token
     assert not pc.store(list(range(11)), kv(11), kv(11))  # alone above the bound: not kept, nothing dropped
     assert len(pc) == 2
+    # a shared node goes only after every sequence continuing it: [1, 1] + two branches, then a newer sequence
+    pc = PrefixCache(8 * per_token)
+    pc.store([1, 1, 5, 5], kv(4), kv(4))
+    pc.store([1, 1, 6, 6], kv(4), kv(4))  # 6 tokens held
+    pc.store([7, 7, 7, 7], kv(4), kv(4))  # 10: [1, 1, 5, 5]'s leaf goes (8), [1, 1] stays for [1, 1, 6, 6]
+    assert sorted(pc.sequences()) == [[1, 1, 6, 6], [7, 7, 7, 7]] and pc.nbytes == 8 * per_token
+    pc.store([8, 8, 8], kv(3), kv(3))  # 11: [6, 6] goes (9), then [1, 1] is a leaf and goes before [7...] (7)
+    assert pc.sequences() == [[7, 7, 7, 7], [8, 8, 8]] and pc.nbytes == 7 * per_token
 
 
 def test_bad_arguments_are_refused():
@@ -138,14 +164,14 @@ def test_the_next_turn_of_a_chat_reuses_the_first_and_gives_the_same_tokens(smol
     pipe.engine.prefix_cache = caching
     [got1] = pipe.generate([first], sp, mode=mode)
     assert got1.token_ids == ref1.token_ids and got1.metrics.cached_tokens == 0
-    [held] = caching._entries.values()  # the first turn read, to where its K/V are written
+    [held] = caching.sequences()  # the first turn read, to where its K/V are written
     seq = first + got1.token_ids
-    assert held.tokens.tolist() == seq[: len(held.tokens)] and len(seq) - 1 <= len(held.tokens) <= len(seq)
+    assert held == seq[: len(held)] and len(seq) - 1 <= len(held) <= len(seq)
     if mode == "ar":  # one token per step: the last one (EOS) is never read
-        assert len(held.tokens) == len(seq) - 1
+        assert len(held) == len(seq) - 1
     [got2] = pipe.generate([second], sp, mode=mode)
     assert got2.token_ids == ref2.token_ids
-    reused = shared(second[:-1], held.tokens.tolist())
+    reused = shared(second[:-1], held)
     assert reused > len(first) and got2.metrics.cached_tokens == reused
     assert got2.metrics.prompt_tokens == len(second)
     assert (caching.queried_tokens, caching.hit_tokens) == (len(first) + len(second), reused)
@@ -175,10 +201,10 @@ def test_requests_added_together_each_reuse_their_own_prefix(smollm2_pipeline, c
     refs = run(prompts)
     eng.prefix_cache = caching
     run([story])  # what is cached: the story, and its 10 tokens
-    [held] = caching._entries.values()
+    [held] = caching.sequences()
     got = run(prompts)
     assert [g.token_ids for g in got] == [r.token_ids for r in refs]
-    want = [shared(p[:-1], held.tokens.tolist()) for p in prompts]
+    want = [shared(p[:-1], held) for p in prompts]
     assert want[0] == want[3] == len(story) and want[2] == 6 and want[1] == want[4] == 0
     assert [g.metrics.cached_tokens for g in got] == want
     assert [g.metrics.prompt_tokens for g in got] == [len(p) for p in prompts]
@@ -206,7 +232,7 @@ def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefi
     def prime():  # only `long` read before
         caching.clear()
         run(long, SamplingParams(max_tokens=1))
-        assert [len(e.tokens) for e in caching._entries.values()] == [len(long)]
+        assert [len(s) for s in caching.sequences()] == [len(long)]
 
     prime()
     got = run(longer, sampled)

@@ -55,7 +55,7 @@ def uncached_reference(pipe, ids: list[int], max_tokens: int) -> list[int]:
 
 
 def held_tokens(pc: PrefixCache) -> list[list[int]]:
-    return [e.tokens.tolist() for e in pc._entries.values()]
+    return pc.sequences()
 
 
 def test_the_next_chat_turn_reports_the_tokens_it_reused(cached_server, smollm2_pipeline):
