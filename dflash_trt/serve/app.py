@@ -883,6 +883,9 @@ def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -
     for e in errors[:5]:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
         got = e.get("input")
+        if e.get("type") == "value_error":  # a validator's own message, which says what it got
+            parts.append(f"{where}: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            continue
         shown = f" (got {json.dumps(got)[:60]})" if e.get("type") != "missing" and _jsonable(got) else ""
         parts.append(f"{where}: {e.get('msg')}{shown}")
     return "invalid request: " + "; ".join(parts)

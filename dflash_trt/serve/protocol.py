@@ -28,7 +28,8 @@ import json
 from dataclasses import replace
 from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator)
 
 from dflash_trt.errors import InvalidRequestError, PromptTooLongError
 from dflash_trt.runtime.guided import MAX_JSON_DEPTH, GuidedDecoding, check_nesting
@@ -313,6 +314,14 @@ def refuse_unless_off(request: BaseModel, off: dict[str, tuple], hints: dict[str
                                       f"leave it out{hint}", param=name)
 
 
+def _json_value(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def _check_logprobs(value: int | None, field: str) -> None:
     """Raises InvalidRequestError unless `value` is None or in [0, MAX_LOGPROBS]."""
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
@@ -328,6 +337,32 @@ class CompletionRequest(_Request):
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     logprobs: int | None = Field(default=None, strict=True)
     echo: StrictBool = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        """One message for a prompt of no accepted shape (pydantic would list each union member's complaint)."""
+        def kind(x: Any) -> str:
+            if isinstance(x, str):
+                return "a string"
+            if type(x) is int:
+                return "a token id"
+            if isinstance(x, list) and all(type(t) is int for t in x):
+                return "a list of token ids"
+            return f"{json.dumps(x)[:40]}" if isinstance(x, (list, dict, float, bool)) or x is None else repr(x)[:40]
+
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            kinds = {kind(x) for x in value}
+            if len(kinds) <= 1 and kinds <= {"a string", "a token id", "a list of token ids"}:
+                return value
+            bad = sorted(k for k in kinds if k not in ("a string", "a token id", "a list of token ids"))
+            found = f"an element {bad[0]}" if bad else "a list mixing " + " and ".join(sorted(kinds))
+        else:
+            found = f"{json.dumps(value)[:40]}" if _json_value(value) else type(value).__name__
+        raise ValueError("must be a string, a list of strings, a list of token ids (integers) or a list of "
+                         f"lists of token ids; got {found}")
 
     def num_logprobs(self) -> int | None:
         """`logprobs`: the most likely tokens listed per position (0: the sampled token's only), or None.

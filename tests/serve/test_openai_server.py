@@ -284,6 +284,13 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
     assert r.status_code == 400 and "shorten it to at most 8191" in r.json()["error"]["message"]
     r = httpx.post(base + "/v1/completions", json={"prompt": [5, 10**9]})
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    for prompt, found in ((["a", [1, 2]], "a list mixing a list of token ids and a string"),
+                          ([1.5], "an element 1.5"), ([[1, True]], "an element [1, true]"), (None, "null")):
+        r = httpx.post(base + "/v1/completions", json={"prompt": prompt})  # one message, not one per union member
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "invalid request: prompt: must be a string, a list of strings, a list of token ids (integers) or "
+                       f"a list of lists of token ids; got {found}", "type": "invalid_request_error", "param": "prompt",
+            "code": None}, r.text
     r = httpx.post(base + "/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] is None  # not the character position
