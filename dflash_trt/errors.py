@@ -47,7 +47,7 @@ class BuildError(DFlashError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (KeyboardInterrupt) stopped `trainer.train`; a KeyboardInterrupt still, so code that
+    """Ctrl-C or SIGTERM (a KeyboardInterrupt) stopped `trainer.train`; a KeyboardInterrupt still, so code that
     catches that keeps working. Nothing is saved at the interruption: the weights of the step in
     progress may be half-updated. The last complete checkpoint stays as it was.
 
@@ -55,10 +55,11 @@ class TrainingInterrupted(KeyboardInterrupt):
         step: optimizer steps done when interrupted; total_steps: the run's planned steps.
         checkpoint: the run's checkpoint file; checkpoint_step: its step, None when the run has
             not written one yet (a rerun then starts over).
+        terminated: True when SIGTERM stopped it (`dflash_trt.interrupts.terminate_as_interrupt`), not Ctrl-C.
     """
 
-    def __init__(self, step: int, total_steps: int, checkpoint, checkpoint_step: int | None):
-        self.step, self.total_steps = step, total_steps
+    def __init__(self, step: int, total_steps: int, checkpoint, checkpoint_step: int | None, terminated: bool = False):
+        self.step, self.total_steps, self.terminated = step, total_steps, terminated
         self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step
         where = (f"last checkpoint: step {checkpoint_step} ({checkpoint}); train again with resume=True to continue "
                  "from it" if checkpoint_step is not None

@@ -24,13 +24,10 @@ Bundle layout (docs/build.md):
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
+from dflash_trt.interrupts import Terminated
 from dflash_trt.text import count
 
 if TYPE_CHECKING:
@@ -387,31 +385,6 @@ class BuildInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, terminated: bool = False):
         super().__init__(message)
         self.terminated = terminated
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised by the SIGTERM handler of `terminate_as_interrupt`: the build cleans up as for Ctrl-C."""
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt():
-    """While in the block, SIGTERM (kill, timeout, docker stop, Slurm) raises `Terminated`, a KeyboardInterrupt,
-    so `run_build` removes its temporary folder as for Ctrl-C; further SIGTERMs are ignored while it cleans up.
-    The previous handler comes back on exit. Does nothing outside the main thread (Python runs signal handlers
-    there only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(_signum, _frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup runs to its end
-        raise Terminated
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 class _Progress:

@@ -32,8 +32,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="dflash-trt")
-def cli():
+@click.pass_context
+def cli(ctx):
     """DFlash block-diffusion speculative decoding: generate, serve, bench, check, build, init-drafter, train-drafter."""
+    if ctx.invoked_subcommand != "serve":  # serve stops on SIGTERM as on Ctrl-C already (uvicorn's handlers, its ranks')
+        from dflash_trt.interrupts import terminate_as_interrupt
+
+        ctx.with_resource(terminate_as_interrupt())  # SIGTERM (kill, timeout, Slurm) cleans up as Ctrl-C does
 
 
 #: click >= 8.2 raises this for a group given no command (older click prints the help and exits 0 itself)
@@ -42,15 +47,18 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 def main() -> None:
     """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), a usage error as
-    `error: ...` (exit 2), Ctrl-C as one line (exit 130), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
+    `error: ...` (exit 2), Ctrl-C / SIGTERM as one line (exit 130 / 143), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
     does for a group without a command: on stderr, exit 2, no `error:`."""
     from dflash_trt.errors import DFlashError
 
     try:
         cli.main(prog_name="dflash-trt", standalone_mode=False)
-    except click.exceptions.Abort:  # Ctrl-C in a command without its own message (generate, check, init-drafter)
-        click.echo("interrupted (Ctrl-C)", err=True)
-        sys.exit(130)
+    except click.exceptions.Abort as exc:  # Ctrl-C / SIGTERM in a command without its own message (generate, check, ...)
+        from dflash_trt.interrupts import stopped_by
+
+        how, code = stopped_by(exc)
+        click.echo(how, err=True)
+        sys.exit(code)
     except _NO_ARGS_IS_HELP as exc:  # no command given: the help itself is the message
         exc.show()
         sys.exit(exc.exit_code)

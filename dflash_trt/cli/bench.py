@@ -204,12 +204,15 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
         table = write_outputs(results, out_dir)
         click.echo(table)
         click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
-    except KeyboardInterrupt:  # Ctrl-C: one line, exit 130 (128 + SIGINT); results are written all at once at the end
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143; results are written at the end
+        from dflash_trt.interrupts import stopped_by
+
         if bar is not None:
             bar.close()  # ends the progress line, so the message starts a line of its own
-        click.echo(f"bench interrupted (Ctrl-C); no results were written to {out} (an earlier run's files there are "
-                   "unchanged)", err=True)
-        sys.exit(130)
+        how, code = stopped_by(exc)
+        click.echo(f"bench {how}; no results were written to {out} (an earlier run's files there are unchanged)",
+                   err=True)
+        sys.exit(code)
 
 
 def dedupe_datasets(datasets) -> tuple[str, ...]:

@@ -48,11 +48,11 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from rich.console import Console
     from rich.markup import escape
 
-    from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, Terminated, run_build, summary_table
-    from dflash_trt.build.pipeline import terminate_as_interrupt
+    from dflash_trt.build.pipeline import BuildInterrupted, BuildOptions, run_build, summary_table
     from dflash_trt.build.pipeline import dry_run as check_and_plan
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
+    from dflash_trt.interrupts import stopped_by
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
     from dflash_trt.out_folder import BUNDLE, out_path
 
@@ -75,15 +75,14 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
             click.echo(f"  {line}")
         return
     try:  # ModelOpt prints its own lines ("Inserted N quantizers", "current rank: ..."): stdout keeps the result only
-        with contextlib.redirect_stdout(sys.stderr), terminate_as_interrupt():
+        with contextlib.redirect_stdout(sys.stderr):  # SIGTERM raises Terminated: the CLI group's
             # soft_wrap: a long path stays whole (copy-paste, grep); markup off: '[...]' in a path is text
             report = run_build(opts, log=lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False))
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (128 + the signal, as a shell says)
-        terminated = isinstance(exc, Terminated) or getattr(exc, "terminated", False)
-        how = "terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"
+        how, code = stopped_by(exc)
         click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
                    f"build {how}; nothing was written to {opts.out}", err=True)
-        sys.exit(143 if terminated else 130)
+        sys.exit(code)
     console.print(summary_table(report))
     q = shlex.quote(str(report.out))  # the commands copy-paste even with spaces in the path
     click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {q} --chat '...'; "

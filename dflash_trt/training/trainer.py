@@ -614,10 +614,13 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
                     save_best()
             if (out_of_time or stop_here) and state.step < state.total_steps:
                 break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from dflash_trt.interrupts import Terminated
+
         if bar is not None:
             bar.close()  # the message that follows starts on a line of its own
-        raise TrainingInterrupted(state.step, state.total_steps, ckpt_path, checkpoint_step) from None
+        raise TrainingInterrupted(state.step, state.total_steps, ckpt_path, checkpoint_step,
+                                  terminated=isinstance(exc, Terminated)) from None
     bar.close()
     drafter.eval()
     return state

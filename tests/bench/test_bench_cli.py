@@ -167,16 +167,20 @@ def test_bench_checks_out_and_dataset_files_before_loading_models(tmp_path, monk
     assert not (tmp_path / "n").exists()
 
 
-def test_ctrl_c_during_a_bench_writes_nothing_and_exits_130(tmp_path, monkeypatch, capsys):
-    """Interrupted while running: one line, exit 130, an earlier run's files in --out untouched."""
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_during_a_bench_writes_nothing_and_exits_130_or_143(tmp_path, monkeypatch, capsys,
+                                                                               signal_name):
+    """Interrupted while running (Ctrl-C, or SIGTERM as `terminate_as_interrupt` raises it): one line, exit 130 /
+    143, an earlier run's files in --out untouched."""
     import dflash_trt.bench.runner
+    from dflash_trt.interrupts import Terminated
 
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.json").write_text('{"earlier": true}\n')
 
     def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+        raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
 
     monkeypatch.setattr(dflash_trt.bench.runner, "run_benchmark", interrupted)
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--dataset", "humaneval", "--num-prompts", "1",
@@ -184,8 +188,9 @@ def test_ctrl_c_during_a_bench_writes_nothing_and_exits_130(tmp_path, monkeypatc
     with pytest.raises(SystemExit) as exc:
         main()
     err = capsys.readouterr().err
-    assert exc.value.code == 130 and "Traceback" not in err
-    assert err.splitlines()[-1] == (f"bench interrupted (Ctrl-C); no results were written to {out} (an earlier run's "
+    how, code = ("terminated (SIGTERM)", 143) if signal_name == "SIGTERM" else ("interrupted (Ctrl-C)", 130)
+    assert exc.value.code == code and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"bench {how}; no results were written to {out} (an earlier run's "
                                     "files there are unchanged)")
     assert sorted(p.name for p in out.iterdir()) == ["results.json"] and json.loads((out / "results.json").read_text()) == {
         "earlier": True}

@@ -408,18 +408,6 @@ def test_sigterm_exits_143_with_one_line_and_removes_the_temporary_folder(tmp_pa
     assert "Traceback" not in rest and list(tmp_path.iterdir()) == []
 
 
-def test_terminate_as_interrupt_raises_in_the_block_only():
-    import signal
-
-    from dflash_trt.build.pipeline import Terminated, terminate_as_interrupt
-
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Terminated), terminate_as_interrupt():
-        os.kill(os.getpid(), signal.SIGTERM)
-        signal.sigtimedwait([], 1)  # let the handler run
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
 def test_unfinished_build_folders_beside_out_are_named_not_removed(tmp_path, tiny_pair, monkeypatch, capsys):
     """`.NAME.building-*` beside --out (a build killed with SIGKILL, or one still running): the dry run and the
     build warn, naming them; neither removes them (another build's is not touched)."""

@@ -615,9 +615,13 @@ def test_time_limit_pauses_at_a_checkpoint_and_resume_finishes_like_an_uninterru
     assert_resumed_equals_straight(out, tmp_path / "straight", steps=8)
 
 
-def test_ctrl_c_in_data_generation_keeps_the_finished_shards(tmp_path, target_with_tokenizer, monkeypatch):
-    """Ctrl-C while the target writes the data: exit 130, one line saying the finished shards are
-    kept; the manifest is whole JSON, not marked complete, and the rerun reuses the finished shard."""
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_in_data_generation_keeps_the_finished_shards(tmp_path, target_with_tokenizer, monkeypatch,
+                                                                        signal_name):
+    """Ctrl-C (or SIGTERM: kill, Slurm) while the target writes the data: exit 130 (143), one line saying the
+    finished shards are kept; the manifest is whole JSON, not marked complete, and the rerun reuses the finished
+    shard."""
+    from dflash_trt.interrupts import Terminated
     from dflash_trt.runtime.engine import Engine
 
     work = tmp_path / "w"
@@ -629,12 +633,13 @@ def test_ctrl_c_in_data_generation_keeps_the_finished_shards(tmp_path, target_wi
     def generate(self, *a, **k):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
         return real(self, *a, **k)
     monkeypatch.setattr(Engine, "generate", generate)
     res = _run(args)
-    assert res.exit_code == 130, res.output + repr(res.exception)
-    assert res.stderr.splitlines()[-1] == (f"data generation interrupted (Ctrl-C); the finished shards in "
+    how, code = ("terminated (SIGTERM)", 143) if signal_name == "SIGTERM" else ("interrupted (Ctrl-C)", 130)
+    assert res.exit_code == code, res.output + repr(res.exception)
+    assert res.stderr.splitlines()[-1] == (f"data generation {how}; the finished shards in "
                                            f"{work / 'data'} are kept: rerun the same command to continue")
     manifest = json.loads((work / "data" / "manifest.json").read_text())
     assert list(manifest["shards"]) == ["shard-00000.pt"] and "complete" not in manifest

@@ -314,16 +314,19 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
     """Ctrl-C while a checkpoint is written leaves the previous one whole and no temporary file, and
     TrainingInterrupted (a KeyboardInterrupt) names both steps; Ctrl-C between a checkpoint and its
     best.pt makes the resume rewrite best.pt from the checkpoint. The resumed run then ends with
-    bitwise the weights, held-out history, loss records and best.pt of an uninterrupted run."""
+    bitwise the weights, held-out history, loss records and best.pt of an uninterrupted run. SIGTERM (the second
+    stop) is told apart (`terminated`)."""
+    from dflash_trt.interrupts import Terminated
+
     cfg = TrainConfig(**{**CFG.__dict__, "epochs": 2, "checkpoint_every": 3, "val_samples": 4})
     data = _data(tiny_target, tiny_samples)
     real_save = torch.save
 
-    def interrupt_when(hit):
+    def interrupt_when(hit, stop=KeyboardInterrupt):
         def save(obj, f, *args, **kwargs):
             if hit(Path(f.name), obj):
                 f.write(b"PK\x03\x04 half a checkpoint")  # what a killed write leaves
-                raise KeyboardInterrupt
+                raise stop
             return real_save(obj, f, *args, **kwargs)
         monkeypatch.setattr(torch, "save", save)
 
@@ -342,15 +345,15 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
         interrupt_when(lambda f, obj: f.name.startswith(".checkpoint.pt.") and obj["state"]["step"] == 6)
         with pytest.raises(TrainingInterrupted) as exc:
             train(_drafter(tiny_target), data, cfg, run, progress=False)
-        assert isinstance(exc.value, KeyboardInterrupt)
+        assert isinstance(exc.value, KeyboardInterrupt) and not exc.value.terminated
         assert (exc.value.step, exc.value.total_steps, exc.value.checkpoint_step) == (6, ref.total_steps, 3)
         assert str(exc.value).startswith(f"training interrupted at step 6/{ref.total_steps}; last checkpoint: step 3")
         assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
         assert torch.load(run / CHECKPOINT, weights_only=False)["state"]["step"] == 3
-        interrupt_when(lambda f, obj: f.name.startswith(".best.pt.") and obj["step"] == later[0])
-        with pytest.raises(TrainingInterrupted) as exc:
+        interrupt_when(lambda f, obj: f.name.startswith(".best.pt.") and obj["step"] == later[0], Terminated)
+        with pytest.raises(TrainingInterrupted) as exc:  # SIGTERM (kill, Slurm), as terminate_as_interrupt raises it
             train(_drafter(tiny_target), data, cfg, run, resume=True, progress=False)
-        assert exc.value.step == exc.value.checkpoint_step == later[0]
+        assert exc.value.step == exc.value.checkpoint_step == later[0] and exc.value.terminated
         assert torch.load(run / BEST, weights_only=True)["step"] < later[0]  # behind its checkpoint's best_step
         monkeypatch.setattr(torch, "save", real_save)
         train(_drafter(tiny_target), data, cfg, run, resume=True, max_steps=later[0], progress=False)  # no step

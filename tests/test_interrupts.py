@@ -1,0 +1,52 @@
+"""SIGTERM handled as Ctrl-C (`dflash_trt.interrupts`): the handler only inside its block, the words and exit
+status per signal, and real `dflash-trt generate` processes stopped by SIGTERM and by SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dflash_trt.errors import TrainingInterrupted
+from dflash_trt.interrupts import Terminated, stopped_by, terminate_as_interrupt
+
+
+def test_terminate_as_interrupt_raises_in_the_block_only():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 1)  # let the handler run
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stopped_by_names_the_signal_and_its_exit_status():
+    assert stopped_by(KeyboardInterrupt()) == ("interrupted (Ctrl-C)", 130)
+    assert stopped_by(Terminated()) == ("terminated (SIGTERM)", 143)
+    wrapped = RuntimeError("abort")
+    wrapped.__cause__ = Terminated()  # as click's Abort carries it
+    assert stopped_by(wrapped) == ("terminated (SIGTERM)", 143)
+    assert stopped_by(TrainingInterrupted(3, 8, "ckpt", None, terminated=True)) == ("terminated (SIGTERM)", 143)
+    assert stopped_by(TrainingInterrupted(3, 8, "ckpt", None)) == ("interrupted (Ctrl-C)", 130)
+    loop = RuntimeError("a")
+    loop.__context__ = RuntimeError("b")
+    loop.__context__.__context__ = loop  # a cycle ends the walk
+    assert stopped_by(loop) == ("interrupted (Ctrl-C)", 130)
+
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+def test_a_generate_process_stopped_mid_answer_says_how_in_one_line(sig, code, line):
+    """A real `dflash-trt generate` process, signalled once its answer streams: the answer so far on stdout, then
+    one stderr line and the shell's exit status (128 + the signal), no traceback (SIGTERM ended it silently)."""
+    proc = subprocess.Popen([sys.executable, "-c", "from dflash_trt.cli import main; main()", "generate", "--prompt",
+                             "Write a long story about a dragon. Chapter 1:", "--min-tokens", "2000", "--max-tokens",
+                             "2000", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    first = proc.stdout.read(40)  # the answer has started streaming
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert len(first) == 40 and err.splitlines()[-1] == line and "Traceback" not in err, err
