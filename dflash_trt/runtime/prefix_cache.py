@@ -26,6 +26,8 @@ may change logits in their last bits, and greedy tokens only where two are that 
 
 from __future__ import annotations
 
+import heapq
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -45,18 +47,28 @@ class PrefixEntry:
 @dataclass(eq=False)
 class _Node:
     """A radix tree node: a run of tokens (after its parent's path) and their K/V, [2, layers, kv_heads,
-    len(tokens), head_dim] each (`drafter` None where only the target's are held; the root holds none)."""
+    len(tokens), head_dim] each (`drafter` None where only the target's are held; the root holds none). Parents
+    hold their children; a child refers to its parent weakly, so a dropped subtree is freed at once."""
 
     tokens: tuple[int, ...]
     target: torch.Tensor | None
     drafter: torch.Tensor | None
-    parent: _Node | None
+    parent_ref: weakref.ref | None
     children: dict[int, _Node] = field(default_factory=dict)  # by their first token
     last_use: int = 0
 
     @property
+    def parent(self) -> _Node | None:
+        return None if self.parent_ref is None else self.parent_ref()
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.target, self.drafter) if t is not None)
+
+
+def _per_token(kv: torch.Tensor | None) -> int:
+    """Bytes a token's K/V take in `kv` ([2, layers, kv_heads, n, head_dim]); 0 for None."""
+    return 0 if kv is None else kv.numel() // max(kv.shape[3], 1) * kv.element_size()
 
 
 def _shared(run: tuple[int, ...], ids: list[int], start: int) -> int:
@@ -131,7 +143,7 @@ class PrefixCache:
         """The longest prefix of `prompt` the tree holds, capped at len(prompt) - 1 tokens, as a `PrefixEntry` of
         exactly those tokens (its nodes marked as just used); (0, None) when none is held. `with_drafter`: only
         what holds the drafter's context too (mode "dflash"), and the entry carries it."""
-        ids = list(prompt[:-1])
+        ids = [int(t) for t in prompt[:-1]]  # ints: a tensor's elements would not find the children's keys
         node, pos, parts = self._root, 0, []
         while pos < len(ids):
             child = node.children.get(ids[pos])
@@ -159,10 +171,10 @@ class PrefixCache:
         """Cut `node`'s run after k tokens (0 < k < its length): it keeps the first k, a new child the rest (with
         its children). Copies, so that dropping either part frees its bytes."""
         rest = _Node(node.tokens[k:], node.target[:, :, :, k:].clone(),
-                     None if node.drafter is None else node.drafter[:, :, :, k:].clone(), node, node.children,
-                     node.last_use)
+                     None if node.drafter is None else node.drafter[:, :, :, k:].clone(), weakref.ref(node),
+                     node.children, node.last_use)
         for child in rest.children.values():
-            child.parent = rest
+            child.parent_ref = weakref.ref(rest)
         node.tokens, node.children = node.tokens[:k], {rest.tokens[0]: rest}
         node.target = node.target[:, :, :, :k].clone()
         if node.drafter is not None:
@@ -175,7 +187,8 @@ class PrefixCache:
         used leaves are dropped until the bytes fit (this sequence's path is the most recently used).
 
         Returns:
-            whether anything was added (False: all of it held already, or its K/V alone pass max_bytes).
+            whether anything was added (False: all of it held already, or the nodes that would hold it, with
+            what they hold already, pass max_bytes).
         Raises:
             ValueError: K/V whose length is not len(tokens)."""
         n = len(tokens)
@@ -183,16 +196,15 @@ class PrefixCache:
             if kv is not None and (kv.dim() != 5 or kv.shape[3] != n):
                 raise ValueError(f"K/V of shape {tuple(kv.shape)} for {n} tokens: want [2, layers, kv_heads, {n}, "
                                  "head_dim]")
-        whole = sum(kv.numel() * kv.element_size() for kv in (target, drafter) if kv is not None)
-        if not n or whole > self.max_bytes:
-            return False
         ids = [int(t) for t in tokens]
+        if not n or self._path_bytes(ids, target, drafter) > self.max_bytes:
+            return False
         node, pos, path, added = self._root, 0, [], False
         while pos < n:
             child = node.children.get(ids[pos])
             if child is None:  # the rest is new
                 child = _Node(tuple(ids[pos:]), target[:, :, :, pos:].clone(),
-                              None if drafter is None else drafter[:, :, :, pos:].clone(), node)
+                              None if drafter is None else drafter[:, :, :, pos:].clone(), weakref.ref(node))
                 node.children[ids[pos]] = child
                 self.nbytes += child.nbytes
                 path.append(child)
@@ -209,14 +221,40 @@ class PrefixCache:
             pos += k
             node = child
         self._touch(path)
-        while self.nbytes > self.max_bytes:
-            self._drop_least_recently_used_leaf()
+        if self.nbytes > self.max_bytes:
+            self._evict(set(path))
         return added
 
-    def _drop_least_recently_used_leaf(self) -> None:
-        leaf = min((n for n in self._nodes() if not n.children), key=lambda n: n.last_use)
-        del leaf.parent.children[leaf.tokens[0]]
-        self.nbytes -= leaf.nbytes
+    def _path_bytes(self, ids: list[int], target: torch.Tensor, drafter: torch.Tensor | None) -> int:
+        """The bytes of the nodes that will hold `ids` once stored (what must stay for it to be kept): each token's
+        target K/V, and its drafter's where `drafter` is given or a node on the path holds them already; a node the
+        sequence ends inside, unsplit, counted whole."""
+        node, pos, total, n = self._root, 0, 0, len(ids)
+        while pos < n:
+            child = node.children.get(ids[pos])
+            if child is None:
+                return total + (n - pos) * (_per_token(target) + _per_token(drafter))
+            k = _shared(child.tokens, ids, pos)
+            split = k < len(child.tokens) and (pos + k < n or (drafter is not None and child.drafter is None))
+            kept = k if split else len(child.tokens)
+            total += kept * (_per_token(child.target) + _per_token(child.drafter if child.drafter is not None
+                                                                    else drafter))
+            pos += k
+            node = child
+        return total
+
+    def _evict(self, keep: set[_Node]) -> None:
+        """Drop least recently used leaves (a parent left without children becomes one) until the bytes fit,
+        never a node of `keep` (the path just stored, which fits alone: `_path_bytes`)."""
+        heap = [(n.last_use, id(n), n) for n in self._nodes() if not n.children and n not in keep]
+        heapq.heapify(heap)
+        while self.nbytes > self.max_bytes and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            del parent.children[leaf.tokens[0]]
+            self.nbytes -= leaf.nbytes
+            if parent is not self._root and not parent.children and parent not in keep:
+                heapq.heappush(heap, (parent.last_use, id(parent), parent))
 
     def clear(self) -> None:
         """Drop every sequence (the counters stay)."""

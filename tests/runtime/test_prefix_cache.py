@@ -94,6 +94,50 @@ def test_least_recently_used_leaves_go_when_the_bytes_pass_the_bound():
     assert pc.sequences() == [[7, 7, 7, 7], [8, 8, 8]] and pc.nbytes == 7 * per_token
 
 
+def test_a_sequence_fits_with_what_its_path_holds_already_or_is_not_kept():
+    """An "ar" sequence under a prefix holding the drafter's context too: the path that must stay holds those bytes
+    as well. Too big with them: nothing kept, nothing dropped (it once dropped every other sequence, then itself)."""
+    def kv2(n: int, d: int) -> torch.Tensor:  # 16 * d bytes a token
+        return torch.zeros(2, 1, 1, n, d, dtype=torch.int64)
+
+    pc = PrefixCache(200)
+    assert pc.store([5], kv2(1, 2), kv2(1, 3))  # 32 + 48 bytes
+    assert pc.store([7], kv2(1, 2), None)  # 112
+    assert not pc.store([5, 1, 1, 1, 1], kv2(5, 2), None)  # its path: 80 + 4 * 32 = 208 > 200
+    assert sorted(pc.sequences()) == [[5], [7]] and pc.nbytes == 112
+    assert pc.store([5, 1, 1, 1], kv2(4, 2), None)  # 176: fits once [7] goes
+    assert pc.sequences() == [[5, 1, 1, 1]] and pc.nbytes == 176
+
+
+def test_one_store_drops_many_sequences_at_once_and_dropped_nodes_are_freed_at_once():
+    import gc
+    import time
+    import weakref
+
+    per_token = 2 * 1 * 4 * 4  # kv(n, layers=1): float32
+    pc = PrefixCache(3000 * per_token)
+    for i in range(1500):  # 1500 two-token sequences sharing nothing: the cache is full
+        pc.store([i, i], kv(2, layers=1), None)
+    assert len(pc) == 1500 and pc.nbytes == 3000 * per_token
+    t0 = time.perf_counter()
+    assert pc.store(list(range(5000, 7000)), kv(2000, layers=1), None)  # drops 1000 of them in one store
+    assert time.perf_counter() - t0 < 2.0  # a heap of leaves, not a walk of the tree per dropped leaf
+    assert len(pc) == 501 and pc.nbytes == 3000 * per_token
+    assert [s[0] for s in pc.sequences()[:2]] == [1000, 1001]  # the oldest 1000 went
+    pc.store([1, 2, 3, 4], kv(4, layers=1), None)
+    pc.store([1, 2, 9, 9], kv(4, layers=1), None)  # [1, 2] is now a node with two children
+    assert pc.match(torch.tensor([1, 2, 3, 0]), False)[0] == 3  # a tensor prompt matches as a list does
+    gc.disable()
+    try:
+        inner = next(n for n in pc._nodes() if n.tokens == (1, 2))
+        ref = weakref.ref(inner.target)
+        del inner
+        pc.clear()
+        assert ref() is None  # no parent <-> child cycle waits for the garbage collector
+    finally:
+        gc.enable()
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="max_bytes must be a whole number of bytes >= 1"):
         PrefixCache(0)
