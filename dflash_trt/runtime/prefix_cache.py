@@ -85,7 +85,8 @@ class PrefixCache:
     docstring).
 
     Args:
-        max_bytes: bytes of K/V kept at most (both caches; a sequence whose K/V alone pass it is not kept).
+        max_bytes: bytes of K/V kept at most (both caches; of a sequence whose K/V alone pass it, the longest
+            prefix that fits is kept).
     Raises:
         ValueError: max_bytes < 1.
     Attributes:
@@ -183,12 +184,13 @@ class PrefixCache:
     def store(self, tokens: list[int], target: torch.Tensor, drafter: torch.Tensor | None) -> bool:
         """Keep the K/V of `tokens` (target / drafter: [2, layers, kv_heads, len(tokens), head_dim], copies the
         cache will not write again): the part of its path the tree lacks is added (the drafter's context filled
-        in where only the target's was held); what it already holds is kept as it is. Then the least recently
-        used leaves are dropped until the bytes fit (this sequence's path is the most recently used).
+        in where only the target's was held); what it already holds is kept as it is. Where the nodes that would
+        hold it (with what they hold already) pass max_bytes, its longest prefix that fits is stored instead (a
+        long conversation keeps its start: the system prompt, the first turns). Then the least recently used
+        leaves are dropped until the bytes fit (never this sequence's path).
 
         Returns:
-            whether anything was added (False: all of it held already, or the nodes that would hold it, with
-            what they hold already, pass max_bytes).
+            whether anything was added (False: all of it held already, or not even its first token fits).
         Raises:
             ValueError: K/V whose length is not len(tokens)."""
         n = len(tokens)
@@ -197,7 +199,15 @@ class PrefixCache:
                 raise ValueError(f"K/V of shape {tuple(kv.shape)} for {n} tokens: want [2, layers, kv_heads, {n}, "
                                  "head_dim]")
         ids = [int(t) for t in tokens]
-        if not n or self._path_bytes(ids, target, drafter) > self.max_bytes:
+        if n and self._path_bytes(ids, target, drafter) > self.max_bytes:  # keep the longest prefix that fits
+            lo, hi = 0, n - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self._path_bytes(ids[:mid], target, drafter) <= self.max_bytes else (lo, mid - 1)
+            n, ids = lo, ids[:lo]
+            target = target[:, :, :, :n]
+            drafter = None if drafter is None else drafter[:, :, :, :n]
+        if not n:
             return False
         node, pos, path, added = self._root, 0, [], False
         while pos < n:
@@ -240,6 +250,8 @@ class PrefixCache:
             total += kept * (_per_token(child.target) + _per_token(child.drafter if child.drafter is not None
                                                                     else drafter))
             pos += k
+            if k < len(child.tokens):  # diverges inside it (the rest is new) or ends there
+                return total + (n - pos) * (_per_token(target) + _per_token(drafter))
             node = child
         return total
 

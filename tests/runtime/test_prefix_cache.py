@@ -82,8 +82,12 @@ def test_least_recently_used_leaves_go_when_the_bytes_pass_the_bound():
     assert pc.match([1, 1, 1, 1, 0], True)[0] == 4  # [1...] is now the most recently used
     pc.store([3, 3, 3], kv(3), kv(3))  # 11 tokens > 10: the least recently used ([2...]) goes
     assert sorted(s[0] for s in pc.sequences()) == [1, 3] and pc.nbytes == 7 * per_token
-    assert not pc.store(list(range(11)), kv(11), kv(11))  # alone above the bound: not kept, nothing dropped
-    assert len(pc) == 2
+    assert not PrefixCache(per_token - 1).store([1, 2], kv(2), kv(2))  # not even one token fits: nothing kept
+    big = PrefixCache(10 * per_token)
+    assert big.store([9], kv(1), kv(1)) and big.store(list(range(11)), kv(11, 4.0), kv(11, 4.0))  # alone above it:
+    assert big.sequences() == [list(range(10))] and big.nbytes == 10 * per_token  # its longest prefix that fits
+    n, e = big.match(list(range(12)), True)
+    assert n == 10 and e.target.eq(4.0).all()
     # a shared node goes only after every sequence continuing it: [1, 1] + two branches, then a newer sequence
     pc = PrefixCache(8 * per_token)
     pc.store([1, 1, 5, 5], kv(4), kv(4))
@@ -96,17 +100,20 @@ def test_least_recently_used_leaves_go_when_the_bytes_pass_the_bound():
 
 def test_a_sequence_fits_with_what_its_path_holds_already_or_is_not_kept():
     """An "ar" sequence under a prefix holding the drafter's context too: the path that must stay holds those bytes
-    as well. Too big with them: nothing kept, nothing dropped (it once dropped every other sequence, then itself)."""
+    as well. Too big with them: its longest prefix that fits with them is kept (it once dropped every other sequence,
+    then itself)."""
     def kv2(n: int, d: int) -> torch.Tensor:  # 16 * d bytes a token
         return torch.zeros(2, 1, 1, n, d, dtype=torch.int64)
 
     pc = PrefixCache(200)
     assert pc.store([5], kv2(1, 2), kv2(1, 3))  # 32 + 48 bytes
     assert pc.store([7], kv2(1, 2), None)  # 112
-    assert not pc.store([5, 1, 1, 1, 1], kv2(5, 2), None)  # its path: 80 + 4 * 32 = 208 > 200
-    assert sorted(pc.sequences()) == [[5], [7]] and pc.nbytes == 112
-    assert pc.store([5, 1, 1, 1], kv2(4, 2), None)  # 176: fits once [7] goes
-    assert pc.sequences() == [[5, 1, 1, 1]] and pc.nbytes == 176
+    assert pc.store([5, 1, 1, 1, 1], kv2(5, 2), None)  # its path: 80 + 4 * 32 = 208 > 200; [5, 1, 1, 1]: 176
+    assert pc.sequences() == [[5, 1, 1, 1]] and pc.nbytes == 176  # [7] went for it
+    pc = PrefixCache(240)  # a sequence diverging inside a node: its rest is new, whatever that node's children
+    assert pc.store([1, 1, 0], kv2(3, 2), kv2(3, 3))  # 240 bytes
+    assert pc.store([1, 0, 0, 0, 0, 1], kv2(6, 2), None)  # [1] (80) + 5 * 32 = 240: fits once [1, 0] (160) goes
+    assert pc.sequences() == [[1, 0, 0, 0, 0, 1]] and pc.nbytes == 240
 
 
 def test_one_store_drops_many_sequences_at_once_and_dropped_nodes_are_freed_at_once():
@@ -292,7 +299,7 @@ def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefi
     assert [round(p.logprob, 4) for p in got.prompt_logprobs[1:]] == [round(p.logprob, 4) for p in ref_lp.prompt_logprobs[1:]]
 
 
-def test_a_prefix_cache_too_small_for_a_sequence_keeps_nothing_and_reuses_nothing(smollm2_pipeline):
+def test_a_prefix_cache_too_small_for_a_sequence_keeps_its_longest_prefix_that_fits(smollm2_pipeline):
     pipe = smollm2_pipeline
     prompt = pipe.encode("A short prompt about the weather today in Paris and")
     pipe.engine.prefix_cache = PrefixCache(1024)  # less than one token's K/V of 30 layers
@@ -300,6 +307,14 @@ def test_a_prefix_cache_too_small_for_a_sequence_keeps_nothing_and_reuses_nothin
         pipe.generate([prompt], SamplingParams(max_tokens=4))
         [got] = pipe.generate([prompt], SamplingParams(max_tokens=4))
         assert len(pipe.engine.prefix_cache) == 0 and got.metrics.cached_tokens == 0
+        pipe.engine.prefix_cache = roomy = PrefixCache(1 << 30)
+        pipe.generate([prompt], SamplingParams(max_tokens=4))
+        per_token = roomy.nbytes // roomy.held_tokens  # a token's K/V, target + drafter
+        pipe.engine.prefix_cache = PrefixCache(5 * per_token)  # room for 5: the prompt's first 5 kept and reused
+        [first] = pipe.generate([prompt], SamplingParams(max_tokens=4))
+        [again] = pipe.generate([prompt], SamplingParams(max_tokens=4))
+        assert pipe.engine.prefix_cache.sequences() == [prompt[:5]] and again.metrics.cached_tokens == 5
+        assert again.token_ids == first.token_ids == got.token_ids
     finally:
         pipe.engine.prefix_cache = None
 
