@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError
+from dflash_trt.text import invalid_unicode
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class GuidedDecoding:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise InvalidRequestError(f"guided decoding: {name} must be a non-empty string, got {value!r}")
+            problem = None if value is None else invalid_unicode(value)
+            if problem:  # XGrammar would fail encoding it to UTF-8
+                raise InvalidRequestError(f"guided decoding: the {name} holds {problem}; send valid Unicode text")
         if not isinstance(self.json_object, bool):
             raise InvalidRequestError(f"guided decoding: json_object must be True or False, got {self.json_object!r}")
         given = [n for n in ("json", "regex", "grammar") if getattr(self, n) is not None] + (

@@ -76,6 +76,22 @@ def test_a_bad_format_is_a_400_and_the_server_keeps_serving(server, client, fmt,
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("fmt, name", [({"type": "regex", "regex": "a\ud800"}, "regex"),
+                                       ({"type": "ebnf", "ebnf": 'root ::= "\ud800"'}, "grammar")])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_in_a_regex_or_grammar_is_a_400(server, fmt, name, stream):
+    """JSON's "\ud800" escape: text XGrammar cannot encode (once a 500 "generation failed", streamed or not)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "response_format": fmt,
+            "stream": stream}
+    r = httpx.post(server[0] + "/v1/chat/completions", timeout=60, content=json.dumps(body),  # ASCII: the escape
+                   headers={"content-type": "application/json"})
+    at = 2 if name == "regex" else 11
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": f"guided decoding: the {name} holds an unpaired surrogate (U+D800) at character {at}, which is not a "
+                   "character; send valid Unicode text", "type": "invalid_request_error", "param": "response_format",
+        "code": None}, r.text
+
+
 def test_min_tokens_with_a_format_is_refused(server):
     r = httpx.post(server[0] + "/v1/completions", timeout=60, json={
         "model": MODEL, "prompt": "hi", "max_tokens": 8, "min_tokens": 2, "response_format": {"type": "json_object"}})
