@@ -33,12 +33,23 @@ def check_port(host: str, port: int) -> None:
                                    "the server that holds it)") from None
 
 
+def _model_name(value: str | None) -> str | None:
+    """--served-model-name: None (the default name) or a name that is not blank (clients must send it as `model`).
+
+    Raises:
+        click.BadParameter: a blank name."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} is blank: clients could not name it; give a name, or leave the option out "
+                                 "to serve as the bundle's or the target folder's name")
+    return value
+
+
 @click.command()
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free one).")
-@click.option("--served-model-name", default=None,
+@click.option("--served-model-name", default=None, callback=lambda ctx, param, value: _model_name(value),
               help="The model name clients pass as `model` (default: the bundle's or the target folder's name).")
 @click.option("--max-batch-size", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Sequences decoded together at most (in-flight batching: waiting requests join the running "

@@ -51,6 +51,14 @@ def test_an_empty_api_key_is_refused_before_the_models_load(monkeypatch, capsys,
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_a_blank_served_model_name_is_refused_before_the_models_load(monkeypatch, capsys, name):
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--served-model-name", name)
+    assert code == 2 and err == (f"error: Invalid value for '--served-model-name': {name!r} is blank: clients could not "
+                                 "name it; give a name, or leave the option out to serve as the bundle's or the target "
+                                 "folder's name (see 'dflash-trt serve --help')\n"), err
+
+
 def wait_until_healthy(proc: subprocess.Popen, base: str, seconds: float = 300) -> None:
     """Until GET base/health answers 200; fails with the server's stderr if it exits first."""
     deadline = time.time() + seconds
