@@ -187,6 +187,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         if exc.status_code == 400 and "parsing the body" in detail and isinstance(exc.__cause__, RecursionError):
             detail = ("the body's JSON is nested too deeply to parse (arrays or objects nested hundreds of levels deep); "
                       "send one JSON object with Content-Type: application/json")
+        elif exc.status_code == 400 and "parsing the body" in detail and "integer string conversion" in str(exc.__cause__):
+            detail = ("the body holds an integer of more digits than Python reads (4300); no field takes one that long: "
+                      "send each number within its field's range")
         elif exc.status_code == 400 and "parsing the body" in detail:
             detail = "the body could not be parsed (not UTF-8 JSON?); send one JSON object with Content-Type: application/json"
         elif exc.status_code == 404:

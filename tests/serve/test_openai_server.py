@@ -291,6 +291,11 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, cli
             "message": "invalid request: prompt: must be a string, a list of strings, a list of token ids (integers) or "
                        f"a list of lists of token ids; got {found}", "type": "invalid_request_error", "param": "prompt",
             "code": None}, r.text
+    r = httpx.post(base + "/v1/completions", content=b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}",
+                   headers={"content-type": "application/json"})  # valid JSON, past Python's int digits limit
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "the body holds an integer of more digits than Python reads (4300); no field takes one that long: send each "
+        "number within its field's range"), r.text
     r = httpx.post(base + "/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] is None  # not the character position
