@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any
 
 from starlette.requests import Request
 
@@ -36,7 +35,7 @@ from dflash_trt.runtime.engine import DecodeBatch
 from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import (UNSUPPORTED, ChatCompletionRequest, CompletionRequest, check_request_nesting,
-                                       fit_context)
+                                       fit_context, jsonable)
 from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
                                         as_responses_error, assistant_messages, listed_items, new_id, output_items,
                                         response_object, status_of, usage_of)
@@ -889,14 +888,6 @@ def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -
         if e.get("type") == "value_error":  # a validator's own message, which says what it got
             parts.append(f"{where}: {e.get('ctx', {}).get('error', e.get('msg'))}")
             continue
-        shown = f" (got {json.dumps(got)[:60]})" if e.get("type") != "missing" and _jsonable(got) else ""
+        shown = f" (got {json.dumps(got)[:60]})" if e.get("type") != "missing" and jsonable(got) else ""
         parts.append(f"{where}: {e.get('msg')}{shown}")
     return "invalid request: " + "; ".join(parts)
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False

@@ -314,7 +314,8 @@ def refuse_unless_off(request: BaseModel, off: dict[str, tuple], hints: dict[str
                                       f"leave it out{hint}", param=name)
 
 
-def _json_value(value: Any) -> bool:
+def jsonable(value: Any) -> bool:
+    """Whether json.dumps takes `value` (what a validation error's `input` is shown with)."""
     try:
         json.dumps(value)
         return True
@@ -360,7 +361,7 @@ class CompletionRequest(_Request):
             bad = sorted(k for k in kinds if k not in ("a string", "a token id", "a list of token ids"))
             found = f"an element {bad[0]}" if bad else "a list mixing " + " and ".join(sorted(kinds))
         else:
-            found = f"{json.dumps(value)[:40]}" if _json_value(value) else type(value).__name__
+            found = f"{json.dumps(value)[:40]}" if jsonable(value) else type(value).__name__
         raise ValueError("must be a string, a list of strings, a list of token ids (integers) or a list of "
                          f"lists of token ids; got {found}")
 
