@@ -11,8 +11,12 @@ Per setting: time to first token of each turn (median and mean), the conversatio
 prefilled vs reused; then the ratios without / with, and the cache's K/V bytes at the end vs the bytes of the same
 sequences held each whole. Prints a table; writes JSON with --out.
 
+With --burst N: N requests (MT-Bench first turns behind one ~450-token few-shot system prompt) arriving together,
+generated as one batch without a prefix cache and with an empty one (requests read together reuse each other's
+shared prefix), alternated --repeats times: the batch's time to first token and latency, outputs checked identical.
+
 Usage: python build_scripts/bench_prefix_cache.py [--num-prompts 10] [--max-tokens 128] [--threads 1]
-       [--mode dflash|ar] [--out F]
+       [--mode dflash|ar] [--burst N [--repeats 3]] [--out F]
 """
 
 from __future__ import annotations
@@ -48,6 +52,31 @@ def conversation(pipe, turns: list[str], max_tokens: int, mode: str) -> dict:
     return {"turns": out, "latency_s": sum(t["latency_s"] for t in out)}
 
 
+def burst(pipe, questions: list[str], max_tokens: int, mode: str, repeats: int) -> dict:
+    """Requests arriving together: `questions` (first turns) behind one few-shot system prompt, generated as one
+    batch (`Engine.generate`: one add call, a whole prefill), without a prefix cache and with an empty one (the
+    first row reads the shared part, the others copy it), alternated `repeats` times. Time to first token is the
+    batch's prefill."""
+    system = ("You are a careful assistant. Follow these examples of the answer style. " + " ".join(
+        f"Example {i}: Q: What is {i} times {i + 1}? A: {i} times {i + 1} is {i * (i + 1)}." for i in range(1, 16)))
+    prompts = [encode_prompt(pipe.tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": q}])
+               for q in questions]
+    eng, out = pipe.engine, {"off": [], "on": []}
+    for i in range(repeats):
+        for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            eng.prefix_cache = PrefixCache(1 << 30) if name == "on" else None
+            t0 = time.perf_counter()
+            rs = pipe.generate(prompts, SamplingParams(max_tokens=max_tokens), mode=mode)
+            out[name].append({"ttft_s": rs[0].metrics.time_to_first_token_s, "latency_s": time.perf_counter() - t0,
+                              "cached_tokens": [r.metrics.cached_tokens for r in rs],
+                              "token_ids": [r.token_ids for r in rs]})
+    eng.prefix_cache = None
+    return {"requests": len(prompts), "prompt_tokens": [len(p) for p in prompts], "runs": out,
+            "identical": all(a["token_ids"] == b["token_ids"] for a, b in zip(out["off"], out["on"])),
+            "ttft_median_s": {k: statistics.median(r["ttft_s"] for r in v) for k, v in out.items()},
+            "latency_median_s": {k: statistics.median(r["latency_s"] for r in v) for k, v in out.items()}}
+
+
 def summary(runs: list[dict]) -> dict:
     s = {}
     for k in (0, 1):
@@ -67,12 +96,34 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mode", choices=["dflash", "ar"], default="dflash")
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="instead: N requests with one few-shot system prompt arriving together (one batch)")
+    ap.add_argument("--repeats", type=int, default=3, help="--burst: batches per setting")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pipe = load_pipeline()
     eng = pipe.engine
     questions = [q["turns"] for q in mt_bench_questions()]
+    if args.burst:
+        conversation(pipe, questions[-1], 16, args.mode)  # warm-up
+        b = burst(pipe, [q[0] for q in questions[: args.burst]], args.max_tokens, args.mode, args.repeats)
+        ttft, lat = b["ttft_median_s"], b["latency_median_s"]
+        print(f"{b['requests']} requests together, prompts of {min(b['prompt_tokens'])}-{max(b['prompt_tokens'])} "
+              f"tokens, reused per request with the cache: {b['runs']['on'][0]['cached_tokens']}")
+        print(f"batch time to first token, median: {ttft['off'] * 1e3:.0f} ms without a prefix cache, "
+              f"{ttft['on'] * 1e3:.0f} ms with one: {ttft['off'] / ttft['on']:.2f}x")
+        print(f"batch latency, median: {lat['off']:.2f} s vs {lat['on']:.2f} s: {lat['off'] / lat['on']:.2f}x")
+        print(f"outputs identical with and without the cache: {b['identical']}")
+        if args.out:
+            b.update(workload="burst", max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
+                     machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
+            with open(args.out, "w") as f:
+                json.dump(b, f, indent=1)
+            print(f"wrote {args.out}")
+        if not b["identical"]:
+            raise SystemExit("outputs differ with the prefix cache")
+        return
     cache = PrefixCache(1 << 30)
     # warm-up: a conversation not measured, each setting (the cached one's entries are dropped after)
     for setting in (None, cache):

@@ -154,8 +154,6 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         check_context(pipe, prompts, max_tokens, wheres, f"shorten it to at most {limit} tokens or remove that line")
     else:
         check_context(pipe, prompts, max_tokens)
-    if enable_prefix_caching:
-        warn_shared_in_batch(prompts, batch_size)
     if mode == "dflash":
         note_max_concurrency(pipe, batch_size, len(prompts))
     stream = not as_json and len(prompts) == 1
@@ -203,23 +201,3 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                 f"[{mode}] {count(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
                 f"TTFT={m.time_to_first_token_s * 1000:.0f} ms, {m.tokens_per_s:.1f} tok/s", err=True)
 
-
-#: prompts of one batch sharing at least this many leading tokens get `warn_shared_in_batch`'s warning
-SHARED_WARN_TOKENS = 16
-
-
-def warn_shared_in_batch(prompts: list[list[int]], batch_size: int) -> None:
-    """With --enable-prefix-caching: one stderr line when two prompts of one batch share their first
-    SHARED_WARN_TOKENS tokens or more (a system prompt, few-shot examples). A batch's prompts are read together, so
-    they do not reuse each other's prefix; only later batches reuse what earlier ones read."""
-    best = (0, 0, 0)  # shared tokens, first prompt, second prompt (1-based)
-    for lo in range(0, len(prompts), batch_size):
-        for j in range(lo + 1, min(lo + batch_size, len(prompts))):
-            for i in range(lo, j):
-                a, b = prompts[i], prompts[j]
-                n = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                best = max(best, (n, -i - 1, -j - 1))
-    if best[0] >= SHARED_WARN_TOKENS:
-        click.echo(f"warning: prompts {-best[1]} and {-best[2]} share their first {best[0]} tokens but are read in one "
-                   f"batch (--batch-size {batch_size}), so neither reuses the other's; --batch-size 1 reads them one "
-                   "after another, each reusing what earlier prompts read", err=True)

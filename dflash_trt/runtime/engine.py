@@ -32,7 +32,7 @@ from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, nod
 from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
 from dflash_trt.runtime.guided import Grammars, GuidedLogits
 from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
-from dflash_trt.runtime.prefix_cache import PrefixCache
+from dflash_trt.runtime.prefix_cache import PrefixCache, common_prefix_length
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
@@ -341,9 +341,23 @@ class Engine:
         copies = [j for j in act if source[j] != j]
         act = [j for j in act if source[j] == j]
         reads = {j: min(lens[j], end) - begin for j in act}  # prompt tokens each row reads in this chunk
-        for part in self._forwards(act, skip, reads):
+        shares = self._shared_in_call(reqs, act, skip) if chunk is None else {}
+        for part in self._forwards([j for j in act if j not in shares], skip, reads):
             self._prefill_forward(reqs, part, cache, mode, skip, begin, reads,
                                   {j: source[j] for j in copies if source[j] in part})
+        if shares:  # rows sharing a prefix with one read above: its K/V and drafter context copied, the rest read
+            for (c, s), pairs in _grouped(((skip[j], s), (lead, j)) for j, (lead, s) in shares.items()):
+                src, dst = [a for a, _ in pairs], [b for _, b in pairs]
+                cache.copy_slots(src, dst, c, s)
+                if mode == "dflash":
+                    self.proposer.cache.copy_slots(src, dst, c, s)
+            for j, (_, s) in shares.items():
+                self.prefix_cache.record(0, s - skip[j])  # reused, not read (its lookup was counted)
+                skip[j] = reqs[j].metrics.cached_tokens = s
+                reads[j] = len(reqs[j].prompt) - s
+            for part in self._forwards(list(shares), skip, reads):
+                self._prefill_forward(reqs, part, cache, mode, skip, begin, reads,
+                                      {j: source[j] for j in copies if source[j] in part})
         for (c, n), pairs in _grouped(((skip[j], len(reqs[j].prompt)), (source[j], j)) for j in copies):
             src, dst = [a for a, _ in pairs], [b for _, b in pairs]  # the slots their source read: from c + begin
             cache.copy_slots(src, dst, c + begin, min(c + end, n))
@@ -357,6 +371,32 @@ class Engine:
             return end
         self._emit_first(reqs, list(range(len(reqs))), cache)
         return end
+
+    def _shared_in_call(self, reqs: list[_Request], act: list[int], skip: list[int]) -> dict[int, tuple[int, int]]:
+        """With a prefix cache (the user's consent to reused K/V): rows of one whole prefill (`act`, in order) whose
+        prompts share at least PAD_TOKENS more tokens with an earlier row's than their cached prefix holds (a
+        system prompt, few-shot examples, read by several requests at once): {row: (that earlier row, the tokens
+        shared, at most all but the row's last)}. Those rows are read after the others, from the end of the shared
+        part, which is copied from that row (so requests arriving together reuse each other's prefix as later
+        ones reuse the cache's); their `metrics.cached_tokens` counts it. Not for rows asking for prompt logprobs,
+        nor under a feature sink (every position is read then)."""
+        if self.prefix_cache is None or self.feature_sink is not None:
+            return {}
+        leaders: list[int] = []
+        shares: dict[int, tuple[int, int]] = {}
+        for j in act:
+            prompt = reqs[j].prompt
+            best, lead = 0, None
+            if reqs[j].params.prompt_logprobs is None:
+                for i in leaders:
+                    if reqs[i].prompt[0] == prompt[0]:
+                        n = min(common_prefix_length(reqs[i].prompt, prompt), len(prompt) - 1)
+                        best, lead = (n, i) if n > best else (best, lead)
+            if lead is not None and best - skip[j] >= PAD_TOKENS:
+                shares[j] = (lead, best)
+            else:
+                leaders.append(j)
+        return shares
 
     @staticmethod
     def _forwards(act: list[int], skip: list[int], reads: dict[int, int]) -> list[list[int]]:

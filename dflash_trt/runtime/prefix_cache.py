@@ -71,13 +71,23 @@ def _per_token(kv: torch.Tensor | None) -> int:
     return 0 if kv is None else kv.numel() // max(kv.shape[3], 1) * kv.element_size()
 
 
+def common_prefix_length(a, b) -> int:
+    """How many leading tokens two token id sequences (lists or tuples of ints) share: a bisection over slice
+    comparisons (each one C-level), O(n log n) element compares at worst."""
+    n = min(len(a), len(b))
+    a, b = tuple(a[:n]), tuple(b[:n])
+    if a == b:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
 def _shared(run: tuple[int, ...], ids: list[int], start: int) -> int:
     """How many leading tokens of `run` equal ids[start:]."""
-    n = min(len(run), len(ids) - start)
-    k = 0
-    while k < n and run[k] == ids[start + k]:
-        k += 1
-    return k
+    return common_prefix_length(run, ids[start : start + len(run)])
 
 
 class PrefixCache:

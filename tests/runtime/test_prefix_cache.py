@@ -261,6 +261,44 @@ def test_requests_added_together_each_reuse_their_own_prefix(smollm2_pipeline, c
     assert [g.metrics.prompt_tokens for g in got] == [len(p) for p in prompts]
 
 
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_requests_added_together_reuse_each_others_shared_prefix(smollm2_pipeline, caching, mode):
+    """One add call, nothing cached: three prompts sharing a long system prompt, an unrelated one, and one asking for
+    prompt logprobs. The first of the three is read whole; the other two copy the shared part from its row and read
+    the rest (cached_tokens counts it, the cache's hit counter too), with the tokens of a run without the cache;
+    not with chunked prefill (rows read in step), nor for the prompt-logprobs row (every position read)."""
+    pipe = smollm2_pipeline
+    eng = pipe.engine
+    system = pipe.encode("You are a helpful assistant for a travel agency. Answer in one short sentence, politely, "
+                         "and never invent prices or dates.")
+    prompts = [system + pipe.encode(f" Q: {q}? A:") for q in ("Where is Rome", "What is Paris known for",
+                                                                  "Is Oslo cold")]
+    prompts.insert(2, pipe.encode("Seven facts about owls: first,"))
+    prompts.append(system + pipe.encode(" Q: Is Nice sunny? A:"))
+    params = [SamplingParams(max_tokens=12)] * 4 + [SamplingParams(max_tokens=12, prompt_logprobs=1)]
+
+    def run(chunk=None):
+        batch = DecodeBatch(eng, mode, chunk)
+        batch.add(prompts, params)
+        while batch.active:
+            batch.step()
+        return [r for _, r in sorted(batch.take_finished())]
+
+    eng.prefix_cache = None
+    refs = run()
+    eng.prefix_cache = caching
+    got = run()
+    shared_with_first = [shared(p[:-1], prompts[0]) for p in prompts]
+    assert shared_with_first[1] == shared_with_first[3] >= len(system) >= 16
+    assert [g.metrics.cached_tokens for g in got] == [0, shared_with_first[1], 0, shared_with_first[3], 0]
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs]
+    assert caching.hit_tokens == shared_with_first[1] + shared_with_first[3]
+    caching.clear()
+    chunked = run(chunk=8)
+    assert [g.metrics.cached_tokens for g in chunked] == [0] * 5
+    assert [g.token_ids for g in chunked] == [r.token_ids for r in refs]
+
+
 def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefix(smollm2_pipeline, caching):
     pipe = smollm2_pipeline
     eng = pipe.engine
