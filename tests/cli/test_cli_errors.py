@@ -171,6 +171,27 @@ def test_sampling_options_are_checked_when_parsed(monkeypatch, capsys, tmp_path,
     assert "_" not in err.split("Invalid value")[1]  # the flag, not the SamplingParams field (top_p)
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("value,msg", [
+    ("nan", "nan is not a finite number"), ("inf", "inf is not a finite number"),
+    ("0", "0 is less than 0.001 GiB (about 1 MiB), too little to hold a prefix worth reusing; give e.g. 1 (GiB)"),
+    ("0.0005", "0.0005 is less than 0.001 GiB (about 1 MiB)"), ("-1", "-1 is less than 0.001 GiB"),
+])
+def test_prefix_cache_gb_is_checked_when_parsed(monkeypatch, capsys, command, value, msg):
+    """--prefix-cache-gb nan / inf failed after the model loaded (int(gb * 2**30)); a bound under 1 MiB holds a few
+    tokens at most. Both are usage errors before anything loads."""
+    import dflash_trt.api
+
+    def no_load(*_a, **_k):
+        raise AssertionError("models were loaded before --prefix-cache-gb was checked")
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", no_load)
+    extra = ["--prompt", "hi"] if command == "generate" else ["--port", "0"]
+    code, out, err = run_main(monkeypatch, capsys, command, *extra, "--enable-prefix-caching", "--prefix-cache-gb", value)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: Invalid value for '--prefix-cache-gb': {msg}"), err
+
+
 @pytest.mark.parametrize("command", ["generate", "bench", "train-drafter", "build"])
 @pytest.mark.parametrize("device", ["tpu", "mps", "meta", "cuda:x"])
 def test_unknown_device_is_one_error_line_before_loading(monkeypatch, capsys, tmp_path, command, device):
