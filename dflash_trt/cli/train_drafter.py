@@ -352,7 +352,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_THREADS))
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where the target and drafter run: cpu, cuda or cuda:N (data generation and training).")
-@click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True),
+@click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
               help="Fit the LR schedule to this much training time (measured after 25 steps; the epochs "
                    "then cap the run). Pair with --time-limit-min as a hard stop.")
 @click.option("--tf32/--no-tf32", default=True, show_default=True,

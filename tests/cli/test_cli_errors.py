@@ -192,6 +192,41 @@ def test_prefix_cache_gb_is_checked_when_parsed(monkeypatch, capsys, command, va
     assert err.startswith(f"error: Invalid value for '--prefix-cache-gb': {msg}"), err
 
 
+def float_options():
+    """(command, flag) of every option of every subcommand that takes a float."""
+    import click
+
+    from dflash_trt.cli import SUBCOMMANDS, cli
+
+    ctx = click.Context(cli)
+    return [(name, param.opts[0]) for name in sorted(SUBCOMMANDS) for param in cli.get_command(ctx, name).params
+            if isinstance(param, click.Option) and isinstance(param.type, click.types.FloatParamType)]
+
+
+def test_float_options_are_found():
+    assert {("train-drafter", "--train-minutes"), ("train-drafter", "--time-limit-min"), ("serve", "--prefix-cache-gb"),
+            ("generate", "--temperature"), ("bench", "--min-p")} <= set(float_options())
+
+
+@pytest.mark.parametrize("command,flag", float_options())
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_every_float_option_refuses_nan_and_infinity_when_parsed(monkeypatch, capsys, command, flag, value):
+    """click's float types take nan (and inf where no maximum is set); each float option of each command is a usage
+    error naming it, before anything runs (--train-minutes inf trained with a broken LR schedule)."""
+    import dflash_trt.api
+    import dflash_trt.models.checkpoints
+
+    def no_load(*_a, **_k):
+        raise AssertionError(f"a model was loaded before {flag} {value} was checked")
+
+    for module, name in ((dflash_trt.api, "load_pipeline"), (dflash_trt.api, "load_bundle"),
+                         (dflash_trt.models.checkpoints, "load_target")):
+        monkeypatch.setattr(module, name, no_load)
+    code, out, err = run_main(monkeypatch, capsys, command, flag, value)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: Invalid value for '{flag}': "), err
+
+
 @pytest.mark.parametrize("command", ["generate", "bench", "train-drafter", "build"])
 @pytest.mark.parametrize("device", ["tpu", "mps", "meta", "cuda:x"])
 def test_unknown_device_is_one_error_line_before_loading(monkeypatch, capsys, tmp_path, command, device):

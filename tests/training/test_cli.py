@@ -162,7 +162,8 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     ("--epochs", "nan", "nan is not a finite number"), ("--epochs", "inf", "inf is not a finite number"),
     ("--lr", "nan", "nan is not a finite number"), ("--lr", "-1", "not in the range x>=0"),
     ("--time-limit-min", "-1", "not in the range x>0"), ("--time-limit-min", "0", "not in the range x>0"),
-    ("--time-limit-min", "nan", "nan is not a finite number"),
+    ("--time-limit-min", "nan", "nan is not a finite number"), ("--time-limit-min", "inf", "inf is not a finite number"),
+    ("--train-minutes", "inf", "inf is not a finite number"), ("--train-minutes", "nan", "nan is not a finite number"),
 ])
 def test_non_finite_or_out_of_range_numbers_are_usage_errors(tmp_path, target_with_tokenizer, flag, value, msg):
     res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
