@@ -44,8 +44,8 @@ class GuidedDecoding:
     lets the model choose). Hashable (the SamplingParams holding it stay so).
 
     Raises:
-        InvalidRequestError: none or several set, a wrong type, a schema that is not JSON, or one `check_schema`
-            refuses.
+        InvalidRequestError: none or several set, a wrong type, text holding a lone surrogate (not UTF-8 text:
+            `dflash_trt.text.invalid_unicode`), a schema that is not JSON, or one `check_schema` refuses.
     """
 
     json: str | None = None

@@ -41,6 +41,10 @@ MAX_TOKENS = 48
     ({"json": "[1]"}, "a JSON schema is an object (or true: any JSON value), got [1]"),
     ({"regex": ""}, "regex must be a non-empty string"),
     ({"json_object": 1}, "json_object must be True or False"),
+    ({"regex": "a\ud800"}, ("the regex holds an unpaired surrogate (U+D800) at character 2, which is not a character; "
+                             "send valid Unicode text")),  # a JSON request's "\ud800": XGrammar's UnicodeEncodeError
+    ({"grammar": 'root ::= "\udcff"'}, "the grammar holds an unpaired surrogate (U+DCFF) at character 11"),
+    ({"json": '{"enum": ["\udcff"]}'}, "the json holds an unpaired surrogate (U+DCFF) at character 12"),
 ])
 def test_a_bad_specification_is_named(kw, message):
     with pytest.raises(InvalidRequestError, match=re.escape(message)):
