@@ -336,13 +336,25 @@ def guided_decoding_options(command):
     return command
 
 
+def check_argv_text(flag: str, text: str | None) -> None:
+    """Raises click.UsageError when `text`, the command-line value of `flag`, is not UTF-8 text: Python keeps a
+    byte that is not UTF-8 as a lone surrogate (`dflash_trt.text.invalid_unicode`, which names that byte), which a
+    tokenizer or XGrammar would fail on with a traceback. None passes."""
+    from dflash_trt.text import invalid_unicode
+
+    why = invalid_unicode(text, from_argv=True) if text is not None else None
+    if why is not None:
+        raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's encoding)")
+
+
 def guided_decoding(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None):
     """`guided_decoding_options`' values as a `dflash_trt.runtime.guided.GuidedDecoding`, or None when none is given.
     --json-schema and --grammar read a file when the value names one, else take the value as the text itself.
 
     Raises:
-        click.UsageError: more than one given. click.BadParameter: a schema that is not JSON, a file that
-            cannot be read, or what GuidedDecoding refuses.
+        click.UsageError: more than one given; a value given as text that is not UTF-8 (`check_argv_text`).
+            click.BadParameter: a schema that is not JSON, a file that cannot be read or is not UTF-8, or what
+            GuidedDecoding refuses.
     """
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.guided import GuidedDecoding
@@ -361,9 +373,15 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
             raise click.BadParameter(f"{value} is a directory; give a file, or the text itself", param_hint=f"'{flag}'")
         if len(value) < 4096 and "\n" not in value and path.is_file():
             try:
-                return path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+                data = path.read_bytes()
+            except OSError as exc:
                 raise click.BadParameter(f"cannot read {value}: {exc}", param_hint=f"'{flag}'") from None
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise click.BadParameter(f"{value}: not UTF-8 text (byte {exc.start}); save it as UTF-8",
+                                         param_hint=f"'{flag}'") from None
+        check_argv_text(flag, value)
         return value
 
     try:
@@ -372,6 +390,7 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
         if json_object:
             return GuidedDecoding(json_object=True)
         if regex is not None:
+            check_argv_text("--regex", regex)
             return GuidedDecoding(regex=regex)
         if "::=" not in grammar and not Path(grammar).exists():  # every EBNF grammar has a rule: a mistyped file
             raise click.BadParameter(f"no file {grammar}, and not a grammar either (no rule such as root ::= ...); "

@@ -80,8 +80,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
     statistics to stderr."""
-    from dflash_trt.cli.common import (check_context, check_draft_lengths, check_logit_bias_ids, jsonl_file, load_models,
-                                       compile_guided, guided_decoding, logits_processing,
+    from dflash_trt.cli.common import (check_argv_text, check_context, check_draft_lengths, check_logit_bias_ids,
+                                       jsonl_file, load_models, compile_guided, guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, use_prefix_cache,
                                        warn_block_size,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
@@ -95,13 +95,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     for flag, text in (("--prompt", prompt), ("--chat", chat)):
         if text is not None and not text.strip():  # as a prompts file's line is refused
             raise click.UsageError(f"{flag} is {'empty' if text == '' else 'only whitespace'}; give some text")
-    from dflash_trt.text import invalid_unicode
-
-    for flag, text in (("--prompt", prompt), ("--chat", chat)):
-        why = invalid_unicode(text, from_argv=True) if text is not None else None
-        if why is not None:
-            raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's "
-                                   "encoding)")
+    check_argv_text("--prompt", prompt)
+    check_argv_text("--chat", chat)
     if any(not w for w in bad_words):
         raise click.BadParameter("a word is empty; give the words the answer must not hold", param_hint="'--bad-word'")
     if num_logprobs is not None and not as_json:

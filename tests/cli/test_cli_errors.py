@@ -664,3 +664,28 @@ def test_text_that_is_not_unicode_is_one_line_before_loading(monkeypatch, capsys
         code, out, err = run_main(monkeypatch, capsys, "generate", flag, "caf\udcff", "--target", str(tmp_path / "nope"))
         assert code == 2 and err.startswith(f"error: {flag} holds a byte that is not UTF-8 (0xff) at character 4; give "
                                             "UTF-8 text") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_structured_output_text_that_is_not_utf8_is_one_line_before_loading(monkeypatch, capsys, tmp_path, command):
+    """A byte that is not UTF-8 in --regex / --grammar / --json-schema text (argv keeps it as U+DC00 + byte), or in
+    a --grammar / --json-schema file: one line naming the flag and the byte, exit 2, not XGrammar's
+    UnicodeEncodeError traceback after the models loaded."""
+    import dflash_trt.api
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
+    base = (["--prompt", "hi"] if command == "generate" else ["--out", str(tmp_path / "out")]) + ["--max-tokens", "4"]
+    for flag, value, char in (("--regex", "\udcff", 1), ("--grammar", 'root ::= "\udcff"', 11),
+                              ("--json-schema", '{"enum":["\udcff"]}', 11)):
+        code, out, err = run_main(monkeypatch, capsys, command, *base, flag, value)
+        assert code == 2 and out == "" and err == (
+            f"error: {flag} holds a byte that is not UTF-8 (0xff) at character {char}; give UTF-8 text (check the "
+            f"terminal's or the script's encoding) (see 'dflash-trt {command} --help')\n"), err
+    (tmp_path / "g.ebnf").write_bytes(b'root ::= "\xff"\n')
+    (tmp_path / "s.json").write_bytes(b'{"enum": ["\xff"]}')
+    for flag, name, byte in (("--grammar", "g.ebnf", 10), ("--json-schema", "s.json", 11)):
+        code, out, err = run_main(monkeypatch, capsys, command, *base, flag, str(tmp_path / name))
+        assert code == 2 and out == "" and err == (
+            f"error: Invalid value for '{flag}': {tmp_path / name}: not UTF-8 text (byte {byte}); save it as UTF-8 "
+            f"(see 'dflash-trt {command} --help')\n"), err
+    assert not (tmp_path / "out").exists()
