@@ -7,6 +7,7 @@ anything loads.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -347,14 +348,24 @@ def check_argv_text(flag: str, text: str | None) -> None:
         raise click.UsageError(f"{flag} holds {why}; give UTF-8 text (check the terminal's or the script's encoding)")
 
 
+def _looks_like_path(value: str) -> bool:
+    """Whether a --json-schema value that is not JSON was meant as a file: it ends in .json or holds a path
+    separator, and does not start as a JSON object or array would (broken JSON text such as {"pattern": "a/b" is
+    not a path)."""
+    if value.lstrip().startswith(("{", "[")):
+        return False
+    return value.lower().endswith(".json") or any(sep and sep in value for sep in (os.sep, os.altsep))
+
+
 def guided_decoding(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None):
     """`guided_decoding_options`' values as a `dflash_trt.runtime.guided.GuidedDecoding`, or None when none is given.
     --json-schema and --grammar read a file when the value names one, else take the value as the text itself.
 
     Raises:
         click.UsageError: more than one given; a value given as text that is not UTF-8 (`check_argv_text`).
-            click.BadParameter: a schema that is not JSON, a file that cannot be read or is not UTF-8, or what
-            GuidedDecoding refuses.
+            click.BadParameter: a schema that is not JSON, a file that cannot be read or is not UTF-8, a
+            --json-schema file (a value ending in .json or holding a path separator, not JSON) that does not
+            exist, or what GuidedDecoding refuses.
     """
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.guided import GuidedDecoding
@@ -381,6 +392,12 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
             except UnicodeDecodeError as exc:
                 raise click.BadParameter(f"{value}: not UTF-8 text (byte {exc.start}); save it as UTF-8",
                                          param_hint=f"'{flag}'") from None
+        if flag == "--json-schema" and _looks_like_path(value):
+            try:
+                json.loads(value)
+            except ValueError:
+                raise click.BadParameter(f"no such file: {value}; give an existing JSON schema file, or the schema's "
+                                         "JSON text", param_hint=f"'{flag}'") from None
         check_argv_text(flag, value)
         return value
 

@@ -689,3 +689,24 @@ def test_structured_output_text_that_is_not_utf8_is_one_line_before_loading(monk
             f"error: Invalid value for '{flag}': {tmp_path / name}: not UTF-8 text (byte {byte}); save it as UTF-8 "
             f"(see 'dflash-trt {command} --help')\n"), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_json_schema_file_is_named(monkeypatch, capsys, tmp_path):
+    """--json-schema schema.json (or a path) that does not exist: "no such file", not "the JSON schema is not JSON
+    (Expecting value: line 1 column 1)". Text that does not look like a path keeps the JSON error."""
+    import dflash_trt.api
+
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
+    monkeypatch.chdir(tmp_path)
+    for value in ("schema.json", "Schema.JSON", "schemas/person", str(tmp_path / "nope.json")):
+        code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--json-schema", value)
+        assert code == 2 and out == "" and err == (
+            f"error: Invalid value for '--json-schema': no such file: {value}; give an existing JSON schema file, or "
+            "the schema's JSON text (see 'dflash-trt generate --help')\n"), err
+    for value in ('{"pattern": "a/b"', "person"):  # broken JSON text (a '/' in it), a word: not paths
+        code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--json-schema", value)
+        assert code == 2 and "guided decoding: the JSON schema is not JSON (" in err and "no such file" not in err, err
+    (tmp_path / "schema.json").write_text('{"type": "string"}')  # a file that exists is read
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: (_ for _ in ()).throw(SystemExit(7)))
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--json-schema", "schema.json")
+    assert code == 7, err
