@@ -73,7 +73,35 @@ def gguf_path() -> Path:
 
 def is_default_target(path: str | Path) -> bool:
     """Whether `path` is the converted default target folder (checked without converting anything)."""
-    return Path(path).resolve() == (cache_dir() / "models" / DEFAULT_TARGET_NAME).resolve()
+    return Path(path).resolve() == _converted_target_folder().resolve()
+
+
+def cached_copy_fix(file: str | Path) -> str | None:
+    """How to repair a damaged `file` (truncated, corrupt) inside a folder that dflash-trt writes into its cache by
+    itself: the converted default target (`default_target_path`) or the untrained default drafter
+    (`default_drafter_path`). Re-downloading or re-saving does not apply to those: deleting the folder does, as
+    the next run writes it again. None for a file anywhere else."""
+    folders = ((_converted_target_folder(), f"dflash-trt's copy of the default target, converted from the "
+                f"{GGUF_PACKAGE} wheel: the next run converts it again, about 30 s"),
+               (_untrained_drafter_folder(), "dflash-trt's untrained default drafter: the next run writes it again"))
+    try:
+        parents = Path(file).resolve().parents
+        for folder, what in folders:
+            if folder.resolve() in parents:
+                return f"delete the folder {folder} ({what})"
+    except (OSError, RuntimeError):  # a path that cannot be resolved (a link loop) is in no cache folder
+        pass
+    return None
+
+
+def _converted_target_folder() -> Path:
+    """Where `default_target_path` keeps the converted default target."""
+    return cache_dir() / "models" / DEFAULT_TARGET_NAME
+
+
+def _untrained_drafter_folder() -> Path:
+    """Where `default_drafter_path` keeps the untrained default drafter (when no trained one is packaged)."""
+    return cache_dir() / "drafters" / f"{DEFAULT_TARGET_NAME}-untrained-b{DEFAULT_BLOCK_SIZE}"
 
 
 def drafter_required(target: str | Path | None, drafter: str | Path | None,
@@ -109,7 +137,7 @@ def _has_default_drafter_shape(target: Path) -> bool:
 
 def default_target_path() -> Path:
     """The converted default target folder, converting it on first use (atomic: temp dir + rename)."""
-    out = cache_dir() / "models" / DEFAULT_TARGET_NAME
+    out = _converted_target_folder()
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     tmp = cache_temp_dir("models", ".convert-")
@@ -163,7 +191,7 @@ def default_drafter_path() -> Path:
     from dflash_trt.config import TargetConfig
     from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
 
-    out = cache_dir() / "drafters" / f"{DEFAULT_TARGET_NAME}-untrained-b{DEFAULT_BLOCK_SIZE}"
+    out = _untrained_drafter_folder()
     if (out / "model.safetensors").is_file():
         return out
     cfg = new_drafter_config(TargetConfig.from_pretrained(default_target_path()), DEFAULT_DRAFTER_LAYERS,

