@@ -97,8 +97,8 @@ def folder_bytes(path: Path) -> int:
 
 
 def preflight(opts: BuildOptions) -> dict:
-    """Every check that needs no weights: options, `dflash-trt check`, unquantized inputs (`check_unquantized`),
-    tensor-parallel divisibility, --out (`check_out`). Warnings also name engines that `build_engine.sh` wrote
+    """Every check that needs no weights: --out first (`check_paths`), options, `dflash-trt check`, unquantized inputs
+    (`check_unquantized`), tensor-parallel divisibility. Warnings also name engines that `build_engine.sh` wrote
     beside --out from an earlier bundle (OUT.engine, which this build leaves as they are), and the temporary
     folders of builds of --out that did not finish (`stale_builds`: never removed here, one may still run).
 
@@ -113,13 +113,7 @@ def preflight(opts: BuildOptions) -> dict:
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.config import DrafterConfig, TargetConfig
 
-    from dflash_trt.models.loading import path_overlap
-
-    for flag, folder in (("--target", opts.target), ("--drafter", opts.drafter)):
-        where = path_overlap(opts.out, folder)
-        if where is not None:
-            raise ConfigError(f"--out {opts.out} {where} the {flag} folder {folder}; write the bundle to a folder "
-                              "outside the inputs (--force does not change this)")
+    check_paths(opts)
     if opts.drafter_quant not in DRAFTER_QUANT_FORMATS:
         raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
     if opts.calib_size < 1:
@@ -139,7 +133,6 @@ def preflight(opts: BuildOptions) -> dict:
     drafter = DrafterConfig.from_pretrained(opts.drafter)
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
-    check_out(opts)
     warnings = [f.message for f in findings if f.level != ERROR]
     engines = opts.out.resolve()
     engines = engines.with_name(engines.name + ".engine")  # build_engine.sh's default OUTPUT_DIR
@@ -152,6 +145,25 @@ def preflight(opts: BuildOptions) -> dict:
                         "left by a build that was killed, or in use by one still running; if no build of "
                         f"{opts.out} is running, remove {'it' if len(stale) == 1 else 'them'}")
     return {"target": target, "drafter": drafter, "warnings": warnings}
+
+
+def check_paths(opts: BuildOptions) -> None:
+    """The checks of --out that read no weights and import nothing (a few file system calls): not overlapping the
+    --target or --drafter folder (`path_overlap`), then `check_out` (an existing --out without --force, ...).
+    `preflight` runs them first, and `run_build` once more before its first step, so that such an --out is
+    refused at once, not after the seconds the other checks take (ModelOpt's import alone takes ~5 s).
+
+    Raises:
+        ConfigError: naming --out, the problem and the fix.
+    """
+    from dflash_trt.models.loading import path_overlap
+
+    for flag, folder in (("--target", opts.target), ("--drafter", opts.drafter)):
+        where = path_overlap(opts.out, folder)
+        if where is not None:
+            raise ConfigError(f"--out {opts.out} {where} the {flag} folder {folder}; write the bundle to a folder "
+                              "outside the inputs (--force does not change this)")
+    check_out(opts)
 
 
 def stale_builds(out: Path) -> list[Path]:
@@ -437,6 +449,7 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
             log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
         return f"({count(len(pre['warnings']), 'warning')})"
 
+    check_paths(opts)  # an --out that is refused (it exists, without --force) before the progress lines and ~10 s
     try:
         step(check)  # ConfigError / IncompatibleModelsError as they are: nothing is written yet
         for parent in out.parents:

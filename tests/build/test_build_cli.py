@@ -1,6 +1,6 @@
-"""`dflash-trt build` as a command: calibration count, --out checks in the dry run, Ctrl-C, the step
-numbering of the progress lines and of the plan, llm_api_example.py against serve.yaml, already-quantized
-inputs, an --out that changes during the build, SIGTERM and unfinished build folders.
+"""`dflash-trt build` as a command: calibration count, --out checks in the dry run (an existing --out refused before
+the first step), Ctrl-C, the step numbering of the progress lines and of the plan, llm_api_example.py against
+serve.yaml, already-quantized inputs, an --out that changes during the build, SIGTERM and unfinished build folders.
 
 One tiny build (module fixture `calib_bundle`) serves the calibration, numbering and example tests;
 the Ctrl-C tests stop tiny builds part way."""
@@ -129,6 +129,37 @@ def test_dry_run_checks_out_as_the_build_does(tmp_path, tiny_pair, monkeypatch, 
     assert afile.read_text() == "x"
 
 
+def test_an_existing_out_is_refused_before_the_first_step(tmp_path, tiny_pair, calib_bundle, monkeypatch, capsys):
+    """An existing --out without --force (a bundle, a folder) is refused before any work: no "[1/8] check" line, no
+    `dflash-trt check`, no ModelOpt import (~10 s in all); --force still replaces the bundle, and still refuses a
+    folder that is not one."""
+    from dflash_trt.build import pipeline
+
+    def no_checks(*_a, **_k):
+        raise AssertionError("the build's checks ran before --out was refused")
+
+    out = tmp_path / "old"
+    shutil.copytree(calib_bundle[0], out)  # fp8, tp 3
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "preflight", no_checks)
+        for where in (out, tmp_path / "notes"):
+            code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, where))
+            assert code == 1 and stdout == "" and err == (
+                f"error: {where} already exists; remove it, pick another --out, or pass --force to replace it (--force "
+                "replaces a dflash-trt bundle or an empty folder only)\n"), err
+        code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "notes", "--force"))
+        assert code == 1 and err == (
+            f"error: --out {tmp_path / 'notes'} is a folder that is not a dflash-trt bundle (no bundle manifest.json); "
+            "--force replaces only a dflash-trt bundle or an empty folder, so nothing else is lost: pick another --out, "
+            "or move it away yourself\n"), err
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out, "--force"))
+    assert code == 0 and f"bundle written to {out}" in stdout and err.startswith("[1/8] check ..."), err
+    assert json.loads((out / "manifest.json").read_text())["quantization"]["target"] == "none"
+    assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+
+
 def test_dry_run_says_it_creates_a_missing_parent(tmp_path, tiny_pair, monkeypatch, capsys):
     """The build creates missing parent folders of --out; the dry run accepts them too, says so, creates nothing."""
     out = tmp_path / "engines" / "nested" / "b"
@@ -174,10 +205,15 @@ def test_ctrl_c_in_the_checks_and_after_the_move(tmp_path, tiny_pair, monkeypatc
 
     out = tmp_path / "y"
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "check_out", interrupt)
+        m.setattr(pipeline, "check_unquantized", interrupt)
         code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
     assert code == 130 and err.splitlines()[-1] == (f"build interrupted (Ctrl-C) in step 1/8 'check'; nothing was "
                                                     f"written to {out}"), err
+    assert list(tmp_path.iterdir()) == []
+    with monkeypatch.context() as m:  # in the --out checks that run before the first step (`check_paths`)
+        m.setattr(pipeline, "check_out", interrupt)
+        code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 130 and err == f"build interrupted (Ctrl-C); nothing was written to {out}\n", err
     assert list(tmp_path.iterdir()) == []
 
     publish = loading.publish_folder
