@@ -203,6 +203,15 @@ def shared(a: list[int], b: list[int]) -> int:
     return n
 
 
+def decode(eng, mode: str, prompts: list[list[int]], params, chunk: int | None = None) -> list:
+    """Every request of one `DecodeBatch.add` call decoded to its end: the results in the order added."""
+    batch = DecodeBatch(eng, mode, chunk)
+    batch.add(prompts, params)
+    while batch.active:
+        batch.step()
+    return [r for _, r in sorted(batch.take_finished())]
+
+
 @pytest.mark.parametrize("mode", ["dflash", "ar"])
 def test_the_next_turn_of_a_chat_reuses_the_first_and_gives_the_same_tokens(smollm2_pipeline, caching, mode):
     pipe = smollm2_pipeline
@@ -242,11 +251,7 @@ def test_requests_added_together_each_reuse_their_own_prefix(smollm2_pipeline, c
                story + pipe.encode(" then he"), pipe.encode("Q: What is 2 + 2?\nA:")]
 
     def run(batch_prompts):
-        batch = DecodeBatch(eng, "dflash", chunk)
-        batch.add(batch_prompts, sp)
-        while batch.active:
-            batch.step()
-        return [r for _, r in sorted(batch.take_finished())]
+        return decode(eng, "dflash", batch_prompts, sp, chunk)
 
     eng.prefix_cache = None
     refs = run(prompts)
@@ -278,11 +283,7 @@ def test_requests_added_together_reuse_each_others_shared_prefix(smollm2_pipelin
     params = [SamplingParams(max_tokens=12)] * 4 + [SamplingParams(max_tokens=12, prompt_logprobs=1)]
 
     def run(chunk=None):
-        batch = DecodeBatch(eng, mode, chunk)
-        batch.add(prompts, params)
-        while batch.active:
-            batch.step()
-        return [r for _, r in sorted(batch.take_finished())]
+        return decode(eng, mode, prompts, params, chunk)
 
     eng.prefix_cache = None
     refs = run()
@@ -308,11 +309,7 @@ def test_seeded_sampling_chunked_prefill_and_prompt_logprobs_with_a_cached_prefi
     logprobs = SamplingParams(max_tokens=4, prompt_logprobs=2)
 
     def run(prompt, sp, chunk=None):
-        batch = DecodeBatch(eng, "dflash", chunk)
-        batch.add([prompt], sp)
-        while batch.active:
-            batch.step()
-        return batch.take_finished()[0][1]
+        return decode(eng, "dflash", [prompt], sp, chunk)[0]
 
     eng.prefix_cache = None
     ref_sampled, ref_chunked, ref_lp = run(longer, sampled), run(longer, SamplingParams(max_tokens=24), 8), run(longer, logprobs)
@@ -373,11 +370,7 @@ def test_a_chunked_group_split_keeps_room_for_a_long_cached_prefix(smollm2_pipel
     sp = SamplingParams(max_tokens=3)
 
     def run():
-        batch = DecodeBatch(eng, mode, prefill_chunk=64)
-        batch.add(prompts, sp)
-        while batch.active:
-            batch.step()
-        return [r for _, r in sorted(batch.take_finished())]
+        return decode(eng, mode, prompts, sp, 64)
 
     eng.prefix_cache = None
     refs = run()
