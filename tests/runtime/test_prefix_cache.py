@@ -280,7 +280,9 @@ def test_requests_added_together_reuse_each_others_shared_prefix(smollm2_pipelin
                                                                   "Is Oslo cold")]
     prompts.insert(2, pipe.encode("Seven facts about owls: first,"))
     prompts.append(system + pipe.encode(" Q: Is Nice sunny? A:"))
-    params = [SamplingParams(max_tokens=12)] * 4 + [SamplingParams(max_tokens=12, prompt_logprobs=1)]
+    prompts.append(prompts[1])  # a repeat of a row that copies the shared part (a request's second choice)
+    params = [SamplingParams(max_tokens=12)] * 4 + [SamplingParams(max_tokens=12, prompt_logprobs=1),
+                                                    SamplingParams(max_tokens=12)]
 
     def run(chunk=None):
         return decode(eng, mode, prompts, params, chunk)
@@ -291,12 +293,12 @@ def test_requests_added_together_reuse_each_others_shared_prefix(smollm2_pipelin
     got = run()
     shared_with_first = [shared(p[:-1], prompts[0]) for p in prompts]
     assert shared_with_first[1] == shared_with_first[3] >= len(system) >= 16
-    assert [g.metrics.cached_tokens for g in got] == [0, shared_with_first[1], 0, shared_with_first[3], 0]
-    assert [g.token_ids for g in got] == [r.token_ids for r in refs]
+    assert [g.metrics.cached_tokens for g in got] == [0, shared_with_first[1], 0, shared_with_first[3], 0, 0]
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs] and got[5].token_ids == got[1].token_ids
     assert caching.hit_tokens == shared_with_first[1] + shared_with_first[3]
     caching.clear()
     chunked = run(chunk=8)
-    assert [g.metrics.cached_tokens for g in chunked] == [0] * 5
+    assert [g.metrics.cached_tokens for g in chunked] == [0] * 6
     assert [g.token_ids for g in chunked] == [r.token_ids for r in refs]
 
 
