@@ -684,13 +684,10 @@ def tp_size_option(command: str, who_answers: str):
              f"{who_answers}.")
 
 
-#: the least --prefix-cache-gb takes (about 1 MiB): below it the cache holds a few tokens' K/V at most (one token of the
-#: default model is 45 KiB in float32, of a 70B target 320 KiB in bfloat16), so no prompt would be reused
-MIN_PREFIX_CACHE_GB = 0.001
-
-
 def prefix_cache_gb_option(ctx, param, value: float) -> float:
     """--prefix-cache-gb: finite (`finite_float`) and at least MIN_PREFIX_CACHE_GB."""
+    from dflash_trt.runtime.prefix_cache import MIN_PREFIX_CACHE_GB
+
     value = finite_float(ctx, param, value)
     if not value >= MIN_PREFIX_CACHE_GB:
         raise click.BadParameter(f"{value:g} is less than {MIN_PREFIX_CACHE_GB:g} GiB (about 1 MiB), too little to hold "
@@ -702,8 +699,8 @@ def prefix_cache_options(command):
     """--enable-prefix-caching / --prefix-cache-gb of `generate` and `serve` (applied with `use_prefix_cache`)."""
     command = click.option(
         "--prefix-cache-gb", default=1.0, show_default=True, type=float, callback=prefix_cache_gb_option,
-        help=f"Memory the prefix cache keeps at most, in GiB (on the model's device), least recently used sequences "
-             f"dropped first; at least {MIN_PREFIX_CACHE_GB:g} (about 1 MiB).")(command)
+        help="Memory the prefix cache keeps at most, in GiB (on the model's device), least recently used sequences "
+             "dropped first; at least 0.001 (about 1 MiB: prefix_cache.MIN_PREFIX_CACHE_GB).")(command)
     return click.option(
         "--enable-prefix-caching", is_flag=True, default=False,
         help="Automatic prefix caching (vLLM's --enable-prefix-caching, TensorRT-LLM's KV cache block reuse): the "

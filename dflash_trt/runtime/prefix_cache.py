@@ -33,6 +33,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+#: the least bound a user may give the cache, in GiB (about 1 MiB; `--prefix-cache-gb`, Triton's `prefix_cache_gb`):
+#: below it the cache holds a few tokens' K/V at most (one token of the default model is 45 KiB in float32, of a 70B
+#: target 320 KiB in bfloat16), so no prompt would be reused
+MIN_PREFIX_CACHE_GB = 0.001
+
+
 @dataclass
 class PrefixEntry:
     """A cached prefix, as `PrefixCache.match` returns it: `tokens` (n ids), the target's K/V of them and (DFlash)

@@ -204,14 +204,17 @@ def prefix_cache_bytes(params: dict[str, str]) -> int | None:
     """The prefix cache's bound in bytes that `enable_kv_cache_reuse` / `prefix_cache_gb` ask for, or None (off).
 
     Raises:
-        ValueError: a prefix_cache_gb that is not a number of GiB > 0."""
+        ValueError: a prefix_cache_gb that is not a number of GiB >= MIN_PREFIX_CACHE_GB."""
+    from dflash_trt.runtime.prefix_cache import MIN_PREFIX_CACHE_GB
+
     text = (params.get("prefix_cache_gb") or "").strip()
     try:
         gb = float(text) if text else 1.0
     except ValueError:
         gb = float("nan")
-    if not gb > 0 or gb == float("inf"):
-        raise ValueError(f"config.pbtxt parameter 'prefix_cache_gb' must be a number of GiB > 0 (empty: 1), got {text!r}")
+    if not gb >= MIN_PREFIX_CACHE_GB or gb == float("inf"):
+        raise ValueError(f"config.pbtxt parameter 'prefix_cache_gb' must be a number of GiB >= {MIN_PREFIX_CACHE_GB:g} "
+                         f"(about 1 MiB; empty: 1), got {text!r}")
     on = (params.get("enable_kv_cache_reuse") or "").strip().lower() == "true"
     return max(1, int(gb * 2**30)) if on else None
 

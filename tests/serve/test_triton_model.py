@@ -44,8 +44,11 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     ({"bundle": "/b", "target": "/t"}, "'bundle' and 'target' / 'drafter' exclude each other"),
     ({"max_batch_size": "0"}, "'max_batch_size' must be a whole number >= 1"),
     ({"enable_kv_cache_reuse": "yes"}, "'enable_kv_cache_reuse' must be true or false (empty: false), got 'yes'"),
-    ({"enable_kv_cache_reuse": "true", "prefix_cache_gb": "0"}, "'prefix_cache_gb' must be a number of GiB > 0"),
-    ({"prefix_cache_gb": "lots"}, "'prefix_cache_gb' must be a number of GiB > 0 (empty: 1), got 'lots'"),
+    ({"enable_kv_cache_reuse": "true", "prefix_cache_gb": "0"}, "'prefix_cache_gb' must be a number of GiB >= 0.001"),
+    ({"prefix_cache_gb": "0.0005"}, "'prefix_cache_gb' must be a number of GiB >= 0.001 (about 1 MiB; empty: 1), got "
+                                    "'0.0005'"),
+    ({"prefix_cache_gb": "lots"}, "'prefix_cache_gb' must be a number of GiB >= 0.001 (about 1 MiB; empty: 1), got "
+                                  "'lots'"),
     ({"prefix_cache_gb": "nan"}, "got 'nan'"),
     ({"EXECUTION_ENV_PATH": "env.tar.gz", "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "mode": "x"}, "got 'x'"),  # theirs
 ])
