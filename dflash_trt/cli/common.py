@@ -700,7 +700,7 @@ def prefix_cache_options(command):
     command = click.option(
         "--prefix-cache-gb", default=1.0, show_default=True, type=float, callback=prefix_cache_gb_option,
         help="Memory the prefix cache keeps at most, in GiB (on the model's device), least recently used sequences "
-             "dropped first; at least 0.001 (about 1 MiB: prefix_cache.MIN_PREFIX_CACHE_GB).")(command)
+             "dropped first; at least 0.001 (about 1 MiB).")(command)  # prefix_cache.MIN_PREFIX_CACHE_GB
     return click.option(
         "--enable-prefix-caching", is_flag=True, default=False,
         help="Automatic prefix caching (vLLM's --enable-prefix-caching, TensorRT-LLM's KV cache block reuse): the "
