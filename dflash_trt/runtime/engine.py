@@ -352,8 +352,10 @@ class Engine:
                 if mode == "dflash":
                     self.proposer.cache.copy_slots(src, dst, c, s)
             for j, (_, s) in shares.items():
-                self.prefix_cache.record(0, s - skip[j])  # reused, not read (its lookup was counted)
-                skip[j] = reqs[j].metrics.cached_tokens = s
+                for k in [j] + [k for k in copies if source[k] == j]:  # its repeats (copies of its row) reuse it too
+                    self.prefix_cache.record(0, s - skip[k])  # reused, not read (its lookup was counted)
+                    reqs[k].metrics.cached_tokens = s  # (a repeat's skip stays: its copy starts where its hit ends)
+                skip[j] = s
                 reads[j] = len(reqs[j].prompt) - s
             for part in self._forwards(list(shares), skip, reads):
                 self._prefill_forward(reqs, part, cache, mode, skip, begin, reads,
