@@ -44,7 +44,10 @@ def test_a_generate_process_stopped_mid_answer_says_how_in_one_line(sig, code, l
     proc = subprocess.Popen([sys.executable, "-c", "from dflash_trt.cli import main; main()", "generate", "--prompt",
                              "Write a long story about a dragon. Chapter 1:", "--min-tokens", "2000", "--max-tokens",
                              "2000", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                            # SIGINT as in a terminal: a shell starts background jobs (CI's, `make test &`) with it
+                            # ignored, and Python then keeps ignoring it (no KeyboardInterrupt)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.read(40)  # the answer has started streaming
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
