@@ -740,3 +740,18 @@ def test_a_missing_json_schema_file_is_named(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: (_ for _ in ()).throw(SystemExit(7)))
     code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--json-schema", "schema.json")
     assert code == 7, err
+
+
+def test_python_dash_m_runs_the_command():
+    """`python -m dflash_trt` is `dflash-trt` (a venv not activated): same name in messages, same exit codes."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "dflash_trt", "generate", "--top-p", "0"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: Invalid value for '--top-p'") and \
+        proc.stderr.endswith("(see 'dflash-trt generate --help')\n"), proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dflash_trt", "--version"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("dflash-trt, version "), proc
