@@ -85,8 +85,11 @@ def load_tokenizer(path: Path):
             except FileNotFoundError:
                 continue
             except (OSError, ValueError) as bad:  # ValueError: JSONDecodeError, UnicodeDecodeError
-                raise CheckpointError(f"{file} is not valid JSON ({bad}), so the tokenizer does not load; {fix} "
-                                      "again (a download or copy cut short leaves a truncated file)") from exc
+                from dflash_trt.models.default import cached_copy_fix
+
+                again = cached_copy_fix(file) or f"{fix} again (a download or copy cut short leaves a truncated file)"
+                raise CheckpointError(f"{file} is not valid JSON ({bad}), so the tokenizer does not load; "
+                                      f"{again}") from exc
         why = type(exc).__name__ if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"  # OSError: no files
         raise CheckpointError(f"{path}: no usable tokenizer ({why}); {fix}") from exc
 

@@ -465,4 +465,7 @@ def read_config_json(path: str | Path) -> dict:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+        from dflash_trt.models.default import cached_copy_fix
+
+        fix = cached_copy_fix(file) or "re-save or re-download it (a download or copy cut short leaves a truncated file)"
+        raise CheckpointError(f"{file}: not valid JSON ({exc}); {fix}") from exc

