@@ -25,14 +25,16 @@ def encode_item(pipe, item, where: str | None = None) -> list[int]:
 
 
 def logprobs_json(pipe, logprobs) -> list[dict]:
-    """`--json`'s "logprobs": per token {"token_id", "token" (its text), "logprob", "top_logprobs": [{"token_id",
-    "token", "logprob"}, ...]} (natural logs, the target's raw distribution; `dflash_trt.runtime.logprobs`)."""
+    """`--json`'s "logprobs": per token {"token_id", "token" (its text), "logprob", "bytes" (its UTF-8 bytes, as
+    OpenAI's chat logprobs: a token holding part of a character has text "\ufffd", its bytes say which part),
+    "top_logprobs": [{"token_id", "token", "logprob", "bytes"}, ...]} (natural logs, the target's raw distribution;
+    `dflash_trt.runtime.logprobs`)."""
     from dflash_trt.serve.logprobs import LogprobFormatter
 
     fmt = LogprobFormatter(pipe.tokenizer)
 
     def entry(token_id: int, logprob: float) -> dict:
-        return {"token_id": token_id, "token": fmt.text(token_id), "logprob": logprob}
+        return {"token_id": token_id, "token": fmt.text(token_id), "logprob": logprob, "bytes": fmt.bytes(token_id)}
 
     return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]} for lp in logprobs]
 
@@ -69,7 +71,7 @@ def prompt_header(index: int, total: int) -> str:
                    "cannot complete in the output). Repeat for several.")
 @click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
               help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
-                   "top-p) and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
+                   "top-p), its UTF-8 bytes and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
 def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, max_tokens, temperature, top_p, top_k,
              min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema,
              json_object, regex, grammar, seed, block_size,

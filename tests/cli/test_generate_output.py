@@ -165,6 +165,8 @@ def test_json_logprobs_are_the_targets_and_need_json(monkeypatch, capsys, smollm
     assert [e["token_id"] for e in lps] == obj["token_ids"] and len(lps) == 8
     assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token_id"] == e["token_id"] for e in lps)
     assert "".join(e["token"] for e in lps) == obj["text"]
+    assert b"".join(bytes(e["bytes"]) for e in lps).decode() == obj["text"]  # each token's exact UTF-8 bytes
+    assert all(bytes(a["bytes"]).decode() == a["token"] for e in lps for a in e["top_logprobs"])
     [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode("def add(a, b):")],
                                       SamplingParams(max_tokens=8, logprobs=0), mode="ar")
     assert [e["logprob"] for e in lps] == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-3)
