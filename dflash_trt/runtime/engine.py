@@ -913,9 +913,9 @@ class DecodeBatch:
         pc = self.engine.prefix_cache
         for j, (r, (n, entry)) in enumerate(zip(reqs, hits)):
             if n:
-                cache.import_row(j, entry.target[:, :, :, :n])
+                cache.import_row(j, entry.target_parts)
                 if drafter_cache is not None:
-                    drafter_cache.import_row(j, entry.drafter[:, :, :, :n])
+                    drafter_cache.import_row(j, entry.drafter_parts)
             if self._caches_prefixes(r):
                 pc.record(len(r.prompt), n)
 
@@ -929,8 +929,8 @@ class DecodeBatch:
         if drafter_cache is not None:  # the drafter's context is written up to where the row could draft
             tokens = tokens[: max(len(r.prompt), eng.proposer.max_position - self.block)]
         n = len(tokens)
-        eng.prefix_cache.store(tokens, cache.export_row(row, n),
-                               None if drafter_cache is None else drafter_cache.export_row(row, n))
+        eng.prefix_cache.store(tokens, cache.read_row(row, n),  # views: the tree copies only what it lacks
+                               None if drafter_cache is None else drafter_cache.read_row(row, n))
 
     def _advance(self, group: _Prefill) -> bool:
         """Prefill the next chunk of `group` (all of it without chunking); once its prompts are read,

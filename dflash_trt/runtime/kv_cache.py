@@ -8,6 +8,7 @@ the K/V of every token it has processed; for the drafter a row holds the project
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 
@@ -110,29 +111,37 @@ class KVCache:
         dst, src = torch.tensor(dst_rows, device=dev), torch.tensor(src_rows, device=dev)
         self.buffer[:, :, dst, :, begin:end] = self.buffer[:, :, src, :, begin:end]
 
-    def export_row(self, row: int, length: int) -> torch.Tensor:
-        """A copy of the K/V of slots [0, length) of `row` in every layer: [2 (k, v), layers, kv_heads, length,
-        head_dim], this cache's dtype and device (what `import_row` writes back; `PrefixCache` keeps it).
+    def read_row(self, row: int, length: int) -> torch.Tensor:
+        """The K/V of slots [0, length) of `row` in every layer: [2 (k, v), layers, kv_heads, length, head_dim],
+        this cache's dtype and device. A view, not a copy (what `PrefixCache.store` reads, copying only the part
+        its tree lacks): valid until the cache writes those slots again.
 
         Raises:
             ValueError: length outside [0, capacity]."""
         if not 0 <= length <= self.capacity:
             raise ValueError(f"length {length} outside [0, {self.capacity}]")
-        return self.buffer[:, :, row, :, :length].clone()
+        return self.buffer[:, :, row, :, :length]
 
-    def import_row(self, row: int, kv: torch.Tensor) -> None:
-        """Write `kv` ([2, layers, kv_heads, n, head_dim], from `export_row` of a cache of the same layout) to
-        slots [0, n) of `row`, and commit them: the row's length becomes n.
+    def import_row(self, row: int, kv: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Write `kv` ([2, layers, kv_heads, n, head_dim], as `read_row` gives it for a cache of the same layout;
+        or a sequence of such parts, consecutive in the token axis, n their total: a `PrefixEntry`'s
+        `target_parts`, written without joining them first) to slots [0, n) of `row`, and commit them: the
+        row's length becomes n.
 
         Raises:
             ValueError: another layout, or n above the capacity."""
         b = self.buffer
-        if kv.dim() != 5 or kv.shape[:3] != b.shape[:2] + b.shape[3:4] or kv.shape[4] != b.shape[5] \
-                or kv.shape[3] > self.capacity:
-            raise ValueError(f"cannot import K/V of shape {tuple(kv.shape)} into a row of a cache of shape "
-                             f"{tuple(b.shape)} (capacity {self.capacity})")
-        n = kv.shape[3]
-        b[:, :, row, :, :n] = kv.to(device=b.device, dtype=b.dtype)
+        parts = [kv] if isinstance(kv, torch.Tensor) else list(kv)
+        n = sum(p.shape[3] if p.dim() == 5 else 0 for p in parts)
+        for p in parts:
+            if p.dim() != 5 or p.shape[:3] != b.shape[:2] + b.shape[3:4] or p.shape[4] != b.shape[5] \
+                    or n > self.capacity:
+                raise ValueError(f"cannot import K/V of shape {tuple(p.shape)} (of {n} slots in all) into a row of a "
+                                 f"cache of shape {tuple(b.shape)} (capacity {self.capacity})")
+        at = 0
+        for p in parts:
+            b[:, :, row, :, at:at + p.shape[3]] = p.to(device=b.device, dtype=b.dtype)
+            at += p.shape[3]
         self.lengths[row] = n
 
     def move(self, row: int, src: list[int], dst: list[int]) -> None:

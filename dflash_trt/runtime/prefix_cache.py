@@ -9,7 +9,7 @@ drafting after a cached prefix sees the same context as after a full prefill.
 
 The tree (SGLang's radix tree, at token granularity rather than vLLM's / TensorRT-LLM's fixed blocks): each node
 holds a run of tokens and the K/V of those positions ([2, layers, kv_heads, run, head_dim] per cache, slices of
-`KVCache.export_row`); a node's path from the root is the sequence its K/V continue. Sequences that share a prefix
+`KVCache.read_row`); a node's path from the root is the sequence its K/V continue. Sequences that share a prefix
 share its nodes, so conversations with one system prompt hold it once; storing a sequence that diverges inside a
 node splits the node there. A prompt reuses the longest prefix the tree holds, at most all of its tokens but the
 last (whose logits choose the first token, so it is always read). When the bytes pass `max_bytes`, the least
@@ -41,13 +41,26 @@ MIN_PREFIX_CACHE_GB = 0.001
 
 @dataclass
 class PrefixEntry:
-    """A cached prefix, as `PrefixCache.match` returns it: `tokens` (n ids), the target's K/V of them and (DFlash)
-    the drafter's context K/V, each [2 (k, v), layers, kv_heads, n, head_dim] in the cache's dtype and device (a
-    copy); `drafter` None for a match asked without it (mode "ar")."""
+    """A cached prefix, as `PrefixCache.match` returns it: `tokens` (n ids), and the target's K/V of them and
+    (DFlash) the drafter's context K/V as the parts the tree's nodes hold, each [2 (k, v), layers, kv_heads, m,
+    head_dim] in the cache's dtype and device, consecutive in the token axis (m summing to n): views of the
+    nodes' tensors, which `KVCache.import_row` writes to a cache row as they are (joining them first copied the
+    whole prefix once more). `drafter_parts` None for a match asked without it (mode "ar"). Read the parts
+    before the tree is changed again; `target` / `drafter` join them into one tensor (a copy)."""
 
     tokens: torch.Tensor  # [n] int64, on the CPU
-    target: torch.Tensor
-    drafter: torch.Tensor | None
+    target_parts: tuple[torch.Tensor, ...]
+    drafter_parts: tuple[torch.Tensor, ...] | None
+
+    @property
+    def target(self) -> torch.Tensor:
+        """The target's K/V of the prefix, [2, layers, kv_heads, n, head_dim] (a copy)."""
+        return torch.cat(self.target_parts, dim=3)
+
+    @property
+    def drafter(self) -> torch.Tensor | None:
+        """The drafter's context K/V of the prefix, [2, layers, kv_heads, n, head_dim] (a copy), or None."""
+        return None if self.drafter_parts is None else torch.cat(self.drafter_parts, dim=3)
 
 
 @dataclass(eq=False)
@@ -175,8 +188,8 @@ class PrefixCache:
         if not pos:
             return 0, None
         self._touch([n for n, _ in parts])
-        target = torch.cat([n.target[:, :, :, :k] for n, k in parts], dim=3)
-        drafter = torch.cat([n.drafter[:, :, :, :k] for n, k in parts], dim=3) if with_drafter else None
+        target = tuple(n.target[:, :, :, :k] for n, k in parts)
+        drafter = tuple(n.drafter[:, :, :, :k] for n, k in parts) if with_drafter else None
         return pos, PrefixEntry(torch.tensor(ids[:pos], dtype=torch.int64), target, drafter)
 
     def record(self, queried: int, hit: int) -> None:
@@ -198,8 +211,8 @@ class PrefixCache:
             node.drafter = node.drafter[:, :, :, :k].clone()
 
     def store(self, tokens: list[int], target: torch.Tensor, drafter: torch.Tensor | None) -> bool:
-        """Keep the K/V of `tokens` (target / drafter: [2, layers, kv_heads, len(tokens), head_dim], copies the
-        cache will not write again): the part of its path the tree lacks is added (the drafter's context filled
+        """Keep the K/V of `tokens` (target / drafter: [2, layers, kv_heads, len(tokens), head_dim], views of a
+        cache row (`KVCache.read_row`) or any tensors: the tree copies the parts it keeps, only those): the part of its path the tree lacks is added (the drafter's context filled
         in where only the target's was held); what it already holds is kept as it is. Where the nodes that would
         hold it (with what they hold already) pass max_bytes, its longest prefix that fits is stored instead (a
         long conversation keeps its start: the system prompt, the first turns). Then the least recently used

@@ -155,23 +155,46 @@ def test_bad_arguments_are_refused():
     assert not PrefixCache(100).store([], kv(0), None)
 
 
-def test_kv_cache_rows_export_and_import():
+def test_kv_cache_rows_read_and_import():
     a = KVCache(num_layers=3, batch=2, kv_heads=2, capacity=8, head_dim=4)
     a.buffer.copy_(torch.randn_like(a.buffer))
-    part = a.export_row(1, 5)
+    part = a.read_row(1, 5)
     assert part.shape == (2, 3, 2, 5, 4) and torch.equal(part, a.buffer[:, :, 1, :, :5])
+    assert part.data_ptr() == a.buffer[:, :, 1].data_ptr()  # a view: the tree copies what it keeps, only that
     b = KVCache(num_layers=3, batch=3, kv_heads=2, capacity=6, head_dim=4)
     b.import_row(2, part)
     assert b.lengths == [0, 0, 5] and torch.equal(b.buffer[:, :, 2, :, :5], part)
     assert not b.buffer[:, :, :2].any() and not b.buffer[:, :, 2, :, 5:].any()
-    part.zero_()  # a copy: the cache it came from is unchanged
-    assert a.buffer[:, :, 1, :, :5].any()
+    b.import_row(1, (part[:, :, :, :2], part[:, :, :, 2:3], part[:, :, :, 3:]))  # a match's parts, in order
+    assert b.lengths == [0, 5, 5] and torch.equal(b.buffer[:, :, 1, :, :5], part) and not b.buffer[:, :, 1, :, 5:].any()
+    b.import_row(0, ())  # no parts: an empty row
+    assert b.lengths == [0, 5, 5] and not b.buffer[:, :, 0].any()
     with pytest.raises(ValueError, match="cannot import K/V of shape"):
-        b.import_row(0, a.export_row(0, 7))  # 7 slots into a capacity of 6
+        b.import_row(0, a.read_row(0, 7))  # 7 slots into a capacity of 6
+    with pytest.raises(ValueError, match=r"cannot import K/V of shape \(2, 3, 2, 4, 4\) \(of 8 slots in all\)"):
+        b.import_row(0, (part[:, :, :, :4], part[:, :, :, :4]))  # parts of 8 slots in all
     with pytest.raises(ValueError, match="cannot import K/V of shape"):
         KVCache(2, 1, 2, 8, 4).import_row(0, part)  # another number of layers
     with pytest.raises(ValueError, match="length 9 outside"):
-        a.export_row(0, 9)
+        a.read_row(0, 9)
+
+
+def test_store_copies_only_what_the_tree_lacks():
+    """`store` is given views of a cache row: the nodes it adds own copies of just their part (bytes counted
+    exactly, the row free to be written again), and a match's parts are views of the nodes (no copy made)."""
+    cache = KVCache(num_layers=2, batch=1, kv_heads=1, capacity=10, head_dim=2)
+    cache.buffer.copy_(torch.arange(cache.buffer.numel(), dtype=torch.float32).view_as(cache.buffer))
+    per_token = 2 * 2 * 1 * 2 * 4
+    pc = PrefixCache(10**6)
+    assert pc.store([1, 2, 3, 4], cache.read_row(0, 4), None)
+    first = cache.read_row(0, 6).clone()
+    assert pc.store([1, 2, 3, 4, 5, 6], cache.read_row(0, 6), None) and pc.nbytes == 6 * per_token
+    new = next(iter(next(iter(pc._root.children.values())).children.values()))  # the node of [5, 6]
+    assert new.tokens == (5, 6) and new.target.untyped_storage().nbytes() == 2 * per_token
+    cache.buffer.fill_(-1)  # the row is written again: what the tree holds does not change
+    n, e = pc.match([1, 2, 3, 4, 5, 6, 7], with_drafter=False)
+    assert n == 6 and len(e.target_parts) == 2 and torch.equal(e.target, first)
+    assert e.target_parts[1].data_ptr() == new.target.data_ptr()
 
 
 @pytest.fixture
