@@ -7,6 +7,8 @@ Source: TensorRT-LLM's documented LLM-API reference (PyTorch backend), 1.3.0rc27
 other key is an error (TensorRT-LLM's pydantic models also forbid extra keys, so a typo would
 otherwise fail only on the GPU machine). Where `tensorrt_llm` is importable, `validate_with_tensorrt_llm`
 additionally builds TensorRT-LLM's own `DFlashDecodingConfig` and `KvCacheConfig` from the YAML.
+Value ranges (`_MINIMUM`, `_MAXIMUM`) follow the source of tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig,
+KvCacheConfig, TorchLlmArgs.validate_speculative_config), which enforces some the reference does not list.
 """
 
 from __future__ import annotations
@@ -75,9 +77,15 @@ LLM_ARGS_FIELDS: dict[str, Any] = {
     "speculative_config": DFLASH_FIELDS,
 }
 
-#: lower bounds that TensorRT-LLM's annotations enforce (Ge / Gt)
-_MINIMUM = {"max_draft_len": 0, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 1,
-            "max_num_tokens": 1, "max_seq_len": 1, "mask_token_id": 0}
+#: lower bounds TensorRT-LLM enforces (pydantic Ge / Gt / PositiveInt, validators). max_draft_len: DecodingBaseConfig
+#: allows 0, but TorchLlmArgs.validate_speculative_config asserts "DFlash max_draft_len must be > 0";
+#: max_concurrency and stream_interval are PositiveInt, acceptance_rate_window_size NonNegativeInt
+_MINIMUM = {"max_draft_len": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 1,
+            "max_num_tokens": 1, "max_seq_len": 1, "mask_token_id": 0, "max_concurrency": 1, "stream_interval": 1,
+            "acceptance_rate_window_size": 0, "free_gpu_memory_fraction": 0, "acceptance_rate_threshold": 0}
+#: upper bounds TensorRT-LLM enforces: KvCacheConfig.free_gpu_memory_fraction and
+#: DecodingBaseConfig.acceptance_rate_threshold are fractions (ge=0, le=1)
+_MAXIMUM = {"free_gpu_memory_fraction": 1, "acceptance_rate_threshold": 1}
 
 
 def _type_ok(value: Any, kind: Any) -> bool:
@@ -117,13 +125,16 @@ def _check(section: dict, fields: dict[str, Any], where: str, problems: list[str
             problems.append(f"'{path}' must be {_describe(kind)}, got {value!r}")
         elif key in _MINIMUM and value < _MINIMUM[key]:
             problems.append(f"'{path}' must be >= {_MINIMUM[key]}, got {value}")
+        elif key in _MAXIMUM and value > _MAXIMUM[key]:
+            problems.append(f"'{path}' must be <= {_MAXIMUM[key]}, got {value}")
 
 
 def validate_llm_args(config: dict, block_size: int | None = None) -> None:
     """Check a trtllm-serve YAML config (as a dict) against the TensorRT-LLM fields we know.
 
     Also checks DFlash's own constraints: decoding_type DFlash, speculative_model and target_layer_ids
-    present, and max_draft_len <= block_size - 1 when `block_size` is given.
+    present, max_draft_len >= 1 (TensorRT-LLM asserts it) and <= block_size - 1 when `block_size` is given,
+    and the value ranges TensorRT-LLM enforces (`_MINIMUM`, `_MAXIMUM`: e.g. free_gpu_memory_fraction in [0, 1]).
     Raises:
         ConfigError: every unknown key (with the closest known key), wrong type or range, at once.
     """

@@ -51,3 +51,29 @@ def test_wrong_types_ranges_and_draft_length():
 
 def test_tensorrt_llm_validation_says_it_was_skipped_here():
     assert validate_with_tensorrt_llm(good()).startswith("skipped: tensorrt_llm is not installed")
+
+
+def test_ranges_tensorrt_llm_enforces():
+    """TensorRT-LLM llm_args.py (NVIDIA/TensorRT-LLM 0004396): TorchLlmArgs asserts DFlash max_draft_len > 0;
+    KvCacheConfig.free_gpu_memory_fraction and acceptance_rate_threshold are in [0, 1]; max_concurrency and
+    stream_interval are PositiveInt, acceptance_rate_window_size NonNegativeInt."""
+    cfg = good()
+    cfg["speculative_config"]["max_draft_len"] = 0
+    cfg["kv_cache_config"]["free_gpu_memory_fraction"] = 1.5
+    cfg["speculative_config"]["acceptance_rate_threshold"] = 1.2
+    cfg["speculative_config"]["max_concurrency"] = 0
+    cfg["speculative_config"]["acceptance_rate_window_size"] = -1
+    cfg["stream_interval"] = 0
+    with pytest.raises(ConfigError) as err:
+        validate_llm_args(cfg, block_size=16)
+    msg = str(err.value)
+    assert "'speculative_config.max_draft_len' must be >= 1, got 0" in msg
+    assert "'kv_cache_config.free_gpu_memory_fraction' must be <= 1, got 1.5" in msg
+    assert "'speculative_config.acceptance_rate_threshold' must be <= 1, got 1.2" in msg
+    assert "'speculative_config.max_concurrency' must be >= 1, got 0" in msg
+    assert "'speculative_config.acceptance_rate_window_size' must be >= 0, got -1" in msg
+    assert "'stream_interval' must be >= 1, got 0" in msg
+    cfg = good()  # the bounds themselves pass
+    cfg["speculative_config"].update(max_draft_len=1, acceptance_rate_threshold=1.0, max_concurrency=1)
+    cfg["kv_cache_config"]["free_gpu_memory_fraction"] = 0
+    validate_llm_args(cfg, block_size=16)
