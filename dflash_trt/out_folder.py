@@ -20,6 +20,10 @@ line naming the path and the fix, whatever would fail at the end or lose data:
 - a parent of --out that is a file, or a nearest existing folder in which no folder can be created
   (found by creating and removing an empty, uniquely named one: permission bits say nothing for root,
   nor of /proc or a read-only mount).
+
+The same check runs again just before the rename (`publish_out`): what is at --out may have changed while the
+command ran (a user's file put there, another run with the same --out that finished first); where it now
+refuses, --out is left as it is and the finished folder is kept as `OUT.new`, which the error names.
 """
 
 from __future__ import annotations
@@ -327,3 +331,39 @@ def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exist
             raise ConfigError(f"{flag} {out} is {existing}; --force replaces only {kind.name} or an empty folder, so "
                               f"nothing else is lost: pick another {flag}, or move {what} away yourself")
     return _parent_to_create(flag, path)
+
+
+def free_sibling(path: Path, suffix: str) -> Path:
+    """`path` with `suffix` added to its name (`NAME.new`), or `NAME.new-2`, `-3`, ... when that exists."""
+    candidate, n = path.with_name(path.name + suffix), 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}-{n}")
+    return candidate
+
+
+def publish_out(tmp: str | Path, flag: str, out: str | Path, kind: OutputKind, replace: bool, ran: str,
+                product: str) -> Path:
+    """Move the finished folder `tmp` (written beside `out`) into place at `out` once `check_out` passes again:
+    what is at `out` may have changed while the command ran (a user's file put there, another run with the same
+    `out` that finished first), and only what `check_out(..., replace)` allows is ever replaced. When it no
+    longer passes, `out` is left as it is and `tmp` is kept under a free sibling name (`NAME.new`, `NAME.new-2`,
+    ...) that the error names. `ran` names the command in the message ("the build"), `product` what it wrote
+    ("complete bundle"). Returns the path written (`write_target(out)`).
+
+    Raises:
+        ConfigError: `out` changed so that it may not be replaced: what is there now, where the finished folder is.
+    """
+    from dflash_trt.models.loading import publish_folder
+
+    try:
+        check_out(flag, out, kind, replace)
+    except ConfigError as exc:
+        aside = publish_folder(tmp, free_sibling(write_target(out), ".new"))  # finished: keep it, visibly
+        now = existing_out(out, kind)
+        why = (f"{flag} {out} changed while {ran} ran: it is now {now}, which "
+               + (f"--force does not replace (only {kind.name} of its own files, or an empty folder)" if replace
+                  else "is not replaced without --force") if now else str(exc))
+        raise ConfigError(f"{why}; it is left as it is, and the {product} is at {aside} (move it where you want "
+                          "it)") from exc
+    return publish_folder(tmp, write_target(out))

@@ -304,15 +304,6 @@ def existing_out(out: Path) -> str | None:
     return existing(out, BUNDLE)
 
 
-def free_sibling(path: Path, suffix: str) -> Path:
-    """`path` with `suffix` added to its name (`NAME.new`), or `NAME.new-2`, `-3`, ... when that exists."""
-    candidate, n = path.with_name(path.name + suffix), 1
-    while candidate.exists() or candidate.is_symlink():
-        n += 1
-        candidate = path.with_name(f"{path.name}{suffix}-{n}")
-    return candidate
-
-
 def step_titles(opts: BuildOptions) -> list[str]:
     """The build's steps, in order: the progress lines of a build print them as `[i/N] title`, the
     `--dry-run` plan numbers its lines the same way, for every combination of options."""
@@ -427,7 +418,7 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         BuildError: a step failed (the message names it); nothing was written to `opts.out` (the parent folders of
             it that the build created are removed again, as on Ctrl-C). Or `opts.out` changed
             while the build ran so that `check_out` now refuses it (e.g. a folder with files appeared there): it is
-            left as it is, and the complete bundle is moved to `OUT.new` (`free_sibling`), which the message names.
+            left as it is, and the complete bundle is moved to `OUT.new` (`dflash_trt.out_folder.publish_out`), which the message names.
         BuildInterrupted (a KeyboardInterrupt): Ctrl-C, or SIGTERM inside `terminate_as_interrupt` (`terminated`
             True); its one-line message says which, where, and that nothing
             was written to `opts.out` (what was there is unchanged), or, interrupted while the old --out
@@ -519,7 +510,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
     from dflash_trt.build.quantize import tokenized_prompts
     from dflash_trt.build.readme import write_readmes
     from dflash_trt.build.schema import validate_with_tensorrt_llm
-    from dflash_trt.models.loading import publish_folder
+    from dflash_trt.out_folder import BUNDLE, publish_out
 
     tcfg, dcfg = pre["target"], pre["drafter"]
     state: dict = {}
@@ -643,17 +634,11 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
             if part != RUNTIME_DRAFTER or reduced:
                 report.sizes[part] = folder_bytes(root / part) if (root / part).is_dir() else 0
         report.sizes["total"] = folder_bytes(root)
-        try:
-            check_out(opts)  # again: what is at --out may have changed while the build ran
+        try:  # --out checked again: what is there may have changed while the build ran; readable modes;
+            # --force: the old --out (a bundle of its own files) goes only now
+            publish_out(root, "--out", opts.out, BUNDLE, opts.force, "the build", "complete bundle")
         except ConfigError as exc:
-            aside = publish_folder(root, free_sibling(out, ".new"))  # the bundle is complete: keep it, visibly
-            now = existing_out(opts.out)
-            why = (f"--out {opts.out} changed while the build ran: it is now {now}, which "
-                   + ("--force does not replace (only a dflash-trt bundle of its own files, or an empty folder)"
-                      if opts.force else "is not replaced without --force") if now else str(exc))
-            raise BuildError(f"{why}; it is left as it is, and the complete bundle is at {aside} (move it where you "
-                             "want it)") from exc
-        publish_folder(root, out)  # readable modes; --force: the old --out (bundle or file) goes only now
+            raise BuildError(str(exc)) from exc
         return f"({len(report.manifest['files'])} files hashed)"
 
     for fn in (load_and_quantize, export_checkpoint, export_target, drafter, serving, readmes, manifest_and_move):

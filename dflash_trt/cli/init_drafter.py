@@ -36,7 +36,9 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         ConfigError: before anything loads, --out is unusable (`dflash_trt.out_folder.check_out`: empty, '.' or
             '..', inside a bundle, under a file, not writable, existing without --force, or with --force not
             an empty folder nor a DFlash drafter folder holding only what dflash-trt writes there); then the
-            errors of --target, --target-layer-ids and the drafter's shape (`check_compatible`).
+            errors of --target, --target-layer-ids and the drafter's shape (`check_compatible`); at the end,
+            --out changed while it ran so that the same check refuses it (another run's drafter, a user's file):
+            left as it is, the new drafter kept as OUT.new (`dflash_trt.out_folder.publish_out`).
     """
     import shutil
     import tempfile
@@ -48,9 +50,8 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     from dflash_trt.errors import CheckpointError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
-    from dflash_trt.models.loading import publish_folder
     from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
-    from dflash_trt.out_folder import DRAFTER, check_out, write_target
+    from dflash_trt.out_folder import DRAFTER, check_out, publish_out, write_target
 
     check_out("--out", out, DRAFTER, force)
     target = model_folder("--target", target) or str(default_target_path())  # as every other command
@@ -83,7 +84,7 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.init-", dir=dst.parent))
     try:
         write(cfg, tmp, seed)
-        publish_folder(tmp, dst)
+        publish_out(tmp, "--out", out, DRAFTER, force, "init-drafter", "new drafter")  # --out checked again
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     click.echo(f"wrote untrained drafter ({num_layers} layer{'' if num_layers == 1 else 's'}, block {block_size}, target layers "

@@ -165,7 +165,7 @@ def _exported_from(path: Path, work: Path) -> bool:
     return isinstance(info, dict) and info.get("work_dir") == str(work.resolve())
 
 
-def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path) -> None:
+def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path) -> bool:
     """Refuse an --out or --work-dir that would fail or lose data, before any data is generated
     (`dflash_trt.out_folder`): an --out that is empty, '.' or '..', inside a bundle, under a file or not
     writable (with --data-only too: the run that trains writes there); without --data-only, an existing
@@ -174,6 +174,8 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
     or a DFlash drafter folder holding only what dflash-trt writes there. The work dir must be a folder
     (or creatable) this process can write in, and neither --out nor inside it (the export replaces --out).
 
+    Returns:
+        whether the export may replace a drafter folder at --out (--force, or --resume over its own export).
     Raises:
         ConfigError: one line naming the path and the fix (exit 1, as build and init-drafter refuse an --out).
     """
@@ -182,6 +184,7 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
     from dflash_trt.out_folder import DRAFTER, check_out, check_out_path, check_outside_models, check_writable
     from dflash_trt.training.trainer import CHECKPOINT
 
+    replace = force
     if data_only:
         check_out_path("--out", out, DRAFTER)
     else:
@@ -189,7 +192,8 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
         exported_here = _exported_from(path, work)
         run = ("; or pass --resume to continue the run checkpointed in " + str(work / "run") + " and export it again"
                if (work / "run" / CHECKPOINT).is_file() and exported_here else "")
-        check_out("--out", out, DRAFTER, force or (resume and exported_here), exists_message=(
+        replace = force or (resume and exported_here)
+        check_out("--out", out, DRAFTER, replace, exists_message=(
             f"--out {out} already exists; pick another --out, or pass --force to replace it (--force replaces a DFlash "
             f"drafter folder or an empty folder only, once the new drafter is written){run}"))
     where = path_overlap(work, out)
@@ -198,6 +202,7 @@ def _check_out(out: str, force: bool, resume: bool, data_only: bool, work: Path)
                           "--work-dir outside it (default: OUT.work, beside --out)")
     check_outside_models("--work-dir", work)  # data and checkpoints (gigabytes): not among a model's files
     check_writable("--work-dir", work, work)
+    return replace
 
 
 #: Flags whose value a fine-tuned drafter (--init DIR) dictates; given on the command line they must agree.
@@ -591,12 +596,12 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                               "history": state.val_history}
     dtype = torch.bfloat16 if export_dtype == "bfloat16" else torch.float32
     try:  # --out again: hours may have passed since the first check (a user's files put there are never replaced)
-        _check_out(out, force, resume, False, work)
+        replace = _check_out(out, force, resume, False, work)
     except ConfigError as exc:
         raise ConfigError(f"{exc}; nothing was exported: the run is checkpointed at step {state.step} in {work / 'run'}, "
                           "so once --out is fixed, rerun the same command with --resume to export it") from None
     try:
-        final = export_drafter(drafter, out, info, history, dtype)
+        final = export_drafter(drafter, out, info, history, dtype, replace=replace)
     except KeyboardInterrupt as exc:
         _interrupted(exc, lambda how: f"export to {out} {how} (the folder is renamed into place only once "
                                       f"complete); the run is checkpointed at step {state.step} in {work / 'run'}: "

@@ -29,7 +29,7 @@ from dflash_trt.config import DrafterConfig
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.loading import publish_folder, save_checkpoint
 from dflash_trt.models.speculators import read_zlab
-from dflash_trt.out_folder import DRAFTER_FILES, write_target
+from dflash_trt.out_folder import DRAFTER, DRAFTER_FILES, publish_out, write_target
 from dflash_trt.text import count
 
 
@@ -148,8 +148,12 @@ def bundle_readme(cfg: DrafterConfig, info: dict, speculators: bool = False) -> 
 
 
 def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict, history: list[dict],
-                   dtype: torch.dtype = torch.float32, extra_files: dict[str, str | bytes] | None = None) -> Path:
-    """Write `drafter` to `out` atomically (temp folder + rename; an existing `out` is replaced).
+                   dtype: torch.dtype = torch.float32, extra_files: dict[str, str | bytes] | None = None,
+                   replace: bool | None = None) -> Path:
+    """Write `drafter` to `out` atomically (temp folder + rename). `replace` None: an existing `out` is replaced;
+    True / False (train-drafter's --out): `out` is checked again first (`dflash_trt.out_folder.publish_out`:
+    what may be replaced, with --force or not), and where it changed while this ran so that it may not be
+    replaced, it is left as it is and the drafter written to OUT.new instead (ConfigError naming both).
 
     Contents: config.json (trained; `draft_vocab_size` when reduced), model.safetensors (floating
     weights in `dtype`; `d2t` int64 when reduced), training.json (`training_info` + versions),
@@ -177,7 +181,10 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
         for name, content in (extra_files or {}).items():
             target = tmp / name
             target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
-        publish_folder(tmp, out)  # readable modes (mkdtemp makes 0700, safetensors 0600), then the rename
+        if replace is None:
+            publish_folder(tmp, out)  # readable modes (mkdtemp makes 0700, safetensors 0600), then the rename
+        else:
+            publish_out(tmp, "--out", out, DRAFTER, replace, "train-drafter's export", "trained drafter")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -239,7 +246,9 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False, targe
         CheckpointError / ConfigError: `src` is not a drafter folder (missing, a file, no dflash_config,
             no weights); `dst` is, holds or lies inside `src`, or fails `dflash_trt.out_folder.check_out`
             (empty, '.' or '..', inside a bundle, under a file, not writable, existing without `force`, with
-            `force` a file or a folder holding anything else; nothing is written then).
+            `force` a file or a folder holding anything else; nothing is written then); or fails it again once
+            the copy is written (`dst` changed meanwhile: left as it is, the copy kept as DST.new,
+            `dflash_trt.out_folder.publish_out`).
         IncompatibleModelsError: with `target`, a pair that does not fit (`check_pair`).
     """
     from dflash_trt.cli.common import model_folder
@@ -265,7 +274,7 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False, targe
             shutil.copy2(src / name, tmp / name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
-        publish_folder(tmp, dst)
+        publish_out(tmp, "DST", dst, DRAFTER, force, "the export", "new drafter")  # DST checked again
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -363,7 +372,7 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
                 shutil.copy2(src / name, tmp / name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg, info, speculators=True))
-        publish_folder(tmp, dst)
+        publish_out(tmp, "DST", dst, DRAFTER, force, "the export", "new drafter")  # DST checked again
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

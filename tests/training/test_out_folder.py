@@ -287,3 +287,37 @@ def test_an_out_inside_a_targets_folder_is_warned_and_written(cli):
     code, _, err = cli("train-drafter", "mdl/trained", "--work-dir", "w2")  # --out is checked twice: warned once
     assert code == 0 and err.count("warning: --out mdl/trained is inside the model folder") == 1, err
     assert (model / "trained" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_what_appears_at_out_while_the_command_writes_is_kept(cli, monkeypatch, command, force):
+    """A file put at --out while the command wrote its folder (a user's, or another run with the same --out that
+    finished first) was replaced by the rename at the end, the command reporting success. Now --out is checked
+    again before the rename: it stays as it is and the new drafter goes to OUT.new, named by the one error line."""
+    import dflash_trt.models.checkpoints as checkpoints
+    import dflash_trt.training.export as export
+
+    def save_then_user_writes(module):
+        real = module.save_checkpoint
+
+        def save(*args, **kwargs):
+            real(*args, **kwargs)
+            (cli.here / "d").write_text("my notes\n")  # while the drafter is being written beside it
+        monkeypatch.setattr(module, "save_checkpoint", save)
+
+    save_then_user_writes(checkpoints)
+    save_then_user_writes(export)
+    code, _, err = cli(command, "d", *(["--force"] if force else []))
+    err = err[err.index("error: "):]  # train-drafter: after its progress bars
+    flag = _flag(command)
+    ran, product = {"init-drafter": ("init-drafter", "new drafter"), "export": ("the export", "new drafter"),
+                    "train-drafter": ("train-drafter's export", "trained drafter")}[command]
+    refused = ("--force does not replace (only a DFlash drafter folder of its own files, or an empty folder)" if force
+               else "is not replaced without --force")
+    assert _one_error_line(code, err, f"error: {flag} d changed while {ran} ran: it is now a file, not a DFlash drafter folder, which {refused}; it "
+                                      f"is left as it is, and the {product} is at d.new (move it where you want it)"), err
+    assert (cli.here / "d").read_text() == "my notes\n"
+    cfg = json.loads((cli.here / "d.new" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and (cli.here / "d.new" / "model.safetensors").is_file()
+    assert not [p.name for p in cli.here.iterdir() if p.name.startswith(".")]  # no temporary folder left
