@@ -109,7 +109,7 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
     hf_modes = [m for m in mode_list if m.startswith("hf")]
     processing = logits_processing(max_tokens, min_p, repetition_penalty, presence_penalty, frequency_penalty,
                                    logit_bias, min_tokens)
-    processing["guided"] = guided_decoding(json_schema, json_object, regex, grammar)
+    processing["guided"] = guided_decoding(json_schema, json_object, regex, grammar, min_tokens)
     given = [f"--{name.replace('_', '-')}" for name in (*processing, "json_schema", "json_object", "regex", "grammar")
              if name != "guided"
              and click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT]

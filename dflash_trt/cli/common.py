@@ -357,12 +357,16 @@ def _looks_like_path(value: str) -> bool:
     return value.lower().endswith(".json") or any(sep and sep in value for sep in (os.sep, os.altsep))
 
 
-def guided_decoding(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None):
+def guided_decoding(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None,
+                    min_tokens: int = 0):
     """`guided_decoding_options`' values as a `dflash_trt.runtime.guided.GuidedDecoding`, or None when none is given.
     --json-schema and --grammar read a file when the value names one, else take the value as the text itself.
 
     Raises:
-        click.UsageError: more than one given; a value given as text that is not UTF-8 (`check_argv_text`).
+        click.UsageError: more than one given; one given with --min-tokens (`min_tokens` > 0: a complete answer
+            leaves only the stop tokens, which --min-tokens holds back; `SamplingParams` refuses the pair too,
+            in its field names, once the models are loaded); a value given as text that is not UTF-8
+            (`check_argv_text`).
             click.BadParameter: a schema that is not JSON, a file that cannot be read or is not UTF-8, a
             --json-schema file (a value ending in .json or holding a path separator, not JSON) that does not
             exist, or what GuidedDecoding refuses.
@@ -377,6 +381,9 @@ def guided_decoding(json_schema: str | None, json_object: bool, regex: str | Non
                                "--regex, --grammar")
     if not given:
         return None
+    if min_tokens:
+        raise click.UsageError(f"--min-tokens and {given[0]} do not go together: once the answer is complete, the "
+                               "grammar allows only the stop tokens, which --min-tokens holds back; drop --min-tokens")
 
     def text(flag: str, value: str) -> str:
         path = Path(value)

@@ -107,7 +107,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                             logprobs=num_logprobs, **logits_processing(max_tokens, min_p, repetition_penalty,
                                                                        presence_penalty, frequency_penalty, logit_bias,
                                                                        min_tokens),
-                            guided=guided_decoding(json_schema, json_object, regex, grammar))
+                            guided=guided_decoding(json_schema, json_object, regex, grammar, min_tokens))
     from dflash_trt.training.prompts import REQUEST_KEYS, load_prompts_jsonl
 
     warn_tree_unused(tree_topk, temperature)

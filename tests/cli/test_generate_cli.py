@@ -496,7 +496,9 @@ def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys)
     for flags, message in (
             (["--regex", "a", "--json-object"], "--json-object and --regex exclude each other"),
             (["--json-schema", "{bad"], "Invalid value for '--json-schema': guided decoding: the JSON schema is not JSON"),
-            (["--json-object", "--min-tokens", "2"], "min_tokens and guided decoding do not go together"),
+            (["--json-object", "--min-tokens", "2"], "error: --min-tokens and --json-object do not go together: once "
+                                                     "the answer is complete, the grammar allows only the stop tokens, "
+                                                     "which --min-tokens holds back; drop --min-tokens (see"),
             (["--grammar", "/"], "Invalid value for '--grammar': / is a directory; give a file, or the text itself"),
             (["--grammar", "nosuch.gbnf"], "Invalid value for '--grammar': no file nosuch.gbnf, and not a grammar either "
                                            "(no rule such as root ::= ...); give an EBNF grammar file or the grammar text"),
@@ -504,6 +506,8 @@ def test_structured_output_flags_are_checked_before_loading(monkeypatch, capsys)
             (["--json-schema", '{"allOf": []}'], "keyword 'allOf' (at #) is not supported")):
         code, _, err = run_main(monkeypatch, capsys, "generate", "--prompt", "hi", "--max-tokens", "4", *flags)
         assert code in (1, 2) and message in err and err.count("\n") == 1, err
+    code, _, err = run_main(monkeypatch, capsys, "bench", "--regex", "a+", "--min-tokens", "2", "--modes", "dflash")
+    assert code == 2 and err.startswith("error: --min-tokens and --regex do not go together"), err
 
 
 def test_logits_processing_flags_that_do_not_fit_together_are_refused_before_loading(monkeypatch, capsys):
