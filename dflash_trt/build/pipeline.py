@@ -310,7 +310,8 @@ def step_titles(opts: BuildOptions) -> list[str]:
     load = (f"calibrate + quantize target ({opts.quant}, kv cache {opts.kv_cache_dtype})" if opts.calibrates
             else "load target (nothing to quantize)")
     return ["check", load, f"export TensorRT-LLM per-rank checkpoint (tp {opts.tp_size})",
-            "export unified HF target checkpoint", f"drafter ({opts.drafter_quant})",
+            "export unified HF target checkpoint",
+            "drafter (FP8)" if opts.drafter_quant == "fp8" else "drafter (copied, not quantized)",
             "write serve.yaml, launch.sh, LLM API example, Triton model repository", "write README.md files",
             "write manifest.json and move the bundle to --out"]
 

@@ -239,7 +239,7 @@ def test_ctrl_c_through_run_build_is_a_keyboard_interrupt(tmp_path, tiny_pair, m
     with pytest.raises(KeyboardInterrupt) as exc:
         build_bundle(*tiny_pair, tmp_path / "z")
     assert isinstance(exc.value, BuildInterrupted) and str(exc.value).startswith(
-        "build interrupted (Ctrl-C) in step 5/8 'drafter (none)'; nothing was written to")
+        "build interrupted (Ctrl-C) in step 5/8 'drafter (copied, not quantized)'; nothing was written to")
     assert list(tmp_path.iterdir()) == []
 
 
