@@ -281,8 +281,8 @@ def trtllm_drafter_how(converted: bool, fp8: bool) -> str:
     """How trtllm/drafter is made when runtime/drafter holds the drafter dflash-trt loads (`drafter_as_given`):
     `converted` (`trtllm_needs_conversion`) or copied as given, and not quantized when that one is FP8."""
     if not converted:
-        return "the drafter as given, not quantized"
-    return "z-lab format, full vocabulary, no d2t" + (", not quantized" if fp8 else "")
+        return "the drafter as given, in bfloat16, not quantized"
+    return "z-lab format, full vocabulary, no d2t, in bfloat16" + (", not quantized" if fp8 else "")
 
 
 #: where a drafter TensorRT-LLM cannot load as it is (`drafter_as_given`) goes, for our runtime (trtllm/drafter gets
@@ -568,6 +568,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
                 trtllm.copy_drafter(Path(opts.drafter), root / TRTLLM_DRAFTER)
             how = trtllm_drafter_how(converted, opts.drafter_quant == "fp8")
             detail += f" ({given} in {RUNTIME_DRAFTER}/ for dflash-trt; {TRTLLM_DRAFTER}/: {how})"
+        trtllm.drafter_in_serving_dtype(root / TRTLLM_DRAFTER)
         return detail.strip()
 
     def serving():

@@ -76,16 +76,19 @@ def export_target_hf(model, out: Path, source: Path) -> None:
     copy_tokenizer(source, out)
 
 
-def _store_unquantized_as(folder: Path, dtype: torch.dtype) -> None:
-    """Rewrite a checkpoint's float32 non-scale tensors in `dtype` (scales stay float32); set config dtype."""
+def _store_unquantized_as(folder: Path, dtype: torch.dtype, sources: tuple[torch.dtype, ...] = (torch.float32,)) -> None:
+    """Rewrite a checkpoint's non-scale tensors of a `sources` dtype in `dtype` (scales stay float32, quantized
+    weights as they are); set config dtype."""
     from safetensors.torch import load_file, save_file
 
     from dflash_trt.models.dequant import SCALE_SUFFIXES
 
     for file in sorted(folder.glob("*.safetensors")):
         tensors = load_file(str(file))
+        if not any(t.dtype in sources and t.dtype != dtype for t in tensors.values()):
+            continue  # nothing to convert: the file stays as copied
         for name, t in tensors.items():
-            if t.dtype == torch.float32 and not name.endswith(SCALE_SUFFIXES):
+            if t.dtype in sources and not name.endswith(SCALE_SUFFIXES):
                 tensors[name] = t.to(dtype)
         save_file(tensors, str(file), metadata={"format": "pt"})
     cfg_file = folder / "config.json"
@@ -103,6 +106,15 @@ def copy_drafter(src: Path, out: Path) -> None:
     for p in src.iterdir():
         if p.is_file() and (p.suffix in (".json", ".safetensors", ".md", ".png") or p.name in TOKENIZER_FILES):
             shutil.copy2(p, out / p.name)
+
+
+def drafter_in_serving_dtype(folder: Path) -> None:
+    """Store TensorRT-LLM's copy of the drafter (an unquantized z-lab drafter folder) in EXPORT_DTYPE, the target's:
+    TensorRT-LLM builds the draft model in its config's dtype and feeds it the target's hidden states, so a float32
+    drafter (what `init-drafter` and `train-drafter --export-dtype float32` write) next to a bfloat16 target would
+    not run there (and its weights and draft KV cache take twice the memory). float32 and float16 weights are
+    converted; config.json's `dtype` says EXPORT_DTYPE (its `torch_dtype` dropped, as the target's export)."""
+    _store_unquantized_as(folder, EXPORT_DTYPE, (torch.float32, torch.float16))
 
 
 def serve_config(tp_size: int, block_size: int, mask_token_id: int, target_layer_ids: list[int],

@@ -269,7 +269,7 @@ def test_failed_build_names_the_step_that_failed(tmp_path, tiny_pair, monkeypatc
 
     monkeypatch.setattr(trtllm, "copy_drafter", broken)  # step 4: a failure that is not ours
     out = tmp_path / "engines" / "y"
-    with pytest.raises(BuildError, match=r"build failed in step 'drafter \(none\)': OSError: disk full; nothing was "
+    with pytest.raises(BuildError, match=r"build failed in step 'drafter \(copied, not quantized\)': OSError: disk full; nothing was "
                                          r"written to"):
         build_bundle(*tiny_pair, out, quant="none")
     assert list(tmp_path.iterdir()) == []  # nor engines/, which the build made

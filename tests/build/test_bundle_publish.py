@@ -37,6 +37,14 @@ def reduced_drafter(tmp_path_factory, tiny_pair):
     return write_tiny_drafter(tmp_path_factory.mktemp("reduced") / "drafter", target, draft_vocab_size=DRAFT_VOCAB)
 
 
+def in_bf16(tensors: dict) -> tuple:
+    """(the dtype of the floating tensors of `tensors`, `tensors` with those cast to bfloat16): trtllm/drafter holds the
+    drafter in the target's serving dtype (`trtllm.drafter_in_serving_dtype`)."""
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return (dtypes.pop() if len(dtypes) == 1 else dtypes,
+            {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in tensors.items()})
+
+
 def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umask022, monkeypatch, capsys):
     """trtllm/drafter (what serve.yaml and llm_api_example.py load) is the full-vocabulary variant: no d2t,
     no draft_vocab_size, the same weights; runtime/drafter is the drafter as given and what `generate
@@ -60,11 +68,13 @@ def test_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, umas
     source = read_tensors(reduced_drafter)
     full = read_tensors(trt)
     assert "d2t" in source and "d2t" not in full and set(full) == set(source) - {"d2t"}
-    assert all(torch.equal(full[k], source[k]) for k in full)
+    assert all(full[k].dtype == torch.bfloat16 for k in full) and in_bf16(source)[0] == torch.float32
+    assert all(torch.equal(full[k], in_bf16(source)[1][k]) for k in full)  # the target's serving dtype
     trt_cfg = json.loads((trt / "config.json").read_text())
     src_cfg = json.loads((reduced_drafter / "config.json").read_text())
     assert src_cfg["draft_vocab_size"] == DRAFT_VOCAB and "draft_vocab_size" not in trt_cfg
-    assert trt_cfg == {k: v for k, v in src_cfg.items() if k != "draft_vocab_size"}
+    assert trt_cfg == {**{k: v for k, v in src_cfg.items() if k not in ("draft_vocab_size", "torch_dtype")},
+                       "dtype": "bfloat16"}
     assert sha256_file(runtime / "model.safetensors") == sha256_file(reduced_drafter / "model.safetensors")
     assert json.loads((runtime / "config.json").read_text()) == src_cfg
     assert (runtime / "training.json").read_text() == (given / "training.json").read_text()
@@ -126,14 +136,15 @@ def test_fp8_reduced_vocab_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, 
     assert quant_algo(trt) is None and quant_algo(runtime) == "FP8"
     full, reduced, source = read_tensors(trt), read_tensors(runtime), read_tensors(given)
     assert "d2t" in reduced and set(full) == set(source) - {"d2t"}
-    assert reduced["fc.weight"].dtype == torch.float8_e4m3fn and all(torch.equal(full[k], source[k]) for k in full)
+    assert reduced["fc.weight"].dtype == torch.float8_e4m3fn and all(torch.equal(full[k], in_bf16(source)[1][k])
+                                                                     for k in full)
     assert not (trt / "hf_quant_config.json").exists() and (runtime / "hf_quant_config.json").is_file()
     assert "draft_vocab_size" not in json.loads((trt / "config.json").read_text())
     for folder in (trt, runtime):  # how the drafter was made survives quantization (its README said "elsewhere")
         assert (folder / "training.json").read_text() == '{"steps": 3}\n'
     m = load_manifest(out)["models"]["drafter"]
     assert m["as_given"] == f"draft vocabulary {DRAFT_VOCAB}, FP8" and m["trtllm_quantization"] == "none"
-    assert "full vocabulary, no d2t, not quantized" in report.steps[4].detail
+    assert "full vocabulary, no d2t, in bfloat16, not quantized" in report.steps[4].detail
     assert "- Drafter: not quantized: TensorRT-LLM's DFlash loader" in (trt / "README.md").read_text()
     assert "- Drafter: **FP8**" in (runtime / "README.md").read_text()
     assert_greedy_dflash_equals_ar(load_bundle(out), max_tokens=16)
@@ -149,12 +160,13 @@ def test_fp8_drafter_bundle_keeps_trtllms_drafter_as_given(tmp_path, tiny_pair):
     out = tmp_path / "b"
     report = build_bundle(target, drafter, out, quant="none", drafter_quant="fp8")
     trt, runtime = out / "trtllm/drafter", out / "runtime/drafter"
-    assert sha256_file(trt / "model.safetensors") == sha256_file(drafter / "model.safetensors")
+    got, want = read_tensors(trt), in_bf16(read_tensors(drafter))[1]  # as given, in the target's serving dtype
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
     assert quant_algo(trt) is None and quant_algo(runtime) == "FP8"
     m = load_manifest(out)["models"]["drafter"]
     assert (m["path"], m["trtllm_path"], m["as_given"]) == ("runtime/drafter", "trtllm/drafter", "FP8")
     assert m["trtllm_vocabulary"] == "full (as given)"
-    assert "(FP8 in runtime/drafter/ for dflash-trt; trtllm/drafter/: the drafter as given, not quantized)" in \
+    assert "(FP8 in runtime/drafter/ for dflash-trt; trtllm/drafter/: the drafter as given, in bfloat16, not quantized)" in \
         report.steps[4].detail
     assert yaml.safe_load((out / "trtllm/serve.yaml").read_text())["speculative_config"]["speculative_model"] == "./drafter"
     pipe = load_bundle(out)
@@ -277,7 +289,7 @@ def test_speculators_drafter_bundle(tmp_path, tiny_pair, reduced_drafter, reduce
     assert json.loads((runtime / "config.json").read_text())["speculators_model_type"] == "dflash"
     want = full_vocab_copy(zlab, tmp_path / "zlab-full")
     got_t, want_t = read_tensors(trt), read_tensors(want)
-    assert set(got_t) == set(want_t) and all(torch.equal(got_t[k], want_t[k]) for k in got_t)
+    assert set(got_t) == set(want_t) and all(torch.equal(got_t[k], in_bf16(want_t)[1][k]) for k in got_t)
     trt_cfg = json.loads((trt / "config.json").read_text())
     assert trt_cfg["architectures"] == ["DFlashDraftModel"] and "speculators_model_type" not in trt_cfg
     assert trt_cfg["dflash_config"] == json.loads((want / "config.json").read_text())["dflash_config"]
@@ -337,4 +349,4 @@ def test_fp8_bundle_of_a_speculators_drafter_says_what_each_folder_holds(tmp_pat
     m = load_manifest(out)["models"]["drafter"]
     assert m["as_given"] == "FP8" and "full_vocab_copy" in m["trtllm_vocabulary"]
     assert "- runtime/drafter/: the drafter dflash-trt loads (FP8)." in (out / "README.md").read_text()
-    assert "trtllm/drafter/: z-lab format, full vocabulary, no d2t, not quantized" in report.steps[4].detail
+    assert "trtllm/drafter/: z-lab format, full vocabulary, no d2t, in bfloat16, not quantized" in report.steps[4].detail

@@ -114,3 +114,30 @@ def test_other_decoders_are_refused_by_name(tmp_path):
     with pytest.raises(BuildError, match="wired up for llama, qwen3 targets only, got model_type 'qwen2'"):
         export_trtllm_checkpoint(model, tmp_path / "out", 1, tmp_path, max_draft_len=3, max_seq_len=64)
     assert not (tmp_path / "out").exists()
+
+
+def test_trtllms_drafter_is_stored_in_the_serving_dtype(tmp_path):
+    """trtllm/drafter in bfloat16 whatever the drafter's float dtype (TensorRT-LLM builds the draft model in its
+    config's dtype beside a bfloat16 target): float32 and float16 weights converted, int tensors (d2t) and
+    bfloat16 ones kept; config.json says dtype bfloat16, no torch_dtype; a folder already in bfloat16 is left
+    byte for byte."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.build.trtllm import drafter_in_serving_dtype
+
+    weights = {"fc.weight": torch.randn(4, 8), "norm.weight": torch.randn(8).half(),
+               "layers.0.mlp.up_proj.weight": torch.randn(8, 8).bfloat16(), "d2t": torch.arange(5)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], "torch_dtype": "float32"}))
+    drafter_in_serving_dtype(tmp_path)
+    got = load_file(str(tmp_path / "model.safetensors"))
+    assert {k: t.dtype for k, t in got.items()} == {"fc.weight": torch.bfloat16, "norm.weight": torch.bfloat16,
+                                                   "layers.0.mlp.up_proj.weight": torch.bfloat16, "d2t": torch.int64}
+    assert all(torch.equal(got[k], weights[k].to(got[k].dtype)) for k in got)
+    assert json.loads((tmp_path / "config.json").read_text()) == {"architectures": ["DFlashDraftModel"],
+                                                                   "dtype": "bfloat16"}
+    before = (tmp_path / "model.safetensors").read_bytes()
+    drafter_in_serving_dtype(tmp_path)  # nothing left to convert: the weights file is not rewritten
+    assert (tmp_path / "model.safetensors").read_bytes() == before
