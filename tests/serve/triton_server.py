@@ -5,7 +5,9 @@
 The Python-backend stub of that build reads STRING tensors wrongly under numpy 2 (a buffer with
 stride 0: every byte reads as the first), so the stub runs in a small environment with numpy 1.26
 that reaches this venv's packages through a .pth file (`stub_env`); Triton containers bring their
-own Python, where this does not arise.
+own Python, where this does not arise. The stub's embedded interpreter ignores PYTHONPATH (an isolated
+configuration), so that .pth also puts first the checkout whose `dflash_trt` the tests import: a test run
+from another checkout (a git worktree) serves its own code, not the one installed in the venv.
 """
 
 from __future__ import annotations
@@ -32,15 +34,19 @@ def pytriton_dir() -> Path | None:
 
 
 def stub_env(root: Path) -> Path:
-    """A venv at `root` with numpy<2 whose .pth adds this interpreter's site-packages after its own;
-    returns its bin folder (put first on PATH, the stub runs its `python`)."""
+    """A venv at `root` with numpy<2 whose .pth adds this interpreter's site-packages after its own, and
+    the folder holding the `dflash_trt` this process imports before them; returns its bin folder (put
+    first on PATH, the stub runs its `python`)."""
+    import dflash_trt
+
+    source = str(Path(dflash_trt.__file__).resolve().parent.parent)
     if not (root / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
         py = root / "bin" / "python"
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
                         "--no-warn-conflicts", "--target", _site(py), "numpy<2"], check=True)
         Path(_site(py), "zz_dflash_main_env.pth").write_text(
-            f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+            f"import site, sys; site.addsitedir({sysconfig.get_paths()['purelib']!r}); sys.path.insert(0, {source!r})\n")
     return root / "bin"
 
 
