@@ -17,7 +17,8 @@ ensemble's: it has `max_batch_size` > 0, so they send shapes [batch, 1]; this mo
     curl -X POST localhost:8000/v2/models/dflash/generate \\
          -d '{"text_input": "What is the capital of France?", "apply_chat_template": true, "max_tokens": 32}'
 
-Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256);
+Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256, or the
+room the prompt leaves in the context where that is less);
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
 INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
 strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
@@ -522,8 +523,13 @@ class TritonPythonModel:
         seed = scalar("random_seed", None)
         log_probs = bool(scalar("return_log_probs", False))
         perf = bool(scalar("return_perf_metrics", False))
+        given = scalar("max_tokens", None)  # as the OpenAI server: the prompt must leave room, max_tokens fit it
+        max_tokens = fit_context(len(ids), None if given is None else int(given), self.pipe.engine.context_len,
+                                 "text_input")
+        if given is None:  # the default, cut to the room the prompt leaves
+            max_tokens = min(max_tokens, DEFAULT_MAX_TOKENS)
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
-                                top_k=int(scalar("top_k", 0)), max_tokens=int(scalar("max_tokens", DEFAULT_MAX_TOKENS)),
+                                top_k=int(scalar("top_k", 0)), max_tokens=max_tokens,
                                 seed=None if seed is None else int(seed), logprobs=0 if log_probs else None,
                                 repetition_penalty=float(scalar("repetition_penalty", 1.0)),
                                 presence_penalty=float(scalar("presence_penalty", 0.0)),
@@ -532,7 +538,6 @@ class TritonPythonModel:
                                 min_p=float(scalar("min_p", 0.0)), logit_bias=bias, bad_words=bad or None,
                                 guided=guided_decoding(scalar("guided_decoding_guide_type", None),
                                                        scalar("guided_decoding_guide", None)))
-        fit_context(len(ids), params.max_tokens, self.pipe.engine.context_len, "text_input")  # as the OpenAI server
         if params.guided is not None:  # compiled here (cached), not on the generation thread
             self.pipe.engine.grammars.compile(params.guided)
         stream = bool(scalar("stream", False))

@@ -223,6 +223,19 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
     assert status == 200 and out["num_output_tokens"] == 3, out  # the TensorRT-LLM backend's example request
 
 
+@pytest.mark.slow
+def test_without_max_tokens_a_long_prompt_gets_the_room_it_leaves(triton, smollm2_pipeline):
+    """max_tokens left out is 256, or the room the prompt leaves where that is less (as the OpenAI server's rule):
+    a prompt 3 tokens short of the context was refused ("max_tokens is 256: ... ask for at most 3 tokens") although
+    the request asked for no number of tokens."""
+    prompt = "hello " * 8188
+    room = smollm2_pipeline.engine.context_len - len(smollm2_pipeline.encode(prompt))
+    assert 1 <= room < 256
+    status, out = generate(triton, {"text_input": prompt})
+    assert status == 200, out
+    assert out["num_output_tokens"] == room and out["finish_reason"] == "length", out
+
+
 #: a prompt the target continues for as long as it is let (greedy counting)
 COUNTING = "1, 2, 3, 4, 5,"
 
