@@ -324,8 +324,9 @@ def embedding_bias(words, weights, encode) -> dict[int, float] | None:
     Args:
         words: the words (str or UTF-8 bytes), or None. weights: one number per word, or None.
     Raises:
-        InvalidRequestError: one input given without the other, lengths that differ, a weight that is not
-            finite, or a token's sum outside [-100, 100] (`SamplingParams.logit_bias`' range), naming the word.
+        InvalidRequestError: one input given without the other, lengths that differ, a word that is not UTF-8, a
+            weight that is not finite, or a token's sum outside [-100, 100] (`SamplingParams.logit_bias`' range),
+            naming the word.
     """
     import math
 
@@ -337,7 +338,7 @@ def embedding_bias(words, weights, encode) -> dict[int, float] | None:
         given, missing = ("embedding_bias_words", "embedding_bias_weights") if weights is None else (
             "embedding_bias_weights", "embedding_bias_words")
         raise InvalidRequestError(f"{given} needs {missing} beside it: one weight per word")
-    words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in words]
+    words = [utf8_text(w, "embedding_bias_words") for w in words]
     weights = [float(w) for w in weights]
     if len(words) != len(weights):
         raise InvalidRequestError(f"embedding_bias_words has {len(words)} word(s) and embedding_bias_weights "
@@ -365,16 +366,16 @@ def guided_decoding(guide_type, guide):
     "ebnf_grammar" (each with its guide); None when neither is given.
 
     Raises:
-        InvalidRequestError: a guide without a type, a type other than those four, "json" with a guide, or
-            another type without one.
+        InvalidRequestError: a guide without a type, a type other than those four, "json" with a guide,
+            another type without one, or a value that is not UTF-8.
     """
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.guided import GuidedDecoding
 
-    def text(value):
-        return value.decode("utf-8") if isinstance(value, bytes) else None if value is None else str(value)
+    def text(value, name):
+        return None if value is None else utf8_text(value, name)
 
-    guide_type, guide = text(guide_type), text(guide)
+    guide_type, guide = text(guide_type, "guided_decoding_guide_type"), text(guide, "guided_decoding_guide")
     if not guide_type:
         if guide:
             raise InvalidRequestError("guided_decoding_guide needs guided_decoding_guide_type beside it (one of "
@@ -391,6 +392,23 @@ def guided_decoding(guide_type, guide):
         raise InvalidRequestError(f'guided_decoding_guide_type "{guide_type}" needs guided_decoding_guide (the '
                                   f"{'JSON schema' if guide_type == 'json_schema' else guide_type.replace('_', ' ')})")
     return GuidedDecoding(**{GUIDE_TYPES[guide_type]: guide})
+
+
+def utf8_text(value, name: str) -> str:
+    """A STRING tensor's element as text: UTF-8 bytes decoded (Triton passes a request's bytes on unchecked, from
+    gRPC or from a JSON string), anything else as str.
+
+    Raises:
+        InvalidRequestError: bytes that are not UTF-8, naming the input `name` and where they stop being UTF-8.
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); send it as UTF-8") from None
 
 
 def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
@@ -498,13 +516,13 @@ class TritonPythonModel:
         raw = scalar("text_input", None)
         if raw is None:
             raise InvalidRequestError("text_input is required: the prompt text")
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        text = utf8_text(raw, "text_input")
         if not text:
             raise InvalidRequestError("text_input is empty; give some text")
         def words(name) -> tuple[str, ...]:
             """A STRING [-1] input's words; an empty one means none, as in the TensorRT-LLM backend (its example
             request sends "stop_words": "", "bad_words": "")."""
-            texts = (w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in vector(name) or ())
+            texts = (utf8_text(w, name) for w in vector(name) or ())
             return tuple(t for t in texts if t)
 
         stops = check_stops(words("stop_words"), "stop_words")

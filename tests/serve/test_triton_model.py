@@ -223,6 +223,22 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
     assert status == 200 and out["num_output_tokens"] == 3, out  # the TensorRT-LLM backend's example request
 
 
+def test_text_that_is_not_utf8_is_refused_naming_the_input(triton):
+    """Triton hands a STRING input's bytes over unchecked (here from a JSON string holding bytes that are not UTF-8):
+    an error response names the input (it was Python's bare "'utf-8' codec can't decode byte 0xff ..."), and the
+    model answers the next request."""
+    url = f"{triton.url}/v2/models/dflash/generate"
+    for body, words in ((b'{"text_input": "\xff\xfe", "max_tokens": 2}', "text_input is not UTF-8 text (byte 0: "),
+                        (b'{"text_input": "hi", "max_tokens": 2, "stop_words": ["ok", "\xc3"]}', "stop_words is not UTF-8"),
+                        (b'{"text_input": "hi", "max_tokens": 2, "bad_words": ["\xe2\x82"]}', "bad_words is not UTF-8"),
+                        ((b'{"text_input": "hi", "max_tokens": 2, "guided_decoding_guide_type": "regex", '
+                          b'"guided_decoding_guide": "a\xff"}'), "guided_decoding_guide is not UTF-8")):
+        r = httpx.post(url, content=body, timeout=60)
+        assert r.status_code == 400 and words in r.json()["error"], (body, r.text)
+    status, out = generate(triton, {"text_input": "h\u00e9llo \u65e5\u672c \U0001f389", "max_tokens": 2})
+    assert status == 200 and out["num_output_tokens"] == 2, out
+
+
 @pytest.mark.slow
 def test_without_max_tokens_a_long_prompt_gets_the_room_it_leaves(triton, smollm2_pipeline):
     """max_tokens left out is 256, or the room the prompt leaves where that is less (as the OpenAI server's rule):
