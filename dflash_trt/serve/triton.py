@@ -50,9 +50,14 @@ Triton's JSON frontend converts the values before the model sees them: a `max_to
 (4294967297 arrives as 1), a value of the wrong JSON type is its 500 parse error, and `"stream": true`
 sent to `/generate` (not `/generate_stream`) is answered 200 with an error body.
 
-A request whose client leaves (an HTTP connection closed, a gRPC stream cancelled) is marked cancelled by
-Triton (`response_sender.is_cancelled()`, Triton 23.10+); the model polls that every CANCEL_POLL_S and aborts
-it at its next tokens (finish_reason "abort"). `finalize` (the model unloaded) aborts what is left and joins the
+A request whose gRPC stream is cancelled, or whose `/generate_stream` client (with `stream` true) closes its
+connection, is marked cancelled by Triton (`response_sender.is_cancelled()`, Triton 23.10+); the model polls that
+every CANCEL_POLL_S and aborts it at its next tokens (finish_reason "abort"), or while its prompt is still read.
+Triton's HTTP frontend (2.51) notices a closed connection only when it writes to it: a streaming client's leaving
+counts from the next response sent to it (a long prompt is read to its end first), and a request answered in one
+response (`stream` false, on `/generate` or `/generate_stream`) is never marked: it runs to its end (its
+max_tokens) after its client left, holding a row of the batch. HTTP clients that may leave should stream, or bound
+max_tokens. `finalize` (the model unloaded) aborts what is left and joins the
 generation thread. Triton unloads a decoupled model only once its streams have ended, and on SIGTERM it
 waits for open connections for `--exit-timeout-secs` and then exits at once (status 1) without telling the
 model: a stream still generating then is cut, so drain the server (or let its clients leave) before stopping it.
