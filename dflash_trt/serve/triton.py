@@ -180,13 +180,17 @@ def missing_inputs(config: dict) -> list[str]:
 
 def check_parameters(params: dict[str, str]) -> None:
     """Refuse model parameters the model would otherwise ignore or fail on later: an unknown name (a typo such
-    as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), or `bundle`
-    together with `target` / `drafter` (a bundle holds both). The parameters Triton's Python backend reads
-    itself (`BACKEND_PARAMETERS`) are allowed.
+    as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), a `dtype`
+    other than the runtime's (empty: float32), a `device` not written cpu, cuda or cuda:N (empty: cpu; whether
+    that GPU exists is checked when the model loads), or `bundle` together with `target` / `drafter` (a bundle
+    holds both). The parameters Triton's Python backend reads itself (`BACKEND_PARAMETERS`) are allowed.
 
     Raises:
         ValueError: naming the parameter and the fix (Triton then fails the model's load with it).
     """
+    import re
+
+    from dflash_trt.api import DTYPES
     from dflash_trt.runtime.engine import MODES
 
     unknown = sorted(set(params) - set(PARAMETERS) - set(BACKEND_PARAMETERS))
@@ -196,6 +200,13 @@ def check_parameters(params: dict[str, str]) -> None:
     mode = params.get("mode") or "dflash"
     if mode not in MODES:
         raise ValueError(f"config.pbtxt parameter 'mode' must be one of {', '.join(MODES)} (empty: dflash), got {mode!r}")
+    dtype = params.get("dtype") or "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"config.pbtxt parameter 'dtype' must be one of {', '.join(DTYPES)} (empty: float32), got "
+                         f"{dtype!r}")
+    device = params.get("device") or "cpu"
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        raise ValueError(f"config.pbtxt parameter 'device' must be cpu, cuda or cuda:N (empty: cpu), got {device!r}")
     reuse = (params.get("enable_kv_cache_reuse") or "").strip().lower()
     if reuse not in ("", "true", "false"):
         raise ValueError(f"config.pbtxt parameter 'enable_kv_cache_reuse' must be true or false (empty: false), got "

@@ -50,6 +50,9 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     ({"prefix_cache_gb": "lots"}, "'prefix_cache_gb' must be a number of GiB >= 0.001 (about 1 MiB; empty: 1), got "
                                   "'lots'"),
     ({"prefix_cache_gb": "nan"}, "got 'nan'"),
+    ({"dtype": "float64"}, "'dtype' must be one of float32, bfloat16, float16 (empty: float32), got 'float64'"),
+    ({"device": "gpu0"}, "'device' must be cpu, cuda or cuda:N (empty: cpu), got 'gpu0'"),
+    ({"device": "cpu:0"}, "'device' must be cpu, cuda or cuda:N (empty: cpu), got 'cpu:0'"),
     ({"EXECUTION_ENV_PATH": "env.tar.gz", "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "mode": "x"}, "got 'x'"),  # theirs
 ])
 def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words):
