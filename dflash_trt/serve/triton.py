@@ -62,9 +62,8 @@ generation thread. Triton unloads a decoupled model only once its streams have e
 waits for open connections for `--exit-timeout-secs` and then exits at once (status 1) without telling the
 model: a stream still generating then is cut, so drain the server (or let its clients leave) before stopping it.
 
-Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle, absolute or
-relative to the model's folder) or `target` / `drafter` (model folders; empty: the embedded
-defaults); `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most),
+Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bundle) or `target` /
+`drafter` (model folders; empty: the embedded defaults), each absolute or relative to the model's folder; `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most),
 `prefill_chunk_size` (chunked prefill: prompt tokens read per decode step; empty: off, as `serve`'s flag),
 `enable_kv_cache_reuse` (true / false, tensorrtllm_backend's name; empty: false: prefix caching, as `serve
 --enable-prefix-caching`) and `prefix_cache_gb` (its memory bound in GiB; empty: 1).
@@ -237,18 +236,21 @@ def prefix_cache_bytes(params: dict[str, str]) -> int | None:
 
 
 def load_from_parameters(params: dict[str, str], model_dir: Path):
-    """The Pipeline that `params` (config.pbtxt parameters, strings) name; a relative `bundle` is taken
-    from the model's folder. Raises what `load_bundle` / `load_pipeline` raise."""
+    """The Pipeline that `params` (config.pbtxt parameters, strings) name; a relative `bundle`, `target` or
+    `drafter` is taken from the model's folder (not from tritonserver's working directory). Raises what
+    `load_bundle` / `load_pipeline` raise."""
     from dflash_trt.api import load_bundle, load_pipeline
+
+    def folder(key):
+        path = Path(params[key]) if params.get(key) else None
+        return path if path is None or path.is_absolute() else (model_dir / path).resolve()
 
     mode = params.get("mode") or "dflash"
     dtype, device = params.get("dtype") or "float32", params.get("device") or "cpu"
     if params.get("bundle"):
-        bundle = Path(params["bundle"])
-        bundle = bundle if bundle.is_absolute() else (model_dir / bundle).resolve()
-        return load_bundle(bundle, dtype, load_drafter_model=mode == "dflash", device=device)
-    return load_pipeline(params.get("target") or None, params.get("drafter") or None, dtype,
-                         load_drafter_model=mode == "dflash", device=device)
+        return load_bundle(folder("bundle"), dtype, load_drafter_model=mode == "dflash", device=device)
+    return load_pipeline(folder("target"), folder("drafter"), dtype, load_drafter_model=mode == "dflash",
+                         device=device)
 
 
 #: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what

@@ -414,6 +414,31 @@ def test_kv_cache_reuse_parameters_give_the_engine_a_prefix_cache(tmp_path, smol
             model.finalize()
 
 
+def test_relative_target_and_drafter_are_taken_from_the_models_folder(tmp_path, smollm2_path, monkeypatch):
+    """`target` / `drafter` relative to the model's folder, as `bundle` is (they were taken from tritonserver's working
+    directory, so a repository that names its models beside it loaded only when started from one folder)."""
+    import json as json_
+
+    from dflash_trt.models.default import default_drafter_path
+    from dflash_trt.serve.triton import TritonPythonModel
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "target").symlink_to(smollm2_path)
+    (tmp_path / "models" / "drafter").symlink_to(default_drafter_path())
+    model_dir = tmp_path / "repo" / "dflash"
+    model_dir.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "repo")  # where "../models/..." names nothing
+    params = {"target": "../../models/target", "drafter": "../../models/drafter"}
+    config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+    model = TritonPythonModel()
+    model.initialize({"model_config": json_.dumps(config), "model_repository": str(model_dir)})
+    try:
+        assert model.pipe.target_path == smollm2_path.resolve()  # through the links
+        assert model.pipe.drafter_path == default_drafter_path().resolve()
+    finally:
+        model.finalize()
+
+
 def test_perf_metrics_place_the_request_on_the_wall_clock():
     """`perf_metrics`: the times from the arrival on (queue, then TTFT and the whole time from the prefill's start,
     in ns), the draft counts, and acceptance_rate 0 when nothing was drafted (as the TensorRT-LLM backend)."""
