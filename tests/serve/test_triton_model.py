@@ -294,7 +294,9 @@ def test_return_log_probs_gives_the_targets_log_probs_streamed_or_not(triton, sm
     status, events = generate(triton, {**body, "stream": True}, stream=True)
     assert status == 200
     streamed = [v for e in events if "output_log_probs" in e for v in as_list(e["output_log_probs"])]
-    assert streamed == pytest.approx(lps, abs=1e-6) and "cum_log_probs" in events[-1]
+    # the repeat reads its prompt's K/V from the prefix cache (the fixture's): float32 sums in another order, which
+    # moved these values by up to 3.4e-6 on a 2-core VM
+    assert streamed == pytest.approx(lps, abs=1e-5) and "cum_log_probs" in events[-1]
     _, plain = generate(triton, {"text_input": "def fibonacci(n):", "max_tokens": 4})
     assert "output_log_probs" not in plain and "cum_log_probs" not in plain
 
