@@ -20,7 +20,9 @@ ensemble's: it has `max_batch_size` > 0, so they send shapes [batch, 1]; this mo
 Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256, or the
 room the prompt leaves in the context where that is less);
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
-INT32 [1]; random_seed UINT64 [1]; stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
+INT32 [1]; random_seed UINT64 [1] (as the OpenAI server's `seed`: the same request alone gives the same
+sample again; on a CPU, one decoded while other requests share the batch need not, as a batch of several
+decodes without drafting there, `max_concurrency`); stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
 strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
 [1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
