@@ -33,25 +33,28 @@ def _build_on_meta(cls, cfg):
 DEVICE_TYPES = ("cpu", "cuda")
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, flag: str = "--device") -> None:
     """Raises ConfigError (naming the fix) unless `device` is "cpu", "cuda" or "cuda:N" for a GPU torch can use.
+    `flag` names where the value came from in the messages (a CLI flag; the Triton model: its config.pbtxt
+    parameter).
 
     "cpu:0" is refused too: torch takes it, but safetensors cannot load onto it, and the CPU has no index.
     """
+    cpu = "--device cpu" if flag == "--device" else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         dev = None
     if dev is not None and dev.type == "cpu" and dev.index is not None:
-        raise ConfigError(f"--device {device}: the CPU takes no index; use cpu, cuda or cuda:N")
+        raise ConfigError(f"{flag} {device}: the CPU takes no index; use cpu, cuda or cuda:N")
     if dev is None or dev.type not in DEVICE_TYPES:
-        raise ConfigError(f"--device {device}: not a device dflash-trt runs on; use cpu, cuda or cuda:N")
+        raise ConfigError(f"{flag} {device}: not a device dflash-trt runs on; use cpu, cuda or cuda:N")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
-                              "use --device cpu or run on a machine with a GPU")
+            raise ConfigError(f"{flag} {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                              f"use {cpu} or run on a machine with a GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: torch sees {count(torch.cuda.device_count(), 'GPU')}, numbered from 0; "
+            raise ConfigError(f"{flag} {device}: torch sees {count(torch.cuda.device_count(), 'GPU')}, numbered from 0; "
                               "pick one of them")
 
 

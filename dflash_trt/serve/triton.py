@@ -239,9 +239,10 @@ def prefix_cache_bytes(params: dict[str, str]) -> int | None:
 
 def load_from_parameters(params: dict[str, str], model_dir: Path):
     """The Pipeline that `params` (config.pbtxt parameters, strings) name; a relative `bundle`, `target` or
-    `drafter` is taken from the model's folder (not from tritonserver's working directory). Raises what
-    `load_bundle` / `load_pipeline` raise."""
+    `drafter` is taken from the model's folder (not from tritonserver's working directory). Raises ConfigError
+    for a `device` GPU torch does not see (naming the parameter), and what `load_bundle` / `load_pipeline` raise."""
     from dflash_trt.api import load_bundle, load_pipeline
+    from dflash_trt.models.checkpoints import check_device
 
     def folder(key):
         path = Path(params[key]) if params.get(key) else None
@@ -249,6 +250,7 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 
     mode = params.get("mode") or "dflash"
     dtype, device = params.get("dtype") or "float32", params.get("device") or "cpu"
+    check_device(device, "config.pbtxt parameter 'device'")  # a GPU it names is there (written well: checked above)
     if params.get("bundle"):
         return load_bundle(folder("bundle"), dtype, load_drafter_model=mode == "dflash", device=device)
     return load_pipeline(folder("target"), folder("drafter"), dtype, load_drafter_model=mode == "dflash",

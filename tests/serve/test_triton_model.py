@@ -494,3 +494,21 @@ def test_return_perf_metrics_gives_the_requests_draft_counts_times_and_cached_to
     assert events[-1]["cached_tokens"] == len(ids) - 1  # the repeat reads all but its last token from the cache
     _, plain = generate(triton, {"text_input": prompt, "max_tokens": 4})
     assert not any(k in plain for k in PERF_OUTPUTS)
+
+
+def test_a_gpu_that_is_not_there_is_named_as_the_parameter(tmp_path, monkeypatch):
+    """device "cuda" on a machine whose torch sees no GPU (or cuda:N past the GPUs it sees) fails the load naming the
+    config.pbtxt parameter, before any model loads (it named the CLI's --device, a flag Triton has not)."""
+    import json as json_
+
+    import torch
+
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.serve.triton import TritonPythonModel
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = {"parameters": {"device": {"string_value": "cuda"}, "bundle": {"string_value": "nowhere"}}}
+    with pytest.raises(ConfigError) as info:
+        TritonPythonModel().initialize({"model_config": json_.dumps(config), "model_repository": str(tmp_path)})
+    assert str(info.value) == (f"config.pbtxt parameter 'device' cuda: torch sees no CUDA GPU here (torch "
+                               f"{torch.__version__}); use cpu or run on a machine with a GPU")
