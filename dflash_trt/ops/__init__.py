@@ -244,6 +244,52 @@ _LIBRARY.define("kv_inject(Tensor kv, Tensor k_norm, float eps, Tensor cos, Tens
                 "Tensor rows, Tensor positions) -> ()")
 
 
+def check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions, dtypes) -> tuple[int, ...]:
+    """Check `kv_inject`'s tensors as its kernels take them, before anything is read or written: one device
+    (the cache's), contiguous, kv, k_norm and cache of one dtype of `dtypes`, cos / sin float32, rows /
+    positions int64, and the shapes of csrc/kv_inject.cpp's header. Returns (n, c, L, B, H, cap, D).
+    Used by the CUDA kernel (`dflash_trt.ops.cuda.kv_inject_cuda`) and the op's fake kernel (meta
+    tensors, torch.compile); the CPU kernel makes the same checks in C++. Rows and positions are
+    values, checked by the kernels.
+
+    Raises:
+        RuntimeError: "kv_inject: " and the argument that is wrong (its device, layout, dtype or shape).
+    """
+    tensors = {"kv": kv, "k_norm": k_norm, "cos": cos, "sin": sin, "cache": cache, "rows": rows,
+               "positions": positions}
+    dev = cache.device
+    for name, t in tensors.items():
+        if t.device != dev:
+            raise RuntimeError(f"kv_inject: {name} is on {t.device}, the cache on {dev}: every tensor must be on "
+                               "the same device")
+        if not t.is_contiguous():
+            how = "it is written in place: allocate it so" if name == "cache" else "call .contiguous() on it"
+            raise RuntimeError(f"kv_inject: {name} must be contiguous ({how}), got strides {list(t.stride())} for "
+                               f"sizes {list(t.shape)}")
+    if cache.dtype not in dtypes or kv.dtype != cache.dtype or k_norm.dtype != cache.dtype:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise RuntimeError(f"kv_inject: kv, k_norm and cache must share one dtype of {names}, got {kv.dtype}, "
+                           f"{k_norm.dtype} and {cache.dtype}")
+    for name, t, dtype in (("cos", cos, torch.float32), ("sin", sin, torch.float32), ("rows", rows, torch.int64),
+                           ("positions", positions, torch.int64)):
+        if t.dtype != dtype:
+            raise RuntimeError(f"kv_inject: {name} must be {dtype}, got {t.dtype}")
+    if cache.dim() != 6 or cache.shape[0] != 2:
+        raise RuntimeError(f"kv_inject: cache must be [2, L, B, H, cap, D], got {list(cache.shape)}")
+    _, L, B, H, cap, D = cache.shape
+    if D % 2:
+        raise RuntimeError(f"kv_inject: head_dim must be even for RoPE, got {D}")
+    if positions.dim() != 2:
+        raise RuntimeError(f"kv_inject: positions must be [n, c], got {list(positions.shape)}")
+    n, c = positions.shape
+    expect = {"kv": (kv, [n, c, L * 2 * H * D]), "k_norm": (k_norm, [L, D]), "cos": (cos, [n, c, D]),
+              "sin": (sin, [n, c, D]), "rows": (rows, [n])}
+    for name, (t, shape) in expect.items():
+        if list(t.shape) != shape:
+            raise RuntimeError(f"kv_inject: {name} must be {shape}, got {list(t.shape)}")
+    return n, c, L, B, H, cap, D
+
+
 def _kv_inject_cpu(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
     """`torch.ops.dflash_trt.kv_inject` on CPU tensors: the CPU op library's `kv_inject_cpu`
     (csrc/kv_inject.cpp; arguments, shapes and errors there), loaded first (`cpu_kernels_unavailable`:
@@ -270,3 +316,13 @@ def _kv_inject_cuda(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
 
 _LIBRARY.impl("kv_inject", _kv_inject_cpu, "CPU")
 _LIBRARY.impl("kv_inject", _kv_inject_cuda, "CUDA")
+
+
+@torch.library.register_fake("dflash_trt::kv_inject", lib=_LIBRARY)
+def _kv_inject_fake(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
+    """The op on meta / fake tensors (shape checks without data, torch.compile's tracing): the argument checks
+    of the CUDA kernel, which takes the most dtypes (`check_kv_inject_args`); writes nothing, as there is
+    nothing to write."""
+    from dflash_trt.ops.cuda import DTYPE_CODES
+
+    check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions, tuple(DTYPE_CODES))

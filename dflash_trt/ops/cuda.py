@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.ops import CSRC, _compiler_identity, _read_failure, build_once
+from dflash_trt.ops import CSRC, _compiler_identity, _read_failure, build_once, check_kv_inject_args
 
 SOURCE = CSRC / "kv_inject.cu"
 NAME = "dflash_trt_cuda_ops"
@@ -173,38 +173,14 @@ def kv_inject_cuda(kv: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torc
         dtype (float32, float16 or bfloat16): kv [n, c, L * 2 * H * D], k_norm [L, D], cos/sin float32
         [n, c, D], cache [2, L, B, H, cap, D] (written in place), rows int64 [n], positions int64 [n, c].
     Raises:
-        RuntimeError: a dtype, device, shape or layout the kernel does not take (names it), or a CUDA
-            launch error. A row or position outside the cache is a device-side assertion (asynchronous,
-            as in torch's own indexing).
+        RuntimeError: a dtype, device, shape or layout the kernel does not take (names it:
+            `dflash_trt.ops.check_kv_inject_args`), or a CUDA launch error. A row or position outside the
+            cache is a device-side assertion (asynchronous, as in torch's own indexing).
         ConfigError: the library cannot be built here.
     """
-    tensors = {"kv": kv, "k_norm": k_norm, "cos": cos, "sin": sin, "cache": cache, "rows": rows,
-               "positions": positions}
+    n, c, L, B, H, cap, D = check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions,
+                                                  tuple(DTYPE_CODES))
     dev = cache.device
-    for name, t in tensors.items():
-        if t.device != dev:
-            raise RuntimeError(f"kv_inject: {name} is on {t.device}, the cache on {dev}: every tensor must be on "
-                               "the same device")
-        if not t.is_contiguous():
-            raise RuntimeError(f"kv_inject: {name} must be contiguous")
-    if cache.dtype not in DTYPE_CODES or kv.dtype != cache.dtype or k_norm.dtype != cache.dtype:
-        raise RuntimeError(f"kv_inject: kv, k_norm and cache must share one dtype of float32, float16 or bfloat16, "
-                           f"got {kv.dtype}, {k_norm.dtype} and {cache.dtype}")
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
-        raise RuntimeError(f"kv_inject: cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
-    if rows.dtype != torch.int64 or positions.dtype != torch.int64:
-        raise RuntimeError(f"kv_inject: rows and positions must be int64, got {rows.dtype} and {positions.dtype}")
-    if cache.dim() != 6 or cache.shape[0] != 2:
-        raise RuntimeError(f"kv_inject: cache must be [2, L, B, H, cap, D], got {list(cache.shape)}")
-    _, L, B, H, cap, D = cache.shape
-    if positions.dim() != 2:
-        raise RuntimeError(f"kv_inject: positions must be [n, c], got {list(positions.shape)}")
-    n, c = positions.shape
-    expect = {"kv": (kv, [n, c, L * 2 * H * D]), "k_norm": (k_norm, [L, D]), "cos": (cos, [n, c, D]),
-              "sin": (sin, [n, c, D]), "rows": (rows, [n])}
-    for name, (t, shape) in expect.items():
-        if list(t.shape) != shape:
-            raise RuntimeError(f"kv_inject: {name} must be {shape}, got {list(t.shape)}")
     lib = _library(device_arch(dev))
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream

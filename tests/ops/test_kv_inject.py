@@ -85,6 +85,73 @@ def test_bad_arguments_are_named(drafters):
         op(kv[..., :-1], norm, 1e-6, cos, sin, cache.buffer, torch.tensor([0]), torch.tensor([[0]]))
 
 
+def small_args(device="cpu"):
+    """A valid small call of the op (2 layers, 3 cache rows, 2 KV heads, capacity 8, head_dim 4; 2 x 3 tokens)."""
+    L, B, H, cap, D, n, c = 2, 3, 2, 8, 4, 2, 3
+    gen = torch.Generator().manual_seed(0)
+    args = dict(kv=torch.randn(n, c, L * 2 * H * D, generator=gen), k_norm=torch.rand(L, D, generator=gen) + 0.5,
+                eps=1e-6, cos=torch.randn(n, c, D, generator=gen), sin=torch.randn(n, c, D, generator=gen),
+                cache=torch.zeros(2, L, B, H, cap, D), rows=torch.tensor([2, 0]),
+                positions=torch.tensor([[1, 2, 3], [5, 6, 7]]))
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in args.items()}
+
+
+def test_bad_tensors_are_named_and_nothing_is_written():
+    """A tensor of the wrong dtype or layout was refused with one message for all of them ("kv, k_norm, cos, sin
+    and cache must be float32", "every tensor must be contiguous"): now the message names the tensor, and a
+    row or position outside the cache names its index. Every check comes before the first write."""
+    good = small_args()
+    op = torch.ops.dflash_trt.kv_inject
+    cases = [("kv", good["kv"].half(), "kv must be float32, got Half"),
+             ("k_norm", good["k_norm"].double(), "k_norm must be float32, got Double"),
+             ("sin", good["sin"].bfloat16(), "sin must be float32, got BFloat16"),
+             ("cache", good["cache"].bfloat16(), "cache must be float32, got BFloat16"),
+             ("positions", good["positions"].int(), "positions must be int64, got Int"),
+             ("rows", good["rows"].float(), "rows must be int64, got Float"),
+             ("kv", good["kv"].transpose(0, 1).contiguous().transpose(0, 1),
+              r"kv must be contiguous \(call .contiguous\(\) on it\), got strides \[32, 64, 1\] for sizes \[2, 3, 32\]"),
+             ("cos", good["cos"].transpose(0, 1).contiguous().transpose(0, 1), "cos must be contiguous"),
+             ("positions", good["positions"].t().contiguous().t(), "positions must be contiguous"),
+             ("cache", torch.zeros(2, 2, 3, 8, 2, 4).transpose(3, 4),
+              r"cache must be contiguous \(it is written in place: allocate it so\)")]
+    for name, value, message in cases:
+        args = {**small_args(), name: value}
+        with pytest.raises(RuntimeError, match=f"^kv_inject: {message}"):
+            op(**args)
+        assert args["cache"].count_nonzero() == 0
+    for name, index, value, message in [("rows", (1,), 3, r"rows\[1\]: row 3 outside the cache's 3 rows"),
+                                        ("rows", (0,), -1, r"rows\[0\]: row -1 outside"),
+                                        ("positions", (1, 2), 8, r"positions\[1, 2\]: position 8 outside the cache's "
+                                         "capacity 8"),
+                                        ("positions", (0, 1), -1, r"positions\[0, 1\]: position -1 outside")]:
+        args = small_args()
+        args[name][index] = value
+        with pytest.raises(IndexError, match=f"^kv_inject: {message}"):
+            op(**args)
+        assert args["cache"].count_nonzero() == 0  # the tokens before the bad one were not written either
+
+
+def test_meta_tensors_check_shapes_and_write_nothing():
+    """The op had no kernel for meta tensors ("there was no fake impl or Meta kernel registered"): now its fake
+    kernel makes the CUDA kernel's argument checks (naming the tensor) and returns, as a meta tensor has no data;
+    a meta tensor mixed with CPU ones is refused by name."""
+    op = torch.ops.dflash_trt.kv_inject
+    args = small_args("meta")
+    assert op(**args) is None and args["cache"].is_meta
+    with pytest.raises(RuntimeError, match=r"^kv_inject: kv must be \[2, 3, 32\], got \[2, 3, 31\]"):
+        op(**{**args, "kv": torch.zeros(2, 3, 31, device="meta")})
+    with pytest.raises(RuntimeError, match=r"^kv_inject: head_dim must be even for RoPE, got 3"):
+        op(**{**args, "cache": torch.zeros(2, 2, 3, 2, 8, 3, device="meta")})
+    with pytest.raises(RuntimeError, match="^kv_inject: positions must be torch.int64, got torch.int32"):
+        op(**{**args, "positions": args["positions"].int()})
+    cpu = small_args()
+    with pytest.raises(RuntimeError, match="^kv_inject: kv is on cpu, the cache on meta"):
+        op(**{**cpu, "cache": cpu["cache"].to("meta")})
+    with pytest.raises(RuntimeError, match="^kv_inject: rows is on meta, the cache on cpu"):
+        op(**{**cpu, "rows": cpu["rows"].to("meta")})
+    assert cpu["cache"].count_nonzero() == 0
+
+
 #: run in a fresh process: `import dflash_trt.ops`, then the op on CPU tensors with no require_cpu_kernels() before it
 DIRECT_CALL = """
 import torch

@@ -193,8 +193,8 @@ def test_python_side_names_bad_tensors():
                 sin=torch.zeros(1, 2, D), cache=cache, rows=torch.tensor([0]), positions=torch.tensor([[0, 1]]))
     cases = [("kv", torch.zeros(1, 2, L * 2 * H * D + 1), r"kv must be \[1, 2, 256\]"),
              ("kv", torch.zeros(1, 2, L * 2 * H * D, dtype=torch.bfloat16), "share one dtype"),
-             ("cos", torch.zeros(1, 2, D, dtype=torch.float64), "cos and sin must be float32"),
-             ("positions", torch.tensor([[0, 1]], dtype=torch.int32), "rows and positions must be int64"),
+             ("cos", torch.zeros(1, 2, D, dtype=torch.float64), "cos must be torch.float32, got torch.float64"),
+             ("positions", torch.tensor([[0, 1]], dtype=torch.int32), "positions must be torch.int64, got torch.int32"),
              ("positions", torch.tensor([0, 1]), r"positions must be \[n, c\]"),
              ("k_norm", torch.ones(D, L).t(), "k_norm must be contiguous"),
              ("cache", torch.zeros(3, L, B, H, cap, D), r"cache must be \[2, L, B, H, cap, D\]"),

@@ -14,6 +14,9 @@
 //   rows      [n] int64: the cache row of each of the n sequences
 //   positions [n, c] int64: the slot (absolute position) of each token, < cap
 //
+// Every argument is checked before the first write: a dtype, layout or shape it does not take is a
+// RuntimeError naming the tensor, a row or position outside the cache an IndexError naming its index.
+//
 // Same arithmetic as the PyTorch reference (DFlashDrafter.context_kv + KVCache.write): the mean of
 // squares is summed in double (the reference sums float32 in its own order), so K may differ from it in
 // the last bit; V is copied exactly.
@@ -22,20 +25,25 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 namespace {
 
 void kv_inject(const at::Tensor& kv, const at::Tensor& k_norm, double eps, const at::Tensor& cos,
                const at::Tensor& sin, at::Tensor cache, const at::Tensor& rows, const at::Tensor& positions) {
-  TORCH_CHECK(kv.scalar_type() == at::kFloat && k_norm.scalar_type() == at::kFloat &&
-                  cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
-                  cache.scalar_type() == at::kFloat,
-              "kv_inject: kv, k_norm, cos, sin and cache must be float32");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong,
-              "kv_inject: rows and positions must be int64");
-  TORCH_CHECK(kv.is_contiguous() && k_norm.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
-                  cache.is_contiguous() && rows.is_contiguous() && positions.is_contiguous(),
-              "kv_inject: every tensor must be contiguous");
+  // each argument checked by name: a message naming the tensor, its dtype or its layout
+  const std::pair<const char*, const at::Tensor*> tensors[] = {
+      {"kv", &kv}, {"k_norm", &k_norm}, {"cos", &cos}, {"sin", &sin}, {"cache", &cache}, {"rows", &rows},
+      {"positions", &positions}};
+  for (const auto& [name, t] : tensors) {
+    const bool index = t == &rows || t == &positions;
+    const at::ScalarType want = index ? at::kLong : at::kFloat;
+    TORCH_CHECK(t->scalar_type() == want, "kv_inject: ", name, " must be ", index ? "int64" : "float32", ", got ",
+                t->scalar_type());
+    TORCH_CHECK(t->is_contiguous(), "kv_inject: ", name, " must be contiguous (",
+                t == &cache ? "it is written in place: allocate it so" : "call .contiguous() on it", "), got strides ",
+                t->strides(), " for sizes ", t->sizes());
+  }
   TORCH_CHECK(cache.dim() == 6 && cache.size(0) == 2, "kv_inject: cache must be [2, L, B, H, cap, D], got ",
               cache.sizes());
   const int64_t L = cache.size(1), B = cache.size(2), H = cache.size(3), cap = cache.size(4), D = cache.size(5);
@@ -54,10 +62,12 @@ void kv_inject(const at::Tensor& kv, const at::Tensor& k_norm, double eps, const
   const int64_t* row = rows.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) {
-    TORCH_CHECK_INDEX(row[r] >= 0 && row[r] < B, "kv_inject: row ", row[r], " outside the cache's ", B, " rows");
+    TORCH_CHECK_INDEX(row[r] >= 0 && row[r] < B, "kv_inject: rows[", r, "]: row ", row[r], " outside the cache's ", B,
+                      " rows");
     for (int64_t t = 0; t < c; ++t) {
       const int64_t p = pos[r * c + t];
-      TORCH_CHECK_INDEX(p >= 0 && p < cap, "kv_inject: position ", p, " outside the cache's capacity ", cap);
+      TORCH_CHECK_INDEX(p >= 0 && p < cap, "kv_inject: positions[", r, ", ", t, "]: position ", p,
+                        " outside the cache's capacity ", cap);
     }
   }
   const float* src = kv.data_ptr<float>();
