@@ -18,6 +18,7 @@ scheduler); `Engine.generate` is one batch run to its end.
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -61,7 +62,9 @@ def _token_id_lists(prompts) -> list[list[int]]:
     how = ("prompts are lists of token ids (ints), one list per prompt; tokenize text first with "
            "Pipeline.encode(text) or Pipeline.encode_chat(message)")
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise InvalidRequestError(f"{how}; got {type(prompts).__name__} {_short(prompts)}")
+        ndim = getattr(prompts, "ndim", None)  # numpy array, torch tensor: one prompt, or a batch of equal lengths
+        hint = {1: " (a single prompt? wrap it: [ids])", 2: " (one prompt per row? give list(prompts))"}.get(ndim, "")
+        raise InvalidRequestError(f"{how}; got {type(prompts).__name__} {_short(prompts)}{hint}")
     out = []
     for i, prompt in enumerate(prompts):
         if getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist"):  # numpy array, torch tensor
@@ -143,6 +146,9 @@ class _Request:
             elif self.logprobs is not None:
                 args += (logprobs[:taken],)
             reason = self.on_tokens(*args)
+            if reason is not None and not isinstance(reason, str):  # True / 1 became the finish_reason
+                raise InvalidRequestError(f"on_tokens returned {_short(reason)} ({type(reason).__name__}): return None "
+                                          "to go on, or a finish reason string (e.g. 'stop') to end the request")
             if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
                 self.finish_reason = reason
         return taken
@@ -196,6 +202,10 @@ class Engine:
         #: starting with a kept sequence is prefilled from there (automatic prefix caching; not for requests
         #: asking for prompt_logprobs, nor while `feature_sink` records). None keeps nothing.
         self.prefix_cache: PrefixCache | None = None
+        #: `generate` runs one call at a time (the drafter's context cache and the proposer's state are shared);
+        #: the thread running one, so that a call from its own on_tokens is refused instead of waiting forever
+        self._generate_lock = threading.Lock()
+        self._generating: int | None = None
 
     def _phase(self, name: str):
         return self.phase_timer.phase(name) if self.phase_timer is not None else nullcontext()
@@ -209,12 +219,15 @@ class Engine:
     def context_len(self) -> int:
         return self.target.config.max_position_embeddings
 
-    def _make_request(self, prompt: list[int], params: SamplingParams) -> _Request:
+    def _make_request(self, prompt: list[int], params: SamplingParams, index: int = 0) -> _Request:
         vocab = self.target.config.vocab_size
         if not prompt:
-            raise InvalidRequestError("empty prompt: give at least one token")
+            raise InvalidRequestError(f"empty prompt (prompt {index}): give at least one token")
         if min(prompt) < 0 or max(prompt) >= vocab:
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+            pos, bad = next((j, t) for j, t in enumerate(prompt) if not 0 <= t < vocab)
+            raise InvalidRequestError(f"prompt {index} holds token id {bad} (at position {pos}), outside the target's "
+                                      f"vocabulary [0, {vocab}); give token ids of the target's tokenizer "
+                                      "(Pipeline.encode / encode_chat make them)")
         if len(prompt) + 1 > self.context_len:
             raise PromptTooLongError(
                 f"prompt of {len(prompt)} tokens leaves no room in the target's context of {self.context_len} "
@@ -276,10 +289,16 @@ class Engine:
             tokens' `logprobs` / the prompt's `prompt_logprobs` for requests whose params ask for them). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
             the target's context, and a request cut there has finish_reason "length" with fewer tokens.
+
+        Calls from several threads on one engine (or Pipeline) run one at a time: a call waits for the one
+        running (they share the drafter's context cache), and each returns what it would alone.
+
         Raises:
-            InvalidRequestError, PromptTooLongError: bad request, or an on_tokens that is not callable (nothing is
-                generated).
-            DFlashError: mode "dflash" without a drafter; non-finite target logits.
+            InvalidRequestError, PromptTooLongError: bad request (an empty prompt, a token id outside the
+                vocabulary: names the prompt), or an on_tokens that is not callable (nothing is generated); an
+                on_tokens that returns neither None nor a str (raised at that call).
+            DFlashError: mode "dflash" without a drafter; non-finite target logits; a call from the on_tokens
+                of a call running on this engine.
         """
         if on_tokens is not None and not callable(on_tokens):  # before any work, not a TypeError after the prefill
             raise InvalidRequestError(f"on_tokens must be a function (prompt_index, token_ids, ...) or None, got "
@@ -288,10 +307,18 @@ class Engine:
         reqs = self._requests(prompts, params)
         if not reqs:
             return []
-        with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
-            ids = batch._add(reqs, on_tokens)
-            while batch.active:
-                batch.step()
+        if self._generating == threading.get_ident():
+            raise DFlashError("generate was called from its own on_tokens callback, on the engine it is running; "
+                              "collect what that call needs and call generate after it returns")
+        with self._generate_lock:
+            self._generating = threading.get_ident()
+            try:
+                with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
+                    ids = batch._add(reqs, on_tokens)
+                    while batch.active:
+                        batch.step()
+            finally:
+                self._generating = None
         done = dict(batch.take_finished())
         return [done[i] for i in ids]
 
@@ -306,7 +333,7 @@ class Engine:
             if not isinstance(sp, SamplingParams):
                 raise InvalidRequestError(f"params must be a SamplingParams or a list of them (one per prompt), got "
                                           f"{type(sp).__name__}; e.g. SamplingParams(max_tokens=64)")
-        return [self._make_request(p, sp) for p, sp in zip(prompts, plist)]
+        return [self._make_request(p, sp, i) for i, (p, sp) in enumerate(zip(prompts, plist))]
 
     def _feature_ids(self, mode: str) -> tuple[int, ...]:
         if mode == "dflash":

@@ -108,7 +108,7 @@ def test_a_failed_add_leaves_the_batch_running(engine):
     batch = DecodeBatch(engine)
     (first,) = batch.add([[5, 6, 7]], sp)
     batch.step()
-    with pytest.raises(InvalidRequestError, match="token ids must be in"):
+    with pytest.raises(InvalidRequestError, match=r"^prompt 1 holds token id 500 \(at position 0\), outside"):
         batch.add([[1, 2], [500]], sp)
     assert batch.cache.batch == 1 and len(batch.live) == 1
     while batch.active:

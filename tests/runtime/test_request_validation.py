@@ -96,6 +96,9 @@ HOW = ("prompts are lists of token ids (ints), one list per prompt; tokenize tex
     ([[5, 6.0]], "; prompt 0 holds float 6.0"),
     ([[5, True]], "; prompt 0 holds bool True"),
     ([{5, 6}], "; prompt 0 is set {5, 6}"),
+    (torch.tensor([5, 6]), "; got Tensor tensor([5, 6]) (a single prompt? wrap it: [ids])"),
+    (np.array([[5, 6], [7, 8]]), "; got ndarray array([[5, 6],\n       [7, 8]]) (one prompt per row? give "
+                                 "list(prompts))"),
 ])
 def test_prompts_that_are_not_token_id_lists(engine, prompts, what):
     with pytest.raises(InvalidRequestError) as info:
@@ -108,6 +111,7 @@ def test_prompts_as_tuples_numpy_and_tensors_decode_as_lists(engine):
     want = engine.generate([[5, 6, 7]], params, "ar")[0].token_ids
     for prompt in ((5, 6, 7), np.array([5, 6, 7]), torch.tensor([5, 6, 7]), [np.int64(5), 6, 7]):
         assert engine.generate([prompt], params, "ar")[0].token_ids == want, type(prompt)
+    assert [r.token_ids for r in engine.generate(list(torch.tensor([[5, 6, 7], [5, 6, 7]])), params, "ar")] == [want] * 2
     with pytest.raises(InvalidRequestError, match="params must be a SamplingParams or a list of them"):
         engine.generate([[5, 6]], {"max_tokens": 2}, "ar")
 
@@ -252,3 +256,74 @@ def test_seeds_that_differ_in_their_high_bits_sample_differently_on_the_cpu(engi
     outs = [sample(s) for s in (1, 2**32 + 1, 2**40 + 1)]
     assert outs[0] != outs[1] and outs[0] != outs[2] and outs[1] != outs[2]
     assert sample(2**32 + 1) == outs[1]  # still reproducible
+
+
+def test_a_prompt_id_outside_the_vocabulary_names_the_prompt_and_the_id(engine):
+    """It was "prompt token ids must be in [0, 96)": which prompt, which id, and what to do were left out."""
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(InvalidRequestError) as info:
+        engine.generate([[5, 6], [7, 96, 8]], params, "ar")
+    assert str(info.value) == ("prompt 1 holds token id 96 (at position 1), outside the target's vocabulary [0, 96); "
+                               "give token ids of the target's tokenizer (Pipeline.encode / encode_chat make them)")
+    with pytest.raises(InvalidRequestError, match=r"^prompt 0 holds token id -1 \(at position 0\)"):
+        engine.generate([[-1, 5]], params, "ar")
+    with pytest.raises(InvalidRequestError, match=r"^empty prompt \(prompt 1\): give at least one token"):
+        engine.generate([[5], []], params, "ar")
+
+
+def test_an_on_tokens_returning_neither_none_nor_a_str_is_refused(engine):
+    """A callback returning True (meaning "stop") ended the request with finish_reason True, 5 with 5: now the
+    call raises, naming the value and what to return; the engine then gives what it gave before."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    want = engine.generate([[5, 6, 7]], params)[0].token_ids
+    for value in (True, 5, ["stop"]):
+        with pytest.raises(InvalidRequestError, match=rf"^on_tokens returned {re.escape(repr(value))} "
+                           rf"\({type(value).__name__}\): return None to go on, or a finish reason string"):
+            engine.generate([[5, 6, 7]], params, on_tokens=lambda *a, value=value: value)
+        assert engine.generate([[5, 6, 7]], params)[0].token_ids == want
+    res = engine.generate([[5, 6, 7]], params, on_tokens=lambda *a: "stop")[0]
+    assert res.finish_reason == "stop" and res.token_ids == want[:1]
+    assert engine.generate([[5, 6, 7]], params, on_tokens=lambda *a: "")[0].token_ids == want
+
+
+def test_calls_from_two_threads_run_one_at_a_time(engine):
+    """Two threads calling generate on one engine shared the drafter's context cache: the second call, made
+    while the first waited in its on_tokens, replaced it, and the first then failed ("kv_inject: position 40
+    outside the cache's capacity 40") or drafted from the other's context. Now the second waits for the first;
+    both return what they return alone."""
+    import threading
+
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [11, 12]]
+    want = [engine.generate([p], params)[0].token_ids for p in prompts]
+    got, waited, emits = {}, [], []
+
+    def second():
+        got[1] = engine.generate([prompts[1]], params)[0].token_ids
+
+    other = threading.Thread(target=second)
+
+    def first_tokens(*args):
+        emits.append(args[1])
+        if len(emits) == 2:  # a verify step's tokens (the first are the prefill's): start the other call
+            other.start()
+            other.join(timeout=0.5)
+            waited.append(other.is_alive())
+
+    got[0] = engine.generate([prompts[0]], params, on_tokens=first_tokens)[0].token_ids
+    other.join()
+    assert waited == [True]  # the second call was still waiting when the first went on
+    assert got == {0: want[0], 1: want[1]}
+
+
+def test_generate_from_its_own_on_tokens_is_refused(engine):
+    """Such a call replaced the running call's drafter context cache, which then failed in its next injection
+    ("kv_inject: position 40 outside the cache's capacity 40" on SmolLM2); with the lock that serializes calls it
+    would wait forever: it raises instead, and the engine works after."""
+    from dflash_trt.errors import DFlashError
+
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    want = engine.generate([[5, 6, 7]], params)[0].token_ids
+    with pytest.raises(DFlashError, match="^generate was called from its own on_tokens callback"):
+        engine.generate([[5, 6, 7]], params, on_tokens=lambda *a: engine.generate([[8, 9, 10]], params) and None)
+    assert engine.generate([[5, 6, 7]], params)[0].token_ids == want

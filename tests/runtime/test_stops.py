@@ -116,7 +116,8 @@ def test_bad_requests(short_context):
         engine.generate([[5] * 24])
     with pytest.raises(InvalidRequestError, match="empty prompt"):
         engine.generate([[]])
-    with pytest.raises(InvalidRequestError, match=r"token ids must be in \[0, 96\)"):
+    with pytest.raises(InvalidRequestError, match=r"prompt 0 holds token id 96 \(at position 1\), outside the "
+                                                  r"target's vocabulary \[0, 96\)"):
         engine.generate([[5, 96]])
     with pytest.raises(InvalidRequestError, match="top_p"):
         SamplingParams(top_p=0)
