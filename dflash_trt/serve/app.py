@@ -540,7 +540,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 warn_tools_unrendered()
         template_kwargs = req.template_kwargs()
         req.check_tool_messages()
-        messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True)
+        messages = parse_messages({"messages": req.messages}, "messages", tool_calls=True, user_text=False)
         if messages is None:
             raise InvalidRequestError("messages is an empty list; give at least one "
                                       '{"role": "user", "content": "<text>"} message')

@@ -253,7 +253,7 @@ def _text_content(content, where: str) -> str | None:
 
 
 def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None,
-                   tool_calls: bool = False) -> list[dict] | None:
+                   tool_calls: bool = False, user_text: bool = True) -> list[dict] | None:
     """The {"role", "content"} messages of a {"messages": [...]} line, or None when "messages" is not a
     non-empty list (the caller's "expected ..." error). A content given as OpenAI text parts is joined
     (`_text_content`). Other message keys (OpenAI's "name", ...) are dropped; their names are added to
@@ -263,10 +263,13 @@ def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None,
         tool_calls: keep a conversation's tool calls (the server's chat with tools): an assistant message's
             "tool_calls" (its content may then be null: ""; each call's "arguments", OpenAI's JSON text, as the
             object chat templates read, `_template_tool_calls`) and a tool message's "tool_call_id" and "name".
+        user_text: require a "user" message with non-blank text (a prompts file's conversation: nothing to answer
+            otherwise); False for the server's chat, which answers any conversation, as OpenAI's API and vLLM do (an
+            empty user message from a chat UI, a system prompt alone).
     Raises:
         ConfigError: a message is not an object, its role is not one of ROLES, its content is neither a
             string nor a list of text parts (a tool call, "content" null with "tool_calls", is named as
-            one unless `tool_calls`); or no "user" message has non-blank text (nothing to answer). `where`
+            one unless `tool_calls`); or, with `user_text`, no "user" message has non-blank text. `where`
             ("FILE:LINE") leads the message.
     """
     msgs = obj.get("messages")
@@ -303,7 +306,7 @@ def parse_messages(obj: dict, where: str, extra: dict[str, None] | None = None,
         out.append({"role": role, "content": content})
         if extra is not None:
             extra.update(dict.fromkeys(k for k in m if k not in ("role", "content")))
-    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+    if user_text and not any(m["role"] == "user" and m["content"].strip() for m in out):
         roles = ", ".join(m["role"] + ("" if m["content"].strip() else " (empty)") for m in out)
         raise ConfigError(f'{where}: the conversation has no user message with text ({roles}); a prompt needs at '
                           'least one {"role": "user", "content": "<text>"} message')

@@ -103,6 +103,21 @@ def test_chat_greedy_is_the_targets_output(client, smollm2_pipeline):
     assert m["verify_steps"] < len(ref) - 1  # the drafter was accepted at least once
 
 
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": ""}],  # a chat UI's empty message
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "  "}],
+    [{"role": "system", "content": "Greet the user."}],  # a system prompt alone
+])
+def test_a_conversation_without_user_text_is_answered(client, smollm2_pipeline, messages):
+    """OpenAI's API and vLLM answer any conversation; this server refused these with a 400 ("no user message with
+    text", the prompts-file rule). Greedy: the target's own tokens for the templated conversation."""
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    ids = chat_ids(smollm2_pipeline, messages)
+    ref, reason = ar_tokens(smollm2_pipeline, ids, 8)
+    assert r.choices[0].message.content == smollm2_pipeline.decode(ref) and r.choices[0].finish_reason == reason
+    assert r.usage.prompt_tokens == len(ids)
+
+
 def test_stream_equals_non_stream(client):
     kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
     whole = client.chat.completions.create(**kwargs)
