@@ -26,7 +26,8 @@ from dflash_trt.text import count
               help="Requests decoded together by dflash/ar (HF modes run at batch size 1 only).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
               help="0 = greedy.")
-@click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option)
+@click.option("--max-tokens", default=128, show_default=True, type=int, callback=max_tokens_option,
+              help="Completion tokens per prompt at most, >= 1 (every mode the same).")
 @logits_processing_options
 @guided_decoding_options
 @click.option("--block-size", default=None, type=click.IntRange(2, 64), help="Draft block size (default: the drafter's).")

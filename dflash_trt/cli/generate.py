@@ -51,7 +51,7 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--chat", default=None, help="A user message, wrapped in the target's chat template.")
 @click.option("--prompts-file", type=click.Path(), default=None, help='JSONL of {"prompt": ...} or {"messages": [...]}.')
 @click.option("--max-tokens", default=256, show_default=True, type=int, callback=max_tokens_option,
-              help="Completion tokens at most (fewer when the target's context fills up first).")
+              help="Completion tokens at most, >= 1 (fewer when the target's context fills up first).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, callback=temperature_option,
               help="0 = greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, callback=top_p_option, help="In (0, 1]; 1 = off.")
