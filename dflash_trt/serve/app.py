@@ -148,7 +148,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
         open_batch = leader(open_batch)
     scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
-                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s, s.arrival),
+                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s, s.arrival,
+                                                                                 (s.first_iter, s.last_iter)),
                           lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
                             prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None,

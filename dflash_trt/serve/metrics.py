@@ -21,10 +21,11 @@
   trtllm-serve's per-request records of the last N finished sequences, each returned once: `request_id` (an
   integer, in order of finishing) and `perf_metrics` with `timing_metrics` (`arrival_time`, `first_scheduled_time`,
   `first_token_time`, `last_token_time`: seconds on the steady clock, Python's `time.perf_counter`, CLOCK_MONOTONIC
-  on Linux), `speculative_decoding` (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`; only
+  on Linux), `first_iter` / `last_iter` (the decode steps, numbered as GET /metrics' `iter`, that reported its
+  prefill and its last token), `speculative_decoding` (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`; only
   when the sequence drafted, as trtllm-serve) and, with prefix caching, `kv_cache_metrics` in tokens
   (`num_reused_tokens`, `num_missed_tokens`: this cache keeps tokens, not TensorRT-LLM's blocks). trtllm-serve's
-  `first_iter` / `last_iter` and `server_*` times are not given.
+  `server_*` times (its disaggregated serving's) are not given.
 
 Every metric counts sequences (choices): a request with n = 2 counts twice.
 """
@@ -107,13 +108,15 @@ class ServerMetrics:
         self._perf_id = 0
         self._prefix_cache = prefix_cache
 
-    def finished(self, result: GenerationResult, queue_time_s: float, arrival: float | None = None) -> None:
+    def finished(self, result: GenerationResult, queue_time_s: float, arrival: float | None = None,
+                 iterations: tuple[int, int] | None = None) -> None:
         """Record one finished sequence (queue time: seconds from its arrival to its prefill; prompt tokens:
         those read, fewer for one aborted while its prompt was read in chunks; arrival: its `time.perf_counter()`
-        when queued, for GET /perf_metrics)."""
+        when queued, and `iterations`: (first, last), the decode steps in which it was first scheduled and got
+        its last token (`Sequence.first_iter` / `last_iter`), for GET /perf_metrics)."""
         m = result.metrics
         if self._perf is not None and arrival is not None:
-            self._record_perf(m, queue_time_s, arrival)
+            self._record_perf(m, queue_time_s, arrival, iterations)
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
         # one aborted before its first token has no latency (as one cancelled in the queue); a scoring request
         # (max_tokens 0 with echo) has one, and no first token
@@ -155,12 +158,13 @@ class ServerMetrics:
                 },
             })
 
-    def _record_perf(self, m, queue_time_s: float, arrival: float) -> None:
+    def _record_perf(self, m, queue_time_s: float, arrival: float, iterations: tuple[int, int] | None) -> None:
         """Keep one finished sequence's GET /perf_metrics record (trtllm-serve's layout, module docstring)."""
         scheduled = arrival + queue_time_s
-        perf = {"timing_metrics": {"arrival_time": arrival, "first_scheduled_time": scheduled,
-                                   "first_token_time": scheduled + m.time_to_first_token_s,
-                                   "last_token_time": scheduled + m.total_time_s}}
+        perf = {} if iterations is None else {"first_iter": iterations[0], "last_iter": iterations[1]}
+        perf["timing_metrics"] = {"arrival_time": arrival, "first_scheduled_time": scheduled,
+                                  "first_token_time": scheduled + m.time_to_first_token_s,
+                                  "last_token_time": scheduled + m.total_time_s}
         if self._prefix_cache is not None:
             perf["kv_cache_metrics"] = {"num_reused_tokens": m.cached_tokens,
                                         "num_missed_tokens": m.prompt_tokens - m.cached_tokens}

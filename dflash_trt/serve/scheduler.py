@@ -177,6 +177,10 @@ class Sequence:
     logprobs_sent: int = 0  # how many of them went out with a delta
     # params.prompt_logprobs set: the prompt's (one per prompt token, None first), from its first tokens on
     prompt_logprobs: list | None = None
+    # the iterations (decode steps, numbered from 1 as GET /metrics numbers them) in which it was first scheduled
+    # (the one that reports its prefill) and in which its last token came: TensorRT-LLM's first_iter / last_iter
+    first_iter: int | None = None
+    last_iter: int | None = None
 
     def on_tokens(self, ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> str | None:
         if prompt_logprobs is not None:
@@ -247,6 +251,7 @@ class Scheduler:
         self._batch = None
         self._seqs: dict[int, Sequence] = {}  # request id in self._batch -> its sequence
         self._pending: list[Sequence] = []  # taken from the queue, not yet in self._seqs (being prefilled)
+        self.iterations = 0  # decode steps reported (`on_step`): the number of the last one
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
         self._thread.start()
 
@@ -343,6 +348,8 @@ class Scheduler:
                 for s in live:
                     _done(s, None, exc)
                 return
+        for s in live:  # their prefill is reported with the next iteration
+            s.first_iter = self.iterations + 1
         try:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
                                   lambda k, ids, *more: live[k].on_tokens(ids, *more))
@@ -390,6 +397,7 @@ class Scheduler:
         """The step's iteration stats first, then its finished sequences' results: a client that has its
         answer finds the steps that made it in GET /metrics). A failing `on_step` is logged: the results
         still go out."""
+        self.iterations += 1
         try:
             if self._on_step is not None:
                 self._on_step(stats)
@@ -400,6 +408,7 @@ class Scheduler:
     def _run_alone(self, s: Sequence) -> None:
         """Decode `s` in a batch of its own to the end (after its batch failed), admitting nothing else."""
         self._pending = [s]
+        s.first_iter = self.iterations + 1
         try:
             self._batch = self._open_batch()
             (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, *more: s.on_tokens(ids, *more))
@@ -415,6 +424,8 @@ class Scheduler:
         """Hand out the results of the sequences finished in the batch, each recorded (`on_finished`) first."""
         for rid, r in self._batch.take_finished():
             s = self._seqs.pop(rid)
+            # one that ended at its prefill ends in the iteration that reports it (the next one, or the flush)
+            s.last_iter = max(self.iterations, s.first_iter or 0)
             if s.score_only:  # scoring the prompt: no completion (the first token was generated and is dropped)
                 r.text, r.finish_reason, r.token_ids = "", "length", []
                 r.logprobs = None if r.logprobs is None else []
@@ -440,6 +451,8 @@ class Scheduler:
             flush = getattr(self._batch, "flush_stats", None)  # prompts read since its last step (none followed)
             stats = flush() if flush is not None else None
             try:
+                if stats is not None:
+                    self.iterations += 1
                 if stats is not None and self._on_step is not None:
                     self._on_step(stats)
             finally:

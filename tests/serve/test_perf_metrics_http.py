@@ -25,6 +25,7 @@ def perf_server(smollm2_pipeline):
 
 def test_a_record_holds_the_requests_own_counts_and_times(perf_server):
     assert httpx.get(perf_server + "/perf_metrics").json() == []
+    httpx.get(perf_server + "/metrics")  # the iterations so far
     before = time.perf_counter()  # the server runs in this process: the same clock
     body = httpx.post(perf_server + "/v1/chat/completions", timeout=120, json={
         "model": MODEL, "messages": QUESTION, "max_tokens": 24, "temperature": 0}).json()
@@ -32,7 +33,14 @@ def test_a_record_holds_the_requests_own_counts_and_times(perf_server):
     m = body["choices"][0]["metrics"]
     [record] = httpx.get(perf_server + "/perf_metrics").json()
     assert httpx.get(perf_server + "/perf_metrics").json() == []  # returned once
-    assert record["request_id"] == 1 and set(record["perf_metrics"]) == {"timing_metrics", "speculative_decoding"}
+    assert record["request_id"] == 1 and set(record["perf_metrics"]) == {"first_iter", "last_iter", "timing_metrics",
+                                                                          "speculative_decoding"}
+    # the iterations that decoded it, alone: the first reports its prefill and its first verify step
+    iters = httpx.get(perf_server + "/metrics").json()
+    p = record["perf_metrics"]
+    assert [i["iter"] for i in iters] == list(range(p["first_iter"], p["last_iter"] + 1))
+    assert p["last_iter"] - p["first_iter"] + 1 == m["verify_steps"]
+    assert iters[0]["inflightBatchingStats"]["numContextRequests"] == 1
     spec = record["perf_metrics"]["speculative_decoding"]
     assert spec == {"acceptance_rate": pytest.approx(m["accepted_tokens"] / m["drafted_tokens"]),
                     "total_accepted_draft_tokens": m["accepted_tokens"], "total_draft_tokens": m["drafted_tokens"]}
@@ -51,9 +59,13 @@ def test_the_latest_records_are_kept_and_a_sequence_that_drafted_nothing_has_no_
     assert out.status_code == 200
     records = httpx.get(perf_server + "/perf_metrics").json()
     assert len(records) == 2 and records[1]["request_id"] == records[0]["request_id"] + 1  # 3 finished, 2 kept
+    httpx.get(perf_server + "/metrics")
     httpx.post(perf_server + "/v1/completions", timeout=120, json={"model": MODEL, "prompt": "Hi", "max_tokens": 1})
     [one] = httpx.get(perf_server + "/perf_metrics").json()  # its only token came from the prefill: nothing drafted
-    assert one["request_id"] == records[1]["request_id"] + 1 and set(one["perf_metrics"]) == {"timing_metrics"}
+    assert one["request_id"] == records[1]["request_id"] + 1
+    assert set(one["perf_metrics"]) == {"first_iter", "last_iter", "timing_metrics"}
+    [it] = httpx.get(perf_server + "/metrics").json()  # one iteration: the one reporting its prefill
+    assert one["perf_metrics"]["first_iter"] == one["perf_metrics"]["last_iter"] == it["iter"]
 
 
 def test_records_need_the_flag_and_count_cached_tokens_with_a_prefix_cache():
