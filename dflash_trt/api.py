@@ -123,6 +123,7 @@ class Pipeline:
 
             self.engine.grammars = Grammars(self.tokenizer, self.engine.target.config.vocab_size,
                                             self.engine.eos_token_ids)
+            self.engine.detokenize = self._detokenize  # stop strings (SamplingParams.stop)
 
     def encode_chat(self, message: str) -> list[int]:
         """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
@@ -179,11 +180,17 @@ class Pipeline:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:
-        """Engine.generate plus detokenized `text` on each result."""
+        """Engine.generate plus detokenized `text` on each result (cut before the stop string that ended it,
+        for a request with `SamplingParams.stop`)."""
         results = self.engine.generate(prompts, params, mode, on_tokens)
         for r in results:
-            r.text = self.decode(r.token_ids)
+            if r.text is None:  # the engine set the text of requests with stop strings
+                r.text = self.decode(r.token_ids)
         return results
+
+    def _detokenize(self, ids: list[int]) -> str:
+        """`decode` of the engine's own output ids (no checks: they are valid ids)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def use_cpu_kernels(target: TargetModel, proposer: DFlashProposer | None) -> None:

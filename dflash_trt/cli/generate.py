@@ -11,7 +11,8 @@ import click
 from dflash_trt.cli.common import (SEED_RANGE, guided_decoding_options, logits_processing_options, max_tokens_option,
                                    model_options, prefix_cache_options,
                                    temperature_option, top_k_option, top_p_option, tp_size_option)
-from dflash_trt.text import count, final_text, text_to_stream
+from dflash_trt.runtime.stop_text import StopText
+from dflash_trt.text import count, final_text
 
 
 def encode_item(pipe, item, where: str | None = None) -> list[int]:
@@ -69,6 +70,9 @@ def prompt_header(index: int, total: int) -> str:
 @click.option("--bad-word", "bad_words", multiple=True, metavar="WORD",
               help="A word the answer never holds (vLLM's bad_words: its tokens, as written and after a space, "
                    "cannot complete in the output). Repeat for several.")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="A stop string: the answer ends before it (OpenAI's and vLLM's stop; the token that completes it "
+                   "is the last one generated). Repeat for several.")
 @click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
               help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
                    "top-p), its UTF-8 bytes and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
@@ -76,8 +80,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
              min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, min_tokens, json_schema,
              json_object, regex, grammar, seed, block_size,
              max_draft_len, draft_confidence, tree_topk, prompt_lookup, max_concurrency, mode, dtype, device, batch_size,
-             threads, cpu_kernels, cuda_kernels, tp_size, enable_prefix_caching, prefix_cache_gb, bad_words, as_json,
-             num_logprobs):
+             threads, cpu_kernels, cuda_kernels, tp_size, enable_prefix_caching, prefix_cache_gb, bad_words, stops,
+             as_json, num_logprobs):
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
@@ -101,10 +105,15 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     check_argv_text("--chat", chat)
     if any(not w for w in bad_words):
         raise click.BadParameter("a word is empty; give the words the answer must not hold", param_hint="'--bad-word'")
+    if any(not s for s in stops):
+        raise click.BadParameter("a stop string is empty, which would stop before any text; remove it",
+                                 param_hint="'--stop'")
+    for text in stops:
+        check_argv_text("--stop", text)
     if num_logprobs is not None and not as_json:
         raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                            logprobs=num_logprobs, **logits_processing(max_tokens, min_p, repetition_penalty,
+                            logprobs=num_logprobs, stop=stops or None, **logits_processing(max_tokens, min_p, repetition_penalty,
                                                                        presence_penalty, frequency_penalty, logit_bias,
                                                                        min_tokens),
                             guided=guided_decoding(json_schema, json_object, regex, grammar, min_tokens))
@@ -154,16 +163,14 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     if mode == "dflash":
         note_max_concurrency(pipe, batch_size, len(prompts))
     stream = not as_json and len(prompts) == 1
-    shown = {"text": ""}
-    sofar: list[int] = []
+    shown = StopText(pipe.decode, params.stop or (), min_tokens=params.min_tokens)  # the streamed answer so far
 
     def on_tokens(_i, toks, *_logprobs):
-        sofar.extend(toks)
-        new = text_to_stream(pipe.decode(sofar), shown["text"])
+        shown.add(toks)  # complete characters only, none that may start a stop string
+        new = shown.delta()
         if new:
             sys.stdout.write(new)
             sys.stdout.flush()
-            shown["text"] += new
 
     plist = [dataclasses.replace(params, seed=offset_seed(seed, i)) for i in range(len(prompts))]
     for lo in range(0, len(prompts), batch_size):
@@ -171,7 +178,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
         try:
             results = pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None)
         except BaseException:  # a failure mid-stream: end the partial answer's line, so the error starts its own
-            if shown["text"] and not shown["text"].endswith("\n"):
+            if shown.sent and not shown.sent.endswith("\n"):
                 sys.stdout.write("\n")
                 sys.stdout.flush()
             raise
@@ -191,7 +198,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                     click.echo(header)
                 click.echo(text)
             else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
-                click.echo(text[len(shown["text"]):])
+                click.echo(text[len(shown.sent):])
             rate = f"acceptance rate={m.acceptance_rate:.2f}" if m.drafted_tokens else "no drafts"
             drafting = f"tau={m.acceptance_length:.2f}, {rate}, " if mode == "dflash" else ""  # ar drafts nothing
             click.echo(

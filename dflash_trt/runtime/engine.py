@@ -39,6 +39,7 @@ from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams, generator_seed, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
+from dflash_trt.runtime.stop_text import StopText
 from dflash_trt.runtime.verifier import ChunkedProbs, lazy_greedy_accept, speculative_sample
 
 MODES = ("dflash", "ar")
@@ -106,6 +107,7 @@ class _Request:
     # params.prompt_logprobs set: one per prompt token read so far (None for the first)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
+    stop_text: StopText | None = None  # params.stop: its text so far, checked for the stop strings
 
     def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
@@ -126,7 +128,8 @@ class _Request:
 
     def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
         """Append tokens in order (with their `logprobs` when the request asked for them), applying every
-        stop check to each; return how many were taken."""
+        stop check to each (stop tokens, max_tokens, the context's end, then the stop strings); return how many
+        were taken."""
         taken = len(tokens)
         for n, tok in enumerate(tokens, 1):
             self.out.append(tok)
@@ -137,6 +140,13 @@ class _Request:
             if self.finish_reason:
                 taken = n
                 break
+        if self.stop_text is not None and self.stop_text.add(tokens[:taken]) == "stop":
+            # a stop string: the output ends with the token that completed it (several may have come at once)
+            extra = len(self.out) - self.stop_text.used
+            if extra:
+                del self.out[-extra:]
+                taken -= extra
+            self.finish_reason = "stop"
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:taken])
         if self.on_tokens is not None:
@@ -197,6 +207,9 @@ class Engine:
         #: `dflash_trt.runtime.guided.Grammars` of the target's tokenizer (set by `dflash_trt.api`): what
         #: compiles a request's guided decoding. None refuses such requests.
         self.grammars: Grammars | None = None
+        #: token ids -> text (the target tokenizer's decode, special tokens skipped; set by `dflash_trt.api`):
+        #: what checks a request's stop strings (`SamplingParams.stop`). None refuses such requests.
+        self.detokenize: Callable[[list[int]], str] | None = None
         #: Optional `dflash_trt.runtime.prefix_cache.PrefixCache`: when set, the K/V of every sequence a
         #: `DecodeBatch` reads is kept (its prompt once read, prompt and output once it ends) and a new prompt
         #: starting with a kept sequence is prefilled from there (automatic prefix caching; not for requests
@@ -261,10 +274,18 @@ class Engine:
                 raise InvalidRequestError("guided decoding needs a stop token to end the output once the grammar is "
                                           "complete; give stop_token_ids")
             guided = GuidedLogits(self.grammars.compile(params.guided), stop_ids, vocab)
+        stop_text = None
+        if params.stop:
+            if self.detokenize is None:
+                raise ConfigError("stop strings need the target's tokenizer: this Engine has no `detokenize` (load "
+                                  "it with dflash_trt.api.load_pipeline / load_bundle, which set it), or give "
+                                  "stop_token_ids")
+            stop_text = StopText(self.detokenize, params.stop, min_tokens=params.min_tokens)
         penalties = LogitsPenalties(params, prompt, stop_ids, guided) if params.processes_logits else None
         return _Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],
-                        prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties)
+                        prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties,
+                        stop_text=stop_text)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -1112,6 +1133,8 @@ class DecodeBatch:
         out = []
         for r in done:
             r.metrics.completion_tokens = len(r.out)
-            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, logprobs=r.logprobs,
+            # with stop strings, the text cut before the one that ended it (OpenAI's); else the caller decodes
+            text = None if r.stop_text is None else r.stop_text.text
+            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, text=text, logprobs=r.logprobs,
                                                   prompt_logprobs=r.prompt_logprobs)))
         return out

@@ -7,6 +7,7 @@ branch, never a tiny temperature.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,7 +50,15 @@ class SamplingParams:
     prompt (vLLM's scope); stored as a sorted tuple of tuples (`dflash_trt.runtime.penalties.bad_word_ids`
     turns words into them).
 
-    Every field is type-checked (InvalidRequestError naming it; bool is not a number).
+    stop: stop strings (a str or a list of them; vLLM's and TensorRT-LLM's `stop`, OpenAI's): the output ends
+    with the token that completes the first one to appear in its text, and the result's text ends before it
+    (`dflash_trt.runtime.stop_text.StopText`; with min_tokens, a string completed within the first min_tokens
+    tokens does not count). Needs the target's tokenizer: `Pipeline.generate` (`dflash_trt.api`) has it.
+    Stored as a tuple.
+
+    Every field is type-checked (InvalidRequestError naming it; bool is not a number); a keyword of another
+    library's SamplingParams that this one has not (`n`, `best_of`, HF's `max_new_tokens`, TensorRT-LLM's
+    `end_id`, ...) is an InvalidRequestError saying what to use instead, not Python's TypeError.
     """
 
     temperature: float = 0.0
@@ -70,6 +79,7 @@ class SamplingParams:
     guided: GuidedDecoding | None = None
     prompt_ignore_length: int | None = None
     bad_words: tuple[tuple[int, ...], ...] | None = None
+    stop: tuple[str, ...] | None = None
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -124,6 +134,8 @@ class SamplingParams:
                                           f"presence and frequency penalties), got {self.prompt_ignore_length}")
         if self.bad_words is not None:
             set_(self, "bad_words", _bad_words(self.bad_words) or None)
+        if self.stop is not None:
+            set_(self, "stop", _stop_strings(self.stop) or None)
         if self.guided is not None:
             if not isinstance(self.guided, GuidedDecoding):
                 raise InvalidRequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
@@ -144,6 +156,52 @@ class SamplingParams:
         min_tokens or a grammar set): what they do depends on each verify position's own history."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1 or self.min_tokens or self.guided is not None or self.bad_words)
+
+
+#: keywords of other libraries' SamplingParams (vLLM, TensorRT-LLM's LLM API, HF generate) that ours has not: what
+#: to do instead
+OTHER_LIBRARIES_NAMES = {
+    "n": "one completion per prompt here: repeat the prompt in the prompts list (sampling each with seed "
+         "offset_seed(seed, i) to get different, reproducible samples)",
+    "best_of": "one completion per prompt here: repeat the prompt in the prompts list and pick among the results",
+    "use_beam_search": "beam search is not supported: speculative decoding keeps the target's greedy or sampled "
+                       "output",
+    "beam_width": "beam search is not supported: speculative decoding keeps the target's greedy or sampled output",
+    "max_new_tokens": "use max_tokens",
+    "end_id": "use stop_token_ids=[id]",
+    "stop_words": "use stop (strings) or stop_token_ids",
+    "include_stop_str_in_output": "not supported: the text ends before the stop string (OpenAI's behaviour); the "
+                                  "token ids include the token that completed it",
+    "random_seed": "use seed",
+    "do_sample": "use temperature (0 = greedy, > 0 samples)",
+}
+
+
+def _unknown_keyword(name: str) -> str:
+    """The error message for a SamplingParams keyword that is not a field: what to use instead (a name of another
+    library, `OTHER_LIBRARIES_NAMES`, or the closest field name)."""
+    import difflib
+
+    fix = OTHER_LIBRARIES_NAMES.get(name)
+    if fix is None:
+        close = difflib.get_close_matches(name, _FIELDS, n=1)
+        fix = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(_FIELDS)}"
+    return f"SamplingParams has no field {name!r}: {fix}"
+
+
+_FIELDS = tuple(SamplingParams.__dataclass_fields__)
+_dataclass_init = SamplingParams.__init__
+
+
+@functools.wraps(_dataclass_init)  # its signature and docstring
+def _checked_init(self, *args, **kwargs):
+    unknown = next((k for k in kwargs if k not in SamplingParams.__dataclass_fields__), None)
+    if unknown is not None:  # the generated __init__ would raise TypeError naming neither the fix nor the field
+        raise InvalidRequestError(_unknown_keyword(unknown))
+    _dataclass_init(self, *args, **kwargs)
+
+
+SamplingParams.__init__ = _checked_init
 
 
 def check_seed(seed) -> int | None:
@@ -218,6 +276,28 @@ def _token_ids(value) -> tuple[int, ...]:
     if bad:
         raise InvalidRequestError(f"stop_token_ids must be {allowed}; {bad[0]!r} in {value!r} is not one")
     return tuple(int(t) for t in ids)
+
+
+def _stop_strings(value) -> tuple[str, ...]:
+    """stop as a tuple of distinct non-empty strings of valid Unicode (a str is one), in order; else
+    InvalidRequestError."""
+    from dflash_trt.text import invalid_unicode
+
+    allowed = "a string or a list of strings (non-empty), or None"
+    if isinstance(value, str):
+        value = (value,)
+    elif isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidRequestError(f"stop must be {allowed}, got {value!r} ({type(value).__name__})")
+    stops = tuple(value)
+    for s in stops:
+        if not isinstance(s, str):
+            raise InvalidRequestError(f"stop must be {allowed}; {s!r} ({type(s).__name__}) is not a string")
+        if not s:
+            raise InvalidRequestError("stop holds an empty string, which would stop before any text; remove it")
+        why = invalid_unicode(s)
+        if why is not None:
+            raise InvalidRequestError(f"stop holds {why}; give valid Unicode text")
+    return tuple(dict.fromkeys(stops))
 
 
 def _bad_words(value) -> tuple[tuple[int, ...], ...]:

@@ -77,7 +77,9 @@ class GenerationResult:
     the caller's `on_tokens` callback returned to end the request (`Engine.generate`).
     logprobs: None, or (SamplingParams.logprobs set) one `dflash_trt.runtime.logprobs.TokenLogprob` per
     token id, in order. prompt_logprobs: None, or (SamplingParams.prompt_logprobs set) one per prompt
-    token, the first None (nothing predicts it).
+    token, the first None (nothing predicts it). text: the completion's text: set by `Pipeline.generate`
+    (`dflash_trt.api`), and by the engine for a request with stop strings (`SamplingParams.stop`: cut before the
+    one that ended it, whose last token ends token_ids); None from `Engine.generate` otherwise.
     """
 
     token_ids: list[int]

@@ -39,7 +39,8 @@ from dflash_trt.serve.protocol import (UNSUPPORTED, ChatCompletionRequest, Compl
 from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
                                         as_responses_error, assistant_messages, listed_items, new_id, output_items,
                                         response_object, status_of, usage_of)
-from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+from dflash_trt.runtime.stop_text import StopText
+from dflash_trt.serve.scheduler import Scheduler, Sequence
 
 logger = logging.getLogger("dflash_trt.serve")
 

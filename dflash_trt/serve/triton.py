@@ -523,7 +523,8 @@ class TritonPythonModel:
         from dflash_trt.errors import ConfigError, InvalidRequestError
         from dflash_trt.runtime.penalties import bad_word_ids
         from dflash_trt.serve.protocol import check_stops, fit_context
-        from dflash_trt.serve.scheduler import Sequence, StopText
+        from dflash_trt.runtime.stop_text import StopText
+        from dflash_trt.serve.scheduler import Sequence
 
         def scalar(name, default):
             t = pb_utils.get_input_tensor_by_name(request, name)

@@ -462,6 +462,33 @@ def test_bad_word_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_p
     assert code == 2 and "Invalid value for '--bad-word': a word is empty" in err
 
 
+def test_stop_flags_end_the_answer_before_the_first_stop_string(monkeypatch, capsys, smollm2_pipeline):
+    """--stop (repeatable): the streamed answer and --json's text and token ids are the pipeline's with those stop
+    strings (no part of a stop string is streamed); an empty one is a usage error before anything loads."""
+    import json
+
+    import dflash_trt.api
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    pipe = smollm2_pipeline
+    chat = "Write a short poem about the sea."
+    [full] = pipe.generate([pipe.encode_chat(chat)], SamplingParams(max_tokens=32))
+    stops = [full.text[25:31], full.text[12:17]]  # the second comes first in the text
+    [ref] = pipe.generate([pipe.encode_chat(chat)], SamplingParams(max_tokens=32, stop=stops))
+    assert ref.finish_reason == "stop" and ref.text == full.text[: full.text.index(stops[1])]
+    flags = ["generate", "--chat", chat, "--max-tokens", "32", "--stop", stops[0], "--stop", stops[1]]
+    code, out, err = run_main(monkeypatch, capsys, *flags)
+    assert code == 0, err
+    assert out == ref.text + "\n" and "finish=stop" in err
+    code, out, err = run_main(monkeypatch, capsys, *flags, "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert (got["text"], got["token_ids"], got["finish_reason"]) == (ref.text, ref.token_ids, "stop")
+    monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
+    code, _, err = run_main(monkeypatch, capsys, "generate", "--chat", chat, "--stop", "")
+    assert code == 2 and "Invalid value for '--stop': a stop string is empty" in err
+
+
 @pytest.mark.slow
 def test_structured_output_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline, tmp_path):
     """--json-schema (a file or the text), --json-object, --regex and --grammar (a file): the text of the pipeline

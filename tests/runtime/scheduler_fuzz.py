@@ -24,7 +24,7 @@ import torch
 from dflash_trt.runtime.engine import DecodeBatch, Engine
 from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.serve.scheduler import StopText
+from dflash_trt.runtime.stop_text import StopText
 
 NEAR_TIE = 1e-4  # top-2 gap of the reference's processed scores under which a token flip is float rounding
 LOGPROB_TOL = 1e-4

@@ -11,7 +11,8 @@ from dflash_trt.errors import InvalidRequestError
 from dflash_trt.runtime.engine import PrefillFailed
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
-from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
+from dflash_trt.runtime.stop_text import StopText
+from dflash_trt.serve.scheduler import Scheduler, Sequence
 
 
 def wait_for(cond, timeout=10.0):
