@@ -37,8 +37,8 @@ from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import (UNSUPPORTED, ChatCompletionRequest, CompletionRequest, check_request_nesting,
                                        fit_context, jsonable)
 from dflash_trt.serve.responses import (ResponseEvents, ResponseNotFound, ResponsesRequest, ResponseStore,
-                                        as_responses_error, assistant_messages, listed_items, new_id, output_items,
-                                        response_object, status_of, usage_of)
+                                        as_responses_error, assistant_messages, listed_items, new_id, response_object,
+                                        usage_of, whole_response)
 from dflash_trt.runtime.stop_text import StopText
 from dflash_trt.serve.scheduler import Scheduler, Sequence
 
@@ -668,10 +668,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             except BaseException as exc:
                 settle(None, None if isinstance(exc, (ClientGone, asyncio.CancelledError)) else exc)
                 raise
-            message, finish = answers.message(result.text, result.finish_reason)
-            output = output_items(message, finish, logprobs_of(result.logprobs))
-            response = response_object(rid, created, model_name, req, output, status_of(finish),
-                                       responses_usage(ids, result, answers), choice_metrics(seq, result))
+            response = whole_response(start, answers.stream(), result.text, result.finish_reason,
+                                      responses_usage(ids, result, answers), choice_metrics(seq, result),
+                                      logprobs_of(result.logprobs))
             settle(response)
             return response
 
@@ -689,7 +688,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     _, kind, payload = await events.get()
                     if kind == "text":
                         text, lps, _ = payload
-                        for event in out.delta(state.delta(text) if text else {}, logprobs_of(lps)):
+                        for event in out.text(state, text, logprobs_of(lps)):
                             yield sse(event)
                         continue
                     result, error = payload
@@ -702,9 +701,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                         yield sse(out.error(body))
                         return
                     lps = seq.rest_logprobs(result) if result.logprobs is not None else None
-                    delta, finish = state.last(seq.text.rest(result.finish_reason), result.finish_reason)
-                    last = out.delta(delta, logprobs_of(lps)) + out.finish(
-                        finish, responses_usage(ids, result, answers), choice_metrics(seq, result))
+                    last = out.end(state, seq.text.rest(result.finish_reason), result.finish_reason,
+                                   responses_usage(ids, result, answers), choice_metrics(seq, result), logprobs_of(lps))
                     settle(out.response)
                     settled = True
                     for event in last:

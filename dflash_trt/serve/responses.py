@@ -7,8 +7,9 @@ first (system) message, `input` (a string: one user message; or a list of items)
 tool `{"type": "function", "name", "parameters"}` the chat tool `{"type": "function", "function": {...}}`,
 `text.format` the `response_format`, `max_output_tokens` `max_completion_tokens`; the chat pipeline answers it
 (DFlash, guided decoding, tool calling, the reasoning parser: as on /v1/chat/completions, so the same tokens), and
-the answer is written as a Response (`output_items`): a `reasoning` item (with `--reasoning-parser`), a `message`
-item with one `output_text` part, and a `function_call` item per tool call, in that order. Streamed
+the answer is written as a Response (`whole_response`): a `reasoning` item (with `--reasoning-parser`), a `message`
+item with one `output_text` part, and a `function_call` item per tool call, in the order the answer writes them
+(reasoning first, unless qwen3's answer writes text before `<think>`: that text is a message item before it). Streamed
 (`stream: true`), the server-sent events are named (`event: response.output_text.delta`) and numbered
 (`sequence_number`) as OpenAI sends them (`ResponseEvents`): `response.created`, `response.in_progress`, per item
 `response.output_item.added` ... `response.output_item.done` with its text or arguments as deltas, then
@@ -519,24 +520,6 @@ def function_call_item(call: dict, status: str, item_id: str | None = None) -> d
             "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
 
 
-def output_items(message: dict, finish_reason: str, logprobs: list | None = None) -> list[dict]:
-    """A chat answer's `message` ({"content", "reasoning_content", "tool_calls"}, `ChatAnswers.message`) as Response
-    output items: reasoning, then the message (when it has text, or when nothing else came), then the calls. The
-    last item's status is "incomplete" when max_output_tokens or the server's shutdown cut it (`finish_reason`
-    "length", "abort")."""
-    items = []
-    if message.get("reasoning_content"):
-        items.append(reasoning_item(message["reasoning_content"], "completed"))
-    calls = message.get("tool_calls") or []
-    content = message.get("content") or ""
-    if content or logprobs or (not items and not calls):
-        items.append(message_item(content, "completed", logprobs))
-    items += [function_call_item(c, "completed") for c in calls]
-    if finish_reason in ("length", "abort"):
-        items[-1]["status"] = "incomplete"
-    return items
-
-
 def assistant_messages(items: list[dict]) -> list[dict]:
     """The chat messages a response's output items stand for in a later turn's conversation: one assistant
     message with its text and tool calls (reasoning dropped, as chat templates drop it), or none."""
@@ -590,11 +573,24 @@ def usage_of(input_tokens: int, output_tokens: int, cached_tokens: int = 0, reas
             "total_tokens": input_tokens + output_tokens}
 
 
+def tag_pieces(state, text: str) -> list[str]:
+    """`text` as the chat stream `state` (`ChatStream`) is fed it: when it splits reasoning, cut after each ">" (the
+    last character of every reasoning tag, `<think>` and `</think>`), so each piece completes at most one tag, at its
+    end: each piece's delta holds one field (reasoning or content) and the Response's items follow the order the
+    answer writes them in, however its text was cut into deltas (qwen3's text before `<think>` is a message item
+    before the reasoning item); else whole (its delta and its logprobs stay one event)."""
+    if state.reasoning is None:
+        return [text]
+    parts = text.split(">")
+    return [p + ">" for p in parts[:-1]] + [parts[-1]]
+
+
 class ResponseEvents:
-    """The streamed events of one response, from its chat deltas (`dflash_trt.serve.chat.ChatStream`): `start`,
-    then `delta` per chat delta, then `finish`. Each event is a dict with its `type` and `sequence_number` (0, 1,
-    ...); its items' texts and arguments joined, and the Response of the last event, equal what `output_items`
-    makes of the whole answer.
+    """The events of one response, from its answer's text through its chat stream (`dflash_trt.serve.chat.
+    ChatStream`): `start`, then `text` per text delta, then `end` (or `delta` per chat delta and `finish`). Each
+    event is a dict with its `type` and `sequence_number` (0, 1, ...). Its items are the answer's reasoning, text and
+    function calls in the order the answer writes them (`tag_pieces`), so the Response of the last event is the same
+    however the text was cut into deltas: a non-streamed request's (`whole_response`) too.
 
     Args:
         response: the Response as it starts (`response_object` with status "in_progress", no output, no usage).
@@ -664,6 +660,26 @@ class ResponseEvents:
                                           delta=fn["arguments"]))
         return events
 
+    def text(self, state, text: str, logprobs: list | None = None) -> list[dict]:
+        """The events of the answer's next `text` (its tokens' `logprobs`, or None), read by the chat stream `state`
+        (`ChatStream.delta`) in `tag_pieces`."""
+        pieces = tag_pieces(state, text)
+        events = []
+        for i, piece in enumerate(pieces, 1):
+            events += self.delta(state.delta(piece) if piece else {}, logprobs if i == len(pieces) else None)
+        return events
+
+    def end(self, state, text: str, finish_reason: str, usage: dict, metrics: dict | None = None,
+            logprobs: list | None = None) -> list[dict]:
+        """The last events: the answer's last `text` (the rest the chat stream `state` held back: `ChatStream.last`)
+        and `finish`, with the answer's `finish_reason` (the stream's may differ: tool calls)."""
+        *head, tail = tag_pieces(state, text)
+        events = []
+        for piece in head:
+            events += self.delta(state.delta(piece))
+        delta, finish = state.last(tail, finish_reason)
+        return events + self.delta(delta, logprobs) + self.finish(finish, usage, metrics)
+
     def _close(self, status: str = "completed") -> list[dict]:
         item, events = self.open, []
         if item is None:
@@ -708,6 +724,17 @@ class ResponseEvents:
         err = body["error"]
         return self._event("error", code=err.get("code") or err.get("type"), message=err["message"],
                            param=err.get("param"))
+
+
+def whole_response(start: dict, state, text: str, finish_reason: str, usage: dict, metrics: dict | None = None,
+                   logprobs: list | None = None) -> dict:
+    """The Response of a whole answer (a non-streamed request's): the one its stream ends with (`ResponseEvents`), from
+    `start` (`response_object` in progress), the chat stream `state` (`ChatStream`) and the answer's `text`,
+    `finish_reason`, `usage`, `metrics` and `logprobs` (chat's `logprobs.content` entries, or None)."""
+    out = ResponseEvents(start)
+    out.delta(state.opening())
+    out.end(state, text, finish_reason, usage, metrics, logprobs)
+    return out.response
 
 
 def _copy(obj):

@@ -21,9 +21,9 @@ from dflash_trt.serve.responses import (
     ResponseEvents,
     ResponsesRequest,
     input_messages,
-    output_items,
     response_object,
     usage_of,
+    whole_response,
 )
 from dflash_trt.serve.tools import ToolCalling
 from dflash_trt.training.prompts import encode_prompt
@@ -455,36 +455,49 @@ def test_input_items_become_chat_messages():
     assert input_messages("Hi") == [{"role": "user", "content": "Hi"}]
 
 
-@pytest.mark.parametrize("text, finish", [
-    (('need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
-      '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'), "stop"),
-    ("all reasoning, cut", "length"),
-    ("</think>", "stop"),
-    ("short</think>The answer is <tool_c", "length"),
-    ("cut by a shutdown</think>Hel", "abort"),
+@pytest.mark.parametrize("parser, text, finish, kinds", [
+    ("deepseek-r1", ('need the time</think>\n\nOne moment. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+                     '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'), "stop",
+     ["reasoning", "message", "function_call", "function_call"]),
+    ("deepseek-r1", "all reasoning, cut", "length", ["reasoning"]),
+    ("deepseek-r1", "</think>", "stop", ["message"]),
+    ("deepseek-r1", "short</think>The answer is <tool_c", "length", ["reasoning", "message"]),
+    ("deepseek-r1", "cut by a shutdown</think>Hel", "abort", ["reasoning", "message"]),
+    ("qwen3", "<think>why</think>Because.", "stop", ["reasoning", "message"]),
+    # text before <think>: its own message item, before the reasoning (streamed, it went out before the reasoning)
+    ("qwen3", "Hi <think>let me see</think> there > <think>not reasoning</think>", "stop",
+     ["message", "reasoning", "message"]),
+    ("qwen3", 'Sure. <think>a</think><tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "stop",
+     ["message", "reasoning", "function_call"]),
+    ("qwen3", "Hi<think>cut", "length", ["message", "reasoning"]),
 ])
-def test_events_join_to_the_whole_output(text, finish):
-    """Any split of an answer into stream deltas gives the items (and final Response) the whole answer gives."""
+def test_events_join_to_the_whole_output(parser, text, finish, kinds):
+    """Any split of an answer into stream deltas gives the items (and final Response) the whole answer gives, in the
+    order the answer writes them; their texts are the chat message's."""
     tools = ({"name": "get_time", "description": None, "parameters": {"type": "object", "properties": {}}},)
-    answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), "deepseek-r1", guided=None)
+    answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), parser, guided=None)
     req = ResponsesRequest(input="x")
-    message, final_finish = answers.message(text, finish)
-    whole = response_object("resp_1", 0, MODEL, req, output_items(message, final_finish), "completed", None)
+    start = response_object("resp_1", 0, MODEL, req, [], "in_progress", None)
+    whole = whole_response(start, answers.stream(), text, finish, None)
+    assert [it["type"] for it in whole["output"]] == kinds
+    message, _ = answers.message(text, finish)
+    assert "".join(p["text"] for it in whole["output"] if it["type"] == "message" for p in it["content"]) == (
+        message["content"] or "")
+    assert "".join(p["text"] for it in whole["output"] if it["type"] == "reasoning" for p in it["content"]) == (
+        message["reasoning_content"] or "")
     rng = random.Random(0)
     for _ in range(30):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
         parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        state, out = answers.stream(), ResponseEvents(response_object("resp_1", 0, MODEL, req, [], "in_progress",
-                                                                      None))
+        state, out = answers.stream(), ResponseEvents(start)
         got = out.start() + out.delta(state.opening())
         for p in parts[:-1]:
-            got += out.delta(state.delta(p))
-        delta, got_finish = state.last(parts[-1], finish)
-        got += out.delta(delta) + out.finish(got_finish, None)
+            got += out.text(state, p)
+        got += out.end(state, parts[-1], finish, None)
         assert [e["sequence_number"] for e in got] == list(range(len(got)))
         final = got[-1]["response"]
         assert strip(final["output"]) == strip(whole["output"])
         status = {"length": "incomplete", "abort": "failed"}.get(finish, "completed")
-        assert final["status"] == status and got[-1]["type"] == "response." + status
+        assert final["status"] == whole["status"] == status and got[-1]["type"] == "response." + status
         assert (final["error"] is None) == (finish != "abort")
         assert final["output"][-1]["status"] == ("completed" if finish == "stop" else "incomplete")
