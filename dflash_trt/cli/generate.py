@@ -187,7 +187,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             text = final_text(res.text, res.finish_reason)
             if as_json:
                 out = {"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
-                       "metrics": m.to_dict()}
+                       "stop_reason": res.stop_reason, "metrics": m.to_dict()}
                 if res.logprobs is not None:
                     out["logprobs"] = logprobs_json(pipe, res.logprobs)
                 click.echo(json.dumps(out))

@@ -108,6 +108,7 @@ class _Request:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
     stop_text: StopText | None = None  # params.stop: its text so far, checked for the stop strings
+    stop_reason: int | str | None = None  # the stop token of params.stop_token_ids or the stop string that ended it
 
     def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
@@ -135,6 +136,8 @@ class _Request:
             self.out.append(tok)
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
+                if self.params.stop_token_ids is not None:  # a token asked for; the target's EOS ids (default): None
+                    self.stop_reason = tok
             elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
                 self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
             if self.finish_reason:
@@ -146,7 +149,7 @@ class _Request:
             if extra:
                 del self.out[-extra:]
                 taken -= extra
-            self.finish_reason = "stop"
+            self.finish_reason, self.stop_reason = "stop", self.stop_text.matched
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:taken])
         if self.on_tokens is not None:
@@ -1136,5 +1139,5 @@ class DecodeBatch:
             # with stop strings, the text cut before the one that ended it (OpenAI's); else the caller decodes
             text = None if r.stop_text is None else r.stop_text.text
             out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, text=text, logprobs=r.logprobs,
-                                                  prompt_logprobs=r.prompt_logprobs)))
+                                                  prompt_logprobs=r.prompt_logprobs, stop_reason=r.stop_reason)))
         return out

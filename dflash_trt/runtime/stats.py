@@ -79,7 +79,9 @@ class GenerationResult:
     token id, in order. prompt_logprobs: None, or (SamplingParams.prompt_logprobs set) one per prompt
     token, the first None (nothing predicts it). text: the completion's text: set by `Pipeline.generate`
     (`dflash_trt.api`), and by the engine for a request with stop strings (`SamplingParams.stop`: cut before the
-    one that ended it, whose last token ends token_ids); None from `Engine.generate` otherwise.
+    one that ended it, whose last token ends token_ids); None from `Engine.generate` otherwise. stop_reason (vLLM's
+    and TensorRT-LLM's): the stop string (`SamplingParams.stop`) or the token of `SamplingParams.stop_token_ids`
+    that ended the output; None when it ended otherwise, at the target's EOS ids included.
     """
 
     token_ids: list[int]
@@ -88,3 +90,4 @@ class GenerationResult:
     text: str | None = None
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    stop_reason: int | str | None = None

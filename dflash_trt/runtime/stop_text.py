@@ -41,6 +41,7 @@ class StopText:
         self.sent = ""
         self.stopped = False
         self.used: int | None = None  # tokens up to the one that completed the stop string
+        self.matched: str | None = None  # that stop string (vLLM's and TensorRT-LLM's stop_reason)
         self._aligned = 0  # token_aligned: the tokens whose text `sent` holds
 
     def add(self, ids: list[int]) -> str | None:
@@ -54,14 +55,19 @@ class StopText:
             return None
         if 0 < self.min_tokens and before <= self.min_tokens:  # these ids pass min_tokens: no stop ends before here
             self._floor = len(self.decode(self.ids[: self.min_tokens]).rstrip("\ufffd"))
-        cut = self._find(text)
-        if cut < 0:
+        if self._find(text) < 0:
             self.text = text
             return None
-        self.text, self.stopped = text[:cut], True
-        # several tokens may come at once (accepted drafts): count those up to the stop string's end only
+        # several tokens may come at once (accepted drafts): count those up to the first one that completes a
+        # stop string, and cut the text there, as if they had come one at a time (a stop string starting earlier
+        # but completed by a later token, "abcdef" beside "cd", does not count)
         self.used = next((k for k in range(max(before, self.min_tokens) + 1, len(self.ids))
                           if self._find(self.decode(self.ids[:k])) >= 0), len(self.ids))
+        whole = text if self.used == len(self.ids) else self.decode(self.ids[: self.used])
+        cut = self._find(whole)
+        self.text, self.stopped = whole[:cut], True
+        # the one found there; of two starting at the same character, the shorter (it completed first)
+        self.matched = min((s for s in self.stops if whole.startswith(s, cut)), key=len)
         return "stop"
 
     @property

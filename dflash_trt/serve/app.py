@@ -275,7 +275,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     loop.call_soon_threadsafe(events.put_nowait, (index, "done", (result, error)))
 
                 streamed = on_text if req.stream and not score_only else None  # scoring: its one token is dropped
-                seqs.append(Sequence(ids, params, text, streamed, on_done, score_only=score_only))
+                seqs.append(Sequence(ids, params, text, streamed, on_done, score_only=score_only,
+                                     stop_token_ids=tuple(req.stop_token_ids or ())))
         scheduler.submit(seqs)
         return seqs, events
 
@@ -382,6 +383,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 rest = "" if seqs[index].score_only else seqs[index].text.rest(result.finish_reason)
                 lps = seqs[index].rest_logprobs(result) if result.logprobs is not None else None
                 last = chunk(index, rest, result.finish_reason, include_usage, lps)
+                last["choices"][0]["stop_reason"] = result.stop_reason
                 last["choices"][0]["metrics"] = choice_metrics(seqs[index], result)
                 yield sse(last, len(result.token_ids))
             else:
@@ -511,7 +513,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         for i, (s, r) in enumerate(zip(seqs, results)):
             text, lps = await asyncio.to_thread(echoed, i, r)  # a long prompt's tokens: off the event loop
             choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": r.finish_reason,
-                            "metrics": choice_metrics(s, r)})
+                            "stop_reason": r.stop_reason, "metrics": choice_metrics(s, r)})
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                 "choices": choices, "usage": usage(prompts, results)}
 
@@ -614,7 +616,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
                 "choices": [{"index": i, "message": message,
                              "logprobs": None if r.logprobs is None else formatter.chat(r.logprobs),
-                             "finish_reason": finish, "metrics": choice_metrics(s, r)}
+                             "finish_reason": finish, "stop_reason": r.stop_reason, "metrics": choice_metrics(s, r)}
                             for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, replies))],
                 "usage": usage([ids], results)}
 

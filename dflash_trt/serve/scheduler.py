@@ -69,6 +69,9 @@ class Sequence:
     # (the one that reports its prefill) and in which its last token came: TensorRT-LLM's first_iter / last_iter
     first_iter: int | None = None
     last_iter: int | None = None
+    # the request's own stop_token_ids (the result's stop_reason names them; the target's EOS ids the server adds
+    # to params.stop_token_ids stop with stop_reason None, as vLLM's)
+    stop_token_ids: tuple[int, ...] = ()
 
     def on_tokens(self, ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> str | None:
         if prompt_logprobs is not None:
@@ -319,13 +322,15 @@ class Scheduler:
                 r.logprobs = None if r.logprobs is None else []
                 r.metrics.completion_tokens = 0
             elif s.text.stopped:  # a stop string: its text and tokens end there
-                r.text, r.finish_reason = s.text.text, "stop"
+                r.text, r.finish_reason, r.stop_reason = s.text.text, "stop", s.text.matched
                 r.token_ids = r.token_ids[: s.text.used]
                 if r.logprobs is not None:
                     r.logprobs = r.logprobs[: s.text.used]
                 r.metrics.completion_tokens = len(r.token_ids)  # as `usage` counts them, and the metrics
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
+                if r.stop_reason not in s.stop_token_ids:  # the target's EOS ids, which the request did not give
+                    r.stop_reason = None
             try:  # recorded before the client has its result: it then finds it in the metrics
                 if self._on_finished is not None:
                     self._on_finished(s, r)

@@ -484,6 +484,7 @@ def test_stop_flags_end_the_answer_before_the_first_stop_string(monkeypatch, cap
     assert code == 0, err
     got = json.loads(out)
     assert (got["text"], got["token_ids"], got["finish_reason"]) == (ref.text, ref.token_ids, "stop")
+    assert got["stop_reason"] == stops[1]
     monkeypatch.setattr(dflash_trt.api, "load_pipeline", lambda *a, **k: pytest.fail("models were loaded"))
     code, _, err = run_main(monkeypatch, capsys, "generate", "--chat", chat, "--stop", "")
     assert code == 2 and "Invalid value for '--stop': a stop string is empty" in err

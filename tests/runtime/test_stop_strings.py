@@ -45,7 +45,7 @@ def test_a_stop_string_ends_the_output_at_the_token_completing_it(poem, proposer
     [res] = engine.generate([prompt], SamplingParams(max_tokens=48, stop=stop, logprobs=0),
                             "ar" if proposer == "ar" else "dflash", lambda i, toks, lps: seen.extend(toks))
     assert res.token_ids == ref[:k] == seen and 0 < k < len(ref)
-    assert res.text == text[: text.index(stop)] and res.finish_reason == "stop"
+    assert res.text == text[: text.index(stop)] and res.finish_reason == "stop" and res.stop_reason == stop
     assert len(res.logprobs) == k and [lp.token_id for lp in res.logprobs] == ref[:k]
     if proposer != "ar":
         check_counters(res, 16)
@@ -76,6 +76,19 @@ def test_a_stop_string_within_min_tokens_is_text(poem):
     [res] = pipe.generate([prompt], SamplingParams(max_tokens=48, stop=stop, min_tokens=first))
     assert res.token_ids == ref[:second] and res.finish_reason == "stop"
     assert res.text == text[: text.index(stop, text.index(stop) + 1)]
+
+
+def test_stop_reason_names_a_stop_token_asked_for_and_not_the_eos(poem):
+    """vLLM's and TensorRT-LLM's stop_reason: the token of stop_token_ids that ended the output; None at the
+    target's EOS ids (the default stop tokens) and at max_tokens."""
+    pipe, prompt, ref, _ = poem
+    [res] = pipe.generate([prompt], SamplingParams(max_tokens=48, stop_token_ids=[ref[5]]))
+    assert res.token_ids == ref[: ref.index(ref[5]) + 1] and res.stop_reason == ref[5]
+    [eos] = pipe.generate([pipe.encode_chat("What is the capital of France? Answer in one sentence.")],
+                          SamplingParams(max_tokens=40))
+    assert eos.finish_reason == "stop" and eos.token_ids[-1] in pipe.engine.eos_token_ids and eos.stop_reason is None
+    [cut] = pipe.generate([prompt], SamplingParams(max_tokens=4))
+    assert cut.finish_reason == "length" and cut.stop_reason is None
 
 
 def test_an_engine_without_a_tokenizer_refuses_stop_strings(poem):
@@ -109,3 +122,36 @@ def test_stop_strings_are_stored_as_a_tuple_without_repeats():
     assert SamplingParams(stop=["b", "a", "b"]).stop == ("b", "a")
     assert SamplingParams(stop=[]).stop is None
     assert SamplingParams(stop=("x",)) == SamplingParams(stop=["x"])  # hashable, comparable
+
+
+@pytest.mark.parametrize("stops, text", [
+    (("abcdef", "cd"), "xxabcdefyy"),  # the longer one starts first, the shorter completes first
+    (("cde", "cd"), "abcdefg"),  # both start at the same character: the shorter completed first
+    (("ef", "abc"), "abcdefg"),
+    (("zz",), "abcdefg"),  # none
+])
+@pytest.mark.parametrize("min_tokens", [0, 2])
+def test_stop_text_does_not_depend_on_how_the_tokens_come(stops, text, min_tokens):
+    """`StopText` fed a text's tokens (one character each) all at once, one at a time and in blocks of 3 ends at the
+    same token with the same text and matched stop string (accepted drafts come several at once)."""
+    from dflash_trt.runtime.stop_text import StopText
+
+    def decode(ids):
+        return "".join(map(chr, ids))
+
+    ids = [ord(c) for c in text]
+    outcomes = set()
+    for size in (len(ids), 1, 3):
+        st = StopText(decode, stops, min_tokens=min_tokens)
+        for i in range(0, len(ids), size):
+            if st.add(ids[i : i + size]) == "stop":
+                break
+        outcomes.add((st.text, st.generated, st.stopped, st.matched))
+    assert len(outcomes) == 1
+    [(got, generated, stopped, matched)] = outcomes
+    first = min(((text.find(s) + len(s), len(s), s) for s in stops if s in text), default=None)
+    if first is None:
+        assert (got, generated, stopped, matched) == (text, len(text), False, None)
+    else:
+        end, _, s = first
+        assert (got, generated, stopped, matched) == (text[: end - len(s)], end, True, s)

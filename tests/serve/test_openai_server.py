@@ -194,10 +194,10 @@ def test_stop_strings_cut_the_text_streamed_or_not(client, smollm2_pipeline):
     kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0, stop=[stop, "zzz"])
     r = client.chat.completions.create(**kwargs)
     assert r.choices[0].message.content == full[: full.index(stop)]
-    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].stop_reason == stop  # vLLM's, trtllm-serve's
     streamed = list(client.chat.completions.create(**kwargs, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == r.choices[0].message.content
-    assert streamed[-1].choices[0].finish_reason == "stop"
+    assert streamed[-1].choices[0].finish_reason == "stop" and streamed[-1].choices[0].stop_reason == stop
 
 
 def test_seeded_sampling_reproducible_and_as_the_runtime(client, smollm2_pipeline):
@@ -535,13 +535,21 @@ def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smo
                                            extra_body={"stop_token_ids": []})
     assert extra.choices[0].message.content == plain.choices[0].message.content
     assert extra.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"  # EOS still stops it
+    assert plain.choices[0].stop_reason is None  # the EOS, as vLLM reports it
     ref, _ = ar_tokens(pipe, chat_ids(pipe, QUESTION), 40)
+    own = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0,
+                                         extra_body={"stop_token_ids": [ref[3]]})
+    assert own.choices[0].finish_reason == "stop" and own.choices[0].stop_reason == ref[3]
+    assert own.usage.completion_tokens == ref.index(ref[3]) + 1
     stop = "of Fr"
     used = next(k for k in range(1, len(ref) + 1) if stop in pipe.decode(ref[:k]))
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0, stop=stop)
     assert r.usage.completion_tokens == used  # not the drafts accepted past it
     one = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=1, temperature=0, stop=" ")
-    assert one.choices[0].text == "" and one.choices[0].finish_reason == "stop"
+    assert one.choices[0].text == "" and one.choices[0].finish_reason == "stop" and one.choices[0].stop_reason == " "
+    streamed = list(client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=1, temperature=0, stop=" ",
+                                              stream=True))
+    assert streamed[-1].choices[0].stop_reason == " "
 
 
 def test_a_stop_string_ends_usage_metrics_and_the_token_counter_at_the_same_token(server, client, smollm2_pipeline):
