@@ -138,12 +138,14 @@ def prompt_format(tokenizer) -> str:
 def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[str, list[str]],
              max_tokens: int = 128, block_size: int | None = None, ar_cache: Path | None = None,
              batch_size: int = 40, drafter_keys: dict[str, str] | None = None, progress: bool = False,
-             with_teacher_forced: bool = False) -> dict:
+             with_teacher_forced: bool = False, target_key: str | None = None) -> dict:
     """tau and parity of each drafter (name -> DFlashDrafter) on each prompt set (name -> texts).
 
     `ar_cache` (a JSON file) keeps the AR outputs and, for drafters with an entry in
     `drafter_keys` (name -> a key that changes with the weights), their results, so a later run
-    with more drafters only decodes what is new. It is rewritten atomically after each decode (an
+    with more drafters only decodes what is new. `target_key` (a key that changes with the target's weights and
+    the device: `main` gives `weights_fingerprint` and --device) is part of every cache key, so another target
+    sharing the tokenizer (a fine-tuned one) decodes its own references instead of reusing the first target's. It is rewritten atomically after each decode (an
     interrupted run leaves the last whole version); a file that is not an evaluate cache is refused
     (`read_cache`: ConfigError), never replaced. `progress` prints one stderr line per decode
     (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
@@ -165,6 +167,8 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     for set_name, texts in sets.items():
         ids = [encode_prompt(tokenizer, t) for t in texts]
         key = f"{set_name}:{len(ids)}:{max_tokens}:{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]}"
+        if target_key:  # the drafters' keys extend this one: every cached result is the target's
+            key += f":{target_key}"
         if key not in cache:
             engine = Engine(target, None, stops)
             t0 = time.perf_counter()
@@ -348,7 +352,7 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     from dflash_trt.compat import check_compatible
     from dflash_trt.models.checkpoints import check_device, init_drafter, load_drafter, new_drafter_config
     from dflash_trt.models.default import default_drafter_path
-    from dflash_trt.models.loading import safetensors_files
+    from dflash_trt.models.loading import safetensors_files, weights_fingerprint
     from dflash_trt.training.pipeline import load_target_and_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -397,7 +401,8 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
     if out:
         out.mkdir(parents=True, exist_ok=True)
     report = evaluate(target, tokenizer, stops, drafters, sets, args.max_tokens, args.block_size, cache, drafter_keys=keys,
-                      progress=True, with_teacher_forced=args.teacher_forced)
+                      progress=True, with_teacher_forced=args.teacher_forced,
+                      target_key=f"{weights_fingerprint(path)[:16]}@{args.device}")
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
     report["drafters"] = {name: p for name, p in zip(drafters, paths)}
     report["device"] = args.device

@@ -254,3 +254,39 @@ def test_a_target_without_a_chat_template_is_measured_on_plain_text_and_the_repo
     md = (tmp_path / "out" / "acceptance.md").read_text()
     assert "Prompts (plain text: the target has no chat template): the sets of `sets.json` (tiny)." in md, md
     assert "chat template)" not in md.replace("no chat template)", "")
+
+
+def test_the_cache_keeps_each_targets_results_apart(tmp_path, capsys, target_with_tokenizer):
+    """Another target with the same tokenizer (a fine-tuned copy) and the same --out: its AR references and
+    the drafter's tau were read from the first target's cache, nothing decoded, the first target's figures
+    reported as its own; now each target decodes its own, and a rerun on either reads its own from the cache."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter
+    from dflash_trt.models.loading import safetensors_files
+    from dflash_trt.training.evaluate import main
+
+    other = tmp_path / "tuned"
+    shutil.copytree(target_with_tokenizer, other)
+    weights = safetensors_files(other)[0]
+    state = load_file(weights)
+    state = {k: v * 1.5 if ".mlp." in k else v for k, v in state.items()}  # same shapes and header, other values
+    save_file(state, weights, metadata={"format": "pt"})
+    init_drafter(new_drafter_config(TargetConfig.from_pretrained(target_with_tokenizer), 1, 4, MASK, [0, 1]),
+                 tmp_path / "d")
+    (tmp_path / "sets.json").write_text('{"tiny": ["w5 w6 w7", "w8 w9"]}')
+    common = ["--drafter", str(tmp_path / "d"), "--sets-file", str(tmp_path / "sets.json"), "--max-tokens", "6",
+              "--out", str(tmp_path / "out")]
+    decoded = {}
+    for target in (target_with_tokenizer, other, target_with_tokenizer, other):
+        report = main(["--target", str(target), *common])
+        err = capsys.readouterr().err
+        first = str(target) not in decoded
+        assert ("evaluate: tiny: autoregressive reference, 2 prompts" in err) == first, err
+        ar = report["sets"]["tiny"]["ar_tokens"], report["sets"]["tiny"]["drafters"]["d"]
+        assert decoded.setdefault(str(target), ar) == ar  # a rerun: the same figures, from the cache
+    cache = __import__("json").loads((tmp_path / "out" / "eval_cache.json").read_text())
+    assert len(cache) == 4  # per target: its AR references and the drafter's results
