@@ -9,6 +9,8 @@ import errno
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
@@ -41,6 +43,29 @@ def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def files_as_one_set(folder: Path, names: tuple[str, ...], prefix: str = ".results-") -> Iterator[Path]:
+    """A temporary folder inside `folder` (created if missing) for the caller to write the files `names` in; on a
+    clean exit each is renamed into `folder` in the order given (the last one last: the file a reader looks for
+    first), so an interruption while writing (plots take ~1 s) leaves an earlier run's files whole rather than
+    mixed with this run's. The temporary folder is removed either way. Used by bench's results and evaluate's
+    report.
+
+    Raises:
+        OSError: `folder` cannot be created or written (nothing of this set is left there); FileNotFoundError:
+            the block wrote no file of one of `names`.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    try:
+        yield tmp
+        for name in names:
+            (tmp / name).replace(folder / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 #: what a bench writes into its --out folder
@@ -170,24 +168,18 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
 
 def write_outputs(results: dict, out_dir: Path) -> str:
     """Write results.md, the three plots and results.json (`OUTPUT_NAMES`) into `out_dir` (created if
-    missing) as one set: all are written in a temporary folder inside it first, then renamed into place,
-    results.json last, so an interruption while writing (the plots take ~1 s) leaves an earlier run's
-    files whole rather than mixed with this run's. Returns the Markdown table.
+    missing) as one set (`dflash_trt.files.files_as_one_set`: written in a temporary folder inside it, then renamed
+    into place, results.json last), so an interruption while writing leaves an earlier run's files whole rather than
+    mixed with this run's. Returns the Markdown table.
 
     Raises:
         OSError: `out_dir` cannot be created or written (nothing of this run is left there).
     """
-    from dflash_trt.files import write_json_atomic
+    from dflash_trt.files import files_as_one_set, write_json_atomic
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir))
-    try:
+    with files_as_one_set(out_dir, OUTPUT_NAMES, prefix=".bench-") as tmp:  # results.json last
         table = markdown_table(results)
         (tmp / "results.md").write_text(table)
         plots(results, tmp)
         write_json_atomic(tmp / "results.json", results)
-        for name in OUTPUT_NAMES:
-            (tmp / name).replace(out_dir / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return table

@@ -207,10 +207,25 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     return report
 
 
+#: what `write_report` writes into --out, acceptance.json last (`files_as_one_set`)
+REPORT_NAMES = ("acceptance.md", "acceptance.png", "acceptance.json")
+
+
 def write_report(report: dict, out: Path) -> None:
-    """acceptance.json, acceptance.md (a table) and acceptance.png (per-position acceptance) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
+    """acceptance.json, acceptance.md (a table) and acceptance.png (per-position acceptance) in `out` (created if
+    missing), as one set (`dflash_trt.files.files_as_one_set`): Ctrl-C or SIGTERM while they are written (the plot
+    takes ~1 s) leaves an earlier run's report whole, never this run's JSON beside the earlier run's plot."""
+    from dflash_trt.files import files_as_one_set
+
+    with files_as_one_set(out, REPORT_NAMES, prefix=".evaluate-") as tmp:
+        _write_report_files(report, tmp)
+
+
+def _write_report_files(report: dict, out: Path) -> None:
+    """`write_report`'s files, written in the (temporary) folder `out`."""
+    from dflash_trt.files import write_json_atomic
+
+    write_json_atomic(out / "acceptance.json", report)
     tf = any("teacher_forced" in d for e in report["sets"].values() for d in e["drafters"].values())
     fmt = report.get("prompt_format", "chat template")  # reports from before the field: always the template
     lines = [f"Block size {report.get('block_size')}, temperature 0, float32 on {report.get('device', 'cpu')}, "
@@ -294,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
     """The command line (see the module docstring). Values out of range (`_MINIMUM`) and a bad
     --sets-file are usage errors (exit 2); what the package refuses (a missing or non-drafter
     --drafter, a --device it does not run on, a drafter that does not fit the target...) prints one
-    `error: ...` line and exits 1; Ctrl-C exits 130. Returns the report ({} with --dump-sets)."""
+    `error: ...` line and exits 1; Ctrl-C exits 130 and SIGTERM 143, each with one line. Returns the report ({} with --dump-sets)."""
     ap = argparse.ArgumentParser(prog="python -m dflash_trt.training.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", action="append", default=[], help="drafter folder (repeatable; default: the packaged one)")
@@ -331,18 +346,23 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(str(e))
     else:
         sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
+    from dflash_trt.interrupts import stopped_by, terminate_as_interrupt
+
     try:
-        if args.dump_sets:
-            Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
-            return {}
-        return _run(args, sets, sys.argv[1:] if argv is None else argv)
+        with terminate_as_interrupt():  # SIGTERM (kill, timeout, Slurm) stops as Ctrl-C does
+            if args.dump_sets:
+                Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
+                return {}
+            return _run(args, sets, sys.argv[1:] if argv is None else argv)
     except (DFlashError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted" + (f"; decodes finished so far are cached in {args.cache or Path(args.out) / 'eval_cache.json'}"
-                               if args.cache or args.out else ""), file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        how, code = stopped_by(e)
+        cache = args.cache or (Path(args.out) / "eval_cache.json" if args.out else None)
+        print(f"evaluate {how}" + (f"; decodes finished so far are cached in {cache}" if cache else "")
+              + (f"; an earlier report in {args.out} is unchanged" if args.out else ""), file=sys.stderr)
+        sys.exit(code)
 
 
 def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) -> dict:
