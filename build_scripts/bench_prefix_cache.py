@@ -22,15 +22,16 @@ Usage: python build_scripts/bench_prefix_cache.py [--num-prompts 10] [--max-toke
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from dflash_trt.api import load_pipeline
 from dflash_trt.datasets import mt_bench_questions
+from dflash_trt.files import write_json_atomic
 from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.training.prompts import encode_prompt
@@ -90,6 +91,35 @@ def summary(runs: list[dict]) -> dict:
     return s
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, questions: int) -> None:
+    """Before the model loads (a usage error, exit 2): the counts in range (at most MT-Bench's `questions`: more
+    ran fewer than asked while the progress counted to the number given; 0 failed on an empty median after the
+    run), and --out a file path in a writable folder (it was opened only after the whole run)."""
+    from dflash_trt.cli.common import check_out_folder
+    from dflash_trt.errors import DFlashError
+
+    for name, low, high in (("num_prompts", 1, questions), ("max_tokens", 1, None), ("threads", 1, None),
+                            ("burst", 0, questions), ("repeats", 1, None)):
+        value = getattr(args, name)
+        if value < low or (high is not None and value > high):
+            ap.error(f"--{name.replace('_', '-')} must be >= {low}" + (f" and <= {high} (MT-Bench's questions)" if high
+                                                                      else "") + f", got {value}")
+    if args.out is not None:
+        out = Path(args.out)
+        if out.is_dir():
+            ap.error(f"--out {out} is a folder; give the path of the JSON file to write (e.g. {out / 'prefix_cache.json'})")
+        try:
+            check_out_folder("--out", str(out.parent))
+        except DFlashError as e:
+            ap.error(str(e).replace(f"--out {out.parent}", f"--out {out}: its folder {out.parent}", 1))
+
+
+def write_out(out: str, result: dict) -> None:
+    """`result` as JSON in the file `out` (its folders created if missing), written atomically."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(out), result, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-prompts", type=int, default=10)
@@ -101,10 +131,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="--burst: batches per setting")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    questions = [q["turns"] for q in mt_bench_questions()]
+    check_args(ap, args, len(questions))
     torch.set_num_threads(args.threads)
     pipe = load_pipeline()
     eng = pipe.engine
-    questions = [q["turns"] for q in mt_bench_questions()]
     if args.burst:
         conversation(pipe, questions[-1], 16, args.mode)  # warm-up
         b = burst(pipe, [q[0] for q in questions[: args.burst]], args.max_tokens, args.mode, args.repeats)
@@ -118,8 +149,7 @@ def main() -> None:
         if args.out:
             b.update(workload="burst", max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
                      machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
-            with open(args.out, "w") as f:
-                json.dump(b, f, indent=1)
+            write_out(args.out, b)
             print(f"wrote {args.out}")
         if not b["identical"]:
             raise SystemExit("outputs differ with the prefix cache")
@@ -171,8 +201,7 @@ def main() -> None:
                   "off": off, "on": on, "ratios_off_over_on": ratios, "outputs_identical": identical,
                   "prefix_cache_memory": memory,
                   "runs": runs}
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_out(args.out, result)
         print(f"wrote {args.out}")
     if not identical:
         raise SystemExit("outputs differ with the prefix cache")
