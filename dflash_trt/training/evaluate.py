@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shlex
@@ -424,7 +425,7 @@ def _run(args: argparse.Namespace, sets: dict[str, list[str]], argv: list[str]) 
                       progress=True, with_teacher_forced=args.teacher_forced,
                       target_key=f"{weights_fingerprint(path)[:16]}@{args.device}")
     report["block_size"] = args.block_size or next(iter(drafters.values())).config.block_size
-    report["drafters"] = {name: p for name, p in zip(drafters, paths)}
+    report["drafters"] = dict(itertools.zip_longest(drafters, paths))  # --untrained's has no folder: None
     report["device"] = args.device
     if args.sets_file:
         report["sets_file"] = Path(args.sets_file).name

@@ -246,8 +246,11 @@ def test_a_target_without_a_chat_template_is_measured_on_plain_text_and_the_repo
                  tmp_path / "d")
     (tmp_path / "sets.json").write_text('{"tiny": ["w5 w6 w7"]}')
     report = main(["--target", str(target_with_tokenizer), "--drafter", str(tmp_path / "d"), "--sets-file",
-                   str(tmp_path / "sets.json"), "--max-tokens", "4", "--out", str(tmp_path / "out")])
+                   str(tmp_path / "sets.json"), "--max-tokens", "4", "--out", str(tmp_path / "out"), "--untrained"])
     err = capsys.readouterr().err
+    # every drafter measured is listed, --untrained's without a folder (it was missing from the map)
+    assert report["drafters"] == {"d": str(tmp_path / "d"), "untrained (random, seed 0)": None}
+    assert list(report["sets"]["tiny"]["drafters"]) == list(report["drafters"])
     assert (f"warning: the target at {target_with_tokenizer} has no chat template: the prompts are fed as plain text "
             "(as train-drafter feeds them to such a target); the report says so\n") in err, err
     assert report["prompt_format"] == "plain text: the target has no chat template"
