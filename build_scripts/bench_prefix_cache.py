@@ -15,8 +15,14 @@ With --burst N: N requests (MT-Bench first turns behind one ~450-token few-shot 
 generated as one batch without a prefix cache and with an empty one (requests read together reuse each other's
 shared prefix), alternated --repeats times: the batch's time to first token and latency, outputs checked identical.
 
+With --document T: questions about one long document of at least T tokens (HumanEval's code prompts, joined, then
+"what does `function` return?" about each function in it, one user message each: the document is the shared prefix),
+asked one at a time without a prefix cache and with one (kept over the run: every question after the first reads
+the document's K/V from it), alternated per question after a warm-up: time to first token per question, outputs
+checked identical. This is where a prefix cache pays: the prefill it saves grows with the prefix.
+
 Usage: python build_scripts/bench_prefix_cache.py [--num-prompts 10] [--max-tokens 128] [--threads 1]
-       [--mode dflash|ar] [--burst N [--repeats 3]] [--out F]
+       [--mode dflash|ar] [--burst N [--repeats 3] | --document T] [--out F]
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.api import load_pipeline
-from dflash_trt.datasets import mt_bench_questions
+from dflash_trt.datasets import humaneval_problems, mt_bench_questions
 from dflash_trt.files import write_json_atomic
 from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.sampling import SamplingParams
@@ -78,6 +84,40 @@ def burst(pipe, questions: list[str], max_tokens: int, mode: str, repeats: int) 
             "latency_median_s": {k: statistics.median(r["latency_s"] for r in v) for k, v in out.items()}}
 
 
+def document_prompts(pipe, min_tokens: int, num: int) -> tuple[int, list[list[int]]]:
+    """(the document's length in tokens, `num` prompts: one user message each, the document then a question
+    about one of its functions). The document: HumanEval's code prompts joined until it holds `min_tokens`
+    tokens (and at least `num` functions)."""
+    problems, parts = humaneval_problems(), []
+    while len(parts) < len(problems) and (len(parts) < num or len(pipe.encode("\n".join(parts))) < min_tokens):
+        parts.append(problems[len(parts)]["prompt"])
+    doc = "\n".join(parts)
+    names = [p["entry_point"] for p in problems[: len(parts)]]
+    questions = [f"{doc}\n\nIn the code above, what does `{name}` return? Answer in one sentence." for name in names]
+    prompts = [encode_prompt(pipe.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    return len(pipe.encode(doc)), prompts[:num]
+
+
+def document(pipe, prompts: list[list[int]], max_tokens: int, mode: str) -> dict:
+    """Each prompt generated alone without a prefix cache and with one kept over the run, the settings alternated
+    per prompt: per setting each prompt's time to first token, reused tokens and token ids."""
+    eng, cache, runs = pipe.engine, PrefixCache(1 << 30), {"off": [], "on": []}
+    for i, ids in enumerate(prompts):
+        for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            eng.prefix_cache = cache if name == "on" else None
+            [r] = pipe.generate([ids], SamplingParams(max_tokens=max_tokens), mode=mode)
+            runs[name].append({"prompt_tokens": len(ids), "cached_tokens": r.metrics.cached_tokens,
+                               "ttft_s": r.metrics.time_to_first_token_s, "token_ids": r.token_ids})
+        print(f"question {i + 1}/{len(prompts)}: TTFT {runs['off'][-1]['ttft_s'] * 1e3:.0f} ms without the cache, "
+              f"{runs['on'][-1]['ttft_s'] * 1e3:.0f} ms with it ({runs['on'][-1]['cached_tokens']} of {len(ids)} "
+              "prompt tokens reused)", flush=True)
+    eng.prefix_cache = None
+    later = {k: [r["ttft_s"] for r in v[1:]] for k, v in runs.items()}  # the first question fills the cache
+    return {"runs": runs, "identical": all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["off"], runs["on"])),
+            "ttft_median_s": {k: statistics.median(v) for k, v in later.items()},
+            "ttft_mean_s": {k: statistics.fmean(v) for k, v in later.items()}}
+
+
 def summary(runs: list[dict]) -> dict:
     s = {}
     for k in (0, 1):
@@ -99,11 +139,13 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, questions:
     from dflash_trt.errors import DFlashError
 
     for name, low, high in (("num_prompts", 1, questions), ("max_tokens", 1, None), ("threads", 1, None),
-                            ("burst", 0, questions), ("repeats", 1, None)):
+                            ("burst", 0, questions), ("repeats", 1, None), ("document", 0, None)):
         value = getattr(args, name)
         if value < low or (high is not None and value > high):
             ap.error(f"--{name.replace('_', '-')} must be >= {low}" + (f" and <= {high} (MT-Bench's questions)" if high
                                                                       else "") + f", got {value}")
+    if args.document and args.num_prompts < 2:  # the first question fills the cache: the figures are the others'
+        ap.error(f"--document needs --num-prompts >= 2 (the first question fills the cache), got {args.num_prompts}")
     if args.out is not None:
         out = Path(args.out)
         if out.is_dir():
@@ -129,6 +171,8 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=0, metavar="N",
                     help="instead: N requests with one few-shot system prompt arriving together (one batch)")
     ap.add_argument("--repeats", type=int, default=3, help="--burst: batches per setting")
+    ap.add_argument("--document", type=int, default=0, metavar="T",
+                    help="instead: --num-prompts questions about one document of at least T tokens (its shared prefix)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     questions = [q["turns"] for q in mt_bench_questions()]
@@ -152,6 +196,28 @@ def main() -> None:
             write_out(args.out, b)
             print(f"wrote {args.out}")
         if not b["identical"]:
+            raise SystemExit("outputs differ with the prefix cache")
+        return
+    if args.document:
+        doc_tokens, prompts = document_prompts(pipe, args.document, args.num_prompts)
+        warm = encode_prompt(pipe.tokenizer, [{"role": "user", "content": questions[-1][0]}])
+        pipe.generate([warm], SamplingParams(max_tokens=16), mode=args.mode)  # warm-up
+        d = document(pipe, prompts, args.max_tokens, args.mode)
+        ttft, mean = d["ttft_median_s"], d["ttft_mean_s"]
+        print(f"\n{len(prompts)} questions about one {doc_tokens}-token document (prompts of "
+              f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens); questions 2-{len(prompts)}:")
+        print(f"time to first token, median: {ttft['off'] * 1e3:.0f} ms without a prefix cache, "
+              f"{ttft['on'] * 1e3:.0f} ms with one: {ttft['off'] / ttft['on']:.2f}x; mean {mean['off'] * 1e3:.0f} vs "
+              f"{mean['on'] * 1e3:.0f} ms: {mean['off'] / mean['on']:.2f}x")
+        print(f"outputs identical with and without the cache: {d['identical']}")
+        if args.out:
+            d.update(workload="document questions", document_tokens=doc_tokens, num_prompts=len(prompts),
+                     max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
+                     ratios_off_over_on={"ttft_median": ttft["off"] / ttft["on"], "ttft_mean": mean["off"] / mean["on"]},
+                     machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
+            write_out(args.out, d)
+            print(f"wrote {args.out}")
+        if not d["identical"]:
             raise SystemExit("outputs differ with the prefix cache")
         return
     cache = PrefixCache(1 << 30)
