@@ -268,10 +268,11 @@ def input_messages(items: str | list) -> list[dict]:
                                       '"content": "..."} messages (or a string input)', param="input")
         kind = item.get("type", "message")
 
-        def field(name: str, item=item, where=where, kind=kind) -> str:
+        def field(name: str, item=item, where=where, kind=kind, empty: bool = False) -> str:
             value = item.get(name)
-            if not isinstance(value, str):
-                raise InvalidRequestError(f"{where} ({kind}) needs {name!r} as a string", param="input")
+            if not isinstance(value, str) or (not value and not empty):
+                raise InvalidRequestError(f"{where} ({kind}) needs {name!r} as a {'' if empty else 'non-empty '}string",
+                                          param="input")
             return value
 
         if kind == "message":
@@ -283,7 +284,7 @@ def input_messages(items: str | list) -> list[dict]:
                         "content": _text(item.get("content"), where, role)})
         elif kind == "function_call":
             call = {"id": field("call_id"), "type": "function",
-                    "function": {"name": field("name"), "arguments": field("arguments")}}
+                    "function": {"name": field("name"), "arguments": field("arguments", empty=True)}}
             if out and out[-1]["role"] == "assistant":  # the same turn: the calls follow its text
                 out[-1].setdefault("tool_calls", []).append(call)
             else:

@@ -253,6 +253,8 @@ def _check_tools(tools) -> tuple[dict, ...]:
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
             raise bad(f"tool {name!r} has a description that is not a string")
+        if not isinstance(fn.get("strict", False), (bool, type(None))):
+            raise bad(f"tool {name!r} has strict {json.dumps(fn['strict'])[:40]}; give true, false or null")
         try:
             GuidedDecoding(json=params)
         except InvalidRequestError as exc:

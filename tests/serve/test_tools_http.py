@@ -409,6 +409,8 @@ def bad(fn_name="get_weather", **fn):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
       "stop_token_ids": [11]}, "stop_token_ids", "stop_token_ids and tool_choice {'type': 'function'"),
     ({"tools": bad(description="\ud800"), "tool_choice": "none"}, "tools", "tools (a tool's text) holds"),
+    ({"tools": bad(strict="yes"), "tool_choice": "none"}, "tools",
+     "tool 'get_weather' has strict \"yes\"; give true, false or null"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(server, client, body, param, message):
     r = httpx.post(server[0] + "/v1/chat/completions", timeout=60, headers={"Content-Type": "application/json"},
