@@ -7,6 +7,7 @@
     prompt = pipe.encode_chat("What is the capital of France?")   # chat template applied
     [res] = pipe.generate([prompt], SamplingParams(max_tokens=32))  # mode="dflash" (or "ar")
     print(res.text, res.metrics.acceptance_length)
+    [code] = pipe.generate(["def fib(n):"], SamplingParams(max_tokens=32, stop=["\\n\\n"]))  # plain text, a stop string
 """
 
 from __future__ import annotations
@@ -178,10 +179,23 @@ class Pipeline:
                                       "generate call returned, or encode() gave")
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: str | list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:
         """Engine.generate plus detokenized `text` on each result (cut before the stop string that ended it,
-        for a request with `SamplingParams.stop`)."""
+        for a request with `SamplingParams.stop`).
+
+        `prompts`: a list whose items are token id lists (`encode`, `encode_chat`) or plain text (a str, encoded
+        as `encode` does: no chat template, as vLLM's and TensorRT-LLM's `LLM.generate` take text); a single
+        str is one prompt.
+
+        Raises:
+            what `Engine.generate` and `encode` raise (InvalidRequestError: a prompt of no accepted kind, text
+            holding a lone surrogate).
+        """
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if isinstance(prompts, (list, tuple)) and any(isinstance(p, str) for p in prompts):
+            prompts = [self.encode(p) if isinstance(p, str) else p for p in prompts]
         results = self.engine.generate(prompts, params, mode, on_tokens)
         for r in results:
             if r.text is None:  # the engine set the text of requests with stop strings

@@ -61,7 +61,7 @@ def _token_id_lists(prompts) -> list[list[int]]:
     a list of strings) and a single flat list of ids are the usual mistakes. A prompt may be any sequence
     of ints (numpy's too) or a 1-D numpy array / torch tensor of them."""
     how = ("prompts are lists of token ids (ints), one list per prompt; tokenize text first with "
-           "Pipeline.encode(text) or Pipeline.encode_chat(message)")
+           "Pipeline.encode(text) or Pipeline.encode_chat(message) (Pipeline.generate also takes text)")
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         ndim = getattr(prompts, "ndim", None)  # numpy array, torch tensor: one prompt, or a batch of equal lengths
         hint = {1: " (a single prompt? wrap it: [ids])", 2: " (one prompt per row? give list(prompts))"}.get(ndim, "")

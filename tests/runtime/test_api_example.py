@@ -33,3 +33,28 @@ def test_api_docstring_example_runs_and_answers():
     # the same request decoded autoregressively gives the same tokens (greedy, lossless)
     [ar] = scope["pipe"].generate([scope["prompt"]], scope["SamplingParams"](max_tokens=32), mode="ar")
     assert ar.token_ids == res.token_ids
+    # a plain-text prompt (no chat template) is the same as its token ids; the stop string ends it
+    code = scope["code"]
+    pipe = scope["pipe"]
+    assert "\n\n" not in code.text and (code.finish_reason, code.stop_reason) in (("stop", "\n\n"), ("length", None))
+    [ids] = pipe.generate([pipe.encode("def fib(n):")], scope["SamplingParams"](max_tokens=32, stop=["\n\n"]))
+    assert (ids.token_ids, ids.text) == (code.token_ids, code.text)
+
+
+def test_pipeline_generate_takes_text_as_its_token_ids(smollm2_pipeline):
+    """Pipeline.generate: a str item is its `encode` (no chat template), beside token id lists, and a single str is
+    one prompt; text the tokenizer refuses is named."""
+    import pytest
+
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    pipe, params = smollm2_pipeline, SamplingParams(max_tokens=6, ignore_eos=True)
+    chat = pipe.encode_chat("Hi")
+    by_ids = pipe.generate([pipe.encode("The sea is"), chat], params)
+    mixed = pipe.generate(["The sea is", chat], params)
+    assert [r.token_ids for r in mixed] == [r.token_ids for r in by_ids]
+    [one] = pipe.generate("The sea is", params)
+    assert one.token_ids == by_ids[0].token_ids and one.text == by_ids[0].text
+    with pytest.raises(InvalidRequestError, match="text holds an unpaired surrogate"):
+        pipe.generate(["ok", "\ud800"], params)

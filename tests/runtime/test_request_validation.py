@@ -85,7 +85,7 @@ def engine(tmp_path_factory):
 
 
 HOW = ("prompts are lists of token ids (ints), one list per prompt; tokenize text first with Pipeline.encode(text) "
-       "or Pipeline.encode_chat(message)")
+       "or Pipeline.encode_chat(message) (Pipeline.generate also takes text)")
 
 
 @pytest.mark.parametrize("prompts, what", [
