@@ -162,6 +162,18 @@ def write_out(out: str, result: dict) -> None:
     write_json_atomic(Path(out), result, indent=1)
 
 
+def finish(args: argparse.Namespace, result: dict, identical: bool) -> None:
+    """The run's end: `result` with the run's settings and machine written to --out (when given); a non-zero exit
+    when the outputs differ with the prefix cache."""
+    if args.out:
+        result.update(max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
+                      machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
+        write_out(args.out, result)
+        print(f"wrote {args.out}")
+    if not identical:
+        raise SystemExit("outputs differ with the prefix cache")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-prompts", type=int, default=10)
@@ -190,13 +202,8 @@ def main() -> None:
               f"{ttft['on'] * 1e3:.0f} ms with one: {ttft['off'] / ttft['on']:.2f}x")
         print(f"batch latency, median: {lat['off']:.2f} s vs {lat['on']:.2f} s: {lat['off'] / lat['on']:.2f}x")
         print(f"outputs identical with and without the cache: {b['identical']}")
-        if args.out:
-            b.update(workload="burst", max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
-                     machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
-            write_out(args.out, b)
-            print(f"wrote {args.out}")
-        if not b["identical"]:
-            raise SystemExit("outputs differ with the prefix cache")
+        b["workload"] = "burst"
+        finish(args, b, b["identical"])
         return
     if args.document:
         doc_tokens, prompts = document_prompts(pipe, args.document, args.num_prompts)
@@ -210,15 +217,9 @@ def main() -> None:
               f"{ttft['on'] * 1e3:.0f} ms with one: {ttft['off'] / ttft['on']:.2f}x; mean {mean['off'] * 1e3:.0f} vs "
               f"{mean['on'] * 1e3:.0f} ms: {mean['off'] / mean['on']:.2f}x")
         print(f"outputs identical with and without the cache: {d['identical']}")
-        if args.out:
-            d.update(workload="document questions", document_tokens=doc_tokens, num_prompts=len(prompts),
-                     max_tokens=args.max_tokens, threads=args.threads, mode=args.mode,
-                     ratios_off_over_on={"ttft_median": ttft["off"] / ttft["on"], "ttft_mean": mean["off"] / mean["on"]},
-                     machine={"processor": platform.processor() or platform.machine(), "torch": torch.__version__})
-            write_out(args.out, d)
-            print(f"wrote {args.out}")
-        if not d["identical"]:
-            raise SystemExit("outputs differ with the prefix cache")
+        d.update(workload="document questions", document_tokens=doc_tokens, num_prompts=len(prompts),
+                 ratios_off_over_on={"ttft_median": ttft["off"] / ttft["on"], "ttft_mean": mean["off"] / mean["on"]})
+        finish(args, d, d["identical"])
         return
     cache = PrefixCache(1 << 30)
     # warm-up: a conversation not measured, each setting (the cached one's entries are dropped after)
@@ -260,17 +261,9 @@ def main() -> None:
           f"({memory['tree_tokens']} positions) vs {memory['whole_sequence_bytes'] / 2**20:.1f} MiB as whole sequences "
           f"({memory['whole_sequence_tokens']}): {memory['whole_sequence_bytes'] / memory['tree_bytes']:.2f}x")
     print(f"outputs identical with and without the cache: {identical}")
-    if args.out:
-        result = {"workload": "mt-bench two-turn conversations", "num_prompts": args.num_prompts,
-                  "max_tokens": args.max_tokens, "threads": args.threads, "mode": args.mode,
-                  "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__},
-                  "off": off, "on": on, "ratios_off_over_on": ratios, "outputs_identical": identical,
-                  "prefix_cache_memory": memory,
-                  "runs": runs}
-        write_out(args.out, result)
-        print(f"wrote {args.out}")
-    if not identical:
-        raise SystemExit("outputs differ with the prefix cache")
+    finish(args, {"workload": "mt-bench two-turn conversations", "num_prompts": args.num_prompts, "off": off, "on": on,
+                  "ratios_off_over_on": ratios, "outputs_identical": identical, "prefix_cache_memory": memory,
+                  "runs": runs}, identical)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""dflash_trt.files.write_json_atomic: the file is whole or unchanged, never half-written."""
+"""dflash_trt.files: write_json_atomic (the file is whole or unchanged, never half-written) and files_as_one_set (a
+report's files replaced together or not at all)."""
 
 import json
 import os
@@ -50,3 +51,39 @@ def test_temporary_names_are_unique_and_the_mode_is_the_umask_default(tmp_path):
         os.umask(umask)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.pt"]
     assert [stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("a.json", "a.pt")] == [0o644, 0o644]
+
+
+@pytest.mark.parametrize("writer", ["bench", "evaluate"])
+def test_reports_are_written_as_one_set(tmp_path, monkeypatch, writer):
+    """bench's `write_outputs` and evaluate's `write_report` (`files_as_one_set`): Ctrl-C while the plots are drawn
+    left this run's JSON and table beside the earlier run's plots (or none); now the earlier files stay whole, with
+    no temporary folder, and a finished write replaces them all."""
+    from dflash_trt.bench import report
+    from dflash_trt.training import evaluate
+
+    if writer == "bench":
+        module, attr, write, names, main = report, "plots", report.write_outputs, report.OUTPUT_NAMES, "results.json"
+        content = {"config": {}, "machine": {"threads": 1, "dtype": "float32"}, "datasets": {}}
+    else:
+        module, attr, write, names = evaluate, "_write_report_files", evaluate.write_report, evaluate.REPORT_NAMES
+        main = "acceptance.json"
+        content = {"max_tokens": 4, "block_size": 4, "sets": {"tiny": {"prompts": 1, "drafters": {
+            "d": {"tau": 1.5, "parity_count": "1/1", "per_position": [0.5, 0.0, 0.0]}}}}}
+    out = tmp_path / "out"
+    write({**content, "run": 1}, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    before = {name: (out / name).read_bytes() for name in names}
+    real = getattr(module, attr)
+
+    def interrupted(*args):
+        real(*args)  # the new files exist (in the temporary folder) when Ctrl-C lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, attr, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write({**content, "run": 2}, out)
+    assert {name: (out / name).read_bytes() for name in names} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    monkeypatch.setattr(module, attr, real)
+    write({**content, "run": 3}, out)
+    assert json.loads((out / main).read_text())["run"] == 3

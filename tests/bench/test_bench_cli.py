@@ -196,32 +196,6 @@ def test_ctrl_c_or_sigterm_during_a_bench_writes_nothing_and_exits_130_or_143(tm
         "earlier": True}
 
 
-def test_outputs_are_written_as_one_set(tmp_path, monkeypatch):
-    """write_outputs: an interruption while the plots are drawn leaves an earlier run's files whole (no
-    mix of two runs, no temporary folder); a finished write replaces all five."""
-    from dflash_trt.bench import report
-
-    results = {"config": {}, "machine": {"threads": 1, "dtype": "float32"}, "datasets": {}}
-    out = tmp_path / "out"
-    report.write_outputs({**results, "run": 1}, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_NAMES)
-    before = {name: (out / name).read_bytes() for name in report.OUTPUT_NAMES}
-    real_plots = report.plots
-
-    def interrupted_plots(res, folder):
-        real_plots(res, folder)  # the new PNGs exist (in the temporary folder) when Ctrl-C lands
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(report, "plots", interrupted_plots)
-    with pytest.raises(KeyboardInterrupt):
-        report.write_outputs({**results, "run": 2}, out)
-    assert {name: (out / name).read_bytes() for name in report.OUTPUT_NAMES} == before
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_NAMES)
-    monkeypatch.setattr(report, "plots", real_plots)
-    report.write_outputs({**results, "run": 3}, out)
-    assert json.loads((out / "results.json").read_text())["run"] == 3
-
-
 def test_results_header_says_thread_or_threads():
     from dflash_trt.bench.report import markdown_table
 

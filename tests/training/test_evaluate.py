@@ -295,35 +295,6 @@ def test_the_cache_keeps_each_targets_results_apart(tmp_path, capsys, target_wit
     assert len(cache) == 4  # per target: its AR references and the drafter's results
 
 
-def test_the_report_is_written_as_one_set(tmp_path, monkeypatch):
-    """write_report: Ctrl-C while the plot is drawn left this run's acceptance.json and .md beside the earlier
-    run's acceptance.png (or no plot at all); now the earlier report stays whole, with no temporary folder."""
-    import json
-
-    from dflash_trt.training import evaluate as ev
-
-    report = {"max_tokens": 4, "block_size": 4, "sets": {"tiny": {"prompts": 1, "drafters": {
-        "d": {"tau": 1.5, "parity_count": "1/1", "per_position": [0.5, 0.0, 0.0]}}}}}
-    out = tmp_path / "out"
-    ev.write_report({**report, "run": 1}, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(ev.REPORT_NAMES)
-    before = {name: (out / name).read_bytes() for name in ev.REPORT_NAMES}
-    real = ev._write_report_files
-
-    def interrupted(rep, folder):
-        real(rep, folder)  # every new file exists (in the temporary folder) when Ctrl-C lands
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(ev, "_write_report_files", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        ev.write_report({**report, "run": 2}, out)
-    assert {name: (out / name).read_bytes() for name in ev.REPORT_NAMES} == before
-    assert sorted(p.name for p in out.iterdir()) == sorted(ev.REPORT_NAMES)
-    monkeypatch.setattr(ev, "_write_report_files", real)
-    ev.write_report({**report, "run": 3}, out)
-    assert json.loads((out / "acceptance.json").read_text())["run"] == 3
-
-
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_is_one_line_and_exits_130_or_143(tmp_path, capsys, monkeypatch, target_with_tokenizer,
                                                             signal_name):
