@@ -158,20 +158,36 @@ class SamplingParams:
                     or self.repetition_penalty != 1 or self.min_tokens or self.guided is not None or self.bad_words)
 
 
+#: what other libraries' keywords for one completion per prompt, and for beam search, are told
+_ONE_COMPLETION = "one completion per prompt here: repeat the prompt in the prompts list"
+_NO_BEAM_SEARCH = "beam search is not supported: speculative decoding keeps the target's greedy or sampled output"
+
 #: keywords of other libraries' SamplingParams (vLLM, TensorRT-LLM's LLM API, HF generate) that ours has not: what
-#: to do instead
+#: to do instead (named here because the closest field name would mislead: HF's stop_strings is not stop_token_ids,
+#: a pad id is not a stop token, length_penalty is beam search's)
 OTHER_LIBRARIES_NAMES = {
-    "n": "one completion per prompt here: repeat the prompt in the prompts list (sampling each with seed "
-         "offset_seed(seed, i) to get different, reproducible samples)",
-    "best_of": "one completion per prompt here: repeat the prompt in the prompts list and pick among the results",
-    "use_beam_search": "beam search is not supported: speculative decoding keeps the target's greedy or sampled "
-                       "output",
-    "beam_width": "beam search is not supported: speculative decoding keeps the target's greedy or sampled output",
+    "n": f"{_ONE_COMPLETION} (sampling each with seed offset_seed(seed, i) to get different, reproducible samples)",
+    "best_of": f"{_ONE_COMPLETION} and pick among the results",
+    "num_return_sequences": f"{_ONE_COMPLETION} (sampling each with seed offset_seed(seed, i))",
+    "use_beam_search": _NO_BEAM_SEARCH,
+    "beam_width": _NO_BEAM_SEARCH,
+    "num_beams": _NO_BEAM_SEARCH,
+    "length_penalty": f"a beam search option; {_NO_BEAM_SEARCH}",
+    "early_stopping": f"a beam search option; {_NO_BEAM_SEARCH}",
     "max_new_tokens": "use max_tokens",
     "end_id": "use stop_token_ids=[id]",
+    "eos_token_id": "use stop_token_ids=[id] (the target's EOS ids stop an output already)",
+    "pad_id": "no padding here: each result holds its own token ids",
+    "pad_token_id": "no padding here: each result holds its own token ids",
     "stop_words": "use stop (strings) or stop_token_ids",
+    "stop_strings": "use stop (a string or a list of strings)",
+    "stop_sequences": "use stop (a string or a list of strings)",
     "include_stop_str_in_output": "not supported: the text ends before the stop string (OpenAI's behaviour); the "
                                   "token ids include the token that completed it",
+    "return_log_probs": "use logprobs=0 (each token's log-probability; N: also its N most likely alternatives)",
+    "guided_decoding": "use guided=GuidedDecoding(...) (dflash_trt.runtime.guided)",
+    "allowed_token_ids": "not supported: guided (a regex or grammar, dflash_trt.runtime.guided) restricts what the "
+                         "output may hold",
     "random_seed": "use seed",
     "do_sample": "use temperature (0 = greedy, > 0 samples)",
 }

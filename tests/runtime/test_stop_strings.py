@@ -110,6 +110,14 @@ def test_an_engine_without_a_tokenizer_refuses_stop_strings(poem):
     ({"max_new_tokens": 8}, "SamplingParams has no field 'max_new_tokens': use max_tokens"),
     ({"end_id": 2}, "SamplingParams has no field 'end_id': use stop_token_ids=[id]"),
     ({"temprature": 1.0}, "SamplingParams has no field 'temprature': did you mean temperature?"),
+    # other libraries' keywords whose closest field name would mislead (stop_token_ids, presence_penalty, ...)
+    ({"stop_strings": ["x"]}, "SamplingParams has no field 'stop_strings': use stop (a string or a list"),
+    ({"pad_token_id": 0}, "SamplingParams has no field 'pad_token_id': no padding here"),
+    ({"length_penalty": 1.0}, "SamplingParams has no field 'length_penalty': a beam search option"),
+    ({"allowed_token_ids": [1]}, "SamplingParams has no field 'allowed_token_ids': not supported: guided"),
+    ({"return_log_probs": True}, "SamplingParams has no field 'return_log_probs': use logprobs=0"),
+    ({"guided_decoding": None}, "SamplingParams has no field 'guided_decoding': use guided=GuidedDecoding"),
+    ({"num_beams": 4}, "SamplingParams has no field 'num_beams': beam search is not supported"),
 ])
 def test_bad_stop_strings_and_other_libraries_keywords_are_named(kwargs, message):
     with pytest.raises(InvalidRequestError) as info:
