@@ -58,7 +58,8 @@ class SamplingParams:
 
     Every field is type-checked (InvalidRequestError naming it; bool is not a number); a keyword of another
     library's SamplingParams that this one has not (`n`, `best_of`, HF's `max_new_tokens`, TensorRT-LLM's
-    `end_id`, ...) is an InvalidRequestError saying what to use instead, not Python's TypeError.
+    `end_id`, ...) is an InvalidRequestError saying what to use instead, not Python's TypeError, unless it asks
+    for what this one does anyway (`n=1`, `use_beam_search=False`, ...: `NEUTRAL_VALUES`, None).
     """
 
     temperature: float = 0.0
@@ -209,8 +210,22 @@ _FIELDS = tuple(SamplingParams.__dataclass_fields__)
 _dataclass_init = SamplingParams.__init__
 
 
+#: other libraries' keywords at the values that ask for what this one does anyway (one completion, no beam search,
+#: the text without the stop string): accepted and dropped, as code written for vLLM often passes them
+NEUTRAL_VALUES = {"n": 1, "best_of": 1, "num_return_sequences": 1, "use_beam_search": False, "beam_width": 1,
+                  "num_beams": 1, "include_stop_str_in_output": False}
+
+
+def _neutral(name: str, value) -> bool:
+    """Whether `value` of another library's keyword `name` asks for nothing more (`NEUTRAL_VALUES`, or None; a bool
+    is not 1)."""
+    want = NEUTRAL_VALUES.get(name, ...)
+    return want is not ... and (value is None or (type(value) is type(want) and value == want))
+
+
 @functools.wraps(_dataclass_init)  # its signature and docstring
 def _checked_init(self, *args, **kwargs):
+    kwargs = {k: v for k, v in kwargs.items() if not _neutral(k, v)}
     unknown = next((k for k in kwargs if k not in SamplingParams.__dataclass_fields__), None)
     if unknown is not None:  # the generated __init__ would raise TypeError naming neither the fix nor the field
         raise InvalidRequestError(_unknown_keyword(unknown))

@@ -163,3 +163,14 @@ def test_stop_text_does_not_depend_on_how_the_tokens_come(stops, text, min_token
     else:
         end, _, s = first
         assert (got, generated, stopped, matched) == (text[: end - len(s)], end, True, s)
+
+
+def test_other_libraries_keywords_at_their_neutral_values_are_accepted():
+    """n=1, best_of=None, use_beam_search=False, include_stop_str_in_output=False (what vLLM code often passes) ask
+    for what SamplingParams does anyway: dropped; any other value, a bool for a count included, is named."""
+    assert SamplingParams(max_tokens=8, n=1, best_of=None, use_beam_search=False, include_stop_str_in_output=False,
+                          num_beams=1) == SamplingParams(max_tokens=8)
+    for kwargs in ({"n": True}, {"n": 2}, {"use_beam_search": True}, {"include_stop_str_in_output": True},
+                   {"best_of": 1.0}):
+        with pytest.raises(InvalidRequestError, match=f"SamplingParams has no field '{next(iter(kwargs))}'"):
+            SamplingParams(**kwargs)
