@@ -133,9 +133,11 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
             from dflash_trt.runtime.engine import DecodeBatch
             from dflash_trt.serve.lockstep import follow
 
-            # Ctrl-C reaches every rank: a follower stays until rank 0 has shut down (aborting what it was
-            # decoding with it) and sends the stop; torchrun kills it if rank 0 is gone
+            # Ctrl-C reaches every rank, and torchrun passes the SIGTERM it gets (kill, docker stop, systemd) on to
+            # every rank: a follower stays until rank 0 has shut down (aborting what it was decoding with it) and
+            # sends the stop; torchrun kills it if rank 0 is gone
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             follow(lambda: DecodeBatch(pipe.engine, mode, prefill_chunk_size))
             return
     warn_block_size(pipe)

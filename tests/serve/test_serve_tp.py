@@ -25,24 +25,36 @@ from tests.serve.test_serve_cli import wait_until_healthy
 PROMPT = [1, 520, 3011, 44, 7]
 
 
-@pytest.fixture(scope="module", params=[None, 2], ids=["whole-prefill", "chunked-prefill-prefix-caching"])
-def tp_server(tiny_qwen3, request):  # noqa: F811
-    """A torchrun server; its second instance reads prompts 2 tokens per step (chunked prefill in lockstep) and
-    keeps a prefix cache on each rank (each its shard of the K/V, taking the same decisions)."""
-    target, drafter = tiny_qwen3
-    chunk = [] if request.param is None else ["--prefill-chunk-size", str(request.param), "--enable-prefix-caching"]
+def start_tp_server(target, drafter, *options) -> tuple[str, subprocess.Popen]:
+    """`torchrun ... dflash-trt serve --tp-size 2` of the tiny target in a session of its own, healthy; returns its
+    base URL and torchrun's process."""
     beside = Path(sys.executable).parent / "dflash-trt"
     exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                              str(free_port()), exe, "serve", "--tp-size", "2", "--target", str(target), "--drafter",
                              str(drafter), "--port", str(port), "--threads", "1", "--served-model-name", "tiny",
-                             "--log-level", "warning", *chunk],
+                             "--log-level", "warning", *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(proc, base)
+    return base, proc
+
+
+@pytest.fixture(scope="module", params=[None, 2], ids=["whole-prefill", "chunked-prefill-prefix-caching"])
+def tp_server(tiny_qwen3, request):  # noqa: F811
+    """A torchrun server; its second instance reads prompts 2 tokens per step (chunked prefill in lockstep) and
+    keeps a prefix cache on each rank (each its shard of the K/V, taking the same decisions)."""
+    target, drafter = tiny_qwen3
+    chunk = [] if request.param is None else ["--prefill-chunk-size", str(request.param), "--enable-prefix-caching"]
+    base, proc = start_tp_server(target, drafter, *chunk)
     yield base, proc, target, drafter
-    if proc.poll() is None:  # the Ctrl-C test did not stop it (deselected, or failed)
+    stop_tp_server(proc)  # when the Ctrl-C test did not stop it (deselected, or failed)
+
+
+def stop_tp_server(proc: subprocess.Popen) -> None:
+    """Stop `start_tp_server`'s torchrun and its ranks if still running."""
+    if proc.poll() is None:
         # SIGINT first: torchrun forwards it to the ranks, which run in sessions of their own (a SIGKILL to
         # torchrun's group would leave them running, holding its pipes open)
         os.killpg(proc.pid, signal.SIGINT)
@@ -143,6 +155,24 @@ def test_ctrl_c_stops_every_rank_even_mid_generation(tp_server):
     """Ctrl-C while a stream is being decoded: the followers stay until rank 0 has aborted it (a clean end
     of the stream, not a collective failing on a dead peer), then every process exits."""
     base, proc, _, _ = tp_server
+    assert_stops_cleanly_mid_stream(base, proc, lambda: os.killpg(proc.pid, signal.SIGINT))  # as Ctrl-C in a terminal
+
+
+def test_sigterm_to_torchrun_stops_every_rank_as_ctrl_c(tiny_qwen3):  # noqa: F811
+    """SIGTERM to torchrun alone (kill, docker stop, systemd), which passes it on to every rank: the same clean
+    abort of the running stream as Ctrl-C (a follower that died of it at once failed rank 0's collectives: the
+    client got "generation failed: ... Connection reset by peer")."""
+    base, proc = start_tp_server(*tiny_qwen3)
+    try:
+        assert_stops_cleanly_mid_stream(base, proc, lambda: proc.send_signal(signal.SIGTERM))
+    finally:
+        stop_tp_server(proc)
+
+
+def assert_stops_cleanly_mid_stream(base, proc, stop) -> None:
+    """Start a long stream on the server of torchrun `proc`, call `stop()` once it streams, and check that the
+    stream ends with an "abort" finish and [DONE], every process exits without a rank's traceback, and the port
+    is closed."""
     body = {"prompt": PROMPT, "max_tokens": 240, "temperature": 0, "ignore_eos": True, "stream": True, "n": 4}
     seen: list[str] = []
 
@@ -160,15 +190,15 @@ def test_ctrl_c_stops_every_rank_even_mid_generation(tp_server):
     while not any(line.startswith("data: {") for line in seen):
         assert time.time() < deadline, "the stream did not start"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: torchrun and both ranks
+    stop()
     try:
         _, err = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("a rank did not stop on Ctrl-C")
+        pytest.fail("a rank did not stop")
     reader.join(30)
     text = "\n".join(seen)
-    assert "generation failed" not in text and "Connection closed by peer" not in text, text[-2000:]
+    assert "generation failed" not in text and "by peer" not in text, text[-2000:]  # gloo: connection closed / reset
     assert [line for line in seen if line][-1] == "data: [DONE]" and '"finish_reason":"abort"' in text.replace(" ", ""), text[-2000:]
     assert "Exception in ASGI application" not in err and "lockstep" not in err, err[-3000:]  # no traceback
     with pytest.raises(httpx.TransportError):
