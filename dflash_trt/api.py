@@ -254,14 +254,16 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     ("auto": 1 on a CPU, None on a GPU, `auto_max_concurrency`).
     Compatibility is checked from the configs BEFORE weights load. `fp8_matmul` ("auto", "on", "off")
     chooses FP8 (W8A8) matmuls or dequantize-on-load for a ModelOpt FP8 target (`dflash_trt.models.fp8`;
-    "auto" is on for a CUDA GPU of compute capability >= 8.9 only). `cpu_kernels` ("auto", "on", "off")
-    runs the linears of both models through the packed CPU float32 kernel (`dflash_trt.ops.packed_linear`;
-    "auto": when running float32 on a CPU where it builds). `cuda_kernels` ("on", "off") injects the
-    drafter's context K/V with the fused CUDA kernel (`dflash_trt.ops.cuda.resolve_cuda_kernels`).
+    "auto" is on for a CUDA GPU of compute capability >= 8.9 only; with tp_size > 1 it dequantizes and "on" is
+    refused: FP8 layers are not split, `dflash_trt.runtime.tensor_parallel.tp_fp8_matmul`). `cpu_kernels`
+    ("auto", "on", "off") runs the linears of both models through the packed CPU float32 kernel
+    (`dflash_trt.ops.packed_linear`; "auto": when running float32 on a CPU where it builds). `cuda_kernels`
+    ("on", "off") injects the drafter's context K/V with the fused CUDA kernel
+    (`dflash_trt.ops.cuda.resolve_cuda_kernels`).
     Raises:
         CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
-        fp8_matmul "on" with a target that is not FP8, cpu_kernels or cuda_kernels "on" where the kernels
-        cannot run, or a tp_size that the process group or the target's heads do not match.
+        fp8_matmul "on" with a target that is not FP8 or with tp_size > 1, cpu_kernels or cuda_kernels "on" where
+        the kernels cannot run, or a tp_size that the process group or the target's heads do not match.
     """
     import os
 
@@ -294,9 +296,10 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
         raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     rank = None
     if tp_size != 1:
-        from dflash_trt.runtime.tensor_parallel import check_tp, process_group_rank
+        from dflash_trt.runtime.tensor_parallel import check_tp, process_group_rank, tp_fp8_matmul
 
         check_tp(tp_size, tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.intermediate_size)
+        fp8_matmul = tp_fp8_matmul(fp8_matmul, tp_size)
         rank = process_group_rank(tp_size)
     model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
     if rank is not None:

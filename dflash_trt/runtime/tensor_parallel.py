@@ -88,6 +88,23 @@ def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int, name: s
                           f"divides them: {', '.join(map(str, ok))}")
 
 
+def tp_fp8_matmul(fp8_matmul: str, tp_size: int) -> str:
+    """The `fp8_matmul` mode (`dflash_trt.models.fp8`) to load a target split over tp_size > 1 ranks with:
+    `shard_target` splits nn.Linear layers only, not FP8 (W8A8) ones, so "auto" becomes "off" (an FP8
+    checkpoint dequantized on load, as on a CPU); any other mode is returned as given for the loader to check.
+
+    Raises:
+        ConfigError: "on" (names the fixes).
+    """
+    if fp8_matmul == "auto":
+        return "off"
+    if fp8_matmul == "on":
+        raise ConfigError(f"--fp8-matmul on with --tp-size {tp_size}: FP8 (W8A8) layers are not split over ranks; use "
+                          "--fp8-matmul auto or off (fp8_matmul='auto' / 'off' in Python: the weights dequantized on "
+                          "load), or serve the FP8 bundle with TensorRT-LLM (its trtllm/launch.sh)")
+    return fp8_matmul
+
+
 def shard_target(model, rank: int, tp_size: int, group=None) -> None:
     """Keep rank `rank`'s part of every decoder layer of `model` (a `TargetModel` with nn.Linear layers,
     before `use_packed_linears`), in place; see the module docstring for the split.

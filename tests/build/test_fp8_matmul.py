@@ -87,3 +87,18 @@ def test_on_for_a_target_that_is_not_fp8_is_a_clear_error(monkeypatch, capsys, t
                             "--prompt", "hi", "--fp8-matmul", "on")
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"error: --fp8-matmul on needs an FP8 checkpoint, but the target at {target} is unquantized")
+
+
+def test_fp8_matmuls_are_not_split_under_tensor_parallelism(tiny_bundle_fp8_tp3):
+    """`shard_target` splits nn.Linear layers only: under tp_size > 1, "on" is one clear error before any weight
+    loads (it was a NotImplementedError for float8 from every rank's shard_target), and "auto", FP8 matmuls on an
+    FP8 GPU, dequantizes as on a CPU."""
+    from dflash_trt.api import load_pipeline
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.runtime.tensor_parallel import tp_fp8_matmul
+
+    target, drafter = tiny_bundle_fp8_tp3 / "trtllm" / "target", tiny_bundle_fp8_tp3 / "trtllm" / "drafter"
+    with pytest.raises(ConfigError, match=r"--fp8-matmul on with --tp-size 3: FP8 \(W8A8\) layers are not split over "
+                                          r"ranks; use --fp8-matmul auto or off"):
+        load_pipeline(target, drafter, tp_size=3, fp8_matmul="on")
+    assert [tp_fp8_matmul(mode, 3) for mode in ("auto", "off")] == ["off", "off"]
