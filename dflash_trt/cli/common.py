@@ -87,7 +87,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
 
     Raises:
         click.UsageError: --bundle with --target or --drafter; --tp-size > 1 with --bundle or outside torchrun.
-        CheckpointError, ConfigError,
+        CheckpointError, ConfigError (a --device torch cannot use, checked before --tp-size joins the process group),
         IncompatibleModelsError, BundleError: from `model_folder` and the loaders.
     """
     tp_size = options.get("tp_size", 1)
@@ -97,6 +97,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
                                f"pass --tp-size {world} (or start one process)")
     if tp_size > 1:
         from dflash_trt.config import TargetConfig
+        from dflash_trt.models.checkpoints import check_device
         from dflash_trt.models.default import default_target_path
         from dflash_trt.runtime.tensor_parallel import check_tp, init_from_env
 
@@ -107,6 +108,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         # a split the target does not allow, before asking for a torchrun launch that would then fail on it
         cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(), flag="--target")
         check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, "--tp-size")
+        check_device(options.get("device", "cpu"))  # before the process group's backend (NCCL) is asked of it
         if not init_from_env(options.get("device", "cpu")):
             raise click.UsageError(f"--tp-size {tp_size} runs one process per rank: launch it with torchrun --nproc-per-node "
                                    f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}")

@@ -114,3 +114,24 @@ def test_generate_tp3_under_torchrun_prints_once(smollm2_pipeline):
     [one] = smollm2_pipeline.generate([smollm2_pipeline.encode_chat(question)], SamplingParams(max_tokens=24),
                                       mode="ar")
     assert json.loads(lines[0])["token_ids"] == one.token_ids
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no CUDA GPU")
+def test_generate_tp_with_a_device_torch_cannot_use_is_one_clear_error_per_rank():
+    """--device cuda without a GPU under torchrun: the --device error every command gives, from each rank, before the
+    process group is initialized (it was torch's traceback "Distributed package doesn't have NCCL built in")."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.serve.test_openai_server import free_port
+
+    beside = Path(sys.executable).parent / "dflash-trt"
+    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
+                           str(free_port()), exe, "generate", "--tp-size", "3", "--device", "cuda", "--prompt", "hi",
+                           "--max-tokens", "4", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count("error: --device cuda: torch sees no CUDA GPU here") == 3, proc.stderr[-3000:]
+    assert "NCCL" not in proc.stderr and "dflash_trt/" not in proc.stderr, proc.stderr[-3000:]  # no rank's traceback
