@@ -1,4 +1,4 @@
-"""Load a ready-to-run engine from checkpoint paths (or the embedded defaults).
+r"""Load a ready-to-run engine from checkpoint paths (or the embedded defaults).
 
     from dflash_trt.api import load_pipeline
     from dflash_trt.runtime.sampling import SamplingParams
@@ -7,7 +7,7 @@
     prompt = pipe.encode_chat("What is the capital of France?")   # chat template applied
     [res] = pipe.generate([prompt], SamplingParams(max_tokens=32))  # mode="dflash" (or "ar")
     print(res.text, res.metrics.acceptance_length)
-    [code] = pipe.generate(["def fib(n):"], SamplingParams(max_tokens=32, stop=["\\n\\n"]))  # plain text, a stop string
+    [code] = pipe.generate(["def fib(n):"], SamplingParams(max_tokens=32, stop=["\n\n"]))  # plain text, a stop string
 """
 
 from __future__ import annotations
@@ -126,17 +126,31 @@ class Pipeline:
                                             self.engine.eos_token_ids)
             self.engine.detokenize = self._detokenize  # stop strings (SamplingParams.stop)
 
-    def encode_chat(self, message: str) -> list[int]:
-        """Token ids of a one-turn chat prompt with the target's chat template (generation prompt added).
+    def encode_chat(self, message: str | list[dict]) -> list[int]:
+        """Token ids of a chat prompt with the target's chat template (generation prompt added).
+
+        `message`: one user message's text, or a conversation: a list of OpenAI-style messages
+        ({"role": "system" | "user" | "assistant", "content": text or a list of text parts}).
 
         Raises:
             ConfigError: the tokenizer has no chat template.
-            InvalidRequestError: `message` is not a str, or holds a lone surrogate (`text.invalid_unicode`).
+            InvalidRequestError: `message` is neither, holds a lone surrogate (`text.invalid_unicode`), or a message
+                of the list is malformed, or none is a user message with text (`parse_messages`; named by its index).
         """
-        from dflash_trt.training.prompts import encode_prompt
+        from dflash_trt.training.prompts import encode_prompt, parse_messages
 
-        check_text(message, "message")
-        return encode_prompt(self.tokenizer, [{"role": "user", "content": message}], f"the target at {self.target_path}")
+        if isinstance(message, list):
+            try:
+                messages = parse_messages({"messages": message}, "message")
+            except ConfigError as exc:
+                raise InvalidRequestError(str(exc)) from None
+            if messages is None:
+                raise InvalidRequestError('message is an empty list; give a conversation of at least one {"role": '
+                                          '"user", "content": "<text>"} message, or the text of one')
+        else:
+            check_text(message, "message")
+            messages = [{"role": "user", "content": message}]
+        return encode_prompt(self.tokenizer, messages, f"the target at {self.target_path}")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain `text` (no chat template).
@@ -180,7 +194,7 @@ class Pipeline:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: str | list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash", on_tokens=None) -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens=None, **unknown) -> list[GenerationResult]:
         """Engine.generate plus detokenized `text` on each result (cut before the stop string that ended it,
         for a request with `SamplingParams.stop`).
 
@@ -188,10 +202,20 @@ class Pipeline:
         as `encode` does: no chat template, as vLLM's and TensorRT-LLM's `LLM.generate` take text); a single
         str is one prompt.
 
+        `sampling_params=` (vLLM's and TensorRT-LLM's name) is taken for `params`.
+
         Raises:
             what `Engine.generate` and `encode` raise (InvalidRequestError: a prompt of no accepted kind, text
-            holding a lone surrogate).
+            holding a lone surrogate); InvalidRequestError for another keyword (a sampling setting such as
+            max_tokens=: it names SamplingParams).
         """
+        if "sampling_params" in unknown and params is None:
+            params = unknown.pop("sampling_params")
+        if unknown:
+            name = next(iter(unknown))
+            fix = (f"give it in params: SamplingParams({name}=...)" if name in SamplingParams.__dataclass_fields__
+                   else "its arguments are prompts, params (SamplingParams), mode and on_tokens")
+            raise InvalidRequestError(f"generate has no argument {name!r}; {fix}")
         if isinstance(prompts, str):
             prompts = [prompts]
         if isinstance(prompts, (list, tuple)) and any(isinstance(p, str) for p in prompts):
@@ -263,7 +287,8 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     Raises:
         CheckpointError, ConfigError, IncompatibleModelsError (see `dflash_trt.compat`); ConfigError for
         fp8_matmul "on" with a target that is not FP8 or with tp_size > 1, cpu_kernels or cuda_kernels "on" where
-        the kernels cannot run, or a tp_size that the process group or the target's heads do not match.
+        the kernels cannot run, a tp_size that the process group or the target's heads do not match, or a device
+        naming one GPU ("cuda:1") with tp_size > 1 (each rank takes its LOCAL_RANK's).
     """
     import os
 
@@ -274,6 +299,12 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
     check_load_args(target, drafter, block_size, max_draft_len)
     torch_dtype = parse_dtype(dtype)
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+    if tp_size > 1 and isinstance(device, str) and device.startswith("cuda:"):  # every rank would load onto that GPU
+        raise ConfigError(f"device {device!r} with tp_size {tp_size}: each rank uses the GPU of its LOCAL_RANK "
+                          "(torchrun's); give device 'cuda' (--device cuda), and choose the GPUs with "
+                          "CUDA_VISIBLE_DEVICES")
     check_device(device)  # these first: before a default model is converted or anything is built
     fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     target_path = Path(target) if target is not None else default_target_path()
@@ -292,8 +323,6 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     if fused_cuda:
         require_cuda_kernels(device)
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     rank = None
     if tp_size != 1:
         from dflash_trt.runtime.tensor_parallel import check_tp, process_group_rank, tp_fp8_matmul

@@ -58,3 +58,39 @@ def test_pipeline_generate_takes_text_as_its_token_ids(smollm2_pipeline):
     assert one.token_ids == by_ids[0].token_ids and one.text == by_ids[0].text
     with pytest.raises(InvalidRequestError, match="text holds an unpaired surrogate"):
         pipe.generate(["ok", "\ud800"], params)
+
+
+def test_the_example_reads_as_written_in_the_source():
+    """The module docstring is raw: the example copied from the file is the code that runs (a non-raw docstring
+    turned the file's "\\\\n\\\\n" into the "\\n\\n" the test ran, while a copy kept the backslashes)."""
+    from pathlib import Path
+
+    assert dflash_trt.api.__doc__ in Path(dflash_trt.api.__file__).read_text()
+
+
+def test_pipeline_takes_conversations_and_vllms_sampling_params_keyword(smollm2_pipeline):
+    """encode_chat takes a list of messages (the text of one is the one-user-message list); generate takes
+    sampling_params= (vLLM's name) for params, and names a sampling setting given as its own keyword."""
+    import pytest
+
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    pipe = smollm2_pipeline
+    assert pipe.encode_chat([{"role": "user", "content": "Hi"}]) == pipe.encode_chat("Hi")
+    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": [{"type": "text", "text": "Bye"}]}]
+    ids = pipe.encode_chat(talk)
+    assert pipe.decode(ids).count("Be brief.") == 1 and pipe.decode(ids).endswith("Bye\nassistant\n")
+    for bad, words in (([], "message is an empty list"), ([{"role": "robot", "content": "x"}], "message: message 1 has "
+                                                                                                 "role 'robot'"),
+                       ([{"role": "system", "content": "x"}], "no user message with text")):
+        with pytest.raises(InvalidRequestError, match=words):
+            pipe.encode_chat(bad)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    [a] = pipe.generate(["Hi"], sampling_params=params)
+    [b] = pipe.generate(["Hi"], params)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 3
+    with pytest.raises(InvalidRequestError, match=r"generate has no argument 'max_tokens'; give it in params: "
+                                                  r"SamplingParams\(max_tokens=\.\.\.\)"):
+        pipe.generate(["Hi"], max_tokens=4)

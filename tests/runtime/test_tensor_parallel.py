@@ -66,6 +66,9 @@ def test_tp_size_that_does_not_divide_is_refused(tiny_qwen3):
         load_pipeline(str(tiny_qwen3[0]), str(tiny_qwen3[1]), tp_size=2)
     with pytest.raises(ConfigError, match="tp_size must be an integer >= 1"):
         load_pipeline(str(tiny_qwen3[0]), str(tiny_qwen3[1]), tp_size=0)
+    with pytest.raises(ConfigError, match=r"device 'cuda:1' with tp_size 2: each rank uses the GPU of its LOCAL_RANK "
+                                          r"\(torchrun's\); give device 'cuda'"):  # before the device is looked for
+        load_pipeline(str(tiny_qwen3[0]), str(tiny_qwen3[1]), tp_size=2, device="cuda:1")
 
 
 @pytest.mark.slow
