@@ -643,6 +643,21 @@ def warn_sampling_unused(temperature: float, top_p: float = 1.0, top_k: int = 0,
                    f"greedy decoding ignores {'it' if len(given) == 1 else 'them'}", err=True)
 
 
+def warn_escaped_stops(stops) -> None:
+    """One stderr line per --stop string holding a backslash escape as two characters (`--stop "\\n"` is a backslash
+    and an n, which an answer seldom holds): the shell does not turn it into a newline or tab; bash's $'\\n' does."""
+    import re
+
+    names = {"n": "newline", "t": "tab", "r": "carriage return"}
+    for stop in stops:
+        escape = re.search(r"\\([ntr])", stop)
+        if escape is not None:
+            name = names[escape.group(1)]
+            click.echo(f"warning: --stop \"{stop}\" holds a backslash and \"{escape.group(1)}\" (two characters), "
+                       f"not a {name}: the shell passes them as typed; for a {name} use bash's $'{escape.group()}'",
+                       err=True)
+
+
 def warn_float16_on_cpu(dtype: str, device: str) -> None:
     """One stderr line for --dtype float16 on the CPU, where torch has no fast float16 matmul (the default model
     ran at ~1 token/s that way in session 9, 12-26 tokens/s in session 45, against ~40-70 in float32 with the packed

@@ -72,7 +72,8 @@ def prompt_header(index: int, total: int) -> str:
                    "cannot complete in the output). Repeat for several.")
 @click.option("--stop", "stops", multiple=True, metavar="TEXT",
               help="A stop string: the answer ends before it (OpenAI's and vLLM's stop; the token that completes it "
-                   "is the last one generated). Repeat for several.")
+                   "is the last one generated). Repeat for several. A newline: bash's $'\\n' (\"\\n\" is a backslash "
+                   "and an n).")
 @click.option("--logprobs", "num_logprobs", default=None, type=click.IntRange(0, 20), metavar="N",
               help="With --json: each token's log-probability under the target (raw, before temperature / top-k / "
                    "top-p), its UTF-8 bytes and its N most likely alternatives, as \"logprobs\" (0: the token's own only).")
@@ -89,7 +90,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     from dflash_trt.cli.common import (check_argv_text, check_context, check_draft_lengths, check_logit_bias_ids,
                                        jsonl_file, load_models, compile_guided, guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, use_prefix_cache,
-                                       warn_block_size,
+                                       warn_block_size, warn_escaped_stops,
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_training_target, warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
@@ -110,6 +111,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                                  param_hint="'--stop'")
     for text in stops:
         check_argv_text("--stop", text)
+    warn_escaped_stops(stops)
     if num_logprobs is not None and not as_json:
         raise click.UsageError("--logprobs prints the log-probabilities in --json's objects: add --json")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed,

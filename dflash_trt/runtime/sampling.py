@@ -167,9 +167,11 @@ _NO_BEAM_SEARCH = "beam search is not supported: speculative decoding keeps the 
 #: to do instead (named here because the closest field name would mislead: HF's stop_strings is not stop_token_ids,
 #: a pad id is not a stop token, length_penalty is beam search's)
 OTHER_LIBRARIES_NAMES = {
-    "n": f"{_ONE_COMPLETION} (sampling each with seed offset_seed(seed, i) to get different, reproducible samples)",
+    "n": f"{_ONE_COMPLETION} (sampling each with seed dflash_trt.runtime.sampling.offset_seed(seed, i) to get "
+         "different, reproducible samples)",
     "best_of": f"{_ONE_COMPLETION} and pick among the results",
-    "num_return_sequences": f"{_ONE_COMPLETION} (sampling each with seed offset_seed(seed, i))",
+    "num_return_sequences": f"{_ONE_COMPLETION} (sampling each with seed "
+                            "dflash_trt.runtime.sampling.offset_seed(seed, i))",
     "use_beam_search": _NO_BEAM_SEARCH,
     "beam_width": _NO_BEAM_SEARCH,
     "num_beams": _NO_BEAM_SEARCH,

@@ -490,6 +490,20 @@ def test_stop_flags_end_the_answer_before_the_first_stop_string(monkeypatch, cap
     assert code == 2 and "Invalid value for '--stop': a stop string is empty" in err
 
 
+
+def test_a_stop_flag_with_a_typed_backslash_escape_warns(capsys):
+    """--stop "\\n" (what a shell passes for "\n" in double quotes: a backslash and an n) warns, naming bash's $'\\n';
+    a real newline, and text without an escape, do not."""
+    from dflash_trt.cli.common import warn_escaped_stops
+
+    warn_escaped_stops(["\\n", "end\\t", "\n", "plain"])
+    err = capsys.readouterr().err.splitlines()
+    assert err == ['warning: --stop "\\n" holds a backslash and "n" (two characters), not a newline: the shell passes '
+                   "them as typed; for a newline use bash's $'\\n'",
+                   'warning: --stop "end\\t" holds a backslash and "t" (two characters), not a tab: the shell passes '
+                   "them as typed; for a tab use bash's $'\\t'"]
+
+
 @pytest.mark.slow
 def test_structured_output_flags_give_the_pipelines_tokens(monkeypatch, capsys, smollm2_pipeline, tmp_path):
     """--json-schema (a file or the text), --json-object, --regex and --grammar (a file): the text of the pipeline
