@@ -253,6 +253,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 except InvalidRequestError as exc:
                     raise InvalidRequestError(str(exc), param="bad_words") from None
         params_of = [[req.sampling_params(mt, eos, vocab, j, bad) for j in range(req.n)] for mt in max_tokens]
+        # the stop tokens a stop_reason names: the request's own, but an EOS among them is an EOS (null), as vLLM's
+        own_stops = tuple(t for t in req.stop_token_ids or () if req.ignore_eos or t not in eos)
         guided = params_of[0][0].guided
         if guided is not None:  # compiled here (cached), off the event loop: not on the generation thread
             try:
@@ -276,7 +278,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
                 streamed = on_text if req.stream and not score_only else None  # scoring: its one token is dropped
                 seqs.append(Sequence(ids, params, text, streamed, on_done, score_only=score_only,
-                                     stop_token_ids=tuple(req.stop_token_ids or ())))
+                                     stop_token_ids=own_stops))
         scheduler.submit(seqs)
         return seqs, events
 
@@ -891,5 +893,27 @@ def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -
             parts.append(f"{where}: {e.get('ctx', {}).get('error', e.get('msg'))}")
             continue
         shown = f" (got {json.dumps(got)[:60]})" if e.get("type") != "missing" and jsonable(got) else ""
-        parts.append(f"{where}: {e.get('msg')}{shown}")
+        hint = unknown_field_hint(where, path) if e.get("type") == "extra_forbidden" else ""
+        parts.append(f"{where}: {e.get('msg')}{shown}{hint}")
     return "invalid request: " + "; ".join(parts)
+
+
+#: other APIs' request fields (HF generate, vLLM's Python API, TensorRT-LLM's, Anthropic's) -> this server's name
+OTHER_FIELD_NAMES = {"max_new_tokens": "max_tokens", "stop_sequences": "stop", "stop_strings": "stop",
+                     "stop_words": "stop", "end_id": "stop_token_ids", "random_seed": "seed"}
+
+
+def unknown_field_hint(name: str, path: str) -> str:
+    """For a body field the request at `path` does not have: "; use F" (another API's name for F,
+    `OTHER_FIELD_NAMES`), "; did you mean F?" (the closest field name), or ""."""
+    import difflib
+
+    model = {"/v1/completions": CompletionRequest, "/v1/responses": ResponsesRequest}.get(path, ChatCompletionRequest)
+    fields = list(model.model_fields)
+    other = OTHER_FIELD_NAMES.get(name)
+    if other is not None and path == "/v1/responses" and other == "max_tokens":
+        other = "max_output_tokens"
+    if other in fields:
+        return f"; use {other}"
+    close = difflib.get_close_matches(name, fields, n=1)
+    return f"; did you mean {close[0]}?" if close else ""

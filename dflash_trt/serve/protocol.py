@@ -141,6 +141,8 @@ class _Request(BaseModel):
     suffix: Any = None
     use_beam_search: Any = False
     length_penalty: Any = None
+    include_stop_str_in_output: Any = False  # vLLM's
+    skip_special_tokens: Any = True  # vLLM's
     functions: Any = None
     function_call: Any = None
 
@@ -285,10 +287,13 @@ UNSUPPORTED = {
     "tools": (None, []), "tool_choice": (None, "none"),
     "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (False, None),
     "length_penalty": (None, 1, 1.0), "functions": (None, []), "function_call": (None, "none"),
+    "include_stop_str_in_output": (False, None), "skip_special_tokens": (True, None),
 }
 HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions has echo; here, prepend the prompt yourself",
          "functions": "use tools", "function_call": "use tool_choice",
-         "tools": "tool calling is on /v1/chat/completions", "tool_choice": "tool calling is on /v1/chat/completions"}
+         "tools": "tool calling is on /v1/chat/completions", "tool_choice": "tool calling is on /v1/chat/completions",
+         "include_stop_str_in_output": "the text ends before the stop string (OpenAI's behaviour)",
+         "skip_special_tokens": "special tokens are always left out of the text"}
 
 
 #: how deeply a request's fields may nest (a tool's parameters schema may nest MAX_JSON_DEPTH levels, inside its tool)

@@ -232,7 +232,13 @@ BAD = [
     ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "surrogate"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "image_url"),
     ({}, 400, "messages: Field required"),
-    ({"messages": QUESTION, "temprature": 0}, 400, "temprature: Extra inputs are not permitted"),
+    ({"messages": QUESTION, "temprature": 0}, 400, "temprature: Extra inputs are not permitted (got 0); did you mean "
+                                                    "temperature?"),
+    ({"messages": QUESTION, "max_new_tokens": 8}, 400, "max_new_tokens: Extra inputs are not permitted (got 8); use "
+                                                     "max_tokens"),
+    ({"messages": QUESTION, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output=True is not "
+     "supported by this server (DFlash runtime); leave it out (the text ends before the stop string"),
+    ({"messages": QUESTION, "skip_special_tokens": False}, 400, "special tokens are always left out of the text"),
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "only allowed with stream: true"),
     ({"messages": QUESTION, "ignore_eos": "yes"}, 400, "ignore_eos: Input should be a valid boolean"),
     ({"messages": QUESTION, "stop_token_ids": [99999999]}, 400, "stop_token_ids holds 99999999, outside the vocabulary"),
@@ -536,6 +542,10 @@ def test_stop_token_ids_add_to_eos_and_usage_ends_at_the_stop_string(client, smo
     assert extra.choices[0].message.content == plain.choices[0].message.content
     assert extra.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"  # EOS still stops it
     assert plain.choices[0].stop_reason is None  # the EOS, as vLLM reports it
+    eos = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0,
+                                         extra_body={"stop_token_ids": list(pipe.engine.eos_token_ids),
+                                                     "include_stop_str_in_output": False, "skip_special_tokens": True})
+    assert eos.choices[0].finish_reason == "stop" and eos.choices[0].stop_reason is None  # listed, still an EOS
     ref, _ = ar_tokens(pipe, chat_ids(pipe, QUESTION), 40)
     own = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0,
                                          extra_body={"stop_token_ids": [ref[3]]})

@@ -342,6 +342,8 @@ def test_reasoning_items(smollm2_pipeline):
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input", "item_reference"),
     ({"input": [{"role": "tool", "content": "x"}]}, 400, "input", "function_call_output"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "input", "call_id"),
+    ({"input": "Hi", "max_new_tokens": 8}, 400, "max_new_tokens", "use max_output_tokens"),
+    ({"input": "Hi", "max_tokens": 8}, 400, "max_tokens", "did you mean max_output_tokens?"),
     ({"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}]}, 400, "input",
      "input[0] (function_call) needs 'call_id' as a non-empty string"),
     ({"input": [{"type": "function_call", "call_id": "c1", "name": "", "arguments": "{}"}]}, 400, "input",
