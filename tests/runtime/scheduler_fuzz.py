@@ -16,6 +16,7 @@ Run many seeds: `python -m tests.runtime.scheduler_fuzz --env tiny --seeds 0:100
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -64,6 +65,7 @@ class Req:
     join: int  # the step before which it is added
     group: int  # requests of one join step and group go in one add call
     stops: tuple[str, ...] = ()
+    engine_stops: bool = False  # the stops go in params.stop (the engine checks them) instead of serve's StopText
     abort_after: int | None = None  # on_tokens returns "abort" once it has this many tokens
     abort_prefill_at: int | None = None  # abort_prefill([id]) before this step
 
@@ -197,12 +199,12 @@ def reference(env: Env, prompt: list[int], params: SamplingParams):
 
 def _stop_sim(env: Env, ref_ids: list[int], stops, min_tokens: int):
     """The StopText of the reference's tokens fed one at a time (as mode "ar" emits them): (tokens used, text,
-    stopped)."""
+    stopped, the stop string matched)."""
     st = StopText(env.decode, stops, min_tokens=min_tokens)
     for t in ref_ids:
         if st.add([t]):
             break
-    return st.generated, st.text, st.stopped
+    return st.generated, st.text, st.stopped, st.matched
 
 
 def reference_scores(env: Env, prompt: list[int], params: SamplingParams, out: list[int]) -> torch.Tensor:
@@ -301,6 +303,10 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
             else:
                 r.stops = ("zq", "\n\n")
             r.stops = tuple(s for s in r.stops if s) or ("zq",)
+    how = random.Random(wl.seed + 104729)  # its own stream: the stops drawn above stay those of earlier versions
+    for r in wl.reqs:
+        if r.stops and how.random() < 0.5:
+            r.engine_stops, r.params = True, dataclasses.replace(r.params, stop=r.stops)
     # settings
     if eng.proposer is not None:
         for k, v in wl.proposer.items():
@@ -320,7 +326,8 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
     eng.prefix_cache = pc
     bugs, ties = [], []
     batch = DecodeBatch(eng, wl.mode, wl.chunk)
-    texts = [StopText(env.decode, r.stops, min_tokens=r.params.min_tokens) if r.stops else None for r in wl.reqs]
+    texts = [StopText(env.decode, r.stops, min_tokens=r.params.min_tokens) if r.stops and not r.engine_stops else None
+             for r in wl.reqs]
     counts = [0] * len(wl.reqs)
     ids: dict[int, int] = {}  # workload index -> request id
 
@@ -371,7 +378,8 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
         toks, rt = res.token_ids, ref.token_ids
         m = res.metrics
         for key, hit in (("requests", True), ("cached", m.cached_tokens > 0), ("aborted", res.finish_reason == "abort"),
-                         ("stop string", texts[i] is not None and texts[i].stopped), ("length", res.finish_reason == "length"),
+                         ("stop string", texts[i] is not None and texts[i].stopped),
+                         ("engine stop string", isinstance(res.stop_reason, str)), ("length", res.finish_reason == "length"),
                          ("stop", res.finish_reason == "stop"), ("drafted", m.accepted_tokens > 0),
                          ("context full", len(r.prompt) + len(toks) >= eng.context_len)):
             env.stats[key] = env.stats.get(key, 0) + hit
@@ -392,13 +400,18 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
                 bugs.append(f"{tag}: aborted in its prefill with tokens {toks}")
             continue
         if texts[i] is not None:
-            gen, text, stopped = _stop_sim(env, rt, r.stops, r.params.min_tokens)
+            gen, text, stopped, _ = _stop_sim(env, rt, r.stops, r.params.min_tokens)
             st = texts[i]
             n_cmp = gen
             want_reason = "stop" if stopped else ref.finish_reason
             got_reason = "stop" if st.stopped else res.finish_reason
             if st.generated != gen or st.text != text:
                 pass  # reported through the token mismatch below when that is the cause
+        elif r.engine_stops:  # the engine cut the output itself: exactly the reference's tokens up to the stop string
+            gen, text, stopped, matched = _stop_sim(env, rt, r.stops, r.params.min_tokens)
+            n_cmp = gen
+            want_reason = "stop" if stopped else ref.finish_reason
+            got_reason = res.finish_reason
         else:
             n_cmp = len(rt)
             want_reason, got_reason = ref.finish_reason, res.finish_reason
@@ -418,9 +431,14 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
             continue
         if texts[i] is not None and (texts[i].generated != gen or texts[i].text != text):
             bugs.append(f"{tag}: stop text {texts[i].text!r}/{texts[i].generated} vs {text!r}/{gen} ({r.stops})")
+        # stop_reason: the stop string, else what the reference's ended it with (a stop token asked for, or None)
+        if r.engine_stops and (res.text, len(toks), res.stop_reason) != (text, gen, matched if stopped else
+                                                                         ref.stop_reason):
+            bugs.append(f"{tag}: engine stop: text {res.text!r}, {len(toks)} tokens, stop_reason {res.stop_reason!r} vs "
+                        f"{text!r}, {gen}, {matched!r} ({r.stops})")
         if got_reason != want_reason:
             bugs.append(f"{tag}: finish_reason {got_reason} vs reference {want_reason}; tokens {toks} / {rt}")
-        if texts[i] is None and r.abort_after is None and len(toks) != len(rt):
+        if texts[i] is None and not r.engine_stops and r.abort_after is None and len(toks) != len(rt):
             bugs.append(f"{tag}: {len(toks)} tokens vs {len(rt)}")
         if r.params.logprobs is not None:
             if res.logprobs is None or len(res.logprobs) != len(toks):
@@ -452,8 +470,6 @@ def run_workload(env: Env, wl: Workload, verbose: bool = False) -> tuple[list[st
 def tiny_env(tmp, name: str = "tiny") -> Env:
     """A tiny random llama (context 512, drafter block 4) or, for "tiny-small", a qwen3 of context 64 whose drafter
     (block 8) sees only 40 positions (drafting stops there)."""
-    import dataclasses
-
     from dflash_trt.config import TargetConfig
     from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
     from dflash_trt.runtime.proposer import DFlashProposer
@@ -469,7 +485,8 @@ def tiny_env(tmp, name: str = "tiny") -> Env:
     target = load_target(folder)
     drafter = load_drafter(init_drafter(dcfg, tmp / f"d-{name}", seed=2))
     eng = Engine(target, DFlashProposer(drafter, target))
-    return Env(name, eng, lambda ids: "".join(chr(97 + t % 26) for t in ids))
+    eng.detokenize = decode = lambda ids: "".join(chr(97 + t % 26) for t in ids)  # params.stop
+    return Env(name, eng, decode)
 
 
 def smollm2_env(pipeline=None) -> Env:
@@ -495,7 +512,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     lo, hi = map(int, args.seeds.split(":"))
-    with tempfile.TemporaryDirectory(dir="/tmp/s47") as tmp:
+    with tempfile.TemporaryDirectory(prefix="scheduler-fuzz-") as tmp:
         env = smollm2_env() if args.env == "smollm2" else tiny_env(Path(tmp), args.env)
         t0, n, nb, nt = time.time(), 0, 0, 0
         for seed in range(lo, hi):
