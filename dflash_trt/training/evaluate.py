@@ -76,6 +76,21 @@ def _note(on: bool, text: str) -> None:
         print(f"evaluate: {text}", file=sys.stderr, flush=True)
 
 
+def _decode(engine: Engine, ids: list[list[int]], params, mode: str, batch_size: int, label: str,
+            progress: bool) -> list:
+    """`engine.generate` of the prompts `ids`, batch_size at a time, with a tqdm bar of the tokens decoded (on a
+    terminal, when `progress`; up to max_tokens per prompt: it ends short of its total when outputs stop early)."""
+    from tqdm import tqdm
+
+    results = []
+    with tqdm(total=len(ids) * params.max_tokens, desc=f"evaluate: {label}", unit="tok", leave=False,
+              disable=None if progress else True) as bar:
+        for i in range(0, len(ids), batch_size):
+            results += engine.generate(ids[i : i + batch_size], params, mode=mode,
+                                       on_tokens=lambda _k, toks, *_: bar.update(len(toks)))
+    return results
+
+
 def teacher_forced(target, drafter, prompts: list[list[int]], outputs: list[list[int]],
                    block_size: int | None = None) -> dict:
     """The trainer's held-out figures (`trainer.validate`) on given responses, with float32 target
@@ -148,8 +163,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
     the device: `main` gives `weights_fingerprint` and --device) is part of every cache key, so another target
     sharing the tokenizer (a fine-tuned one) decodes its own references instead of reusing the first target's. It is rewritten atomically after each decode (an
     interrupted run leaves the last whole version); a file that is not an evaluate cache is refused
-    (`read_cache`: ConfigError), never replaced. `progress` prints one stderr line per decode
-    (a set's AR reference, each drafter) as it finishes: a run takes minutes per set on a CPU.
+    (`read_cache`: ConfigError), never replaced. `progress` prints one stderr line per decode (a set's AR
+    reference, each drafter) as it finishes, and on a terminal a bar while it runs: a run takes minutes per set
+    on a CPU.
 
     `with_teacher_forced` adds each drafter's `teacher_forced` figures on the AR outputs (the
     trainer's validation metric beside the decoded tau; not cached).
@@ -171,11 +187,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
         if target_key:  # the drafters' keys extend this one: every cached result is the target's
             key += f":{target_key}"
         if key not in cache:
-            engine = Engine(target, None, stops)
             t0 = time.perf_counter()
-            outs = []
-            for i in range(0, len(ids), batch_size):
-                outs += [r.token_ids for r in engine.generate(ids[i : i + batch_size], params, mode="ar")]
+            outs = [r.token_ids for r in _decode(Engine(target, None, stops), ids, params, "ar", batch_size,
+                                                 f"{set_name}: autoregressive reference", progress)]
             cache[key] = {"outputs": outs, "seconds": time.perf_counter() - t0}
             _note(progress, f"{set_name}: autoregressive reference, {len(ids)} prompts, {cache[key]['seconds']:.0f} s")
             if ar_cache is not None:
@@ -188,11 +202,9 @@ def evaluate(target, tokenizer, stops, drafters: dict[str, object], sets: dict[s
             if (drafter_keys or {}).get(name) and dkey in cache:
                 entry["drafters"][name] = dict(cache[dkey])
             else:
-                engine = Engine(target, DFlashProposer(drafter, target, block_size), stops)
                 t0 = time.perf_counter()
-                results = []
-                for i in range(0, len(ids), batch_size):
-                    results += engine.generate(ids[i : i + batch_size], params, mode="dflash")
+                results = _decode(Engine(target, DFlashProposer(drafter, target, block_size), stops), ids, params,
+                                  "dflash", batch_size, f"{set_name}: {name}", progress)
                 same = [r.token_ids == o for r, o in zip(results, ar)]
                 d = entry["drafters"][name] = {
                     "tau": round(set_tau(results), 4), "parity": all(same), "parity_count": f"{sum(same)}/{len(same)}",
@@ -347,12 +359,18 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(str(e))
     else:
         sets = {"humaneval": humaneval_subset(args.num_prompts), "mtbench": mtbench_subset(args.num_prompts)}
+        short = {name: len(texts) for name, texts in sets.items() if len(texts) < args.num_prompts}
+        if short:  # the sets hold no more prompts: all of them are used
+            print(f"note: --num-prompts {args.num_prompts}: " + ", ".join(f"{name} has {n}" for name, n in short.items())
+                  + " prompts, all of them used", file=sys.stderr)
     from dflash_trt.interrupts import stopped_by, terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():  # SIGTERM (kill, timeout, Slurm) stops as Ctrl-C does
             if args.dump_sets:
                 Path(args.dump_sets).write_text(json.dumps(sets, indent=1) + "\n")
+                print(f"wrote {', '.join(f'{len(t)} {name}' for name, t in sets.items())} prompts to {args.dump_sets}",
+                      file=sys.stderr)
                 return {}
             return _run(args, sets, sys.argv[1:] if argv is None else argv)
     except (DFlashError, OSError) as e:

@@ -322,3 +322,19 @@ def test_ctrl_c_or_sigterm_is_one_line_and_exits_130_or_143(tmp_path, capsys, mo
     assert e.value.code == code and "Traceback" not in err
     assert err.splitlines()[-1] == (f"evaluate {how}; decodes finished so far are cached in {out / 'eval_cache.json'}; "
                                     f"an earlier report in {out} is unchanged")
+
+
+def test_dump_sets_says_what_it_wrote_and_when_the_sets_run_short(tmp_path, capsys):
+    """--dump-sets names the file and the prompts it wrote; --num-prompts above a set's size is noted (HumanEval
+    has 164, MT-Bench 80: all of them are used), not silently capped."""
+    import json
+
+    from dflash_trt.training.evaluate import main
+
+    out = tmp_path / "sets.json"
+    assert main(["--dump-sets", str(out), "--num-prompts", "100"]) == {}
+    sets = json.loads(out.read_text())
+    assert (len(sets["humaneval"]), len(sets["mtbench"])) == (100, 80)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: --num-prompts 100: mtbench has 80 prompts, all of them used",
+                   f"wrote 100 humaneval, 80 mtbench prompts to {out}"]
