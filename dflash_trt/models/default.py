@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -142,7 +143,10 @@ def default_target_path() -> Path:
         return out
     tmp = cache_temp_dir("models", ".convert-")
     try:
-        _convert_gguf(gguf_path(), tmp)
+        gguf = gguf_path()
+        print(f"dflash-trt: converting the default model from {gguf.name} to {out} (once, about 30 s)...",
+              file=sys.stderr, flush=True)  # the progress bars that follow are transformers'
+        _convert_gguf(gguf, tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
