@@ -309,8 +309,9 @@ class Engine:
                 for a stop string the caller found in the text, "abort" for a client gone); the
                 other requests of the batch go on.
         Returns:
-            n GenerationResults in prompt order (completion token ids, finish_reason, metrics, and the
-            tokens' `logprobs` / the prompt's `prompt_logprobs` for requests whose params ask for them). A
+            n GenerationResults in prompt order (completion token ids, finish_reason, stop_reason, metrics, the
+            tokens' `logprobs` / the prompt's `prompt_logprobs` for requests whose params ask for them, and the
+            text, cut before the stop string, for requests with `SamplingParams.stop`: `detokenize` needed). A
             request may get fewer than max_tokens tokens: at most context_len - len(prompt) fit in
             the target's context, and a request cut there has finish_reason "length" with fewer tokens.
 
