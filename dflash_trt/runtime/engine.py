@@ -322,6 +322,8 @@ class Engine:
             InvalidRequestError, PromptTooLongError: bad request (an empty prompt, a token id outside the
                 vocabulary: names the prompt), or an on_tokens that is not callable (nothing is generated); an
                 on_tokens that returns neither None nor a str (raised at that call).
+            ConfigError: stop strings without `detokenize`, guided decoding without `grammars` (an Engine built
+                by hand: `dflash_trt.api.load_pipeline` sets both).
             DFlashError: mode "dflash" without a drafter; non-finite target logits; a call from the on_tokens
                 of a call running on this engine.
         """
