@@ -462,7 +462,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     Raises:
         DFlashError: run_dir holds a checkpoint but resume is False, or none but resume is True;
             the checkpoint was made with another TrainConfig, data size or drafter (shape, target
-            layer ids); no sample has a response of 2+ tokens (within max_seq_len + 1 tokens:
+            layer ids, mask token id); no sample has a response of 2+ tokens (within max_seq_len + 1 tokens:
             `_check_trainable`, which also warns about the samples without one).
         TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) during training; it names the step and
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
@@ -498,6 +498,9 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         saved_ids, own_ids = ck.get("target_layer_ids"), list(drafter.config.target_layer_ids)
         if saved_ids is not None and list(saved_ids) != own_ids:  # the same count keeps fc's shape
             differ.append(f"target layer ids (--target-layer-ids) {list(saved_ids)} -> {own_ids}")
+        saved_mask, own_mask = ck.get("mask_token_id"), drafter.config.mask_token_id
+        if saved_mask is not None and saved_mask != own_mask:  # no shape shows it: the weights learned that token's row
+            differ.append(f"mask token id (--mask-token-id) {saved_mask} -> {own_mask}")
         differ += [d for d in _shape_differences({k: tuple(v.shape) for k, v in ck["drafter"].items()},
                                                  {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
                    if saved_ids is None or "--target-layer-ids" not in d]
@@ -516,7 +519,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         nonlocal checkpoint_step
         _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state),
                       "config": asdict(cfg), "num_samples": n,
-                      "target_layer_ids": list(drafter.config.target_layer_ids)}, ckpt_path)
+                      "target_layer_ids": list(drafter.config.target_layer_ids),
+                      "mask_token_id": drafter.config.mask_token_id}, ckpt_path)
         checkpoint_step = state.step
 
     def save_best() -> None:

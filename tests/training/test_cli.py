@@ -493,6 +493,27 @@ def test_resume_with_other_target_layer_ids_names_the_flag_and_both_values(tmp_p
 
 
 
+def test_resume_with_another_mask_token_id_is_refused(tmp_path, target_with_tokenizer):
+    """--resume with another --mask-token-id: refused naming the flag and both ids (the drafter's shape does not
+    show it, so it exported the weights trained on mask 3 under a config saying 5: silently worse drafts)."""
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--work-dir", str(work),
+            "--out", str(out), "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--max-new-tokens", "8",
+            "--target-layer-ids", "0,1", "--init", "random", "--max-steps", "2"]
+    res = _run(args + ["--mask-token-id", str(MASK)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    weights = (out / "model.safetensors").read_bytes()
+    res = _run(args + ["--mask-token-id", "5", "--resume"])
+    assert res.exit_code == 1 and isinstance(res.exception, DFlashError), res.output + repr(res.exception)
+    assert str(res.exception) == (
+        f"{work / 'run' / 'checkpoint.pt'} was made with other training settings or data (mask token id "
+        f"(--mask-token-id) {MASK} -> 5); resume with the settings it was started with, or remove it to start over")
+    assert (out / "model.safetensors").read_bytes() == weights
+    assert json.loads((out / "config.json").read_text())["dflash_config"]["mask_token_id"] == MASK
+    res = _run(args + ["--mask-token-id", str(MASK), "--resume"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+
+
 def assert_resumed_equals_straight(out, straight, steps: int) -> None:
     """The export at `out` (an interrupted run, resumed) has the weights of the uninterrupted run's at
     `straight`, bit for bit, and its training.json says it finished all `steps`."""
