@@ -457,6 +457,16 @@ def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -
                                  param_hint="'--logit-bias'")
 
 
+def check_mask_token_id(mask_token_id: int, vocab_size: int, default_id: int, why: str) -> None:
+    """Raises click.BadParameter (--mask-token-id) for an id outside the target's vocabulary [0, vocab_size),
+    naming the default (`default_id`, chosen because `why`): init-drafter's and train-drafter's check (the
+    flag, not the config field the compatibility check names; a negative id crashed the tokenizer lookup)."""
+    if not 0 <= mask_token_id < vocab_size:
+        raise click.BadParameter(f"{mask_token_id} is outside the target's vocabulary [0, {vocab_size}); give a "
+                                 f"reserved token id of its tokenizer (default: {default_id}, {why})",
+                                 param_hint="'--mask-token-id'")
+
+
 #: --seed's range: what torch.Generator.manual_seed takes (a 64-bit value, signed or not).
 SEED_RANGE = click.IntRange(-(2**63), 2**64 - 1)
 

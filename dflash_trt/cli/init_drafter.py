@@ -44,12 +44,13 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     import tempfile
 
     from dflash_trt.api import load_tokenizer
-    from dflash_trt.cli.common import model_folder, parse_layer_ids
+    from dflash_trt.cli.common import check_mask_token_id, model_folder, parse_layer_ids
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import CheckpointError
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
-    from dflash_trt.models.default import DEFAULT_MASK_TOKEN_ID, default_target_path, is_default_target
+    from dflash_trt.models.default import (DEFAULT_MASK_TOKEN_ID, DEFAULT_MASK_TOKEN_WHY, default_target_path,
+                                           is_default_target)
     from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
     from dflash_trt.out_folder import DRAFTER, check_out, publish_out, write_target
 
@@ -62,17 +63,14 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
     except CheckpointError:  # no tokenizer files: the drafter does not need them, so nothing to check
         tokenizer = None
     if is_default_target(target):
-        default_id, why = DEFAULT_MASK_TOKEN_ID, "the embedded default target's <empty_output> token"
+        default_id, why = DEFAULT_MASK_TOKEN_ID, DEFAULT_MASK_TOKEN_WHY
     else:
         default_id, why = default_mask_token(tokenizer, tcfg.vocab_size)
     if mask_token_id is None:
         mask_token_id = default_id
         click.echo(f"mask token id {mask_token_id}: {why} (the default; pass --mask-token-id to choose another "
                    "reserved token of the target's tokenizer)", err=True)
-    if not 0 <= mask_token_id < tcfg.vocab_size:  # the flag, not the config field the compatibility check names
-        raise click.BadParameter(f"{mask_token_id} is outside the target's vocabulary [0, {tcfg.vocab_size}); give a "
-                                 f"reserved token id of its tokenizer (default: {default_id}, {why})",
-                                 param_hint="'--mask-token-id'")
+    check_mask_token_id(mask_token_id, tcfg.vocab_size, default_id, why)
     cfg = new_drafter_config(tcfg, num_layers, block_size, mask_token_id, ids)
     check_compatible(tcfg, cfg)
     if tokenizer is not None:

@@ -231,6 +231,21 @@ def _init_drafter_dir(init: str) -> Path | None:
     return path
 
 
+def _check_draft_vocab_size(size: int, stops) -> None:
+    """A reduced draft vocabulary always holds the target's stop tokens (`vocab.top_tokens`) and at least one
+    other token: refused before the data generation (a ValueError traceback after it).
+
+    Raises:
+        click.BadParameter: naming --draft-vocab-size, the stop ids and the smallest size that works.
+    """
+    if size < len(stops) + 1:
+        ids = ", ".join(str(i) for i in stops)
+        raise click.BadParameter(f"{size} is too small: the draft vocabulary always holds the target's "
+                                 f"{count(len(stops), 'stop token')} ({ids}) and at least one other token; give "
+                                 f"{len(stops) + 1} or more, or 0 for the full vocabulary",
+                                 param_hint="'--draft-vocab-size'")
+
+
 def _check_init_from_target(num_layers: int, num_target_layers: int) -> None:
     """--init target copies a distinct target layer into each drafter layer: refused before any work
     when --num-layers exceeds the target's layers (it failed after the data generation, naming negative
@@ -457,16 +472,20 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
             mask_tokenizer = None
         mask, why = default_mask_token(mask_tokenizer, tcfg.vocab_size)
         click.echo(f"mask token id {mask}: {why} (the default; pass --mask-token-id to choose another)", err=True)
-    elif mask_token_id is not None and init_dir is None:  # chosen: warned as init-drafter warns
+    elif mask_token_id is not None and init_dir is None:  # chosen: range-checked and warned as init-drafter does
         from dflash_trt.api import load_tokenizer
+        from dflash_trt.cli.common import check_mask_token_id
+        from dflash_trt.models.default import DEFAULT_MASK_TOKEN_WHY
         from dflash_trt.models.mask_token import default_mask_token, mask_token_warning
 
         try:
             mask_tokenizer = load_tokenizer(target_path)
         except CheckpointError:
             mask_tokenizer = None
+        default_id, why = ((DEFAULT_MASK_TOKEN_ID, DEFAULT_MASK_TOKEN_WHY) if default_target
+                           else default_mask_token(mask_tokenizer, tcfg.vocab_size))
+        check_mask_token_id(mask, tcfg.vocab_size, default_id, why)
         if mask_tokenizer is not None:
-            default_id = DEFAULT_MASK_TOKEN_ID if default_target else default_mask_token(mask_tokenizer, tcfg.vocab_size)[0]
             warning = mask_token_warning(mask_tokenizer, mask, default_id)
             if warning:
                 click.echo(warning, err=True)
@@ -497,6 +516,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         fine_tuned.target_copies.check(model.embed_weight, model.head_weight, fine_tuned.draft_token_ids())
         fine_tuned.target_copies = None
     _check_chat_template(tokenizer, prompts, prompts_file, path)  # fails before generation
+    if init_dir is None and dcfg.draft_vocab_size is not None:
+        _check_draft_vocab_size(dcfg.draft_vocab_size, stops)
     data_layers = () if online_features else tuple(sorted(set(dcfg.target_layer_ids) | {tcfg.num_hidden_layers - 1}))
     try:
         stats = pipeline.build_data(path, model, tokenizer, stops, prompts, work, data_layers, max_new_tokens,

@@ -29,6 +29,8 @@ IM_END_ID = 2
 ENDOFTEXT_ID = 0
 #: `<empty_output>`: a special token that never occurs in chat or code text; the default mask id.
 DEFAULT_MASK_TOKEN_ID = 16
+#: why it is the default (the phrase init-drafter and train-drafter print beside it)
+DEFAULT_MASK_TOKEN_WHY = "the embedded default target's <empty_output> token"
 
 
 def cache_dir() -> Path:

@@ -172,6 +172,23 @@ def test_non_finite_or_out_of_range_numbers_are_usage_errors(tmp_path, target_wi
     assert not (tmp_path / "work").exists() and not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--mask-token-id", "-1", "Invalid value for '--mask-token-id': -1 is outside the target's vocabulary [0, 64); give "
+     "a reserved token id of its tokenizer (default: 63, the last vocab row)"),  # it crashed in the tokenizer
+    ("--mask-token-id", "64", "Invalid value for '--mask-token-id': 64 is outside the target's vocabulary [0, 64)"),
+    ("--draft-vocab-size", "1", "Invalid value for '--draft-vocab-size': 1 is too small: the draft vocabulary always "
+     f"holds the target's 1 stop token ({EOS}) and at least one other token; give 2 or more, or 0 for the full "
+     "vocabulary"),  # a ValueError traceback once the data was generated
+])
+def test_a_mask_id_or_draft_vocabulary_that_cannot_work_is_refused_before_any_data(tmp_path, target_with_tokenizer,
+                                                                                  flag, value, msg):
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
+                str(_prompts(tmp_path, 4)), "--work-dir", str(tmp_path / "work"), "--target-layer-ids", "0,1",
+                *(["--mask-token-id", str(MASK)] if flag != "--mask-token-id" else []), flag, value])
+    assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "work" / "data").exists() and not (tmp_path / "d").exists()
+
+
 def test_val_samples_are_checked_before_any_data_is_written(tmp_path, target_with_tokenizer):
     res = _run(["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts",
                 str(_prompts(tmp_path, 6)), "--work-dir", str(tmp_path / "work"), "--mask-token-id", str(MASK),
