@@ -119,8 +119,8 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     Args:
         fp8_matmul: "auto" (FP8 matmuls on a CUDA GPU of compute capability >= 8.9 only), "on", "off".
     Raises:
-        CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure;
-            fp8_matmul "on" for a checkpoint that is not FP8 or on a device without FP8 matmuls.
+        CheckpointError / ConfigError: missing folder, unsupported architecture, strict-load failure
+            (naming a config whose architectures are no causal LM, e.g. LlamaModel); fp8_matmul "on" for a checkpoint that is not FP8 or on a device without FP8 matmuls.
     """
     from dflash_trt.models.dequant import quant_algo
     from dflash_trt.models.fp8 import resolve_fp8_matmul
@@ -130,7 +130,16 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     model = _build_on_meta(TargetModel, cfg)
     tensors = _read_fp8_weights(path, model, dtype, device) if fp8 else _read_weights(path, dtype, device)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    load_strict(model, tensors, "target", path, ignore=ignore)
+    try:
+        load_strict(model, tensors, "target", path, ignore=ignore)
+    except CheckpointError as exc:
+        not_causal = [a for a in cfg.architectures if not a.endswith("ForCausalLM")]
+        if cfg.architectures and len(not_causal) == len(cfg.architectures):  # e.g. LlamaModel: no lm_head, keys
+            raise CheckpointError(  # without "model.": "does not match its config.json" sent users to re-download
+                f"{exc}. Its config.json names architectures {list(cfg.architectures)}, not a causal language model "
+                f"(...ForCausalLM, e.g. {cfg.model_type.capitalize()}ForCausalLM): give the folder of the causal-LM "
+                "checkpoint, the one generating text with its lm_head") from None
+        raise
     return use_transposed_weight_layout(model.eval().requires_grad_(False))
 
 

@@ -44,6 +44,26 @@ def test_unexpected_key(target_folder):
         load_target(target_folder)
 
 
+@pytest.mark.parametrize("auto", ["AutoModel", "AutoModelForSequenceClassification"])
+def test_a_target_that_is_no_causal_lm_is_named_so(tmp_path, auto):
+    """A Llama saved as a base model (LlamaModel: keys without "model.", no lm_head) or a classifier fails to load
+    naming its architectures and the fix; "does not match its config.json" alone sent users to re-download it."""
+    import transformers
+
+    from tests.conftest import tiny_hf_config
+
+    folder = tmp_path / auto
+    getattr(transformers, auto).from_config(tiny_hf_config("llama")).save_pretrained(folder)
+    arch = json.loads((folder / "config.json").read_text())["architectures"]
+    assert arch == [{"AutoModel": "LlamaModel", "AutoModelForSequenceClassification": "LlamaForSequenceClassification"}[auto]]
+    with pytest.raises(CheckpointError) as exc:
+        load_target(folder)
+    assert str(exc.value).endswith(
+        f"; the checkpoint does not match its config.json. Its config.json names architectures {arch}, not a causal "
+        "language model (...ForCausalLM, e.g. LlamaForCausalLM): give the folder of the causal-LM checkpoint, the one "
+        "generating text with its lm_head"), str(exc.value)
+
+
 def test_wrong_shape(drafter_folder):
     edit_weights(drafter_folder, lambda t: t.update({"layers.0.self_attn.k_norm.weight": torch.ones(8)}))
     with pytest.raises(CheckpointError, match=r"layers\.0\.self_attn\.k_norm\.weight has shape \[8\], expected \[16\]"):
