@@ -567,7 +567,8 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     try:
         state = train(drafter, data, tc, work / "run", resume=resume,
                       time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps,
-                      budget_s=train_minutes * 60 if train_minutes else None)
+                      budget_s=train_minutes * 60 if train_minutes else None,
+                      init=str(init_dir.resolve()) if init_dir is not None else init_mode)
     except TrainingInterrupted as exc:
         _interrupted(exc, lambda how, e=exc: _training_interrupted(e, how, work, checkpoint_every))
     reached_max = max_steps is not None and state.step >= max_steps

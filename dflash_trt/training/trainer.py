@@ -443,10 +443,14 @@ def check_prompt_window(prompt_lens: list[int], max_seq_len: int) -> None:
 
 def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
           time_limit_s: float | None = None, max_steps: int | None = None, progress: bool = True,
-          budget_s: float | None = None) -> TrainState:
+          budget_s: float | None = None, init: str | None = None) -> TrainState:
     """Train `drafter` in place on `data`, checkpointing into `run_dir`.
 
     Args:
+        init: how the drafter's weights were started (train-drafter's --init: "target", "random" or the absolute
+            path of the drafter fine-tuned), recorded in the checkpoint: a resume from another start is refused
+            (its weights are the checkpoint's either way, but its training.json would record the wrong lineage).
+            None records nothing and checks nothing.
         budget_s: fit the schedule to this many seconds of training: after `BUDGET_PROBE_STEPS`
             timed steps, the total step count becomes min(epochs' count, the steps that fit in
             what is left of the budget), so warmup + cosine decay end inside the budget instead of
@@ -462,7 +466,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
     Raises:
         DFlashError: run_dir holds a checkpoint but resume is False, or none but resume is True;
             the checkpoint was made with another TrainConfig, data size or drafter (shape, target
-            layer ids, mask token id); no sample has a response of 2+ tokens (within max_seq_len + 1 tokens:
+            layer ids, mask token id, `init`); no sample has a response of 2+ tokens (within max_seq_len + 1 tokens:
             `_check_trainable`, which also warns about the samples without one).
         TrainingInterrupted: Ctrl-C (a KeyboardInterrupt) during training; it names the step and
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
@@ -501,6 +505,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         saved_mask, own_mask = ck.get("mask_token_id"), drafter.config.mask_token_id
         if saved_mask is not None and saved_mask != own_mask:  # no shape shows it: the weights learned that token's row
             differ.append(f"mask token id (--mask-token-id) {saved_mask} -> {own_mask}")
+        if ck.get("init") is not None and init is not None and ck["init"] != init:
+            differ.append(f"init (--init) {ck['init']} -> {init}")
         differ += [d for d in _shape_differences({k: tuple(v.shape) for k, v in ck["drafter"].items()},
                                                  {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
                    if saved_ids is None or "--target-layer-ids" not in d]
@@ -520,7 +526,7 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state),
                       "config": asdict(cfg), "num_samples": n,
                       "target_layer_ids": list(drafter.config.target_layer_ids),
-                      "mask_token_id": drafter.config.mask_token_id}, ckpt_path)
+                      "mask_token_id": drafter.config.mask_token_id, "init": init}, ckpt_path)
         checkpoint_step = state.step
 
     def save_best() -> None:

@@ -531,6 +531,26 @@ def test_resume_with_another_mask_token_id_is_refused(tmp_path, target_with_toke
     assert res.exit_code == 0, res.output + repr(res.exception)
 
 
+def test_resume_from_another_init_is_refused(tmp_path, target_with_tokenizer):
+    """--resume with another --init (random -> target): refused naming the flag and both (the weights would be the
+    checkpoint's, but training.json recorded the new --init as the run's start, and the copy from the target ran
+    for nothing)."""
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 8)), "--work-dir", str(work),
+            "--out", str(out), "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--max-new-tokens", "8",
+            "--target-layer-ids", "0,1", "--mask-token-id", str(MASK), "--max-steps", "2"]
+    res = _run(args + ["--init", "random"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    res = _run(args + ["--init", "target", "--resume"])
+    assert res.exit_code == 1 and isinstance(res.exception, DFlashError), res.output + repr(res.exception)
+    assert str(res.exception) == (
+        f"{work / 'run' / 'checkpoint.pt'} was made with other training settings or data (init (--init) random -> "
+        "target); resume with the settings it was started with, or remove it to start over")
+    res = _run(args + ["--init", "random", "--resume"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert json.loads((out / "training.json").read_text())["init"]["mode"] == "random"
+
+
 def assert_resumed_equals_straight(out, straight, steps: int) -> None:
     """The export at `out` (an interrupted run, resumed) has the weights of the uninterrupted run's at
     `straight`, bit for bit, and its training.json says it finished all `steps`."""
