@@ -4,7 +4,9 @@ Written last by `dflash-trt build`; read and verified by `load_manifest` before 
 bundle (`dflash-trt generate --bundle`). Verification fails with a `BundleError` naming the file
 when a listed file is missing or its sha256 differs (`load_bundle`: a file it loads; the others only warn), when the manifest comes from a newer schema
 than this dflash-trt understands, and when it was edited into something the build does not write (not an
-object, `files` or a model path missing or malformed: `malformed`). Files added to a bundle after the build are not checked.
+object, `files` or a model path missing or malformed: `malformed`). Files added to a bundle after the build are not
+checked, except in the folders `load_bundle` loads (the target, drafter and tokenizer folders): their loaders read
+every file there (any `*.safetensors`, tokenizer and config files), so a file the manifest does not list is an error.
 """
 
 from __future__ import annotations
@@ -153,11 +155,14 @@ def verify_files(root: Path, manifest: dict, loaded: list[Path] | None = None) -
 
     `loaded`: the folders under `root` whose files the caller loads (`dflash_trt.api.load_bundle`: the target,
     drafter and tokenizer folders); problems there raise, those of other files (a tuned trtllm/serve.yaml) are
-    returned ("altered trtllm/serve.yaml", "missing ...") for a warning. None: every file raises.
+    returned ("altered trtllm/serve.yaml", "missing ...") for a warning. A file directly in a `loaded` folder that
+    the manifest does not list raises too: the loaders read every file there (an added `*.safetensors` overrides
+    the verified weights, an added tokenizer file changes the tokenizer); hidden files other than `*.safetensors`
+    (.DS_Store), which none reads, are left alone. None: every listed file raises.
 
     Raises:
-        BundleError: listing every missing or altered file (in `loaded`); `files` missing or not {path: {sha256,
-            ...}}.
+        BundleError: listing every missing or altered file (in `loaded`) and every unlisted file in `loaded`;
+            `files` missing or not {path: {sha256, ...}}.
     """
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
@@ -175,10 +180,20 @@ def verify_files(root: Path, manifest: dict, loaded: list[Path] | None = None) -
             (problems if mine else others).append(
                 f"altered file {rel} (sha256 {sha256_file(p)[:12]}... != manifest {entry['sha256'][:12]}...)" if mine
                 else f"altered {rel}")
+    for folder in dict.fromkeys(loaded or ()):  # the target folder is also the tokenizer's: once
+        for p in sorted(folder.iterdir()) if folder.is_dir() else ():
+            rel = p.relative_to(root).as_posix()
+            hidden = p.name.startswith(".") and not p.name.endswith(".safetensors")  # .DS_Store; the weights' glob
+            if p.is_file() and rel not in files and not hidden:  # reads hidden *.safetensors too
+                problems.append(f"unlisted file {rel} (added since the build; dflash-trt would load it)")
     if problems:
-        altered = any(x.startswith("altered") for x in problems)
+        added = [x for x in problems if x.startswith("unlisted")]
+        edited = [x for x in problems if x.startswith("altered")]
+        fix = ", ".join((["restore the files"] if len(added) < len(problems) else [])
+                        + (["remove the unlisted files"] if added else []))
+        kept = " and ".join((["edited"] if edited else []) + (["added"] if added else []))
         raise BundleError(f"bundle {root} failed verification: " + "; ".join(problems)
-                          + ". Restore the files, or rebuild: `dflash-trt build --out NEW_FOLDER`"
-                          + (" (`build --force` over this bundle keeps edited files: move them away first)"
-                             if altered else ""))
+                          + f". {fix[0].upper()}{fix[1:]}, or rebuild: `dflash-trt build --out NEW_FOLDER`"
+                          + (f" (`build --force` over this bundle keeps {kept} files: move them away first)"
+                             if kept else ""))
     return others

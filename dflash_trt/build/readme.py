@@ -151,7 +151,8 @@ def bundle_readme(manifest: dict) -> str:
         "## Files",
         "",
         "- manifest.json: how this bundle was made and the sha256 of every file (checked before dflash-trt loads it; "
-        "files added later are not checked: keep other outputs out of this folder).",
+        "a file added later to the folders it loads is refused, elsewhere not checked: keep other outputs out of this "
+        "folder).",
         "- trtllm/target/: the target, a ModelOpt unified HF checkpoint, and the tokenizer.",
         "- trtllm/drafter/: the drafter TensorRT-LLM loads (z-lab format over the full target vocabulary, not "
         "quantized).",

@@ -248,6 +248,36 @@ def test_files_the_runtime_does_not_load_may_change(bundle, monkeypatch, capsys)
         load_bundle(bundle)
 
 
+
+def test_a_file_added_to_a_loaded_folder_is_refused(bundle):
+    """The loaders read every file of the target, drafter and tokenizer folders: a `*.safetensors` added there
+    (e.g. an "updated" layer) silently replaced the verified weights, and generate --bundle ran it. Such a file,
+    unlisted in the manifest, fails verification by name; one added elsewhere (notes beside serve.yaml) does not."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.api import load_bundle
+
+    key = "model.layers.0.mlp.down_proj.weight"
+    weights = load_file(bundle / "trtllm/target/model.safetensors")
+    save_file({key: torch.zeros_like(weights[key])}, bundle / "trtllm/target/.zz-update.safetensors")  # glob reads it
+    (bundle / "trtllm/drafter/added_tokens.json").write_text('{"<extra>": 49152}')
+    with pytest.raises(BundleError) as exc:
+        load_bundle(bundle, load_drafter_model=False)
+    drafter = load_manifest(bundle, verify=False)["models"]["drafter"]["path"]
+    unlisted = ["trtllm/target/.zz-update.safetensors"] + (["trtllm/drafter/added_tokens.json"]
+                                                          if drafter == "trtllm/drafter" else [])
+    assert str(exc.value) == (f"bundle {bundle} failed verification: "
+                              + "; ".join(f"unlisted file {f} (added since the build; dflash-trt would load it)"
+                                          for f in unlisted)
+                              + ". Remove the unlisted files, or rebuild: `dflash-trt build --out NEW_FOLDER` "
+                              "(`build --force` over this bundle keeps added files: move them away first)")
+    (bundle / "trtllm/target/.zz-update.safetensors").unlink()
+    (bundle / "trtllm/drafter/added_tokens.json").unlink()
+    (bundle / "trtllm/notes.txt").write_text("tuned on node 7\n")  # not in a folder dflash-trt loads
+    (bundle / "trtllm/target/.DS_Store").write_bytes(b"")  # hidden, read by no loader
+    assert load_bundle(bundle, load_drafter_model=False).warnings == []
+
 def leftovers(parent, name):
     return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
 
