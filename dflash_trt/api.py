@@ -148,6 +148,9 @@ class Pipeline:
                 raise InvalidRequestError('message is an empty list; give a conversation of at least one {"role": '
                                           '"user", "content": "<text>"} message, or the text of one')
         else:
+            if not isinstance(message, str):
+                raise InvalidRequestError(f'message must be a str (one user message) or a list of {{"role", "content"}} '
+                                          f"messages, got {type(message).__name__}")
             check_text(message, "message")
             messages = [{"role": "user", "content": message}]
         return encode_prompt(self.tokenizer, messages, f"the target at {self.target_path}")

@@ -140,8 +140,9 @@ def test_tau_and_acceptance_rate_of_decoded_requests(engine):
 
 
 def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
-    """Pipeline.encode / encode_chat of a non-str or of text holding a lone surrogate: InvalidRequestError naming
-    the argument (the tokenizer's own error was a TypeError about 'TextEncodeInput')."""
+    """Pipeline.encode / encode_chat of a non-str (encode_chat: nor a list of messages) or of text holding a lone
+    surrogate: InvalidRequestError naming the argument (the tokenizer's own error was a TypeError about
+    'TextEncodeInput')."""
     from dflash_trt.api import Pipeline, load_tokenizer
 
     pipe = Pipeline(engine=None, tokenizer=load_tokenizer(smollm2_path), target_path=smollm2_path, drafter_path=None)
@@ -151,9 +152,13 @@ def test_pipeline_encode_names_text_a_tokenizer_cannot_take(smollm2_path):
             method("x\ud800")
         assert str(exc.value) == (f"{name} holds an unpaired surrogate (U+D800) at character 2, which is not a "
                                   "character; give valid Unicode text")
-        with pytest.raises(InvalidRequestError) as exc:
-            method([1, 2])
-        assert str(exc.value) == f"{name} must be a str, got list"
+    with pytest.raises(InvalidRequestError, match="^text must be a str, got list$"):
+        pipe.encode([1, 2])
+    with pytest.raises(InvalidRequestError, match=r'^message: message 1 is 1, not an object; give each message as \{'):
+        pipe.encode_chat([1, 2])  # a list is a conversation
+    with pytest.raises(InvalidRequestError, match=r'^message must be a str \(one user message\) or a list of '
+                                                  r'\{"role", "content"\} messages, got tuple$'):
+        pipe.encode_chat(("Hi",))
     assert pipe.decode(pipe.encode("Hi there")) == "Hi there" and pipe.decode([]) == ""
     ids = pipe.encode("Hi there")
     for same in (tuple(ids), np.array(ids), torch.tensor(ids), [np.int64(t) for t in ids]):
