@@ -109,6 +109,9 @@ class _Request:
     penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
     stop_text: StopText | None = None  # params.stop: its text so far, checked for the stop strings
     stop_reason: int | str | None = None  # the stop token of params.stop_token_ids or the stop string that ended it
+    # the stop tokens a stop_reason names: params.stop_token_ids, less the target's EOS ids unless ignore_eos (an EOS
+    # ends an output with stop_reason None however it was asked for, as in vLLM and serve)
+    named_stops: frozenset[int] = frozenset()
 
     def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
@@ -136,7 +139,7 @@ class _Request:
             self.out.append(tok)
             if tok in self.stop_ids:
                 self.finish_reason = "stop"
-                if self.params.stop_token_ids is not None:  # a token asked for; the target's EOS ids (default): None
+                if tok in self.named_stops:  # a token asked for; the target's EOS ids: None
                     self.stop_reason = tok
             elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
                 self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
@@ -288,7 +291,8 @@ class Engine:
         return _Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties,
-                        stop_text=stop_text)
+                        stop_text=stop_text, named_stops=frozenset(params.stop_token_ids or ()).difference(
+                            () if params.ignore_eos else self.eos_token_ids))
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,

@@ -81,7 +81,8 @@ class GenerationResult:
     (`dflash_trt.api`), and by the engine for a request with stop strings (`SamplingParams.stop`: cut before the
     one that ended it, whose last token ends token_ids); None from `Engine.generate` otherwise. stop_reason (vLLM's
     and TensorRT-LLM's): the stop string (`SamplingParams.stop`) or the token of `SamplingParams.stop_token_ids`
-    that ended the output; None when it ended otherwise, at the target's EOS ids included.
+    that ended the output; None when it ended otherwise, at the target's EOS ids included (given in stop_token_ids too,
+    unless ignore_eos).
     """
 
     token_ids: list[int]

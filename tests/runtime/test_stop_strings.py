@@ -89,6 +89,13 @@ def test_stop_reason_names_a_stop_token_asked_for_and_not_the_eos(poem):
     assert eos.finish_reason == "stop" and eos.token_ids[-1] in pipe.engine.eos_token_ids and eos.stop_reason is None
     [cut] = pipe.generate([prompt], SamplingParams(max_tokens=4))
     assert cut.finish_reason == "length" and cut.stop_reason is None
+    # the EOS among stop_token_ids given explicitly is still an EOS (vLLM's and serve's None), unless ignore_eos:
+    # then it is a stop token like any other
+    own = [eos.token_ids[-1], ref[40]]
+    for ignore_eos, reason in ((False, None), (True, eos.token_ids[-1])):
+        [again] = pipe.generate([pipe.encode_chat("What is the capital of France? Answer in one sentence.")],
+                                SamplingParams(max_tokens=40, stop_token_ids=own, ignore_eos=ignore_eos))
+        assert again.token_ids == eos.token_ids and again.finish_reason == "stop" and again.stop_reason == reason
 
 
 def test_an_engine_without_a_tokenizer_refuses_stop_strings(poem):
