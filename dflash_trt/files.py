@@ -68,6 +68,48 @@ def files_as_one_set(folder: Path, names: tuple[str, ...], prefix: str = ".resul
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (created if missing) while the block runs: a second process asking for it
+    meanwhile fails at once instead of writing the same files (two train-drafter runs given one --out or
+    --work-dir, whose data shards and checkpoints would interleave). The lock is an `fcntl.flock` on
+    `folder/.lock`, which records the holder's process id; the operating system releases it when the holder exits,
+    however it ends (a crash, kill -9), so a stale lock file never blocks a later run.
+
+    Args:
+        folder: the folder to hold.
+        what: what holds it, for the error ("drafter training").
+    Raises:
+        ConfigError: another process holds it (named with its process id, and the fix: wait for it, or give
+            another folder).
+    """
+    import fcntl
+
+    from dflash_trt.errors import ConfigError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(f"{folder} is in use by another {what} (process {holder}): two runs writing it would mix "
+                              "their files; wait for that one to end, or give this run another folder "
+                              "(train-drafter: --out or --work-dir)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 def _fsync_dir(folder: Path) -> None:
     """fsync `folder` (a rename in it is durable once this returns); a no-op where directories cannot
     be opened (Windows)."""

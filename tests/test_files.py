@@ -87,3 +87,42 @@ def test_reports_are_written_as_one_set(tmp_path, monkeypatch, writer):
     monkeypatch.setattr(module, attr, real)
     write({**content, "run": 3}, out)
     assert json.loads((out / main).read_text())["run"] == 3
+
+
+HOLD = ("import sys, time\nfrom pathlib import Path\nfrom dflash_trt.files import folder_lock\n"
+        "with folder_lock(Path(sys.argv[1]), 'test run'):\n    print('held', flush=True)\n    time.sleep(120)\n")
+
+
+def hold_in_another_process(folder: Path):
+    """A process holding `folder_lock(folder)` until killed (returned once it holds it)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_folder_held_by_another_process_is_refused_naming_it_and_freed_when_it_dies(tmp_path):
+    """folder_lock: a second holder fails at once naming the first's process id and the fix; once the first is
+    killed (SIGKILL: no cleanup ran) the folder is free again, its stale .lock file notwithstanding; in one process
+    the lock is free again after the block, an exception included."""
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.files import folder_lock
+
+    folder = tmp_path / "work" / "run"
+    proc = hold_in_another_process(folder)
+    try:
+        with pytest.raises(ConfigError, match=rf"{folder} is in use by another drafter training \(process {proc.pid}\)"
+                                              r".*wait for that one to end, or give this run another folder"):
+            with folder_lock(folder, "drafter training"):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (folder / ".lock").is_file()
+    with pytest.raises(RuntimeError):
+        with folder_lock(folder, "drafter training"):
+            raise RuntimeError("inside")
+    with folder_lock(folder, "drafter training"):
+        assert (folder / ".lock").read_text() == f"{os.getpid()}\n"

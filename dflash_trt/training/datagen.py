@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.files import atomic_write, read_json, read_torch, write_json_atomic
+from dflash_trt.files import atomic_write, folder_lock, read_json, read_torch, write_json_atomic
 from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.sampling import SamplingParams
 
@@ -115,9 +115,18 @@ def generate_dataset(engine: Engine, prompt_ids: list[list[int]], out_dir: str |
         this call plus those recorded earlier in the manifest).
     Raises:
         DFlashError: `out_dir` holds a cache made with other settings.
+        ConfigError: another process is writing `out_dir` (`dflash_trt.files.folder_lock`).
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "training data generation"):
+        return _generate_dataset(engine, prompt_ids, out, layer_ids, max_new_tokens, batch_size, settings, progress,
+                                 max_samples)
+
+
+def _generate_dataset(engine: Engine, prompt_ids: list[list[int]], out: Path, layer_ids: tuple[int, ...],
+                      max_new_tokens: int, batch_size: int, settings: dict | None, progress: bool,
+                      max_samples: int | None) -> DataStats:
+    """`generate_dataset`, with out_dir locked."""
     manifest_path = out / "manifest.json"
     settings = dict(settings or {}, layer_ids=list(layer_ids), max_new_tokens=max_new_tokens,
                     batch_size=batch_size, num_prompts=len(prompt_ids))

@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_trt.errors import DFlashError, TrainingInterrupted
-from dflash_trt.files import atomic_write, read_torch
+from dflash_trt.files import atomic_write, folder_lock, read_torch
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.training.objective import (block_inputs, block_loss, cosine_lr, decay_weights, default_gamma,
                                            decode_walk_steps, drafter_block_hidden, sample_anchors)
@@ -472,13 +472,21 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             the last checkpoint, which is complete (checkpoints and best.pt are written to a
             temporary file, fsynced and renamed over the old one; best.pt after the checkpoint
             that names it).
+        ConfigError: another process is training into run_dir (`dflash_trt.files.folder_lock`).
     """
     t_call = time.perf_counter()  # what time_limit_s is measured from (never reset)
     run = Path(run_dir)
-    ckpt_path = run / CHECKPOINT
-    if resume and not ckpt_path.is_file():
+    if resume and not (run / CHECKPOINT).is_file():
         raise DFlashError(f"nothing to resume in {run} (no {CHECKPOINT}); run without --resume to start")
-    run.mkdir(parents=True, exist_ok=True)
+    with folder_lock(run, "drafter training"):
+        return _train(drafter, data, cfg, run, resume, time_limit_s, max_steps, progress, budget_s, init, t_call)
+
+
+def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path, resume: bool,
+           time_limit_s: float | None, max_steps: int | None, progress: bool, budget_s: float | None,
+           init: str | None, t_call: float) -> TrainState:
+    """`train`, with run_dir locked."""
+    ckpt_path = run / CHECKPOINT
     n = len(data)
     if n == 0 or not any(len(t) - p >= 2 for t, p in zip(data.tokens, data.prompt_len)):
         raise DFlashError("no training sample has a response of at least 2 tokens; check the prompts and data")

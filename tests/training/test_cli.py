@@ -606,7 +606,7 @@ def test_ctrl_c_says_where_to_resume_and_the_resumed_run_equals_an_uninterrupted
             f"training interrupted (Ctrl-C) at step 4/8; the last checkpoint is step 3 "
             f"({work / 'run' / 'checkpoint.pt'}): rerun the same command with --resume to continue from it")
         assert "Traceback" not in res.output and not out.exists()
-        assert sorted(p.name for p in (work / "run").iterdir()) == ["checkpoint.pt"]
+        assert sorted(p.name for p in (work / "run").iterdir()) == [".lock", "checkpoint.pt"]  # .lock: folder_lock
         assert torch.load(work / "run" / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
         monkeypatch.setattr(trainer, "_batch_loss", real)
         res = run(out, work, "--resume")
@@ -702,7 +702,7 @@ def test_ctrl_c_or_sigterm_in_data_generation_keeps_the_finished_shards(tmp_path
                                            f"{work / 'data'} are kept: rerun the same command to continue")
     manifest = json.loads((work / "data" / "manifest.json").read_text())
     assert list(manifest["shards"]) == ["shard-00000.pt"] and "complete" not in manifest
-    assert sorted(p.name for p in (work / "data").iterdir()) == ["manifest.json", "shard-00000.pt"]
+    assert sorted(p.name for p in (work / "data").iterdir()) == [".lock", "manifest.json", "shard-00000.pt"]
     first = (work / "data" / "shard-00000.pt").stat().st_mtime_ns
     monkeypatch.setattr(Engine, "generate", real)
     res = _run(args)
@@ -1031,3 +1031,31 @@ def test_check_warns_when_the_drafter_was_trained_for_another_target(tmp_path, t
     assert [line.split(":")[1] for line in cli_run.stderr.splitlines()] == [" unfinished", " training target",
                                                                           " mask token"]  # --max-steps 1; MASK is text
     assert cli_run.stdout == f"ok: the drafter fits the target (3 warnings): target {sibling}, drafter {out}\n"
+
+
+@pytest.mark.parametrize("phase", ["data", "run"])
+def test_a_second_run_on_the_same_work_dir_is_refused_while_the_first_holds_it(tmp_path, target_with_tokenizer, phase):
+    """Two train-drafter runs given one --out share its work dir: while one holds the data cache (generating) or
+    the run folder (training), the other stops with an error naming the folder, the process and the fix, and writes
+    no shard or checkpoint into it."""
+    from tests.test_files import hold_in_another_process
+
+    work = tmp_path / "d.work"
+    args = ["--target", str(target_with_tokenizer), "--out", str(tmp_path / "d"), "--prompts", str(_prompts(tmp_path, 2)),
+            "--target-layer-ids", "0,1", "--max-new-tokens", "4", "--mask-token-id", str(MASK), "--epochs", "1"]
+    if phase == "run":  # the data cache made first, so the second run gets to training
+        assert _run(args + ["--data-only"]).exit_code == 0
+    proc = hold_in_another_process(work / phase)
+    try:
+        res = _run(args)
+    finally:
+        proc.kill()
+        proc.wait()
+    msg = str(res.exception)
+    assert isinstance(res.exception, ConfigError), repr(res.exception)
+    assert f"{work / phase} is in use by another" in msg and f"(process {proc.pid})" in msg
+    assert "give this run another folder (train-drafter: --out or --work-dir)" in msg
+    assert not (tmp_path / "d").exists() and not (work / "run" / "checkpoint.pt").exists()
+    if phase == "data":
+        assert not list((work / "data").glob("shard-*"))
+    assert _run(args).exit_code == 0  # the first gone, the same command runs

@@ -12,7 +12,7 @@ import torch
 
 from tests.training.conftest import EOS, MASK
 from dflash_trt import files
-from dflash_trt.files import atomic_write, write_json_atomic
+from dflash_trt.files import LOCK_FILE, atomic_write, write_json_atomic
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.runtime.engine import Engine
@@ -124,5 +124,5 @@ def test_checkpoints_and_shards_are_fsynced(tmp_path, monkeypatch, tiny_target, 
     ckpt = run / CHECKPOINT
     assert (ckpt.stat().st_ino, False) in {(ino, is_dir) for ino, is_dir, _, _ in syncs.calls}
     assert (run.stat().st_ino, True) in {(ino, is_dir) for ino, is_dir, _, _ in syncs.calls}
-    assert [p.name for p in run.iterdir()] == [CHECKPOINT]
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, CHECKPOINT]  # folder_lock's .lock
     assert torch.load(ckpt, weights_only=False)["state"]["step"] == 1

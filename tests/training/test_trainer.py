@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.training.conftest import DATA_LAYERS, EOS, MASK
+from dflash_trt.files import LOCK_FILE
 from dflash_trt.errors import DFlashError, TrainingInterrupted
 from dflash_trt.models.checkpoints import new_drafter_config
 from dflash_trt.models.drafter import DFlashDrafter
@@ -348,7 +349,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
         assert isinstance(exc.value, KeyboardInterrupt) and not exc.value.terminated
         assert (exc.value.step, exc.value.total_steps, exc.value.checkpoint_step) == (6, ref.total_steps, 3)
         assert str(exc.value).startswith(f"training interrupted at step 6/{ref.total_steps}; last checkpoint: step 3")
-        assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, BEST, CHECKPOINT]
         assert torch.load(run / CHECKPOINT, weights_only=False)["state"]["step"] == 3
         interrupt_when(lambda f, obj: f.name.startswith(".best.pt.") and obj["step"] == later[0], Terminated)
         with pytest.raises(TrainingInterrupted) as exc:  # SIGTERM (kill, Slurm), as terminate_as_interrupt raises it
@@ -372,7 +373,7 @@ def test_ctrl_c_keeps_the_last_complete_checkpoint_and_best(tmp_path, tiny_targe
     assert best["step"] == ref_best["step"] == ref.best_step
     for k, w in ref_best["drafter"].items():
         assert torch.equal(w, best["drafter"][k]), k
-    assert sorted(p.name for p in run.iterdir()) == [BEST, CHECKPOINT]
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, BEST, CHECKPOINT]
 
 
 def test_prompts_that_fill_max_seq_len_are_named_not_trained_as_zero_loss(tmp_path, tiny_target, tiny_samples, capsys):
