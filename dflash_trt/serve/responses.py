@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.serve.protocol import ChatCompletionRequest, refuse_unless_off
+from dflash_trt.serve.tools import unknown_field
 
 #: responses kept for GET and previous_response_id (the oldest are dropped first), and the bytes of JSON they may
 #: hold in all (their outputs, echoed fields and conversations)
@@ -399,12 +400,17 @@ def check_tool_results(conversation: list[dict]) -> None:
                                   '"function_call_output", "call_id": ..., "output": "..."})', param="input")
 
 
+#: the fields of a Responses function tool (OpenAI's; another is refused, naming it)
+RESPONSES_TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
+
+
 def chat_tools(tools: list | None) -> list[dict] | None:
     """Responses' function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) as chat's
     (`{"type": "function", "function": {...}}`; their names and schemas are checked there).
 
     Raises:
-        InvalidRequestError (param "tools"): a tool of another type (a built-in tool).
+        InvalidRequestError (param "tools"): a tool of another type (a built-in tool), a field a function tool does
+            not have (`RESPONSES_TOOL_FIELDS`).
     """
     if tools is None:
         return None
@@ -419,6 +425,9 @@ def chat_tools(tools: list | None) -> list[dict] | None:
             raise InvalidRequestError(f'tools[{i}] is in chat\'s form ({{"type": "function", "function": {{...}}}}); '
                                       'a Responses function tool has its fields at the top: {"type": "function", '
                                       '"name": ..., "parameters": {...}}', param="tools")
+        unknown = unknown_field(t, RESPONSES_TOOL_FIELDS)
+        if unknown:  # named here, in Responses' form (chat's check would call it a field of the function)
+            raise InvalidRequestError(f"tools[{i}] has the {unknown}", param="tools")
         out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
     return out
 

@@ -37,6 +37,7 @@ holding back text that could begin one).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import uuid
@@ -222,11 +223,28 @@ def required_schema(tools: tuple[dict, ...], parallel: bool = True) -> dict:
     return schema if parallel else {**schema, "maxItems": 1}
 
 
+#: the fields of a chat function tool and of its function (OpenAI's; another field is refused, naming it)
+TOOL_FIELDS = ("type", "function")
+FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+
+
+def unknown_field(given: dict, known: tuple[str, ...]) -> str:
+    """For the first key of `given` not in `known`: "field 'K', which a function tool does not take (it takes
+    ...); did you mean 'F'?" (the closest known name, when one is close); "" when every key is known."""
+    unknown = next((str(k) for k in given if k not in known), None)
+    if unknown is None:
+        return ""
+    close = difflib.get_close_matches(unknown, known, n=1)
+    return (f"field {unknown!r:.60}, which a function tool does not take (it takes {', '.join(known)})"
+            + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
 def _check_tools(tools) -> tuple[dict, ...]:
     """`tools` as (name, description, parameters) dicts of its functions.
 
     Raises:
-        InvalidRequestError (param "tools"): not a list of function tools, a bad or repeated name, parameters that
+        InvalidRequestError (param "tools"): not a list of function tools, a field a function tool does not have
+            (`TOOL_FIELDS`, `FUNCTION_FIELDS`: "paramters" is named, not dropped), a bad or repeated name, parameters that
             are not a JSON schema of type object, or keywords guided decoding refuses (`check_schema`; the schemas
             are compiled by `ToolCalling.compile`).
     """
@@ -240,6 +258,10 @@ def _check_tools(tools) -> tuple[dict, ...]:
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
             raise bad(f'tool {i} is not {{"type": "function", "function": {{...}}}} (the only tool type supported)')
         fn = tool["function"]
+        for where, given, known in (("", tool, TOOL_FIELDS), ("function ", fn, FUNCTION_FIELDS)):
+            unknown = unknown_field(given, known)
+            if unknown:  # a misspelt "parameters" would have dropped the schema without a word
+                raise bad(f"tool {i} has the {where}{unknown}")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise bad(f"tool {i} has the name {name!r}; a function name is 1 to 64 of a-z, A-Z, 0-9, _ and -")

@@ -432,6 +432,9 @@ def test_reasoning_items(smollm2_pipeline):
     ({"input": "Hi", "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice", '"name": "nope"'),
     ({"input": "Hi", "tools": [{"type": "function", "name": "messages", "parameters": {"type": "string"}}],
       "tool_choice": "required"}, 400, "tools", "'messages'"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f", "paramters": {"type": "object"}}]}, 400, "tools",
+     "tools[0] has the field 'paramters', which a function tool does not take (it takes type, name, description, "
+     "parameters, strict); did you mean 'parameters'?"),
 ])
 def test_bad_requests_name_the_field(served, body, status, param, words):
     base, _, _ = served

@@ -411,6 +411,16 @@ def bad(fn_name="get_weather", **fn):
     ({"tools": bad(description="\ud800"), "tool_choice": "none"}, "tools", "tools (a tool's text) holds"),
     ({"tools": bad(strict="yes"), "tool_choice": "none"}, "tools",
      "tool 'get_weather' has strict \"yes\"; give true, false or null"),
+    # a misspelt field was dropped: "paramters" left the function without its schema, and no word said so
+    ({"tools": bad(paramters={"type": "object"}), "tool_choice": "auto"}, "tools",
+     "tools: tool 0 has the function field 'paramters', which a function tool does not take (it takes name, "
+     "description, parameters, strict); did you mean 'parameters'?"),
+    ({"tools": [{**WEATHER, "fuction": {}}], "tool_choice": "auto"}, "tools",
+     "tool 0 has the field 'fuction', which a function tool does not take (it takes type, function); did you mean "
+     "'function'?"),
+    ({"tools": [WEATHER, *bad("get_time", examples=[])], "tool_choice": "none"}, "tools",
+     "tool 1 has the function field 'examples', which a function tool does not take (it takes name, description, "
+     "parameters, strict)"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(server, client, body, param, message):
     r = httpx.post(server[0] + "/v1/chat/completions", timeout=60, headers={"Content-Type": "application/json"},
