@@ -32,6 +32,9 @@ SOURCE = CSRC / "kv_inject.cu"
 NAME = "dflash_trt_cuda_ops"
 #: `dflash_kv_inject`'s dtype codes (csrc/kv_inject.cu)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+#: the kernel's limits (csrc/kv_inject.cu's `inject`): one thread per RoPE pair (1024 a block), the grid's y / z
+#: (layers, KV heads) and x (tokens)
+MAX_HEAD_DIM, MAX_GRID_YZ, MAX_TOKENS = 2048, 65535, 2**31 - 1
 
 
 def find_nvcc() -> str | None:
@@ -174,12 +177,25 @@ def kv_inject_cuda(kv: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torc
         [n, c, D], cache [2, L, B, H, cap, D] (written in place), rows int64 [n], positions int64 [n, c].
     Raises:
         RuntimeError: a dtype, device, shape or layout the kernel does not take (names it:
-            `dflash_trt.ops.check_kv_inject_args`), or a CUDA launch error. A row or position outside the
-            cache is a device-side assertion (asynchronous, as in torch's own indexing).
+            `dflash_trt.ops.check_kv_inject_args`), a shape over the kernel's limits (`MAX_HEAD_DIM`,
+            `MAX_GRID_YZ` layers or KV heads, `MAX_TOKENS`; named), or a CUDA launch error. A call with
+            nothing to write (no tokens, or L, H or D of 0) returns at once, as the CPU kernel does.
+        IndexError: tokens for a cache with no rows or no slots. Another row or position outside the cache
+            is a device-side assertion (asynchronous, as in torch's own indexing).
         ConfigError: the library cannot be built here.
     """
     n, c, L, B, H, cap, D = check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions,
                                                   tuple(DTYPE_CODES))
+    if n * c == 0 or L * H * D == 0:
+        return  # nothing to write, as in the CPU kernel (the C entry point refuses L, H or D of 0)
+    if D > MAX_HEAD_DIM or L > MAX_GRID_YZ or H > MAX_GRID_YZ or n * c > MAX_TOKENS:
+        raise RuntimeError(f"kv_inject: the CUDA kernel takes head_dim <= {MAX_HEAD_DIM} (one thread per RoPE pair), "
+                           f"at most {MAX_GRID_YZ} layers and {MAX_GRID_YZ} KV heads and at most {MAX_TOKENS} tokens "
+                           f"(its grid's limits), got head_dim {D}, {L} layers, {H} KV heads and {n * c} tokens: "
+                           "inject with the PyTorch path instead (without --cuda-kernels)")
+    if B == 0 or cap == 0:  # every row or position is outside the cache: named here, not a device-side assertion
+        raise IndexError(f"kv_inject: the cache [2, L, B, H, cap, D] = {list(cache.shape)} has no "
+                         f"{'rows' if B == 0 else 'slots'} for {n * c} tokens")
     dev = cache.device
     lib = _library(device_arch(dev))
     with torch.cuda.device(dev):

@@ -204,6 +204,33 @@ def test_python_side_names_bad_tensors():
             cuda_ops.kv_inject_cuda(**{**good, name: value})
 
 
+def test_python_side_names_the_kernel_limits_and_skips_empty_work(monkeypatch):
+    """A head_dim over 2048 or more than 65535 layers / KV heads reached the C entry point, which refused it with
+    "the CUDA launch failed: invalid argument", and a call with nothing to write but L, H or D of 0 (a no-op on the
+    CPU) failed the same way; a cache with no rows or slots for its tokens was a device-side assertion. Now the limit
+    is named before the library is touched, empty work returns at once and an empty cache is an IndexError."""
+    def no_library(arch):
+        raise AssertionError("the library was reached")
+
+    monkeypatch.setattr(cuda_ops, "_library", no_library)
+
+    def args(L=1, B=1, H=1, cap=4, D=4, n=1, c=1):
+        return dict(kv=torch.zeros(n, c, L * 2 * H * D), k_norm=torch.ones(L, D), eps=1e-6, cos=torch.zeros(n, c, D),
+                    sin=torch.zeros(n, c, D), cache=torch.zeros(2, L, B, H, cap, D),
+                    rows=torch.zeros(n, dtype=torch.long), positions=torch.zeros(n, c, dtype=torch.long))
+
+    for shape in (dict(D=4096), dict(L=65536, D=2), dict(H=65536, D=2)):
+        with pytest.raises(RuntimeError, match=r"^kv_inject: the CUDA kernel takes head_dim <= 2048 .*65535 layers "
+                                               r"and 65535 KV heads.*inject with the PyTorch path"):
+            cuda_ops.kv_inject_cuda(**args(**shape))
+    for shape in (dict(L=0), dict(H=0), dict(D=0), dict(n=0), dict(c=0), dict(n=0, B=0, cap=0)):
+        assert cuda_ops.kv_inject_cuda(**args(**shape)) is None
+    with pytest.raises(IndexError, match=r"^kv_inject: the cache .* has no rows for 1 tokens"):
+        cuda_ops.kv_inject_cuda(**args(B=0))
+    with pytest.raises(IndexError, match=r"^kv_inject: the cache .* has no slots for 2 tokens"):
+        cuda_ops.kv_inject_cuda(**args(cap=0, c=2))
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi", "--max-tokens", "2"], ["serve"],
                                      ["bench", "--num-prompts", "1"]])
 def test_cli_refuses_cuda_kernels_on_a_cpu(monkeypatch, capsys, tmp_path, command):
