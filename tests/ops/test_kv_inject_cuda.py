@@ -54,6 +54,24 @@ def test_compiles_for_hopper_and_blackwell_without_spills():
     assert spills and all(s == ("0", "0") for s in spills), spills
 
 
+@needs_nvcc
+def test_no_fused_multiply_add_so_each_product_is_rounded_as_torch_rounds_it(tmp_path):
+    """The reference (RMSNorm, then apply_rope) rounds every product and every sum on its own; nvcc contracted the
+    float32 kernel's RoPE `a * cos + b * sin` (and the sum of squares) into one fma, a single rounding, so K could
+    differ by half an ulp of the larger product, above the result's own ulp where the two cancel. The PTX of each
+    dtype's kernel now holds no fma.rn.f32 (the products and sums are __fmul_rn / __fadd_rn)."""
+    ptx = tmp_path / "kv_inject.ptx"
+    proc = subprocess.run([cuda_ops.find_nvcc(), "-O3", "-std=c++17", "-ptx", "-arch=sm_90", str(cuda_ops.SOURCE),
+                           "-o", str(ptx)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    bodies = re.split(r"\.entry ", ptx.read_text())[1:]
+    kernels = {re.search(r"kv_inject_kernelI(f|6__half|13__nv_bfloat16)E", b).group(1): b for b in bodies}
+    assert sorted(kernels) == ["13__nv_bfloat16", "6__half", "f"], list(kernels)
+    for name, body in kernels.items():
+        assert "fma.rn.f32" not in body, name
+        assert "mul.rn.f32" in body, name
+
+
 def call(lib, dtype=0, n=1, c=1, layers=1, heads=1, head_dim=64, stream=None):
     return lib.dflash_kv_inject(dtype, None, None, 1e-6, None, None, None, None, None, n, c, layers, 2, heads, 8,
                                 head_dim, stream)

@@ -77,8 +77,11 @@ __global__ void kv_inject_kernel(const T* __restrict__ kv, const T* __restrict__
   const float k1 = lane ? to_float<T>(k[d]) : 0.0f;
   const float k2 = lane ? to_float<T>(k[d + half]) : 0.0f;
 
-  // mean of squares over the head: warp shuffles, then one partial per warp through shared memory
-  float ss = k1 * k1 + k2 * k2;
+  // mean of squares over the head: warp shuffles, then one partial per warp through shared memory. Products and
+  // sums here and below are __fmul_rn / __fadd_rn: nvcc would otherwise contract a product and a sum into one fused
+  // multiply-add (one rounding where torch's separate ops round twice), which for float32 made K differ from the
+  // reference by up to half an ulp of the larger product, more than the result's own ulp where the two cancel.
+  float ss = __fadd_rn(__fmul_rn(k1, k1), __fmul_rn(k2, k2));
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   const int warps = (blockDim.x + 31) / 32;
   if (warps > 1) {
@@ -91,13 +94,13 @@ __global__ void kv_inject_kernel(const T* __restrict__ kv, const T* __restrict__
   if (!lane) return;
 
   const T* w = k_norm + l * D;
-  const float a = rnd<T>(to_float<T>(w[d]) * rnd<T>(k1 * inv));  // k_norm, first half
-  const float b = rnd<T>(to_float<T>(w[d + half]) * rnd<T>(k2 * inv));
+  const float a = rnd<T>(__fmul_rn(to_float<T>(w[d]), rnd<T>(__fmul_rn(k1, inv))));  // k_norm, first half
+  const float b = rnd<T>(__fmul_rn(to_float<T>(w[d + half]), rnd<T>(__fmul_rn(k2, inv))));
   const float* cr = cos + i * D;
   const float* sr = sin + i * D;
   // x * cos + rotate_half(x) * sin, each product and the sum rounded to T
-  const float out1 = rnd<T>(a * rnd<T>(cr[d])) + rnd<T>(-b * rnd<T>(sr[d]));
-  const float out2 = rnd<T>(b * rnd<T>(cr[d + half])) + rnd<T>(a * rnd<T>(sr[d + half]));
+  const float out1 = __fadd_rn(rnd<T>(__fmul_rn(a, rnd<T>(cr[d]))), rnd<T>(__fmul_rn(-b, rnd<T>(sr[d]))));
+  const float out2 = __fadd_rn(rnd<T>(__fmul_rn(b, rnd<T>(cr[d + half]))), rnd<T>(__fmul_rn(a, rnd<T>(sr[d + half]))));
 
   // cache strides: [2, L, B, H, cap, D]
   const int64_t s_head = cap * D, s_row = H * s_head, s_layer = B * s_row, s_kv = L * s_layer;
