@@ -89,10 +89,14 @@ def check_stops(stops: tuple[str, ...], field: str = "stop") -> tuple[str, ...]:
 class StreamOptions(BaseModel):
     """`stream_options`: include_usage adds a last chunk with `usage` and no choices (OpenAI); with it,
     continuous_usage_stats (vLLM's and trtllm-serve's extension, sent by load generators such as GuideLLM and
-    vLLM's `bench serve`) also gives every choice chunk the usage so far."""
+    vLLM's `bench serve`) also gives every choice chunk the usage so far.
+
+    As trtllm-serve's and vLLM's `StreamOptions` read them (TensorRT-LLM `tensorrt_llm/serve/openai_protocol.py`,
+    its use in `postprocess_handlers.py`): `include_usage` left out is true once `stream_options` is given (so
+    `{"continuous_usage_stats": true}` alone gives every chunk its usage, and `{}` the usage chunk); null is off."""
 
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = True  # null: off (their Optional[bool])
     continuous_usage_stats: StrictBool | None = False  # null: off (vLLM's Optional[bool])
 
 
@@ -148,9 +152,10 @@ class _Request(BaseModel):
 
     def unsupported(self) -> None:
         """Raises InvalidRequestError naming the first field set to something this runtime does not do, or
-        stream_options without stream (as OpenAI)."""
+        stream_options that set a field without stream (as OpenAI; an empty `{}` is taken, as trtllm-serve's and
+        vLLM's check, `data.get("stream_options") and not data.get("stream")`, takes it)."""
         refuse_unless_off(self, {k: v for k, v in UNSUPPORTED.items() if k not in self.honoured}, HINTS)
-        if self.stream_options is not None and not self.stream:
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise InvalidRequestError("stream_options is only allowed with stream: true")
 
     def stop_strings(self) -> tuple[str, ...]:

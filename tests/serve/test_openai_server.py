@@ -135,7 +135,8 @@ def test_stream_equals_non_stream(client):
 def test_continuous_usage_stats_count_each_choices_tokens_so_far(client, smollm2_pipeline):
     """stream_options.continuous_usage_stats (vLLM's and trtllm-serve's; GuideLLM sends it): every choice chunk
     carries its prompt's tokens and the tokens generated so far, whose text holds what was streamed; the closing
-    chunk has the choice's total. Without include_usage it changes nothing, as in vLLM."""
+    chunk has the choice's total. include_usage left out is true, as in vLLM and trtllm-serve (TensorRT-LLM
+    tensorrt_llm/serve/openai_protocol.py StreamOptions): continuous_usage_stats alone gives the usage too."""
     pipe = smollm2_pipeline
     prompts = ["def fibonacci(n):", "The three primary colors are"]
     ids = [pipe.encode(p) for p in prompts]
@@ -160,12 +161,37 @@ def test_continuous_usage_stats_count_each_choices_tokens_so_far(client, smollm2
     assert chat[0].choices[0].delta.role == "assistant" and (chat[0].usage.prompt_tokens, chat[0].usage.completion_tokens) \
         == (n_prompt, 0)
     assert [c.usage.completion_tokens for c in chat if c.choices][-1] == chat[-1].usage.completion_tokens
-    plain = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
+    alone = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
                                            stream_options={"continuous_usage_stats": True}))
-    assert all(c.usage is None for c in plain)
+    assert alone[-1].choices == [] and alone[-1].usage.completion_tokens == 4
+    assert [c.usage.completion_tokens for c in alone if c.choices][-1] == 4
+    assert all(c.usage.prompt_tokens == len(ids[0]) for c in alone)
     off = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0, stream=True,
                                          stream_options={"include_usage": True, "continuous_usage_stats": None}))
     assert all(c.usage is None for c in off[:-1]) and off[-1].usage.completion_tokens == 4  # null: off, as vLLM reads it
+
+
+def test_stream_options_include_usage_defaults_to_true(client, server):
+    """As trtllm-serve reads stream_options (TensorRT-LLM tensorrt_llm/serve/openai_protocol.py: StreamOptions'
+    include_usage defaults to True; postprocess_handlers.py adds the usage chunk when it is true) and as vLLM does:
+    `{}` gives the usage chunk, `{"include_usage": null}` none; and `{}` without stream is taken (their check refuses
+    only stream_options that hold something), while a set field without stream stays a 400."""
+    kwargs = dict(model=MODEL, prompt="The three primary colors are", max_tokens=5, temperature=0, stream=True)
+    empty = list(client.completions.create(**kwargs, stream_options={}))
+    assert empty[-1].choices == [] and empty[-1].usage.completion_tokens == 5
+    assert all(c.usage is None for c in empty[:-1])
+    chat = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, temperature=0, stream=True,
+                                               stream_options={}))
+    assert chat[-1].choices == [] and (chat[-1].usage.completion_tokens, chat[-1].usage.total_tokens) == \
+        (3, chat[-1].usage.prompt_tokens + 3)
+    off = list(client.completions.create(**kwargs, stream_options={"include_usage": None}))
+    assert all(c.choices and c.usage is None for c in off)
+    base = server[0]
+    r = httpx.post(base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream_options": {}}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    r = httpx.post(base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2,
+                                                   "stream_options": {"include_usage": True}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
 
 
 def test_completions_batch_n_and_token_ids(client, smollm2_pipeline):
