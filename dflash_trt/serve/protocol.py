@@ -149,12 +149,34 @@ class _Request(BaseModel):
     skip_special_tokens: Any = True  # vLLM's
     functions: Any = None
     function_call: Any = None
+    # trtllm-serve's own request fields (TensorRT-LLM tensorrt_llm/serve/openai_protocol.py, CompletionRequest /
+    # ChatCompletionRequest): taken at their default, which is what this server does (TRTLLM_DEFAULTS); another
+    # value is refused by name. A client built for trtllm-serve may send them explicitly.
+    add_special_tokens: Any = None  # None: the endpoint's default (completions true, chat false)
+    spaces_between_special_tokens: Any = True
+    detokenize: Any = True
+    return_context_logits: Any = False
+    top_p_min: Any = 0.0
+    early_stopping: Any = None
+    truncate_prompt_tokens: Any = None
+    lora_request: Any = None
+    disaggregated_params: Any = None
+    thinking_token_budget: Any = None
+    # trtllm-serve's scheduling hints, which do not change the output: accepted and ignored (priority in [0, 1] as
+    # there; cache_salt only limits which requests share cached K/V)
+    priority: float | None = Field(default=None, ge=0.0, le=1.0)
+    cache_salt: StrictStr | None = None
+
+    #: add_special_tokens' default on this endpoint (trtllm-serve's)
+    special_tokens_default: ClassVar[bool] = True
 
     def unsupported(self) -> None:
         """Raises InvalidRequestError naming the first field set to something this runtime does not do, or
         stream_options that set a field without stream (as OpenAI; an empty `{}` is taken, as trtllm-serve's and
         vLLM's check, `data.get("stream_options") and not data.get("stream")`, takes it)."""
         refuse_unless_off(self, {k: v for k, v in UNSUPPORTED.items() if k not in self.honoured}, HINTS)
+        refuse_unless_off(self, {**TRTLLM_DEFAULTS, "add_special_tokens": (None, self.special_tokens_default)},
+                          TRTLLM_HINTS)
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise InvalidRequestError("stream_options is only allowed with stream: true")
 
@@ -301,6 +323,20 @@ HINTS = {"best_of": "use n for several completions", "echo": "/v1/completions ha
          "skip_special_tokens": "special tokens are always left out of the text"}
 
 
+#: trtllm-serve's request fields this server takes only at their default (TensorRT-LLM
+#: tensorrt_llm/serve/openai_protocol.py): field -> the values that mean the default (add_special_tokens: per endpoint)
+TRTLLM_DEFAULTS = {
+    "spaces_between_special_tokens": (True, None), "detokenize": (True, None), "return_context_logits": (False, None),
+    "top_p_min": (0.0, 0, None), "early_stopping": (None,), "truncate_prompt_tokens": (None,), "lora_request": (None,),
+    "disaggregated_params": (None,), "thinking_token_budget": (None,),
+}
+TRTLLM_HINTS = {"add_special_tokens": "the prompt is tokenized as the endpoint's default: completions with the "
+                                      "tokenizer's special tokens, chat with the chat template's only",
+                "detokenize": "the answer is always text", "truncate_prompt_tokens": "shorten the prompt yourself",
+                "top_p_min": "use top_p", "lora_request": "no LoRA adapters are served",
+                "thinking_token_budget": "use max_tokens"}
+
+
 #: how deeply a request's fields may nest (a tool's parameters schema may nest MAX_JSON_DEPTH levels, inside its tool)
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
 
@@ -417,13 +453,27 @@ class ChatCompletionRequest(_Request):
     target's context)."""
 
     honoured: ClassVar[tuple[str, ...]] = ("tools", "tool_choice")
+    special_tokens_default: ClassVar[bool] = False
 
     messages: list[Any]
+    # trtllm-serve's (and vLLM's) chat fields, taken at their default (`unsupported`)
+    add_generation_prompt: Any = True
+    documents: Any = None
+    chat_template: Any = None
     max_completion_tokens: int | None = Field(default=None, strict=True)
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, strict=True)
     chat_template_kwargs: dict[str, Any] | None = None  # the chat template's variables (vLLM's, trtllm-serve's)
     _tools: ToolCalling | None = PrivateAttr(default=None)
+
+    def unsupported(self) -> None:
+        """`_Request.unsupported`, and the chat fields trtllm-serve has that this server takes only at their default:
+        add_generation_prompt true, no documents, no per-request chat_template."""
+        super().unsupported()
+        refuse_unless_off(self, {"add_generation_prompt": (True, None), "documents": (None, []),
+                                 "chat_template": (None,)},
+                          {"add_generation_prompt": "the answer always starts a new assistant turn",
+                           "chat_template": "the target's own chat template is used"})
 
     def check_tool_messages(self) -> None:
         """Raises InvalidRequestError (param "messages[i].tool_call_id", i from 0 as OpenAI counts) for a "tool"

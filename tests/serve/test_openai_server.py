@@ -194,6 +194,48 @@ def test_stream_options_include_usage_defaults_to_true(client, server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
 
 
+#: trtllm-serve's request fields at their defaults (TensorRT-LLM tensorrt_llm/serve/openai_protocol.py,
+#: CompletionRequest / ChatCompletionRequest), as a client built for it may send them
+TRTLLM_FIELDS = {"spaces_between_special_tokens": True, "detokenize": True, "return_context_logits": False,
+                 "top_p_min": 0.0, "early_stopping": None, "truncate_prompt_tokens": None, "lora_request": None,
+                 "disaggregated_params": None, "thinking_token_budget": None, "priority": 0.5, "cache_salt": "tenant-1"}
+
+
+def test_trtllm_serve_fields_at_their_defaults_are_taken(server, smollm2_pipeline):
+    """trtllm-serve takes these fields (TensorRT-LLM tensorrt_llm/serve/openai_protocol.py); at their defaults they
+    change nothing here, so they are taken and the answer is the same greedy one; another value is a 400 naming the
+    field (this server does not do it), and an out-of-range priority one as trtllm-serve's [0, 1]."""
+    base, pipe = server[0], smollm2_pipeline
+    ids = pipe.encode("The three primary colors are")
+    ref, _ = ar_tokens(pipe, ids, 6)
+    r = httpx.post(base + "/v1/completions", json={"prompt": "The three primary colors are", "max_tokens": 6,
+                                                   "temperature": 0, "add_special_tokens": True, **TRTLLM_FIELDS},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == pipe.decode(ref) and r.json()["usage"]["completion_tokens"] == len(ref)
+    chat_ref, _ = ar_tokens(pipe, chat_ids(pipe, QUESTION), 4)
+    r = httpx.post(base + "/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 4, "temperature": 0,
+                                                        "add_special_tokens": False, "add_generation_prompt": True,
+                                                        "documents": None, "chat_template": None, **TRTLLM_FIELDS},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == pipe.decode(chat_ref)
+    for path, field, value in (("/v1/completions", "add_special_tokens", False),
+                               ("/v1/chat/completions", "add_special_tokens", True),
+                               ("/v1/chat/completions", "add_generation_prompt", False),
+                               ("/v1/chat/completions", "chat_template", "{{ messages }}"),
+                               ("/v1/completions", "detokenize", False), ("/v1/completions", "top_p_min", 0.5),
+                               ("/v1/completions", "truncate_prompt_tokens", 8),
+                               ("/v1/completions", "lora_request", {"lora_name": "a", "lora_int_id": 1,
+                                                                    "lora_path": "/x"})):
+        body = {"prompt": "Hi"} if path == "/v1/completions" else {"messages": QUESTION}
+        r = httpx.post(base + path, json={**body, "max_tokens": 2, field: value}, timeout=60)
+        err = r.json()["error"]
+        assert (r.status_code, err["param"]) == (400, field) and "not supported" in err["message"], (field, r.text)
+    r = httpx.post(base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": 1.5}, timeout=60)
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "priority")
+
+
 def test_completions_batch_n_and_token_ids(client, smollm2_pipeline):
     pipe = smollm2_pipeline
     prompts = ["def fibonacci(n):", "The three primary colors are"]
