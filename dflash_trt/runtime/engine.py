@@ -807,7 +807,9 @@ class StepStats:
     the requests in the batch in this iteration, decoded or still waiting for (the rest of) their prompt
     (TensorRT-LLM's numActiveRequests, context and generation phases both); seconds: its wall time (the
     decode step and the prefill work it reports: a chunk read within `step`, or the whole prefills `add`
-    did since the previous iteration, as TensorRT-LLM's iteration latency covers its context phase)."""
+    did since the previous iteration, as TensorRT-LLM's iteration latency covers its context phase);
+    completed_requests: the requests that finished since the previous iteration's stats (in this decode step, at
+    their first token, or aborted; TensorRT-LLM's numCompletedRequests)."""
 
     requests: int = 0
     requests_with_drafts: int = 0
@@ -819,6 +821,7 @@ class StepStats:
     context_tokens: int = 0
     scheduled_requests: int = 0
     active_requests: int = 0
+    completed_requests: int = 0
 
 
 class PrefillFailed(DFlashError):
@@ -897,6 +900,9 @@ class DecodeBatch:
         self._next_id = 0
         self._context = [0, 0, set(), 0.0]  # since the last step's stats: requests / prompt tokens prefilled, their ids,
         # and the seconds `add` spent prefilling (a whole prefill; chunks are read within `step`)
+        # finished requests taken (`take_finished`) and not yet counted in a StepStats' completed_requests, less those
+        # counted there and not taken yet (`_completed`)
+        self._uncounted = 0
 
     @property
     def active(self) -> int:
@@ -1077,7 +1083,8 @@ class DecodeBatch:
         active = len({r.index for r in self.live} | context[2] | {r.index for g in self._prefilling for r in g.reqs})
         if not self.live:
             return StepStats(seconds=time.perf_counter() - t + context[3], context_requests=context[0],
-                             context_tokens=context[1], scheduled_requests=context[0], active_requests=active)
+                             context_tokens=context[1], scheduled_requests=context[0], active_requests=active,
+                             completed_requests=self._completed())
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
@@ -1099,18 +1106,27 @@ class DecodeBatch:
                          sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t + context[3], context[0],
                          context[1],
                          context[0] + sum(1 for r in self.live if r.index not in context[2]),
-                         active)
+                         active, self._completed())
+
+    def _completed(self) -> int:
+        """The requests finished since the last StepStats (taken already or not); from now on they count as
+        counted."""
+        waiting = sum(1 for r in self._added if r.finish_reason)  # counted now, taken later
+        done, self._uncounted = self._uncounted + waiting, -waiting
+        return done
 
     def flush_stats(self) -> StepStats | None:
-        """The prefill work done since the last `step` (requests and prompt tokens read by `add`), as a
-        StepStats without a decode step, or None when there was none; it then counts as reported. For a batch
+        """The prefill work done since the last `step` (requests and prompt tokens read by `add`) and the requests
+        finished since (at their first token, or aborted while waiting for their prompts), as a StepStats without a
+        decode step, or None when there was neither; it then counts as reported. For a batch
         dropped without another step (its requests all ended at their first token), so its prompts still
         appear in the iteration stats."""
         context, self._context = self._context, [0, 0, set(), 0.0]
-        if not context[0]:
+        completed = self._completed()
+        if not context[0] and not completed:
             return None
         return StepStats(seconds=context[3], context_requests=context[0], context_tokens=context[1],
-                         scheduled_requests=context[0], active_requests=context[0])
+                         scheduled_requests=context[0], active_requests=context[0], completed_requests=completed)
 
     def abort_prefill(self, request_ids) -> int:
         """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)
@@ -1140,6 +1156,7 @@ class DecodeBatch:
         """(request id, GenerationResult) of the requests finished since the last call, in the order added."""
         done, self._added = ([r for r in self._added if r.finish_reason],
                              [r for r in self._added if not r.finish_reason])
+        self._uncounted += len(done)
         out = []
         for r in done:
             r.metrics.completion_tokens = len(r.out)

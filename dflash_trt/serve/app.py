@@ -154,7 +154,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                           lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
                             prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None,
-                            perf_metrics_max_requests=perf_metrics_max_requests)
+                            perf_metrics_max_requests=perf_metrics_max_requests, max_batch_size=max_batch_size,
+                            device=str(pipe.engine.device))
 
     @asynccontextmanager
     async def lifespan(app):

@@ -12,8 +12,13 @@
   generated a token, the count of `trtllm_time_to_first_token_seconds`) / verify steps, acceptance rate = accepted / draft tokens) and the gauges
   `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
-  in-flight batch (`iter`, `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being prefilled in
-  chunks), `numQueuedRequests`, `inflightBatchingStats`,
+  in-flight batch (`timestamp` (local time, `TIMESTAMP_FORMAT`, as TensorRT-LLM's PyTorch backend writes it), `iter`,
+  `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being
+  prefilled in chunks), `numQueuedRequests`, `numCompletedRequests` (sequences that finished since the previous
+  entry: in its step, at their first token, or aborted), `maxNumActiveRequests` (`--max-batch-size`), `gpuMemUsage`
+  (bytes in use on the GPU; 0 on the CPU), `cpuMemUsage` (this process's resident memory in bytes, where
+  TensorRT-LLM's PyTorch backend writes 0), `pinnedMemUsage` (0), `inflightBatchingStats` (with
+  `avgNumDecodedTokensPerIter`: tokens per decoded sequence in the step, and `microBatchId` 0),
   `specDecodingStats` with `numDraftTokens`, `numAcceptedTokens`, `numRequestsWithDraftTokens`,
   `acceptanceLength`: tokens emitted per request in that step), the last MAX_ITER_STATS steps, each
   returned once (trtllm-serve drains its queue the same way).
@@ -33,6 +38,8 @@ Every metric counts sequences (choices): a request with n = 2 counts twice.
 from __future__ import annotations
 
 import collections
+import datetime
+import os
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -40,6 +47,19 @@ from prometheus_client.core import CounterMetricFamily
 
 from dflash_trt.runtime.engine import StepStats
 from dflash_trt.runtime.stats import GenerationResult
+
+#: GET /metrics' `timestamp` (TensorRT-LLM's PyExecutor writes its IterationStats.timestamp so: local time)
+TIMESTAMP_FORMAT = "%m-%d-%Y %H:%M:%S.%f"
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory in bytes (Linux /proc/self/statm; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 #: Iterations (decode steps) kept for GET /metrics between two reads.
 MAX_ITER_STATS = 1000
@@ -59,9 +79,13 @@ class ServerMetrics:
             counters (those of the cache itself: requests that look it up, per sequence); None: not exported.
         perf_metrics_max_requests: finished sequences whose records GET /perf_metrics keeps (the latest);
             0: none (the endpoint answers []).
+        max_batch_size: the sequences the in-flight batch holds at most (GET /metrics' `maxNumActiveRequests`).
+        device: where the model runs ("cpu", "cuda", "cuda:N"): on a GPU, GET /metrics' `gpuMemUsage` is its
+            memory in use (bytes, all processes, as `cudaMemGetInfo` gives it: TensorRT-LLM's); 0 on the CPU.
     """
 
-    def __init__(self, model_name: str, running, waiting, prefix_cache=None, perf_metrics_max_requests: int = 0):
+    def __init__(self, model_name: str, running, waiting, prefix_cache=None, perf_metrics_max_requests: int = 0,
+                 max_batch_size: int = 0, device: str = "cpu"):
         disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
@@ -107,6 +131,7 @@ class ServerMetrics:
                                                       if perf_metrics_max_requests > 0 else None)
         self._perf_id = 0
         self._prefix_cache = prefix_cache
+        self._max_batch_size, self._device = max_batch_size, device
 
     def finished(self, result: GenerationResult, queue_time_s: float, arrival: float | None = None,
                  iterations: tuple[int, int] | None = None) -> None:
@@ -141,15 +166,25 @@ class ServerMetrics:
 
     def iteration(self, step: StepStats) -> None:
         """Record one decode step of the engine's batch (`DecodeBatch.step`) for GET /metrics."""
+        gpu = 0
+        if self._device.startswith("cuda"):
+            import torch
+
+            free, total = torch.cuda.mem_get_info(torch.device(self._device))
+            gpu = total - free
         with self._lock:
             self._iter += 1
             self._iters.append({
+                "timestamp": datetime.datetime.now().strftime(TIMESTAMP_FORMAT),
                 "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.active_requests,
-                "numQueuedRequests": self._waiting(),
+                "numQueuedRequests": self._waiting(), "numCompletedRequests": step.completed_requests,
+                "maxNumActiveRequests": self._max_batch_size,
+                "gpuMemUsage": gpu, "cpuMemUsage": _rss_bytes(), "pinnedMemUsage": 0,
                 "inflightBatchingStats": {
                     "numScheduledRequests": step.scheduled_requests,
                     "numContextRequests": step.context_requests, "numCtxTokens": step.context_tokens,
-                    "numGenRequests": step.requests, "numPausedRequests": 0,
+                    "numGenRequests": step.requests, "numPausedRequests": 0, "microBatchId": 0,
+                    "avgNumDecodedTokensPerIter": step.emitted_tokens / step.requests if step.requests else 0.0,
                 },
                 "specDecodingStats": {
                     "numDraftTokens": step.drafted_tokens, "numAcceptedTokens": step.accepted_tokens,

@@ -380,6 +380,41 @@ def test_an_iterations_latency_includes_the_prefill_it_reports(engine, monkeypat
     assert flushed.context_tokens == 2 and flushed.seconds >= 0.2 and batch.flush_stats() is None
 
 
+@pytest.mark.parametrize("take_early", [False, True])
+def test_each_finished_request_is_counted_complete_in_exactly_one_iteration(engine, take_early):
+    """StepStats.completed_requests (TensorRT-LLM's numCompletedRequests): requests ending in a decode step (in the
+    step that ends them), at their first token (in the next iteration, or `flush_stats`), aborted while their prompt
+    waits for a chunk, each once, whether their results are taken at once (the server does) or later."""
+    from dflash_trt.runtime.engine import DecodeBatch
+
+    batch = DecodeBatch(engine, "ar", prefill_chunk=4)
+    taken = []
+
+    def stats(s):
+        if take_early:
+            taken.extend(batch.take_finished())
+        return s
+
+    batch.add([[5, 6, 7]], [SamplingParams(max_tokens=3, ignore_eos=True)])  # ends in a step
+    batch.add([[8, 9]], [SamplingParams(max_tokens=1)])  # ends at its first token
+    [late] = batch.add([list(range(3, 30))], [SamplingParams(max_tokens=4, ignore_eos=True)])  # aborted mid-prompt
+    got = [stats(batch.step()).completed_requests]
+    assert batch.abort_prefill([late]) == 1
+    while batch.active:
+        got.append(stats(batch.step()).completed_requests)
+    flushed = batch.flush_stats()
+    assert flushed is None or flushed.completed_requests == 0
+    taken.extend(batch.take_finished())
+    assert sum(got) == 3 == len(taken) and got[0] == 0  # the first step read prompts, finished none
+    assert batch.flush_stats() is None
+    whole = DecodeBatch(engine, "ar")  # prefilled in add: a batch whose only request ends at its first token
+    whole.add([[8, 9]], [SamplingParams(max_tokens=1)])
+    if take_early:
+        assert len(whole.take_finished()) == 1
+    flushed = whole.flush_stats()
+    assert (flushed.completed_requests, flushed.context_tokens) == (1, 2) and whole.flush_stats() is None
+
+
 def test_non_finite_draft_probabilities_are_an_error_naming_the_drafter(engine, monkeypatch):
     """A drafter whose activations overflow gives NaN draft logits: a sampled request gets a clear error (it used to
     be torch.multinomial's "probability tensor contains either inf, nan or element < 0")."""

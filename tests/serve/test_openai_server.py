@@ -5,6 +5,7 @@ token against the runtime's autoregressive output; metrics by exact counts."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import socket
@@ -482,6 +483,15 @@ def test_concurrent_requests_batch_together_with_the_same_answers(server, smollm
     assert [b["numGenRequests"] for b in batching] == [s["numActiveRequests"] for s in stats]
     assert sum(b["numCtxTokens"] for b in batching) == sum(prompt_tokens.values())  # each prompt read once
     assert sum(b["numContextRequests"] for b in batching) == 3
+    # TensorRT-LLM's other IterationStats fields: each of the 3 sequences completes in exactly one iteration, the
+    # batch's bound, this process's memory, the mean tokens a decoded sequence got in the step, the local time
+    assert sum(s["numCompletedRequests"] for s in stats) == 3 and stats[-1]["numCompletedRequests"] >= 1
+    assert {s["maxNumActiveRequests"] for s in stats} == {app.state.scheduler.max_batch_size}
+    assert all(s["gpuMemUsage"] == 0 and s["pinnedMemUsage"] == 0 and s["cpuMemUsage"] > 100 * 2**20 for s in stats)
+    assert all(b["avgNumDecodedTokensPerIter"] == s["specDecodingStats"]["acceptanceLength"]
+               for s, b in zip(stats, batching) if b["numGenRequests"])
+    stamps = [datetime.datetime.strptime(s["timestamp"], "%m-%d-%Y %H:%M:%S.%f") for s in stats]
+    assert stamps == sorted(stamps) and abs(datetime.datetime.now() - stamps[-1]) < datetime.timedelta(minutes=5)
     assert httpx.get(base + "/metrics").json() == []  # each iteration is returned once
 
 
@@ -535,6 +545,7 @@ def test_chunked_prefill_reads_a_long_prompt_while_a_stream_goes_on(smollm2_pipe
     assert all(s["numActiveRequests"] == 2 for s in reading)
     before_joining = [s for s in reading if s["inflightBatchingStats"]["numGenRequests"] == 1]
     assert len(before_joining) >= len(long_ids) // 16 - 1
+    assert sum(s["numCompletedRequests"] for s in stats) == 2 and {s["maxNumActiveRequests"] for s in stats} == {4}
 
 
 def test_prometheus_counts_match_the_responses(server, client):
