@@ -129,11 +129,13 @@ def _check(section: dict, fields: dict[str, Any], where: str, problems: list[str
             problems.append(f"'{path}' must be <= {_MAXIMUM[key]}, got {value}")
 
 
-def validate_llm_args(config: dict, block_size: int | None = None) -> None:
+def validate_llm_args(config: dict, block_size: int | None = None, drafter_ids_required: bool = True) -> None:
     """Check a trtllm-serve YAML config (as a dict) against the TensorRT-LLM fields we know.
 
     Also checks DFlash's own constraints: decoding_type DFlash, speculative_model and target_layer_ids
-    present, max_draft_len >= 1 (TensorRT-LLM asserts it) and <= block_size - 1 when `block_size` is given,
+    present (with `drafter_ids_required` False, target_layer_ids and mask_token_id may be left out: TensorRT-LLM's
+    TorchLlmArgs.validate_speculative_config then reads them from the drafter's config.json; the bundle's own
+    config always writes them), max_draft_len >= 1 (TensorRT-LLM asserts it) and <= block_size - 1 when `block_size` is given,
     and the value ranges TensorRT-LLM enforces (`_MINIMUM`, `_MAXIMUM`: e.g. free_gpu_memory_fraction in [0, 1]).
     Raises:
         ConfigError: every unknown key (with the closest known key), wrong type or range, at once.
@@ -144,7 +146,8 @@ def validate_llm_args(config: dict, block_size: int | None = None) -> None:
     _check(config, LLM_ARGS_FIELDS, "", problems)
     spec = config.get("speculative_config")
     if isinstance(spec, dict):
-        for key in ("decoding_type", "max_draft_len", "speculative_model", "target_layer_ids", "mask_token_id"):
+        required = ("decoding_type", "max_draft_len", "speculative_model")
+        for key in required + (("target_layer_ids", "mask_token_id") if drafter_ids_required else ()):
             if key not in spec:
                 problems.append(f"speculative_config.{key} is required for DFlash")
         draft = spec.get("max_draft_len")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import socket
 import sys
+from pathlib import Path
 
 import click
 
@@ -33,6 +34,28 @@ def check_port(host: str, port: int) -> None:
                                    "the server that holds it)") from None
 
 
+def _check_config_flags(config: dict, given: dict) -> None:
+    """An option set both by --config and on the command line must have one value; the config's ignored keys are
+    named on stderr.
+
+    Raises:
+        click.UsageError: the command line's value differs from the config's (naming both)."""
+    ctx = click.get_current_context()
+    for name, value in config["options"].items():
+        source = ctx.get_parameter_source(name)
+        if name == "drafter":  # the same folder however written
+            same = given[name] is not None and Path(given[name]).resolve() == Path(value).resolve()
+        else:  # max_concurrency: N parsed to an int on the command line, the config's kept as text
+            same = str(given[name]) == str(value)
+        if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT) and not same:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} {given[name]} disagrees with --config {config['path']}, which sets it to "
+                                   f"{value}; give one of them")
+    if config["ignored"]:
+        print(f"--config {config['path']}: TensorRT-LLM's {', '.join(config['ignored'])} set its speed or GPU memory "
+              "use, not its answers: they do not apply to dflash-trt serve", file=sys.stderr, flush=True)
+
+
 def _model_name(value: str | None) -> str | None:
     """--served-model-name: None (the default name) or a name that is not blank (clients must send it as `model`).
 
@@ -44,7 +67,31 @@ def _model_name(value: str | None) -> str | None:
     return value
 
 
+def _read_config(ctx: click.Context, param, value):
+    """--config: the trtllm-serve YAML's settings become the defaults of serve's options (click's default_map;
+    an option also given on the command line must agree, checked in `serve`)."""
+    if value is None:
+        return None
+    from dflash_trt.cli.trtllm_config import read_serve_config
+    from dflash_trt.errors import ConfigError
+
+    try:
+        options, checked, ignored = read_serve_config(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"--config {value}: "), ctx, param) from None
+    ctx.default_map = {**(ctx.default_map or {}), **options}
+    return {"path": value, "options": options, "checked": checked, "ignored": ignored}
+
+
 @click.command()
+@click.option("--config", "--extra_llm_api_options", "config", type=click.Path(exists=True, dir_okay=False),
+              is_eager=True, expose_value=True, callback=_read_config, metavar="FILE",
+              help="A trtllm-serve YAML config (TensorRT-LLM's LLM API options, `trtllm-serve --config`; a bundle's "
+                   "trtllm/serve.yaml): its settings that serve has become these options' values "
+                   "(tensor_parallel_size, max_batch_size, speculative_config's max_draft_len, speculative_model, "
+                   "max_concurrency, kv_cache_config.enable_block_reuse, enable_chunked_prefill with max_num_tokens, "
+                   "dtype); TensorRT-LLM's speed and memory knobs are named as not applying; a setting serve does not "
+                   "implement is refused. A flag given too must agree with it.")
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface).")
@@ -82,7 +129,7 @@ def _model_name(value: str | None) -> str | None:
                    "perf_metrics_max_requests; each record returned once): arrival, scheduling, first and last token "
                    "times, draft and accepted tokens. 0: none kept.")
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
-def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
+def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
           max_batch_size, prefill_chunk_size, enable_prefix_caching, prefix_cache_gb, log_level, tool_parser, reasoning_parser, api_key,
           perf_metrics_max_requests, tp_size):
@@ -112,6 +159,8 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
         raise click.UsageError("--api-key (or DFLASH_TRT_API_KEY) is empty, holds control characters, or starts or ends "
                                "with blanks (an HTTP header cannot carry those); give the key clients send, or leave it "
                                "out to serve without one")
+    if config is not None:
+        _check_config_flags(config, locals())
     check_port(host, port)
     warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)
@@ -124,6 +173,11 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
                        prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,
                        **({"tp_size": tp_size} if tp_size > 1 else {}))
     use_prefix_cache(pipe, enable_prefix_caching, prefix_cache_gb)
+    if config is not None and mode == "dflash":
+        from dflash_trt.cli.trtllm_config import check_drafter
+
+        dcfg = pipe.engine.proposer.drafter.config
+        check_drafter(config["checked"], dcfg.mask_token_id, dcfg.target_layer_ids, config["path"])
     if tp_size > 1:
         import torch.distributed as dist
 
@@ -143,8 +197,6 @@ def serve(target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_
     warn_block_size(pipe)
     warn_untrained_drafter(pipe)
     warn_training_target(pipe)
-    from pathlib import Path
-
     name = served_model_name or (Path(bundle).resolve().name if bundle is not None else pipe.target_path.name)
     app = create_app(pipe, name, mode, max_batch_size, lockstep=tp_size > 1, prefill_chunk=prefill_chunk_size,
                      tool_parser=tool_parser, reasoning_parser=reasoning_parser, api_key=api_key,

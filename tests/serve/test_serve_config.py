@@ -1,0 +1,169 @@
+"""`dflash-trt serve --config FILE`: a trtllm-serve YAML config (the LLM API options a TensorRT-LLM deployment
+gives trtllm-serve, as `dflash-trt build` writes trtllm/serve.yaml) read as serve's own options."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from dflash_trt.build.trtllm import serve_config
+from dflash_trt.cli.trtllm_config import check_drafter, read_serve_config
+from dflash_trt.errors import ConfigError
+from dflash_trt.models.default import PACKAGED_DRAFTER
+from tests.conftest import run_main
+from tests.serve.test_openai_server import free_port
+from tests.serve.test_serve_cli import wait_until_healthy
+
+LAYERS = [1, 8, 14, 20, 27]
+
+
+def write(tmp_path, cfg: dict) -> Path:
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def bundle_config(**extra) -> dict:
+    """What `dflash-trt build` writes for the default drafter (the build's own function), with `extra` merged in."""
+    cfg = serve_config(1, 16, 16, LAYERS, "auto", max_batch_size=4)
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            cfg[key] = {**cfg.get(key, {}), **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def test_a_bundles_serve_yaml_becomes_serves_options(tmp_path):
+    """The build's serve.yaml: tp, batch size, max_draft_len, the drafter (relative to the YAML's folder), the
+    block reuse it turns off; mask token and layers kept to check the drafter; its executor knobs named as ignored."""
+    path = write(tmp_path, bundle_config())
+    options, checked, ignored = read_serve_config(path)
+    assert options == {"tp_size": 1, "max_batch_size": 4, "max_draft_len": 15,
+                       "drafter": str(tmp_path / "drafter"), "enable_prefix_caching": False}
+    assert checked == {"speculative_config.decoding_type": "DFlash", "speculative_config.mask_token_id": 16,
+                       "speculative_config.target_layer_ids": LAYERS}
+    assert sorted(ignored) == ["disable_overlap_scheduler", "kv_cache_config.free_gpu_memory_fraction",
+                               "speculative_config.attention_backend"]
+
+
+def test_chunked_prefill_concurrency_and_dtype_map(tmp_path):
+    path = write(tmp_path, bundle_config(enable_chunked_prefill=True, max_num_tokens=32, dtype="bfloat16",
+                                         speculative_config={"max_concurrency": 2}))
+    options, _, _ = read_serve_config(path)
+    assert (options["prefill_chunk_size"], options["dtype"], options["max_concurrency"]) == (32, "bfloat16", "2")
+    options, _, ignored = read_serve_config(write(tmp_path, bundle_config(enable_chunked_prefill=True, dtype="auto")))
+    assert options["prefill_chunk_size"] == 8192 and "dtype" not in options  # TensorRT-LLM's default max_num_tokens
+    options, _, ignored = read_serve_config(write(tmp_path, bundle_config(max_num_tokens=32)))
+    assert "prefill_chunk_size" not in options and "max_num_tokens" in ignored  # no chunking: a batch bound only
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"max_seq_len": 1024}, "does not implement max_seq_len (serve's context is the target's own"),
+    ({"kv_cache_config": {"dtype": "fp8"}}, "kv_cache_config.dtype (serve keeps the KV cache in the model's dtype"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size (serve has no pipeline parallelism"),
+    ({"max_batch_sizes": 4}, "max_batch_sizes"),  # not a TensorRT-LLM key: the schema check names it
+    ({"max_batch_size": "four"}, "max_batch_size"),
+    ({"speculative_config": {"decoding_type": "Eagle3"}}, "decoding_type is 'Eagle3'; dflash-trt serve speculates "
+                                                          "with DFlash only"),
+])
+def test_what_serve_does_not_implement_is_refused_naming_the_key(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        read_serve_config(write(tmp_path, bundle_config(**extra)))
+    assert message in str(err.value) and str(tmp_path / "serve.yaml") in str(err.value)
+
+
+def test_the_drafters_ids_may_be_left_to_its_config_as_tensorrt_llm_reads_them(tmp_path):
+    cfg = bundle_config()
+    del cfg["speculative_config"]["mask_token_id"], cfg["speculative_config"]["target_layer_ids"]
+    options, checked, _ = read_serve_config(write(tmp_path, cfg))
+    assert checked == {"speculative_config.decoding_type": "DFlash"} and options["max_draft_len"] == 15
+    del cfg["speculative_config"]["speculative_model"]
+    with pytest.raises(ConfigError, match="speculative_config.speculative_model is required for DFlash"):
+        read_serve_config(write(tmp_path, cfg))
+
+
+def test_neutral_values_of_refused_keys_are_taken(tmp_path):
+    options, _, _ = read_serve_config(write(tmp_path, bundle_config(pipeline_parallel_size=1, enable_attention_dp=False)))
+    assert options["max_batch_size"] == 4
+
+
+def test_a_yaml_that_is_not_a_config_is_named(tmp_path):
+    bad = tmp_path / "serve.yaml"
+    for text, words in (("- a\n- b\n", "is a mapping of LLM API options, got list"), ("a: [\n", "cannot read it as YAML")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=words.replace("[", r"\[")):
+            read_serve_config(bad)
+
+
+def test_a_drafter_trained_otherwise_than_the_config_says_is_refused():
+    checked = {"speculative_config.mask_token_id": 3, "speculative_config.target_layer_ids": LAYERS}
+    check_drafter(checked, 3, tuple(LAYERS), Path("c.yaml"))  # the same: fine
+    with pytest.raises(ConfigError, match=r"mask_token_id is 3, but the drafter was trained with 16"):
+        check_drafter(checked, 16, tuple(LAYERS), Path("c.yaml"))
+    with pytest.raises(ConfigError, match=r"target_layer_ids is \[1, 8, 14, 20, 27\], but the drafter was trained "
+                                          r"with \[0, 1\]"):
+        check_drafter(checked, 3, (0, 1), Path("c.yaml"))
+
+
+def test_a_flag_that_disagrees_with_the_config_is_refused_before_the_models_load(monkeypatch, capsys, tmp_path):
+    path = write(tmp_path, bundle_config())
+    start = time.perf_counter()
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--max-batch-size", "5")
+    assert code == 2 and f"--max-batch-size 5 disagrees with --config {path}, which sets it to 4; give one" in err
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--max-draft-len", "3")
+    assert code == 2 and "--max-draft-len 3 disagrees" in err
+    assert time.perf_counter() - start < 10
+    write(tmp_path, bundle_config(max_seq_len=100))
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
+    assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_seq_len" in err
+
+
+@pytest.mark.slow
+def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
+    """The real console script with a trtllm-serve config: the batch bound, chunked prefill and max_draft_len it sets
+    are what the server runs with (GET /metrics, the answer's per-position counts), the answer the target's greedy one,
+    the ignored knobs named on stderr."""
+    from openai import OpenAI
+
+    cfg = bundle_config(max_batch_size=3, enable_chunked_prefill=True, max_num_tokens=16,
+                        speculative_config={"max_draft_len": 7, "speculative_model": str(PACKAGED_DRAFTER)})
+    path = write(tmp_path, cfg)
+    beside = Path(sys.executable).parent / "dflash-trt"
+    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    port = free_port()
+    proc = subprocess.Popen([exe, "serve", "--config", str(path), "--port", str(port), "--served-model-name", "smol",
+                             "--log-level", "warning", "--threads", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_healthy(proc, base)
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is the capital "
+                                                                                               "of France?"}],
+                                           max_tokens=24, temperature=0)
+        assert "Paris" in r.choices[0].message.content
+        raw = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+            "model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+        assert len(raw.json()["choices"][0]["metrics"]["accepted_per_position"]) == 7  # max_draft_len 7
+        stats = httpx.get(base + "/metrics").json()
+        assert {s["maxNumActiveRequests"] for s in stats} == {3}
+        assert max(s["inflightBatchingStats"]["numCtxTokens"] for s in stats) == 16  # prompts read 16 at a time
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, err
+    assert ("TensorRT-LLM's disable_overlap_scheduler, kv_cache_config.free_gpu_memory_fraction, "
+            "speculative_config.attention_backend set its speed or GPU memory use, not its answers") in err
