@@ -32,7 +32,10 @@ DFLASH_FIELDS: dict[str, Any] = {
     "speculative_model": _STR,
     "mask_token_id": _INT,
     "target_layer_ids": _LIST_INT,
-    "attention_backend": ("VANILLA", "TRTLLM", "FA4"),
+    # DFlashDecodingConfig.attention_backend is Literal["VANILLA", "TRTLLM"] (tensorrt_llm/llmapi/llm_args.py), and
+    # DFlashForCausalLM (tensorrt_llm/_torch/models/modeling_dflash.py) raises ValueError for any other value; FA4 is
+    # a backend of TensorRT-LLM's visual-generation AttentionConfig, not of DFlash
+    "attention_backend": ("VANILLA", "TRTLLM"),
     "use_rejection_sampling": _BOOL,
     "max_concurrency": _INT,
     "draft_len_schedule": _DICT,

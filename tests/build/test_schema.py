@@ -77,3 +77,20 @@ def test_ranges_tensorrt_llm_enforces():
     cfg["speculative_config"].update(max_draft_len=1, acceptance_rate_threshold=1.0, max_concurrency=1)
     cfg["kv_cache_config"]["free_gpu_memory_fraction"] = 0
     validate_llm_args(cfg, block_size=16)
+
+
+def test_dflash_attention_backends_are_tensorrt_llms():
+    """DFlashDecodingConfig.attention_backend is Literal["VANILLA", "TRTLLM"] in TensorRT-LLM's
+    tensorrt_llm/llmapi/llm_args.py (NVIDIA/TensorRT-LLM 0004396), and DFlashForCausalLM.__init__
+    (tensorrt_llm/_torch/models/modeling_dflash.py) raises "DFlash attention backend must be VANILLA or TRTLLM":
+    FA4 (a visual-generation backend there) is refused here too, before a GPU machine finds out."""
+    for backend in ("VANILLA", "TRTLLM"):
+        cfg = good()
+        cfg["speculative_config"]["attention_backend"] = backend
+        validate_llm_args(cfg, block_size=16)
+    cfg = good()
+    cfg["speculative_config"]["attention_backend"] = "FA4"
+    with pytest.raises(ConfigError, match=r"'speculative_config.attention_backend' must be one of 'VANILLA', 'TRTLLM', "
+                                          r"got 'FA4'"):
+        validate_llm_args(cfg, block_size=16)
+    assert good()["speculative_config"]["attention_backend"] == "VANILLA"  # TensorRT-LLM's default, any GPU
