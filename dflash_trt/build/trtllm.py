@@ -214,12 +214,19 @@ def llm_api_example(cfg: dict) -> str:
                               spec_kwargs=kwargs(spec, path_keys=("speculative_model",)))
 
 
+#: first lines of serve.yaml. TensorRT-LLM opens speculative_config.speculative_model as given (TorchLlmArgs.
+#: validate_speculative_config joins it with "config.json" as is, tensorrt_llm/llmapi/llm_args.py), so the relative
+#: "./drafter" resolves against the directory trtllm-serve runs in, not against this file's folder
+SERVE_YAML_HEADER = ("# trtllm-serve --config file (TorchLlmArgs); written and schema-checked by dflash-trt build\n"
+                     "# speculative_model is relative to this folder: run trtllm-serve from here (launch.sh does:\n"
+                     "# cd trtllm && trtllm-serve ./target --config serve.yaml), or make it an absolute path\n")
+
+
 def write_serving_files(root: Path, cfg: dict) -> None:
     """Write serve.yaml, launch.sh and llm_api_example.py into `root` (the bundle's trtllm/ folder), all
     from the one serve config `cfg` (`serve_config`)."""
     (root / SERVE_CONFIG).write_text(
-        "# trtllm-serve --config file (TorchLlmArgs); written and schema-checked by dflash-trt build\n"
-        + yaml.safe_dump(cfg, sort_keys=False))
+        SERVE_YAML_HEADER + yaml.safe_dump(cfg, sort_keys=False))
     tp = cfg["tensor_parallel_size"]
     launch = root / "launch.sh"
     launch.write_text(LAUNCH_SH.format(config=SERVE_CONFIG, gpus=f"needs {count(tp, 'GPU')} (tensor_parallel_size {tp})"))

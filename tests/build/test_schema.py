@@ -94,3 +94,21 @@ def test_dflash_attention_backends_are_tensorrt_llms():
                                           r"got 'FA4'"):
         validate_llm_args(cfg, block_size=16)
     assert good()["speculative_config"]["attention_backend"] == "VANILLA"  # TensorRT-LLM's default, any GPU
+
+
+def test_serve_yaml_says_where_its_relative_drafter_path_resolves(tmp_path):
+    """TensorRT-LLM opens speculative_config.speculative_model as given (TorchLlmArgs.validate_speculative_config
+    joins it with "config.json" as is, tensorrt_llm/llmapi/llm_args.py): "./drafter" resolves against the directory
+    trtllm-serve runs in. serve.yaml says so in its header, and launch.sh runs from serve.yaml's folder."""
+    import yaml
+
+    from dflash_trt.build.trtllm import write_serving_files
+
+    cfg = good()
+    write_serving_files(tmp_path, cfg)
+    text = (tmp_path / "serve.yaml").read_text()
+    assert yaml.safe_load(text) == cfg and cfg["speculative_config"]["speculative_model"] == "./drafter"
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert "speculative_model is relative to this folder: run trtllm-serve from here" in "\n".join(header)
+    launch = (tmp_path / "launch.sh").read_text()
+    assert 'cd "$(dirname "$0")"' in launch and "trtllm-serve ./target --config serve.yaml" in launch
