@@ -436,6 +436,11 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         pre.update(preflight(opts))
         for w in pre["warnings"]:
             log(f"warning: {w}")
+        # --calib-prompts is read here, before the target is loaded (minutes for a large model): a malformed or
+        # evaluation-set file fails in this step, as in --dry-run; a pipe (bash's <(...)) is still read only once
+        pre["calib_items"], warning = calibration_prompts(opts)
+        if warning:
+            log(f"warning: {warning}")
         existing = existing_out(opts.out)
         if existing and existing != "a dflash-trt bundle":
             log(f"warning: --force: {opts.out} is {existing}; it is replaced by the bundle")
@@ -519,9 +524,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
     def load_and_quantize():
         model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval().to(opts.device)
         state["calib"] = []
-        items, warning = calibration_prompts(opts)
-        if warning:
-            log(f"warning: {warning}")
+        items = pre["calib_items"]  # read in the check step
         if opts.calibrates:
             tok = AutoTokenizer.from_pretrained(str(opts.target))
             state["calib"] = (calibration_token_ids(tok, opts.calib_size) if items is None

@@ -84,6 +84,27 @@ def test_calib_size_above_the_file_dry_run(tmp_path, tiny_pair, monkeypatch, cap
     assert not (tmp_path / "b").exists()
 
 
+def test_a_bad_calib_prompts_file_fails_in_the_check_step_before_the_target_is_loaded(tmp_path, tiny_pair, monkeypatch,
+                                                                                       capsys):
+    """A malformed --calib-prompts file is refused in step 1 (check), as --dry-run refuses it, not after step 2 has
+    loaded the target (minutes for a large model): the target is never loaded, nothing is written."""
+    import transformers
+
+    bad = tmp_path / "calib.jsonl"
+    bad.write_text('{"prompt": "def f(x):"}\nnot json\n')
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded before --calib-prompts was read")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8",
+                                                             "--calib-prompts", str(bad)))
+    assert code != 0 and error_line(err) == f"error: {bad}:2: not valid JSON (Expecting value); each line must be one " \
+                                            "JSON object", err
+    assert f"[1/{N_STEPS}] check ..." in err and f"[2/{N_STEPS}]" not in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists() and leftovers(tmp_path, "b") == []
+
+
 def test_calib_prompts_with_nothing_to_calibrate_warns_and_records_no_source(tmp_path, tiny_pair, monkeypatch, capsys):
     """--calib-prompts with --quant none (no FP8 KV cache or drafter): the dry run and the build give the same one
     warning, and the manifest records no calibration source (it said the file, with 0 prompts)."""
