@@ -139,6 +139,9 @@ def preflight(opts: BuildOptions) -> dict:
     if engines.exists():
         warnings.append(f"{engines} holds TensorRT engines built from an earlier bundle at {opts.out}; once this "
                         f"build is done, rebuild them with {opts.out / 'trtllm_checkpoint' / 'build_engine.sh'}")
+    space = disk_space_warning(opts)
+    if space:
+        warnings.append(space)
     stale = stale_builds(opts.out)
     if stale:
         warnings.append(f"{count(len(stale), 'unfinished build folder')} beside --out ({', '.join(map(str, stale))}): "
@@ -164,6 +167,65 @@ def check_paths(opts: BuildOptions) -> None:
             raise ConfigError(f"--out {opts.out} {where} the {flag} folder {folder}; write the bundle to a folder "
                               "outside the inputs (--force does not change this)")
     check_out(opts)
+
+
+#: bytes per stored weight of a quantized Linear: FP8 e4m3 1; NVFP4 two E2M1 values per byte plus one e4m3 block
+#: scale per 16 weights; unquantized (bfloat16) 2
+_BYTES_PER_WEIGHT = {"none": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+
+
+def bundle_bytes_estimate(opts: BuildOptions) -> int:
+    """About how many bytes the build has on disk at its peak, from the target's and drafter's safetensors headers
+    (no weights read): the target twice over (the TensorRT-LLM checkpoint's unsharded export and its rank files
+    while step 3 splits it, then the rank files and trtllm/target/), each copy holding the decoder's Linear weights
+    at `--quant`'s size and the embedding and lm_head in bfloat16 (the per-rank checkpoint stores lm_head apart
+    from the embedding even when they are tied), plus the drafter in bfloat16 twice (trtllm/drafter/, runtime/drafter/)
+    and the target's tokenizer files."""
+    from dflash_trt.build.trtllm import TOKENIZER_FILES
+    from dflash_trt.compat import _header_shapes
+
+    def numel(shape) -> int:
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+    shapes = {k: shape for k, (shape, _) in _header_shapes(Path(opts.target)).items()}
+    embed = sum(numel(v) for k, v in shapes.items() if "embed_tokens" in k)
+    head = sum(numel(v) for k, v in shapes.items() if k.split(".")[-2:-1] == ["lm_head"])
+    linear = sum(numel(v) for k, v in shapes.items() if len(v) == 2 and "embed_tokens" not in k
+                 and k.split(".")[-2:-1] != ["lm_head"])
+    vocab = embed + (head or embed)  # a tied lm_head is written out too
+    one_copy = linear * _BYTES_PER_WEIGHT.get(opts.quant, 2.0) + 2 * vocab
+    drafter = 2 * sum(numel(shape) for shape, _ in _header_shapes(Path(opts.drafter)).values())
+    # the target's tokenizer files, copied to trtllm/target/ (`trtllm.copy_tokenizer`)
+    other = sum((Path(opts.target) / n).stat().st_size for n in TOKENIZER_FILES if (Path(opts.target) / n).is_file())
+    return int(2 * one_copy + 2 * drafter + other)
+
+
+def disk_space_warning(opts: BuildOptions) -> str | None:
+    """A warning when the file system --out is on has less free space than the build needs at its peak
+    (`bundle_bytes_estimate`, about 10% over it), else None: a build that runs out of space fails only when it
+    writes (after the hours a large model's calibration can take), with nothing kept. None when the headers or the
+    free space cannot be read (the checks before this one name such problems)."""
+    out = Path(opts.out).resolve()
+    nearest = out
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    try:
+        need = bundle_bytes_estimate(opts)
+        free = shutil.disk_usage(nearest).free
+    except (OSError, ValueError, DFlashError):
+        return None
+    if free >= need * 1.1:
+        return None
+    def size(n: int) -> str:
+        return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+    return (f"the file system of --out ({nearest}) has {size(free)} free, and this build writes about "
+            f"{size(need)} at its peak (--quant {opts.quant}: the TensorRT-LLM checkpoint, unsharded and per "
+            "rank, then the rank files and trtllm/target/, plus the drafter); it will likely fail with 'No space left "
+            "on device' when it writes: free some space or pick an --out on another file system")
 
 
 def stale_builds(out: Path) -> list[Path]:

@@ -491,3 +491,39 @@ def test_the_manifest_names_a_calibration_pipe_as_given(tmp_path):
     f.write_text('{"prompt": "x"}\n')
     assert calibration_source(f) == str(f.resolve())
     assert calibration_source(Path("/dev/null")) == "/dev/null (a pipe or device, read once at build time)"
+
+
+def test_too_little_free_space_for_the_bundle_is_warned_before_anything_is_loaded(tmp_path, tiny_pair, monkeypatch,
+                                                                                  capsys):
+    """A build that runs out of disk space fails only when it writes (after calibration, hours for a large model):
+    the check step warns when --out's file system has less free space than the build's peak estimate
+    (`bundle_bytes_estimate`), in the dry run too; with room enough, nothing is said."""
+    import collections
+
+    from dflash_trt.build import pipeline
+
+    opts = BuildOptions(target=tiny_pair[0], drafter=tiny_pair[1], out=tmp_path / "b", quant="fp8")
+    need = pipeline.bundle_bytes_estimate(opts)
+    usage = collections.namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda p: usage(10 * need, 10 * need - need // 2, need // 2))
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8", "--dry-run"))
+    assert code == 0, err
+    warning = " ".join(line for line in err.split("warning: ") if line.startswith("the file system of --out"))
+    assert f"the file system of --out ({tmp_path}) has" in " ".join(warning.split())
+    assert "it will likely fail with 'No space left on device'" in " ".join(warning.split())
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", real)
+    code, _, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8", "--dry-run"))
+    assert code == 0 and "the file system of --out" not in err, err
+
+
+@pytest.mark.parametrize("quant", ["fp8", "none"])
+def test_the_disk_space_estimate_covers_the_bundle(tmp_path, tiny_pair, quant):
+    """The estimate is at least what the build leaves on disk (its peak is the checkpoint's unsharded export beside
+    its rank files) and not wildly over it."""
+    from dflash_trt.build.pipeline import bundle_bytes_estimate, folder_bytes
+
+    opts = BuildOptions(target=tiny_pair[0], drafter=tiny_pair[1], out=tmp_path / "b", quant=quant, tp_size=3)
+    build_bundle(*tiny_pair, opts.out, quant=quant, tp_size=3)
+    written = folder_bytes(opts.out)
+    assert written <= bundle_bytes_estimate(opts) <= 1.6 * written, (written, bundle_bytes_estimate(opts))
