@@ -282,12 +282,21 @@ def leftovers(parent, name):
     return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
 
 
-def test_failed_build_leaves_nothing(tmp_path, tiny_pair):
+def test_failed_build_leaves_nothing(tmp_path, tiny_pair, monkeypatch):
     calib = tmp_path / "calib.jsonl"
     calib.write_text('{"prompt": "def add(a, b):"}\n{"prompt": broken\n')
     out = tmp_path / "engines" / "x"
-    with pytest.raises(BuildError, match=r"(?s)calib.jsonl:2: not valid JSON.*nothing was written to"):
+    # a malformed --calib-prompts is refused in the check step, before the target is loaded or anything written
+    with pytest.raises(ConfigError, match=r"calib.jsonl:2: not valid JSON"):
         build_bundle(*tiny_pair, out, quant="fp8", calib_prompts=calib)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.jsonl"]
+
+    def broken(*args, **kwargs):
+        raise ValueError("calibration diverged")
+
+    monkeypatch.setattr("dflash_trt.build.quantize.quantize_model", broken)  # step 2, after the build folder is made
+    with pytest.raises(BuildError, match=r"(?s)calibration diverged.*nothing was written to"):
+        build_bundle(*tiny_pair, out, quant="fp8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.jsonl"]  # engines/, which the build made, too
 
 
@@ -305,13 +314,17 @@ def test_failed_build_names_the_step_that_failed(tmp_path, tiny_pair, monkeypatc
     assert list(tmp_path.iterdir()) == []  # nor engines/, which the build made
 
 
-def test_failed_rebuild_with_force_keeps_the_old_bundle(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
+def test_failed_rebuild_with_force_keeps_the_old_bundle(tmp_path, tiny_pair, tiny_bundle_fp8_tp3, monkeypatch):
     out = tmp_path / "old"
     shutil.copytree(tiny_bundle_fp8_tp3, out)
-    calib = tmp_path / "calib.jsonl"
-    calib.write_text("not json\n")
-    with pytest.raises(BuildError):
-        build_bundle(*tiny_pair, out, quant="nvfp4", calib_prompts=calib, force=True)
+    from dflash_trt.build import trtllm
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trtllm, "copy_drafter", broken)  # step 5: the new bundle is half written
+    with pytest.raises(BuildError, match="disk full"):
+        build_bundle(*tiny_pair, out, quant="nvfp4", force=True)
     assert load_manifest(out)["quantization"]["target"] == "fp8" and leftovers(tmp_path, "old") == []
 
 
@@ -323,13 +336,13 @@ def test_refusals_before_writing(tmp_path, tiny_pair, tiny_bundle_fp8_tp3):
         build_bundle(target, drafter, tmp_path / "tp4", tp_size=4)
     evalset = tmp_path / "mt_bench_question.jsonl"
     evalset.write_text('{"prompt": "hi"}\n')
-    with pytest.raises(BuildError, match="looks like an evaluation set"):
+    with pytest.raises(ConfigError, match="looks like an evaluation set"):
         build_bundle(target, drafter, tmp_path / "ev", quant="fp8", calib_prompts=evalset)
     from dflash_trt.datasets import mt_bench_first_turns
 
     sneaky = tmp_path / "prompts.jsonl"
     sneaky.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n" + json.dumps({"prompt": mt_bench_first_turns(1)[0]}))
-    with pytest.raises(BuildError, match="prompt 2 is an MT-Bench / HumanEval item"):
+    with pytest.raises(ConfigError, match="prompt 2 is an MT-Bench / HumanEval item"):
         build_bundle(target, drafter, tmp_path / "ev2", quant="fp8", calib_prompts=sneaky)
     bad = tmp_path / "bad-drafter"
     shutil.copytree(drafter, bad)
