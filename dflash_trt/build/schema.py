@@ -30,6 +30,7 @@ DFLASH_FIELDS: dict[str, Any] = {
     "max_draft_len": _INT,
     "max_total_draft_tokens": _INT,
     "speculative_model": _STR,
+    "speculative_model_dir": _STR,  # DecodingBaseConfig's older name for speculative_model, still accepted
     "mask_token_id": _INT,
     "target_layer_ids": _LIST_INT,
     # DFlashDecodingConfig.attention_backend is Literal["VANILLA", "TRTLLM"] (tensorrt_llm/llmapi/llm_args.py), and
@@ -151,7 +152,7 @@ def validate_llm_args(config: dict, block_size: int | None = None, drafter_ids_r
     if isinstance(spec, dict):
         required = ("decoding_type", "max_draft_len", "speculative_model")
         for key in required + (("target_layer_ids", "mask_token_id") if drafter_ids_required else ()):
-            if key not in spec:
+            if key not in spec and not (key == "speculative_model" and "speculative_model_dir" in spec):
                 problems.append(f"speculative_config.{key} is required for DFlash")
         draft = spec.get("max_draft_len")
         if block_size is not None and isinstance(draft, int) and draft > block_size - 1:

@@ -26,6 +26,7 @@ from dflash_trt.errors import ConfigError
 SERVE_OPTIONS = {
     "tensor_parallel_size": "tp_size", "max_batch_size": "max_batch_size", "dtype": "dtype",
     "speculative_config.max_draft_len": "max_draft_len", "speculative_config.speculative_model": "drafter",
+    "speculative_config.speculative_model_dir": "drafter",
     "speculative_config.max_concurrency": "max_concurrency",
     "kv_cache_config.enable_block_reuse": "enable_prefix_caching",
     "enable_chunked_prefill": "prefill_chunk_size", "max_num_tokens": "prefill_chunk_size",
@@ -118,7 +119,7 @@ def read_serve_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any],
         if key == "dtype":
             if value == "auto":  # the checkpoint's: serve's default
                 continue
-        elif key == "speculative_config.speculative_model":
+        elif key in ("speculative_config.speculative_model", "speculative_config.speculative_model_dir"):
             value = str((path.parent / value) if not Path(value).is_absolute() else Path(value))
         elif key == "speculative_config.max_concurrency":
             value = str(value)

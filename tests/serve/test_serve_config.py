@@ -86,7 +86,9 @@ def test_the_drafters_ids_may_be_left_to_its_config_as_tensorrt_llm_reads_them(t
     del cfg["speculative_config"]["mask_token_id"], cfg["speculative_config"]["target_layer_ids"]
     options, checked, _ = read_serve_config(write(tmp_path, cfg))
     assert checked == {"speculative_config.decoding_type": "DFlash"} and options["max_draft_len"] == 15
-    del cfg["speculative_config"]["speculative_model"]
+    cfg["speculative_config"]["speculative_model_dir"] = cfg["speculative_config"].pop("speculative_model")
+    assert read_serve_config(write(tmp_path, cfg))[0]["drafter"] == str(tmp_path / "drafter")  # the older name
+    del cfg["speculative_config"]["speculative_model_dir"]
     with pytest.raises(ConfigError, match="speculative_config.speculative_model is required for DFlash"):
         read_serve_config(write(tmp_path, cfg))
 
