@@ -41,6 +41,10 @@ def _check_config_flags(config: dict, given: dict) -> None:
     Raises:
         click.UsageError: the command line's value differs from the config's (naming both)."""
     ctx = click.get_current_context()
+    if given["bundle"] is not None and "drafter" in config["options"]:
+        raise click.UsageError(f"--config {config['path']} names a drafter (speculative_config.speculative_model) and "
+                               "--bundle holds one; give the bundle's trtllm/serve.yaml with --target (its "
+                               "trtllm/target), or --bundle without --config")
     for name, value in config["options"].items():
         source = ctx.get_parameter_source(name)
         if name == "drafter":  # the same folder however written

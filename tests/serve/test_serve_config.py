@@ -124,6 +124,8 @@ def test_a_flag_that_disagrees_with_the_config_is_refused_before_the_models_load
     code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--max-draft-len", "3")
     assert code == 2 and "--max-draft-len 3 disagrees" in err
     assert time.perf_counter() - start < 10
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--bundle", str(tmp_path))
+    assert code == 2 and "names a drafter (speculative_config.speculative_model) and --bundle holds one" in err
     write(tmp_path, bundle_config(max_seq_len=100))
     code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
     assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_seq_len" in err
