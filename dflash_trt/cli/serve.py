@@ -92,7 +92,7 @@ def _read_config(ctx: click.Context, param, value):
               is_eager=True, expose_value=True, callback=_read_config, metavar="FILE",
               help="A trtllm-serve YAML config (TensorRT-LLM's LLM API options, `trtllm-serve --config`; a bundle's "
                    "trtllm/serve.yaml): its settings that serve has become these options' values "
-                   "(tensor_parallel_size, max_batch_size, speculative_config's max_draft_len, speculative_model, "
+                   "(tensor_parallel_size, max_batch_size, max_seq_len, speculative_config's max_draft_len, speculative_model, "
                    "max_concurrency, kv_cache_config.enable_block_reuse, enable_chunked_prefill with max_num_tokens, "
                    "dtype); TensorRT-LLM's speed and memory knobs are named as not applying; a setting serve does not "
                    "implement is refused. A flag given too must agree with it.")
@@ -109,6 +109,10 @@ def _read_config(ctx: click.Context, param, value):
               help="Chunked prefill (TensorRT-LLM's enable_chunked_prefill): a request joining the running batch has "
                    "N prompt tokens read per decode step, so a long prompt delays the running streams by one chunk "
                    "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
+@click.option("--max-seq-len", default=None, type=click.IntRange(2), metavar="N",
+              help="A request's prompt + output tokens at most (trtllm-serve's --max_seq_len), below the target's "
+                   "context: longer prompts are refused and max_tokens fitted to it as to the context. Default: the "
+                   "target's context (max_position_embeddings).")
 @prefix_cache_options
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
               default="info", show_default=True, help="uvicorn's log level (one access line per request at info).")
@@ -135,7 +139,7 @@ def _read_config(ctx: click.Context, param, value):
 @tp_size_option("serve", "rank 0 serves HTTP and the other ranks decode every batch with it")
 def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
           max_concurrency, mode, dtype, device, threads, cpu_kernels, cuda_kernels, host, port, served_model_name,
-          max_batch_size, prefill_chunk_size, enable_prefix_caching, prefix_cache_gb, log_level, tool_parser, reasoning_parser, api_key,
+          max_batch_size, prefill_chunk_size, max_seq_len, enable_prefix_caching, prefix_cache_gb, log_level, tool_parser, reasoning_parser, api_key,
           perf_metrics_max_requests, tp_size):
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
@@ -177,6 +181,12 @@ def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len
                        prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,
                        **({"tp_size": tp_size} if tp_size > 1 else {}))
     use_prefix_cache(pipe, enable_prefix_caching, prefix_cache_gb)
+    if max_seq_len is not None:  # every rank: the same stops at the context's end
+        own = pipe.engine.context_len
+        if max_seq_len > own:
+            raise click.UsageError(f"--max-seq-len {max_seq_len} is more than the target's context of {own} tokens "
+                                   f"(max_position_embeddings); give at most {own}, or leave it out")
+        pipe.engine.max_seq_len = max_seq_len
     if config is not None and mode == "dflash":
         from dflash_trt.cli.trtllm_config import check_drafter
 

@@ -3,14 +3,14 @@
 options, so that the settings a deployment gives trtllm-serve serve the same way here.
 
 Each key is one of three kinds (`SERVE_OPTIONS`, `IGNORED`, `REFUSED`):
-- a setting serve has: it becomes that option's value (tensor_parallel_size -> --tp-size, max_batch_size,
+- a setting serve has: it becomes that option's value (tensor_parallel_size -> --tp-size, max_batch_size, max_seq_len,
   speculative_config.max_draft_len / speculative_model / max_concurrency, kv_cache_config.enable_block_reuse ->
   --enable-prefix-caching, enable_chunked_prefill with max_num_tokens -> --prefill-chunk-size, dtype);
   speculative_config.mask_token_id and target_layer_ids are checked against the drafter's own config;
 - a knob of TensorRT-LLM's executor that changes its speed or GPU memory, not the tokens it returns (CUDA graphs, the
   overlap scheduler, free_gpu_memory_fraction, iteration logs, ...): accepted and named in one line on stderr as
   not applying here;
-- a setting that would change what is returned or what is accepted, which serve does not implement (max_seq_len,
+- a setting that would change what is returned or what is accepted, which serve does not implement (max_input_len,
   a quantized KV cache, pipeline parallelism, attention DP): refused, naming the key.
 Unknown keys and wrong types are refused by the schema check (`dflash_trt.build.schema.validate_llm_args`).
 """
@@ -25,6 +25,7 @@ from dflash_trt.errors import ConfigError
 #: YAML key (dotted) -> serve's option (the click parameter name)
 SERVE_OPTIONS = {
     "tensor_parallel_size": "tp_size", "max_batch_size": "max_batch_size", "dtype": "dtype",
+    "max_seq_len": "max_seq_len",
     "speculative_config.max_draft_len": "max_draft_len", "speculative_config.speculative_model": "drafter",
     "speculative_config.speculative_model_dir": "drafter",
     "speculative_config.max_concurrency": "max_concurrency",
@@ -48,7 +49,6 @@ IGNORED = (
 )
 #: key -> why serve refuses it (it would change what is returned or accepted), unless at the value given
 REFUSED = {
-    "max_seq_len": "serve's context is the target's own (max_position_embeddings)",
     "max_input_len": "serve accepts any prompt that leaves room in the target's context",
     "pipeline_parallel_size": "serve has no pipeline parallelism (tensor_parallel_size splits the target)",
     "enable_attention_dp": "serve has no attention data parallelism",

@@ -201,6 +201,9 @@ class Engine:
         self.proposer = proposer
         self.eos_token_ids = tuple(eos_token_ids) or target.config.eos_token_id
         self.lazy_logits = lazy_logits
+        #: Optional cap on a request's prompt + output tokens below the target's max_position_embeddings
+        #: (TensorRT-LLM's max_seq_len; `context_len`). None: the target's whole context.
+        self.max_seq_len: int | None = None
         #: Optional recorder of target features in mode "ar" (drafter training data, see
         #: `dflash_trt.training.datagen`): an object with `layer_ids` (tuple of target layer ids)
         #: and `record(request_indices: list[int], features [n, t, len(ids) * hidden], positions
@@ -236,7 +239,10 @@ class Engine:
 
     @property
     def context_len(self) -> int:
-        return self.target.config.max_position_embeddings
+        """A request's prompt + output tokens at most: the target's max_position_embeddings, or `max_seq_len` when
+        that is set and smaller."""
+        own = self.target.config.max_position_embeddings
+        return own if self.max_seq_len is None else min(own, self.max_seq_len)
 
     def _make_request(self, prompt: list[int], params: SamplingParams, index: int = 0) -> _Request:
         vocab = self.target.config.vocab_size

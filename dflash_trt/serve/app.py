@@ -129,6 +129,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     tokenizer_lock = threading.Lock()  # fast tokenizers must not be used from two threads at once
     context_len = pipe.engine.context_len
+    # what the context's bound is called in a refusal: the server's --max-seq-len where it is below the target's
+    capped = pipe.engine.max_seq_len is not None and pipe.engine.max_seq_len < pipe.engine.target.config.max_position_embeddings
+    context_name = "the server's max_seq_len" if capped else "the target's context"
     created = int(time.time())
 
     def decode(ids: list[int]) -> str:
@@ -469,7 +472,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             raise InvalidRequestError(f"min_tokens must be 0 with max_tokens 0 (echo: scoring the prompt, which "
                                       f"generates nothing), got {req.min_tokens}", param="min_tokens")
         max_tokens = [fit_context(len(ids), 1 if scoring else want, context_len,
-                                  f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
+                                  f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt",
+                                  context_name=context_name)
                       for i, ids in enumerate(prompts)]
         seqs, events = await run(req, prompts, max_tokens, scoring)
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -578,7 +582,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                                               f"({type(exc).__name__}: {exc})", param=field) from None
 
         ids = await asyncio.to_thread(encode)
-        max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field())
+        max_tokens = fit_context(len(ids), want, context_len, "the conversation", "messages", req.max_tokens_field(),
+                                 context_name=context_name)
         seqs, events = await run(req, [ids], [max_tokens])
         guided = seqs[0].params.guided
         return ids, seqs, events, ChatAnswers(calling, reasoning_parser, guided.kind if guided is not None else None)

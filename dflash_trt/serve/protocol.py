@@ -45,7 +45,8 @@ MAX_CHOICES = 64
 
 
 def fit_context(prompt_tokens: int, max_tokens: int | None, context_len: int, what: str,
-                prompt_field: str | None = None, max_tokens_field: str = "max_tokens") -> int:
+                prompt_field: str | None = None, max_tokens_field: str = "max_tokens",
+                context_name: str = "the target's context") -> int:
     """The completion tokens a request may generate: `max_tokens`, or (None) all the room its prompt leaves
     in the target's context. The rule of both servers (OpenAI's and Triton's): the prompt must leave at
     least one token, and the prompt plus `max_tokens` must fit.
@@ -53,7 +54,8 @@ def fit_context(prompt_tokens: int, max_tokens: int | None, context_len: int, wh
     Args:
         prompt_tokens: the prompt's length in tokens; `what` names it in the message ("the prompt").
         max_tokens: asked for (>= 1), or None.
-        context_len: the target's context in tokens.
+        context_len: the target's context in tokens (or the server's max_seq_len below it: `context_name` names
+            which in the messages).
         prompt_field / max_tokens_field: the request fields the two errors are about (their `param`), as the
             client sent them (e.g. "messages", "max_completion_tokens").
     Raises:
@@ -62,12 +64,12 @@ def fit_context(prompt_tokens: int, max_tokens: int | None, context_len: int, wh
     """
     room = context_len - prompt_tokens
     if room < 1:
-        raise PromptTooLongError(f"{what} is {prompt_tokens} tokens; the target's context is {context_len} tokens and "
+        raise PromptTooLongError(f"{what} is {prompt_tokens} tokens; {context_name} is {context_len} tokens and "
                                  f"at least one must be left to generate: shorten it to at most {context_len - 1}",
                                  param=prompt_field)
     if max_tokens is not None and max_tokens > room:
         raise InvalidRequestError(f"{what} is {count(prompt_tokens, 'token')} and {max_tokens_field} is {max_tokens}: "
-                                  f"{prompt_tokens + max_tokens} > the target's context of {context_len} tokens; ask "
+                                  f"{prompt_tokens + max_tokens} > {context_name} of {context_len} tokens; ask "
                                   f"for at most {room} tokens", param=max_tokens_field)
     return room if max_tokens is None else max_tokens
 

@@ -55,6 +55,30 @@ def test_a_bundles_serve_yaml_becomes_serves_options(tmp_path):
                                "speculative_config.attention_backend"]
 
 
+def test_max_seq_len_caps_a_requests_prompt_and_output(smollm2_pipeline, tmp_path):
+    """max_seq_len (trtllm-serve's, `serve --max-seq-len`, `Engine.max_seq_len`): an output stops at the cap as at
+    the target's context's end (finish_reason "length"), and a prompt that leaves no room is refused."""
+    from dflash_trt.errors import PromptTooLongError
+    from dflash_trt.runtime.sampling import SamplingParams
+
+    assert read_serve_config(write(tmp_path, bundle_config(max_seq_len=4096)))[0]["max_seq_len"] == 4096
+    engine = smollm2_pipeline.engine
+    prompt = smollm2_pipeline.encode_chat("Write a long story about the sea.")
+    try:
+        engine.max_seq_len = len(prompt) + 5
+        assert engine.context_len == len(prompt) + 5
+        for mode in ("ar", "dflash"):
+            [res] = engine.generate([prompt], SamplingParams(max_tokens=50, ignore_eos=True), mode)
+            assert (len(res.token_ids), res.finish_reason) == (5, "length")
+        engine.max_seq_len = len(prompt)
+        with pytest.raises(PromptTooLongError, match=f"shorten it to at most {len(prompt) - 1} tokens"):
+            engine.generate([prompt], SamplingParams(max_tokens=5), "ar")
+        engine.max_seq_len = 10**6  # above the target's: the target's
+        assert engine.context_len == engine.target.config.max_position_embeddings
+    finally:
+        engine.max_seq_len = None
+
+
 def test_chunked_prefill_concurrency_and_dtype_map(tmp_path):
     path = write(tmp_path, bundle_config(enable_chunked_prefill=True, max_num_tokens=32, dtype="bfloat16",
                                          speculative_config={"max_concurrency": 2}))
@@ -67,7 +91,7 @@ def test_chunked_prefill_concurrency_and_dtype_map(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"max_seq_len": 1024}, "does not implement max_seq_len (serve's context is the target's own"),
+    ({"max_input_len": 1024}, "does not implement max_input_len (serve accepts any prompt that leaves room"),
     ({"kv_cache_config": {"dtype": "fp8"}}, "kv_cache_config.dtype (serve keeps the KV cache in the model's dtype"),
     ({"pipeline_parallel_size": 2}, "pipeline_parallel_size (serve has no pipeline parallelism"),
     ({"max_batch_sizes": 4}, "max_batch_sizes"),  # not a TensorRT-LLM key: the schema check names it
@@ -126,9 +150,9 @@ def test_a_flag_that_disagrees_with_the_config_is_refused_before_the_models_load
     assert time.perf_counter() - start < 10
     code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--bundle", str(tmp_path))
     assert code == 2 and "names a drafter (speculative_config.speculative_model) and --bundle holds one" in err
-    write(tmp_path, bundle_config(max_seq_len=100))
+    write(tmp_path, bundle_config(max_input_len=100))
     code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
-    assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_seq_len" in err
+    assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_input_len" in err
 
 
 @pytest.mark.slow
@@ -138,7 +162,7 @@ def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
     the ignored knobs named on stderr."""
     from openai import OpenAI
 
-    cfg = bundle_config(max_batch_size=3, enable_chunked_prefill=True, max_num_tokens=16,
+    cfg = bundle_config(max_batch_size=3, enable_chunked_prefill=True, max_num_tokens=16, max_seq_len=128,
                         speculative_config={"max_draft_len": 7, "speculative_model": str(PACKAGED_DRAFTER)})
     path = write(tmp_path, cfg)
     beside = Path(sys.executable).parent / "dflash-trt"
@@ -160,6 +184,10 @@ def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
         assert len(raw.json()["choices"][0]["metrics"]["accepted_per_position"]) == 7  # max_draft_len 7
         stats = httpx.get(base + "/metrics").json()
         assert {s["maxNumActiveRequests"] for s in stats} == {3}
+        assert httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"] == 128  # max_seq_len
+        long = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+            "model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 120})
+        assert long.status_code == 400 and "> the server's max_seq_len of 128 tokens" in long.json()["error"]["message"]
         assert max(s["inflightBatchingStats"]["numCtxTokens"] for s in stats) == 16  # prompts read 16 at a time
     finally:
         proc.send_signal(signal.SIGINT)
@@ -171,3 +199,8 @@ def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
     assert proc.returncode == 0, err
     assert ("TensorRT-LLM's disable_overlap_scheduler, kv_cache_config.free_gpu_memory_fraction, "
             "speculative_config.attention_backend set its speed or GPU memory use, not its answers") in err
+
+
+def test_a_max_seq_len_above_the_targets_context_is_refused(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--max-seq-len", "100000", "--port", "0", "--threads", "1")
+    assert code == 2 and "--max-seq-len 100000 is more than the target's context of 8192 tokens" in err
