@@ -321,6 +321,9 @@ def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exist
             raise ConfigError(f"{flag} {out} is {_existing(path, kind)[0]}; --force replaces only {kind.name} or an "
                               f"empty folder, so nothing else is lost: pick another {flag}, or move it away yourself")
         if not replace:
+            if _is_empty(path):  # nothing to lose: say so, the generic message reads as if something were
+                raise ConfigError(f"{flag} {out} already exists, an empty folder; pass --force to write into it (nothing "
+                                  f"is there to lose), or pick another {flag}")
             raise ConfigError(exists_message or f"{flag} {out} already exists; pick another {flag}, or pass --force to "
                                                 f"replace it (--force replaces {kind.name} or an empty folder only, once "
                                                 "the new one is written)")
@@ -331,6 +334,14 @@ def check_out(flag: str, out: str | Path, kind: OutputKind, replace: bool, exist
             raise ConfigError(f"{flag} {out} is {existing}; --force replaces only {kind.name} or an empty folder, so "
                               f"nothing else is lost: pick another {flag}, or move {what} away yourself")
     return _parent_to_create(flag, path)
+
+
+def _is_empty(folder: Path) -> bool:
+    """Whether `folder` holds nothing (False where it cannot be listed)."""
+    try:
+        return not any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def free_sibling(path: Path, suffix: str) -> Path:

@@ -163,7 +163,8 @@ def test_export_cli_replaces_an_existing_folder_only_with_force(tmp_path, capsys
         assert _snapshot(dst) == {"keep.txt": b"old"}
     (dst / "keep.txt").unlink()
     code, out, err = _export_cli(capsys, src, dst)  # an empty folder: written over as a new one would be
-    assert code == 1 and err.startswith(f"error: DST {dst} already exists;")
+    assert code == 1 and err.startswith(f"error: DST {dst} already exists, an empty folder; pass --force to write into "
+                                        "it (nothing is there to lose)")
     assert _export_cli(capsys, src, dst, "--force")[0] == 0
     (dst / "acceptance.md").write_text("measured on the copy")  # what evaluate writes there: replaced too
     code, out, err = _export_cli(capsys, src, dst, "--force")
