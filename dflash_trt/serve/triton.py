@@ -33,7 +33,7 @@ INT32 [1] (default 0: no stop token or stop word ends the output before that man
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
 (the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
-words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object, "json_schema",
+words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object or array, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`). Outputs:
@@ -379,13 +379,18 @@ def embedding_bias(words, weights, encode) -> dict[int, float] | None:
 
 
 #: the TensorRT-LLM backend's guided_decoding_guide_type values -> the GuidedDecoding field the guide goes to
-GUIDE_TYPES = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+GUIDE_TYPES = {"json": "json", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+#: what guide type "json" (no guide) admits: a JSON object or array, as TensorRT-LLM's guided decoder compiles it
+#: (XGrammar's builtin JSON grammar, whose root is an object or an array; tensorrtllm_backend's
+#: docs/guided_decoding.md shows "[2025]" for it), written as a schema so that the runtime's bound on whitespace
+#: between tokens holds (`dflash_trt.runtime.guided.MAX_WHITESPACE`; the builtin grammar has none)
+ANY_JSON_SCHEMA = '{"type": ["object", "array"]}'
 
 
 def guided_decoding(guide_type, guide):
     """A request's GuidedDecoding from the TensorRT-LLM backend's guided_decoding_guide_type / guided_decoding_guide
-    inputs (str or UTF-8 bytes, or None when absent): "json" (any JSON object; no guide), "json_schema", "regex",
-    "ebnf_grammar" (each with its guide); None when neither is given.
+    inputs (str or UTF-8 bytes, or None when absent): "json" (any JSON object or array, `ANY_JSON_SCHEMA`; no guide),
+    "json_schema", "regex", "ebnf_grammar" (each with its guide); None when neither is given.
 
     Raises:
         InvalidRequestError: a guide without a type, a type other than those four, "json" with a guide,
@@ -407,9 +412,9 @@ def guided_decoding(guide_type, guide):
         raise InvalidRequestError(f"guided_decoding_guide_type {guide_type!r} is not one of {', '.join(GUIDE_TYPES)}")
     if guide_type == "json":
         if guide:
-            raise InvalidRequestError('guided_decoding_guide_type "json" means any JSON object and takes no guide; for a '
-                                      'schema use "json_schema"')
-        return GuidedDecoding(json_object=True)
+            raise InvalidRequestError('guided_decoding_guide_type "json" means any JSON object or array and takes no '
+                                      'guide; for a schema use "json_schema"')
+        return GuidedDecoding(json=ANY_JSON_SCHEMA)
     if not guide:
         raise InvalidRequestError(f'guided_decoding_guide_type "{guide_type}" needs guided_decoding_guide (the '
                                   f"{'JSON schema' if guide_type == 'json_schema' else guide_type.replace('_', ' ')})")

@@ -148,7 +148,8 @@ def test_guide_type_and_guide_become_the_runtimes_guided_decoding():
     from dflash_trt.serve.triton import guided_decoding
 
     assert guided_decoding(None, None) is None and guided_decoding(b"", b"") is None
-    assert guided_decoding(b"json", None) == GuidedDecoding(json_object=True)
+    # "json": an object or an array, as TensorRT-LLM's guided decoder (XGrammar's builtin JSON grammar) takes it
+    assert guided_decoding(b"json", None) == GuidedDecoding(json='{"type": ["object", "array"]}')
     assert guided_decoding(b"json_schema", b'{"type": "object"}') == GuidedDecoding(json='{"type": "object"}')
     assert guided_decoding("regex", "[0-9]+") == GuidedDecoding(regex="[0-9]+")
     assert guided_decoding(b"ebnf_grammar", b'root ::= "a"') == GuidedDecoding(grammar='root ::= "a"')
@@ -395,6 +396,24 @@ def test_guided_decoding_gives_the_engines_tokens(triton, smollm2_pipeline):
     assert out["text_output"] in ("Paris", "Lyon")  # the whole output matches the regex
     status, out = generate(triton, {**body, "guided_decoding_guide_type": "regex", "guided_decoding_guide": "(a"})
     assert status != 200 and "guided decoding: the regex does not compile" in out["error"]
+
+
+@pytest.mark.slow
+def test_guide_type_json_admits_an_array_as_tensorrt_llm(triton, smollm2_pipeline):
+    """guided_decoding_guide_type "json" is any JSON object or array (TensorRT-LLM compiles it to XGrammar's builtin
+    JSON grammar, whose root is either; tensorrtllm_backend's docs/guided_decoding.md answers this very prompt with
+    "[2025]"): the answer is the engine's own under an object-or-array schema, here an array (it was an object only,
+    "{}", OpenAI's json_object)."""
+    from dflash_trt.runtime.guided import GuidedDecoding
+    from dflash_trt.serve.triton import ANY_JSON_SCHEMA
+
+    prompt = "What is the year after 2024? Answer:"
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)],
+                                      SamplingParams(max_tokens=20, guided=GuidedDecoding(json=ANY_JSON_SCHEMA)), mode="ar")
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 20, "guided_decoding_guide_type": "json"})
+    assert status == 200, out
+    assert out["text_output"] == ref.text == "[2024]" and out["finish_reason"] == "stop"
+    assert json.loads(out["text_output"]) == [2024]
 
 
 def test_kv_cache_reuse_parameters_give_the_engine_a_prefix_cache(tmp_path, smollm2_path):
