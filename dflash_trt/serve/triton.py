@@ -10,9 +10,11 @@ backend's ensemble (`text_input`, `max_tokens`, `temperature`, `top_p`, `top_k`,
 `stream`, `stop_words` -> `text_output`), so requests to Triton's `/v2/models/NAME/generate` and
 `/generate_stream` endpoints written for that ensemble work here (a JSON key that is not one of these
 inputs is refused, naming it). Triton's HTTP `/v2/models/NAME/infer` does not serve decoupled models
-(it answers 501); tensor clients use gRPC streaming (`ModelStreamInfer`), with one change from the
-ensemble's: it has `max_batch_size` > 0, so they send shapes [batch, 1]; this model has
-`max_batch_size: 0` (Triton does not batch: the scheduler does) and takes shape [1] per request:
+(it answers 501); tensor clients use gRPC streaming (`ModelStreamInfer`) with the ensemble's shapes: this model
+has `max_batch_size: 1` (`MAX_REQUEST_BATCH`), so each input is [1, ...] (a batch dimension first, as the
+TensorRT-LLM backend's clients send them: its `end_to_end_grpc_client.py` runs unchanged); a request of several
+prompts ([2, 1]) is refused by Triton ("batch-size must be <= 1"): send each its own request, they batch in the
+runtime's scheduler. Outputs have the backend's shapes: text [1], numbers [1, 1], output_log_probs [1, 1, tokens]:
 
     curl -X POST localhost:8000/v2/models/dflash/generate \\
          -d '{"text_input": "What is the capital of France?", "apply_chat_template": true, "max_tokens": 32}'
@@ -36,7 +38,10 @@ off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embe
 words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object or array, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
-defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`). Outputs:
+defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`); as tensors too (beam_width, num_return_sequences, end_id,
+pad_id, length_penalty, return_context_logits, return_generation_logits: `TENSOR_NEUTRAL`).
+exclude_input_in_output BOOL [1] (default true here, where the TensorRT-LLM backend's is false: false puts the
+prompt's text before the answer in a whole, not streamed, text_output, as its postprocessing decodes both). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
@@ -44,8 +49,9 @@ streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their s
 response); with return_perf_metrics BOOL [1] (the TensorRT-LLM backend's request metrics, in the last response:
 `perf_metrics`), arrival_time_ns, first_scheduled_time_ns, first_token_time_ns and last_token_time_ns INT64 [1]
 (nanoseconds since the Unix epoch), acceptance_rate FP32 [1], total_accepted_draft_tokens and total_draft_tokens
-INT32 [1], and cached_tokens INT32 [1] (prompt tokens whose K/V came from the prefix cache; where the TensorRT-LLM
-backend counts reused KV blocks, this cache keeps tokens, not blocks). A request is
+INT32 [1], cached_tokens INT32 [1] (prompt tokens whose K/V came from the prefix cache), and the TensorRT-LLM
+backend's kv_cache_alloc_new_blocks, kv_cache_reused_blocks and kv_cache_alloc_total_blocks INT32 [1] with a block of
+one token (this cache keeps tokens, not blocks). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
 that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words.
 Triton's JSON frontend converts the values before the model sees them: a `max_tokens` beyond INT32 wraps
@@ -106,7 +112,20 @@ INPUTS = (
     ("embedding_bias_weights", "TYPE_FP32", [-1], True),
     ("guided_decoding_guide_type", "TYPE_STRING", [1], True),
     ("guided_decoding_guide", "TYPE_STRING", [1], True),
+    ("exclude_input_in_output", "TYPE_BOOL", [1], True),
+    # the TensorRT-LLM backend's inputs its clients send as tensors (its end_to_end_grpc_client.py always sends
+    # beam_width and num_return_sequences): taken at the values that ask for what this model does (`TENSOR_NEUTRAL`)
+    ("beam_width", "TYPE_INT32", [1], True),
+    ("num_return_sequences", "TYPE_INT32", [1], True),
+    ("end_id", "TYPE_INT32", [1], True),
+    ("pad_id", "TYPE_INT32", [1], True),
+    ("length_penalty", "TYPE_FP32", [1], True),
+    ("return_context_logits", "TYPE_BOOL", [1], True),
+    ("return_generation_logits", "TYPE_BOOL", [1], True),
 )
+#: the inputs above taken only at a neutral value (`check_extra_fields`), as tensors or /generate JSON keys
+TENSOR_NEUTRAL = ("beam_width", "num_return_sequences", "end_id", "pad_id", "length_penalty", "return_context_logits",
+                  "return_generation_logits")
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
     ("finish_reason", "TYPE_STRING", [1]),
@@ -122,10 +141,19 @@ OUTPUTS = (
     ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
     ("total_draft_tokens", "TYPE_INT32", [1]),
     ("cached_tokens", "TYPE_INT32", [1]),
+    # the TensorRT-LLM backend's KV cache block counts (its clients read them with return_perf_metrics): this cache
+    # keeps tokens, so a block here is one token (`perf_metrics`)
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", [1]),
+    ("kv_cache_reused_blocks", "TYPE_INT32", [1]),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32", [1]),
 )
 #: the outputs `return_perf_metrics` adds (`perf_metrics`)
 PERF_OUTPUTS = tuple(name for name, *_ in OUTPUTS[OUTPUTS.index(("arrival_time_ns", "TYPE_INT64", [1])):])
 DEFAULT_MAX_TOKENS = 256
+#: config.pbtxt's max_batch_size: 1, as the TensorRT-LLM backend's models have one (> 0), so that tensor clients send
+#: its shapes, [1, 1] (a batch dimension first); a request holding several prompts ([2, 1]) is refused by Triton
+#: itself ("batch-size must be <= 1"): each prompt is its own request, and requests batch in the runtime's scheduler
+MAX_REQUEST_BATCH = 1
 #: how often the model asks Triton whether a request in progress was cancelled (seconds)
 CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
@@ -145,7 +173,7 @@ def model_config(name: str, parameters: dict[str, str], instances: int = 1) -> s
         extra = " optional: true" if optional else ""
         return f'  {{ name: "{name}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ]{extra} }}'
 
-    lines = [f'name: "{name}"', 'backend: "python"', "max_batch_size: 0",
+    lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {MAX_REQUEST_BATCH}",
              "model_transaction_policy { decoupled: true }",
              "input [\n" + ",\n".join(tensor(*t) for t in INPUTS) + "\n]",
              "output [\n" + ",\n".join(tensor(*t) for t in OUTPUTS) + "\n]",
@@ -260,9 +288,8 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 #: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what
 #: it does anyway (None: any value); `end_id` is checked against the target's
 #: EOS ids; `id` is the request id of Triton's JSON requests
-ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "exclude_input_in_output": (True,), "beam_width": (1,),
-                    "num_return_sequences": (1,), "return_context_logits": (False,), "return_generation_logits": (False,),
-                    "length_penalty": (1,)}
+ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "beam_width": (1,), "num_return_sequences": (1,),
+                    "return_context_logits": (False,), "return_generation_logits": (False,), "length_penalty": (1,)}
 
 
 def check_extra_fields(extra: dict, eos_token_ids) -> None:
@@ -309,7 +336,9 @@ def perf_metrics(metrics, queue_time_s: float, arrival_ns: int) -> dict[str, tup
         token) and last_token_time_ns (+ the request's whole time), in ns since the Unix epoch (int64); the drafts
         accepted / verified (`total_accepted_draft_tokens` / `total_draft_tokens`, int32) and their ratio
         `acceptance_rate` (float32; 0 when nothing was drafted, as the TensorRT-LLM backend reports it);
-        `cached_tokens` (int32).
+        `cached_tokens` (int32); the TensorRT-LLM backend's `kv_cache_alloc_new_blocks`, `kv_cache_reused_blocks` and
+        `kv_cache_alloc_total_blocks` (int32) with a block of one token (this cache keeps tokens): the positions the
+        request wrote, read from the prefix cache, and both.
     """
     scheduled = arrival_ns + round(queue_time_s * 1e9)
     return {"arrival_time_ns": (arrival_ns, "int64"), "first_scheduled_time_ns": (scheduled, "int64"),
@@ -318,7 +347,12 @@ def perf_metrics(metrics, queue_time_s: float, arrival_ns: int) -> dict[str, tup
             "acceptance_rate": (metrics.acceptance_rate, "float32"),
             "total_accepted_draft_tokens": (metrics.accepted_tokens, "int32"),
             "total_draft_tokens": (metrics.drafted_tokens, "int32"),
-            "cached_tokens": (metrics.cached_tokens, "int32")}
+            "cached_tokens": (metrics.cached_tokens, "int32"),
+            # one token a block: the prompt and output positions it wrote (new), those it read from the cache (reused)
+            "kv_cache_alloc_new_blocks": (metrics.prompt_tokens - metrics.cached_tokens + metrics.completion_tokens,
+                                          "int32"),
+            "kv_cache_reused_blocks": (metrics.cached_tokens, "int32"),
+            "kv_cache_alloc_total_blocks": (metrics.prompt_tokens + metrics.completion_tokens, "int32")}
 
 
 def min_tokens(given, min_length) -> int:
@@ -540,7 +574,10 @@ class TritonPythonModel:
             return None if t is None else list(t.as_numpy().reshape(-1))
 
         arrival_ns, arrival = time.time_ns(), time.perf_counter()  # the queue time counts from here
-        check_extra_fields(json.loads(request.parameters() or "{}"), self.pipe.engine.eos_token_ids)
+        given = {name: scalar(name, None) for name in TENSOR_NEUTRAL}
+        check_extra_fields({**json.loads(request.parameters() or "{}"),
+                            **{name: value.item() for name, value in given.items() if value is not None}},
+                           self.pipe.engine.eos_token_ids)
         raw = scalar("text_input", None)
         if raw is None:
             raise InvalidRequestError("text_input is required: the prompt text")
@@ -587,15 +624,24 @@ class TritonPythonModel:
         if params.guided is not None:  # compiled here (cached), not on the generation thread
             self.pipe.engine.grammars.compile(params.guided)
         stream = bool(scalar("stream", False))
+        # the TensorRT-LLM backend's exclude_input_in_output false: the whole (not streamed) text_output starts with the
+        # prompt, as its postprocessing decodes the prompt's and the output's tokens together; default true here
+        with_input = not bool(scalar("exclude_input_in_output", True)) and not stream
 
+        # the shapes of the TensorRT-LLM backend's outputs, which its clients index: text [batch] (its
+        # end_to_end_grpc_client.py reads `text_output[0].decode()`), numbers [batch, 1] (`[0][0]`), log-probabilities
+        # [batch, beam, tokens]; Triton's /generate JSON gives a one-element tensor as its value either way
         def text_tensor(name, value):
             return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+
+        def number(name, value, dtype):
+            return pb_utils.Tensor(name, np.array([[value]], dtype=dtype))
 
         def log_prob_tensors(lps) -> list:
             """output_log_probs of `lps` (TokenLogprobs), none when empty (Triton's JSON has no empty arrays)."""
             if not lps:
                 return []
-            return [pb_utils.Tensor("output_log_probs", np.array([lp.logprob for lp in lps], dtype=np.float32))]
+            return [pb_utils.Tensor("output_log_probs", np.array([[[lp.logprob for lp in lps]]], dtype=np.float32))]
 
         def on_text(delta, lps=None):
             sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta),
@@ -613,16 +659,16 @@ class TritonPythonModel:
                 sender.send(flags=final)
                 return
             out = seq.text.rest(result.finish_reason) if stream else result.text
+            if with_input:
+                out = self._decode(ids) + out
             tensors = [text_tensor("text_output", out), text_tensor("finish_reason", result.finish_reason),
-                       pb_utils.Tensor("num_output_tokens", np.array([len(result.token_ids)], dtype=np.int32)),
-                       pb_utils.Tensor("acceptance_length", np.array([result.metrics.acceptance_length],
-                                                                     dtype=np.float32))]
+                       number("num_output_tokens", len(result.token_ids), np.int32),
+                       number("acceptance_length", result.metrics.acceptance_length, np.float32)]
             if result.logprobs is not None:
                 tensors += log_prob_tensors(seq.rest_logprobs(result))
-                tensors.append(pb_utils.Tensor("cum_log_probs", np.array([sum(lp.logprob for lp in result.logprobs)],
-                                                                         dtype=np.float32)))
+                tensors.append(number("cum_log_probs", sum(lp.logprob for lp in result.logprobs), np.float32))
             if perf:
-                tensors += [pb_utils.Tensor(name, np.array([value], dtype=dtype)) for name, (value, dtype)
+                tensors += [number(name, value, dtype) for name, (value, dtype)
                             in perf_metrics(result.metrics, seq.queue_time_s, arrival_ns).items()]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 

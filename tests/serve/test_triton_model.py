@@ -22,6 +22,7 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     text = (folder / "config.pbtxt").read_text()
     assert text == model_config("dflash", {"bundle": "../..", "mode": "dflash"})
     assert "decoupled: true" in text and 'backend: "python"' in text
+    assert "max_batch_size: 1\n" in text  # the TensorRT-LLM backend's shapes: [1, 1]
     for name, dtype, *_ in (*INPUTS, *OUTPUTS):
         assert f'name: "{name}" data_type: {dtype}' in text
     for name, dtype in (("repetition_penalty", "TYPE_FP32"), ("presence_penalty", "TYPE_FP32"),
@@ -91,10 +92,10 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.serve.triton import check_extra_fields
 
-    check_extra_fields({"id": "42", "pad_id": 7, "end_id": 2, "exclude_input_in_output": True, "beam_width": 1,
+    check_extra_fields({"id": "42", "pad_id": 7, "end_id": 2, "beam_width": 1, "num_return_sequences": 1,
                         "length_penalty": 1.0}, eos_token_ids=(2,))
     for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5},
-                  {"exclude_input_in_output": False}, {"length_penalty": 1.2}):
+                  {"num_return_sequences": 2}, {"length_penalty": 1.2}):
         with pytest.raises(InvalidRequestError, match=rf"unknown field\(s\) \['{next(iter(extra))}'\]"):
             check_extra_fields(extra, eos_token_ids=(2,))
 
@@ -473,7 +474,10 @@ def test_perf_metrics_place_the_request_on_the_wall_clock():
                    "first_token_time_ns": (10**18 + 375_000_000, "int64"),
                    "last_token_time_ns": (10**18 + 1_625_000_000, "int64"), "acceptance_rate": (4 / 30, "float32"),
                    "total_accepted_draft_tokens": (4, "int32"), "total_draft_tokens": (30, "int32"),
-                   "cached_tokens": (5, "int32")}
+                   "cached_tokens": (5, "int32"),
+                   # one token a block: 9 - 5 prompt positions read + 7 output positions written, 5 reused, 16 in all
+                   "kv_cache_alloc_new_blocks": (11, "int32"), "kv_cache_reused_blocks": (5, "int32"),
+                   "kv_cache_alloc_total_blocks": (16, "int32")}
     assert tuple(out) == PERF_OUTPUTS
     assert perf_metrics(RequestMetrics(completion_tokens=1), 0.0, 7)["acceptance_rate"] == (0.0, "float32")
 
