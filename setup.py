@@ -39,7 +39,8 @@ setup(
         # (Makefile GUIDED_PKGS: its triton dependency serves its GPU kernels only)
         "guided": ["xgrammar==0.2.9"],
         # the tests drive the server with the real OpenAI client
-        "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib", "openai"],
+        # tritonclient: the tests talk to the Triton model over gRPC as the TensorRT-LLM backend's clients do
+        "dev": ["pytest", "scipy", "ruff", "ninja", "matplotlib", "openai", "tritonclient[grpc]"],
     },
     entry_points={"console_scripts": ["dflash-trt=dflash_trt.cli:main"]},
 )

@@ -535,3 +535,85 @@ def test_a_gpu_that_is_not_there_is_named_as_the_parameter(tmp_path, monkeypatch
         TritonPythonModel().initialize({"model_config": json_.dumps(config), "model_repository": str(tmp_path)})
     assert str(info.value) == (f"config.pbtxt parameter 'device' cuda: torch sees no CUDA GPU here (torch "
                                f"{torch.__version__}); use cpu or run on a machine with a GPU")
+
+
+def grpc_stream(server, requests: list[tuple[dict, list[str]]]):
+    """Send `requests` ({input: numpy array}, requested outputs) on one gRPC stream (Triton's ModelStreamInfer, as
+    the TensorRT-LLM backend's end_to_end_grpc_client.py does) and collect each one's results (or its error) until
+    its final response."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for i, (inputs, outputs) in enumerate(requests):
+            tensors = []
+            for name, value in inputs.items():
+                t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+                t.set_data_from_numpy(value)
+                tensors.append(t)
+            client.async_stream_infer("dflash", tensors, request_id=str(i), enable_empty_final_response=True,
+                                      outputs=[grpcclient.InferRequestedOutput(o) for o in outputs])
+        results: dict[str, list] = {str(i): [] for i in range(len(requests))}
+        done: set[str] = set()
+        while len(done) < len(requests):
+            result, error = got.get(timeout=300)
+            if error is not None:  # a refused request: its error, which names its id, is its only answer
+                import re
+
+                rid = re.search(r"\[request id: ([^\]]+)\]", str(error)).group(1)
+                results[rid].append(error)
+                done.add(rid)
+                continue
+            response = result.get_response()
+            results[response.id].append(result)
+            if response.parameters["triton_final_response"].bool_param:
+                done.add(response.id)
+        return [results[str(i)] for i in range(len(requests))]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.slow
+def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_them(triton, smollm2_pipeline):
+    """The requests the TensorRT-LLM backend's end_to_end_grpc_client.py sends, on one gRPC stream: shapes [1, 1],
+    beam_width / num_return_sequences / end_id / pad_id as tensors, exclude_input_in_output false, perf metrics with
+    its kv_cache_*_blocks outputs; read as it reads them (`text_output[0].decode()`, numbers `[0][0]`). Whole: the
+    prompt then the target's greedy answer; streamed: the answer's deltas; a request of 2 prompts ([2, 1]) and one
+    without the batch dimension ([1]) are refused by Triton, naming the shape."""
+    import numpy as np
+
+    prompt = "def fibonacci(n):"
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)], SamplingParams(max_tokens=12), mode="ar")
+    eos = smollm2_pipeline.engine.eos_token_ids[0]
+
+    def request(stream: bool, batch=((prompt,),)):
+        text = np.array([[p.encode() for p in row] for row in batch], dtype=object)
+        n = len(batch)
+        inputs = {"text_input": text, "max_tokens": np.full((n, 1), 12, np.int32),
+                  "stream": np.full((n, 1), stream), "beam_width": np.ones((n, 1), np.int32),
+                  "temperature": np.zeros((n, 1), np.float32), "num_return_sequences": np.ones((n, 1), np.int32),
+                  "end_id": np.full((n, 1), eos, np.int32), "pad_id": np.full((n, 1), eos, np.int32),
+                  "exclude_input_in_output": np.zeros((n, 1), bool), "return_perf_metrics": np.ones((n, 1), bool)}
+        return inputs, ["text_output", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                        "kv_cache_alloc_total_blocks", "total_draft_tokens", "arrival_time_ns"]
+
+    whole, streamed, two, flat = grpc_stream(triton, [
+        request(False), request(True), request(False, ((prompt,), ("Once upon a time",))),
+        ({"text_input": np.array([prompt.encode()], dtype=object)}, ["text_output"])])
+    [last] = whole
+    assert last.as_numpy("text_output")[0].decode("utf-8") == prompt + ref.text  # exclude_input_in_output false
+    assert last.as_numpy("kv_cache_alloc_total_blocks")[0][0] == len(smollm2_pipeline.encode(prompt)) + 12
+    assert last.as_numpy("kv_cache_reused_blocks")[0][0] == 0
+    assert last.as_numpy("kv_cache_alloc_new_blocks")[0][0] == last.as_numpy("kv_cache_alloc_total_blocks")[0][0]
+    assert last.as_numpy("arrival_time_ns")[0][0] > 1.7e18
+    # streamed: only the answer (the backend streams new tokens only), its deltas joined
+    texts = [r.as_numpy("text_output")[0].decode("utf-8") for r in streamed if r.as_numpy("text_output") is not None]
+    assert "".join(texts) == ref.text and len(texts) > 1
+    assert "batch-size must be <= 1" in str(two[0])
+    assert "Expected [-1,1], got [1]" in str(flat[0])

@@ -86,6 +86,7 @@ class TritonServer:
                    LD_LIBRARY_PATH=f"{sysconfig.get_config_var('LIBDIR')}:{libs}")
         self.http, grpc, metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
+        self.grpc_url = f"127.0.0.1:{grpc}"
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         self.log = work / "tritonserver.log"
         cmd = [str(server / "bin" / "tritonserver"), "--model-repository", str(repo), "--backend-directory",
