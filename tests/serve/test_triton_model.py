@@ -609,8 +609,10 @@ def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_
     [last] = whole
     assert last.as_numpy("text_output")[0].decode("utf-8") == prompt + ref.text  # exclude_input_in_output false
     assert last.as_numpy("kv_cache_alloc_total_blocks")[0][0] == len(smollm2_pipeline.encode(prompt)) + 12
-    assert last.as_numpy("kv_cache_reused_blocks")[0][0] == 0
-    assert last.as_numpy("kv_cache_alloc_new_blocks")[0][0] == last.as_numpy("kv_cache_alloc_total_blocks")[0][0]
+    # the fixture's prefix cache may hold the prompt's start (an earlier test asked it): reused + new = total
+    reused = last.as_numpy("kv_cache_reused_blocks")[0][0]
+    assert 0 <= reused < len(smollm2_pipeline.encode(prompt))
+    assert last.as_numpy("kv_cache_alloc_new_blocks")[0][0] + reused == last.as_numpy("kv_cache_alloc_total_blocks")[0][0]
     assert last.as_numpy("arrival_time_ns")[0][0] > 1.7e18
     # streamed: only the answer (the backend streams new tokens only), its deltas joined
     texts = [r.as_numpy("text_output")[0].decode("utf-8") for r in streamed if r.as_numpy("text_output") is not None]
