@@ -29,6 +29,19 @@ class LazyGroup(click.Group):
         module, attr = SUBCOMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def resolve_command(self, ctx, args):
+        """click's, with the closest command named for a misspelt one ("No such command 'genrate'. Did you mean
+        'generate'?"), as click names the closest option for a misspelt option."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            import difflib
+
+            close = difflib.get_close_matches(args[0], list(SUBCOMMANDS), n=1) if args else []
+            if not close or "No such command" not in exc.message:
+                raise
+            raise click.UsageError(f"{exc.message.rstrip('.')}. Did you mean '{close[0]}'?", ctx) from None
+
 
 def quiet_cuda_home_warning() -> None:
     """Drop torch's "No CUDA runtime is found, using CUDA_HOME=..." warning (torch.utils.cpp_extension logs it when

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -66,7 +67,12 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
     if p.is_file():
         raise CheckpointError(f"{option} {path} is a file; give the {what} folder (the one holding config.json)")
     if not p.exists():
-        raise CheckpointError(f"{option} {path}: no such folder; give the {what} folder (the one holding config.json)")
+        hub = ""
+        if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)):  # OWNER/NAME: a Hugging Face Hub id, most likely
+            hub = (f"; {path} looks like a Hugging Face Hub id, which dflash-trt does not download: fetch it first "
+                   f"(huggingface-cli download {path} --local-dir DIR) and give DIR")
+        raise CheckpointError(f"{option} {path}: no such folder; give the {what} folder (the one holding config.json)"
+                              + hub)
     if (p / "manifest.json").is_file() and not (p / "config.json").exists():
         raise CheckpointError(f"{option} {path} is a dflash-trt bundle, not a {what} folder: give its "
                               f"{path}/trtllm/target (--target) and {path}/trtllm/drafter (--drafter) folders, or "

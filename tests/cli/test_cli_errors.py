@@ -792,3 +792,19 @@ def test_torchs_no_cuda_runtime_warning_is_dropped(monkeypatch, capsys, caplog):
     assert [r.getMessage() for r in caplog.records] == ["another warning"]
     run_main(monkeypatch, capsys, "generate", "--help")  # once: not a filter per run
     assert sum(getattr(f, "dflash_trt", False) for f in logger.filters) == 1
+
+
+def test_a_misspelt_command_names_the_closest_one(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "genrate", "--prompt", "hi")
+    assert code == 2 and "No such command 'genrate'. Did you mean 'generate'?" in err
+    code, out, err = run_main(monkeypatch, capsys, "zzz")
+    assert code == 2 and "No such command 'zzz'" in err and "Did you mean" not in err
+
+
+def test_a_hugging_face_hub_id_as_target_says_it_is_not_downloaded(monkeypatch, capsys):
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                              "--prompt", "hi")
+    assert code != 0 and "looks like a Hugging Face Hub id, which dflash-trt does not download: fetch it first " \
+                         "(huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR)" in err
+    code, out, err = run_main(monkeypatch, capsys, "generate", "--target", "no/such/deep/folder", "--prompt", "hi")
+    assert code != 0 and "no such folder" in err and "Hub id" not in err
