@@ -15,7 +15,10 @@ from dflash_trt.text import count
 @click.option("--drafter", type=click.Path(), default=None,
               help="DFlash drafter folder, z-lab / ModelOpt or vLLM speculators format (default: the project's "
                    "drafter).")
-def check(target, drafter):
+@click.option("--bundle", type=click.Path(), default=None,
+              help="A `dflash-trt build` bundle: its files verified against its manifest (as generate and serve "
+                   "verify them), then its target and drafter checked; replaces --target/--drafter.")
+def check(target, drafter, bundle):
     """Run every compatibility check (configs, both models' weights read from their safetensors headers, the
     drafter's weight values, tokenizers); print each problem with its fix. Warnings do not fail the check; a
     passing check names the target and drafter folders it checked."""
@@ -24,6 +27,11 @@ def check(target, drafter):
     from dflash_trt.errors import ConfigError
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
+    bundle_notes: list[str] = []
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")
+        target, drafter, bundle_notes = _bundle_models(bundle)
     target = model_folder("--target", target)  # a target that is not there first: no drafter would help
     why = drafter_required(target, drafter, alternative=None)
     if why is not None:
@@ -31,6 +39,8 @@ def check(target, drafter):
     drafter = model_folder("--drafter", drafter, "drafter")
     target, drafter = target or default_target_path(), drafter or default_drafter_path()
     findings = check_checkpoints(target, drafter)
+    for note in bundle_notes:
+        click.echo(f"warning: {note}", err=True)
     for f in findings:  # diagnostics on stderr, as every command prints its warnings; the verdict on stdout
         click.echo(f"{f.level}: {f.message}", err=True)
     errors = sum(f.level == ERROR for f in findings)
@@ -39,3 +49,26 @@ def check(target, drafter):
         sys.exit(1)
     click.echo(f"ok: the drafter fits the target ({count(len(findings), 'warning')}): target {target}, "
                f"drafter {drafter}")
+
+
+def _bundle_models(bundle: str) -> tuple[str, str, list[str]]:
+    """(target folder, drafter folder, notes on files added since the build that nothing loads) of a bundle whose
+    loaded files match its manifest.
+
+    Raises:
+        BundleError: a missing bundle or manifest, or a file of the folders it loads missing, altered or added
+            (`dflash_trt.build.manifest.verify_files`).
+    """
+    from pathlib import Path
+
+    from dflash_trt.build.manifest import bundle_folder, load_manifest, verify_files
+
+    manifest = load_manifest(bundle, verify=False)  # before Path(): an empty path is not the current folder
+    root = Path(bundle)
+    target = bundle_folder(root, manifest, "models.target.path")
+    drafter = bundle_folder(root, manifest, "models.drafter.path")
+    tokenizer = bundle_folder(root, manifest, "tokenizer.path")
+    unloaded = verify_files(root, manifest, loaded=[target, drafter, tokenizer])
+    notes = [f"bundle {root}: {', '.join(unloaded)} since the build; nothing loads "
+             f"{'this file' if len(unloaded) == 1 else 'these files'}"] if unloaded else []
+    return str(target), str(drafter), notes

@@ -514,3 +514,20 @@ def test_a_bundle_given_as_target_or_drafter_names_its_model_folders(tiny_bundle
     code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(b / "trtllm/target"),
                               "--drafter", str(b / "trtllm/drafter"))
     assert code == 0 and out.splitlines()[-1].startswith("ok: the drafter fits the target"), err
+
+
+def test_check_takes_a_bundle_verifies_it_and_checks_its_models(bundle, monkeypatch, capsys):
+    """`check --bundle`: the bundle's target and drafter checked (ok, naming their folders in it); a loaded file
+    altered since the build fails as generate --bundle does; --target beside --bundle is a usage error."""
+    from tests.conftest import run_main
+
+    code, out, err = run_main(monkeypatch, capsys, "check", "--bundle", str(bundle))
+    assert code == 0, err
+    assert out.startswith("ok: the drafter fits the target") and f"target {bundle}/trtllm/target" in out
+    assert f"drafter {bundle}/" in out
+    code, _, err = run_main(monkeypatch, capsys, "check", "--bundle", str(bundle), "--target", str(bundle))
+    assert code == 2 and "--bundle already holds the target and drafter" in err
+    config = bundle / "trtllm" / "target" / "config.json"
+    config.write_text(config.read_text().replace("{", "{ ", 1))  # altered since the build
+    code, _, err = run_main(monkeypatch, capsys, "check", "--bundle", str(bundle))
+    assert code == 1 and "config.json" in err and "Traceback" not in err
