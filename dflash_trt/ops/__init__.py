@@ -186,7 +186,8 @@ def _load_cpu_library() -> str | None:
     from torch.utils.cpp_extension import load
 
     def build(tmp: Path) -> None:
-        print("dflash-trt: building the CPU kernels (once, ~15 s)...", file=sys.stderr, flush=True)
+        print("dflash-trt: building the CPU kernels (once: ~15 s on an idle machine, minutes on a busy one)...",
+              file=sys.stderr, flush=True)
         load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(ISA_CFLAGS[cpu_isa()]),
              build_directory=str(tmp), is_python_module=False, verbose=False)
 
