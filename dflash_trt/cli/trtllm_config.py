@@ -116,6 +116,8 @@ def read_serve_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any],
         name = SERVE_OPTIONS.get(key)
         if name is None or key in ("enable_chunked_prefill", "max_num_tokens"):
             continue
+        if key == "speculative_config.speculative_model_dir" and "speculative_config.speculative_model" in flat:
+            continue  # both given: TensorRT-LLM's AliasChoices("speculative_model", "speculative_model_dir") takes the first
         if key == "dtype":
             if value == "auto":  # the checkpoint's: serve's default
                 continue

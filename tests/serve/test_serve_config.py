@@ -117,6 +117,21 @@ def test_the_drafters_ids_may_be_left_to_its_config_as_tensorrt_llm_reads_them(t
         read_serve_config(write(tmp_path, cfg))
 
 
+@pytest.mark.parametrize("order", [("speculative_model", "speculative_model_dir"),
+                                   ("speculative_model_dir", "speculative_model")])
+def test_speculative_model_is_taken_over_speculative_model_dir_when_both_are_given(tmp_path, order):
+    """TensorRT-LLM reads the drafter with AliasChoices("speculative_model", "speculative_model_dir"): given both, the
+    first name's value, wherever the keys stand in the file (the later key had won, here the older name's)."""
+    cfg = bundle_config()
+    spec = cfg["speculative_config"]
+    given = {"speculative_model": "new", "speculative_model_dir": "old"}
+    spec.pop("speculative_model")
+    cfg["speculative_config"] = {**spec, **{k: given[k] for k in order}}
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert read_serve_config(path)[0]["drafter"] == str(tmp_path / "new")
+
+
 def test_neutral_values_of_refused_keys_are_taken(tmp_path):
     options, _, _ = read_serve_config(write(tmp_path, bundle_config(pipeline_parallel_size=1, enable_attention_dp=False)))
     assert options["max_batch_size"] == 4
