@@ -17,6 +17,7 @@ Unknown keys and wrong types are refused by the schema check (`dflash_trt.build.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,13 @@ def read_serve_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any],
             if value == "auto":  # the checkpoint's: serve's default
                 continue
         elif key in ("speculative_config.speculative_model", "speculative_config.speculative_model_dir"):
-            value = str((path.parent / value) if not Path(value).is_absolute() else Path(value))
+            resolved = (path.parent / value) if not Path(value).is_absolute() else Path(value)
+            if not resolved.exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
+                raise ConfigError(f"--config {path}: {key} {value}: no such folder beside the config ({resolved}); "
+                                  f"{value} looks like a Hugging Face Hub id, which TensorRT-LLM downloads and dflash-trt "
+                                  f"does not: fetch it first (huggingface-cli download {value} --local-dir DIR) and "
+                                  "give DIR there")
+            value = str(resolved)
         elif key == "speculative_config.max_concurrency":
             value = str(value)
         options[name] = value

@@ -132,6 +132,18 @@ def test_speculative_model_is_taken_over_speculative_model_dir_when_both_are_giv
     assert read_serve_config(path)[0]["drafter"] == str(tmp_path / "new")
 
 
+def test_a_hub_id_as_speculative_model_is_named_as_one(tmp_path):
+    """TensorRT-LLM downloads a Hub id given as speculative_model; here it was taken as a folder beside the YAML and
+    refused as 'no such folder' at that path, the hint that --drafter OWNER/NAME gets lost."""
+    cfg = bundle_config()
+    cfg["speculative_config"]["speculative_model"] = "z-lab/Qwen3-8B-DFlash-b16"
+    with pytest.raises(ConfigError, match="z-lab/Qwen3-8B-DFlash-b16 looks like a Hugging Face Hub id.*huggingface-cli "
+                                          "download z-lab/Qwen3-8B-DFlash-b16"):
+        read_serve_config(write(tmp_path, cfg))
+    (tmp_path / "z-lab" / "Qwen3-8B-DFlash-b16").mkdir(parents=True)  # a folder of that name beside it: that folder
+    assert read_serve_config(write(tmp_path, cfg))[0]["drafter"] == str(tmp_path / "z-lab" / "Qwen3-8B-DFlash-b16")
+
+
 def test_neutral_values_of_refused_keys_are_taken(tmp_path):
     options, _, _ = read_serve_config(write(tmp_path, bundle_config(pipeline_parallel_size=1, enable_attention_dp=False)))
     assert options["max_batch_size"] == 4
