@@ -83,6 +83,17 @@ def _read_config(ctx: click.Context, param, value):
         options, checked, ignored = read_serve_config(value)
     except ConfigError as exc:
         raise click.BadParameter(str(exc).removeprefix(f"--config {value}: "), ctx, param) from None
+    from dflash_trt.cli.trtllm_config import SERVE_OPTIONS
+
+    params = {p.name: p for p in ctx.command.params}
+    for name, v in options.items():  # out of the option's range: named as the config's key, not as a flag not given
+        try:
+            params[name].type.convert(v, params[name], ctx)
+        except click.BadParameter as exc:
+            key = next(k for k, n in SERVE_OPTIONS.items() if n == name and (n != "prefill_chunk_size" or
+                                                                              k == "max_num_tokens"))
+            raise click.BadParameter(f"{key} is {v}: {exc.message} (serve's {params[name].opts[0]})", ctx,
+                                     param) from None
     ctx.default_map = {**(ctx.default_map or {}), **options}
     return {"path": value, "options": options, "checked": checked, "ignored": ignored}
 

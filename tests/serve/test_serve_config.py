@@ -182,6 +182,19 @@ def test_a_flag_that_disagrees_with_the_config_is_refused_before_the_models_load
     assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_input_len" in err
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"max_seq_len": 1}, "max_seq_len is 1: 1 is not in the range x>=2. (serve's --max-seq-len)"),
+    ({"max_batch_size": 1000}, "max_batch_size is 1000: 1000 is not in the range 1<=x<=256. (serve's --max-batch-size)"),
+    ({"enable_chunked_prefill": True, "max_num_tokens": 0}, "'max_num_tokens' must be >= 1"),
+])
+def test_a_config_value_out_of_serves_range_is_named_by_its_key(monkeypatch, capsys, tmp_path, extra, message):
+    """A value TensorRT-LLM's schema takes but serve's option does not (max_seq_len 1, max_batch_size over 256) is
+    refused as the config's key; it was 'Invalid value for --max-seq-len', a flag the user had not given."""
+    path = write(tmp_path, bundle_config(**extra))
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
+    assert code == 2 and "Invalid value for '--config'" in err and message in " ".join(err.split()), err
+
+
 @pytest.mark.slow
 def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
     """The real console script with a trtllm-serve config: the batch bound, chunked prefill and max_draft_len it sets
