@@ -183,6 +183,12 @@ def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len
     check_port(host, port)
     warn_float16_on_cpu(dtype, device)
     check_draft_lengths(prompt_lookup, max_draft_len, block_size, mode == "dflash", target, drafter, bundle)
+    if config is not None and mode == "ar":  # the config's speculative settings: not the user's flags, no warning
+        source = click.get_current_context().get_parameter_source
+        if source("max_draft_len") == click.core.ParameterSource.DEFAULT_MAP:
+            max_draft_len = None
+        if source("max_concurrency") == click.core.ParameterSource.DEFAULT_MAP:
+            max_concurrency = "auto"
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     set_threads(threads)

@@ -82,7 +82,8 @@ def read_serve_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any],
     Raises:
         ConfigError: an unreadable file, YAML that is not a mapping, a key TensorRT-LLM does not have or a wrong type
             (the schema check, every problem at once), a REFUSED key (naming it and why), speculative_config of
-            another decoding_type, enable_chunked_prefill false beside max_num_tokens (nothing to map it to).
+            another decoding_type. (max_num_tokens without enable_chunked_prefill only bounds TensorRT-LLM's tokens
+            per iteration: ignored, named.)
     """
     import yaml
 

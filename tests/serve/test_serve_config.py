@@ -244,3 +244,17 @@ def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
 def test_a_max_seq_len_above_the_targets_context_is_refused(monkeypatch, capsys):
     code, out, err = run_main(monkeypatch, capsys, "serve", "--max-seq-len", "100000", "--port", "0", "--threads", "1")
     assert code == 2 and "--max-seq-len 100000 is more than the target's context of 8192 tokens" in err
+
+
+def test_mode_ar_with_a_config_does_not_warn_of_flags_the_user_did_not_give(monkeypatch, capsys, tmp_path):
+    """--mode ar beside a config with a speculative_config: its max_draft_len is the config's, not a --max-draft-len
+    the user gave, so no "only affects DFlash drafting" warning (the run then stops at --max-seq-len's check)."""
+    cfg = bundle_config(speculative_config={"speculative_model": str(PACKAGED_DRAFTER)})
+    path = write(tmp_path, cfg)
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--mode", "ar",
+                              "--max-seq-len", "100000", "--port", "0", "--threads", "1")
+    assert code == 2 and "--max-seq-len 100000 is more than" in err
+    assert "only affect" not in err
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path), "--mode", "ar", "--max-draft-len",
+                              "15", "--max-seq-len", "100000", "--port", "0", "--threads", "1")
+    assert code == 2 and "--max-draft-len only affects DFlash drafting" in err  # given on the command line: warned
