@@ -386,18 +386,14 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from dflash_trt.build.manifest import bundle_folder, load_manifest, verify_files
+    from dflash_trt.build.manifest import verified_bundle
     from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
 
     check_device(device)
     fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
-    manifest = load_manifest(bundle, verify=False)  # before Path(): an empty path is not the current folder
+    manifest, target_path, drafter_path, tokenizer_path, unloaded = verified_bundle(bundle)
     root = Path(bundle)
     torch_dtype = parse_dtype(dtype)
-    target_path = bundle_folder(root, manifest, "models.target.path")
-    drafter_path = bundle_folder(root, manifest, "models.drafter.path")
-    tokenizer_path = bundle_folder(root, manifest, "tokenizer.path")
-    unloaded = verify_files(root, manifest, loaded=[target_path, drafter_path, tokenizer_path])
     notes = [f"bundle {root}: {', '.join(unloaded)} since the build; dflash-trt does not load "
              f"{'this file' if len(unloaded) == 1 else 'these files'}, and what it loads is verified"] if unloaded else []
     tcfg = TargetConfig.from_pretrained(target_path)

@@ -150,6 +150,24 @@ def enclosing_bundle(path: str | Path) -> Path | None:
     return None
 
 
+def verified_bundle(bundle: str | Path) -> tuple[dict, Path, Path, Path, list[str]]:
+    """A bundle's manifest and the folders dflash-trt loads from it, their files verified (`verify_files`).
+
+    Returns:
+        (manifest, target folder, drafter folder, tokenizer folder, the files added since the build outside what is
+        loaded, as `verify_files` names them).
+    Raises:
+        BundleError: as `load_manifest`, `bundle_folder` and `verify_files`.
+    """
+    manifest = load_manifest(bundle, verify=False)  # before Path(): an empty path is not the current folder
+    root = Path(bundle)
+    target = bundle_folder(root, manifest, "models.target.path")
+    drafter = bundle_folder(root, manifest, "models.drafter.path")
+    tokenizer = bundle_folder(root, manifest, "tokenizer.path")
+    unloaded = verify_files(root, manifest, loaded=[target, drafter, tokenizer])
+    return manifest, target, drafter, tokenizer, unloaded
+
+
 def verify_files(root: Path, manifest: dict, loaded: list[Path] | None = None) -> list[str]:
     """Check that every file listed in the manifest exists with its recorded sha256.
 

@@ -59,16 +59,9 @@ def _bundle_models(bundle: str) -> tuple[str, str, list[str]]:
         BundleError: a missing bundle or manifest, or a file of the folders it loads missing, altered or added
             (`dflash_trt.build.manifest.verify_files`).
     """
-    from pathlib import Path
+    from dflash_trt.build.manifest import verified_bundle
 
-    from dflash_trt.build.manifest import bundle_folder, load_manifest, verify_files
-
-    manifest = load_manifest(bundle, verify=False)  # before Path(): an empty path is not the current folder
-    root = Path(bundle)
-    target = bundle_folder(root, manifest, "models.target.path")
-    drafter = bundle_folder(root, manifest, "models.drafter.path")
-    tokenizer = bundle_folder(root, manifest, "tokenizer.path")
-    unloaded = verify_files(root, manifest, loaded=[target, drafter, tokenizer])
-    notes = [f"bundle {root}: {', '.join(unloaded)} since the build; nothing loads "
+    _, target, drafter, _, unloaded = verified_bundle(bundle)
+    notes = [f"bundle {bundle}: {', '.join(unloaded)} since the build; nothing loads "
              f"{'this file' if len(unloaded) == 1 else 'these files'}"] if unloaded else []
     return str(target), str(drafter), notes

@@ -92,14 +92,19 @@ def test_serve_answers_over_http_and_stops_on_sigint():
         assert "Paris" in r.choices[0].message.content
         assert [m.id for m in client.models.list()] == ["smol"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        err = stop_with_sigint(proc)
     assert proc.returncode == 0, err
     assert "serving 'smol'" in err
+
+
+def stop_with_sigint(proc: subprocess.Popen) -> str:
+    """Ctrl-C a server started with stderr piped, as a user stops it; its stderr (killed after 60 s)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 def test_a_host_of_another_machine_is_named(monkeypatch, capsys):

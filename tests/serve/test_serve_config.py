@@ -4,7 +4,6 @@ gives trtllm-serve, as `dflash-trt build` writes trtllm/serve.yaml) read as serv
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.models.default import PACKAGED_DRAFTER
 from tests.conftest import run_main
 from tests.serve.test_openai_server import free_port
-from tests.serve.test_serve_cli import wait_until_healthy
+from tests.serve.test_serve_cli import stop_with_sigint, wait_until_healthy
 
 LAYERS = [1, 8, 14, 20, 27]
 
@@ -230,12 +229,7 @@ def test_serve_runs_with_a_trtllm_serve_config(tmp_path):
         assert long.status_code == 400 and "> the server's max_seq_len of 128 tokens" in long.json()["error"]["message"]
         assert max(s["inflightBatchingStats"]["numCtxTokens"] for s in stats) == 16  # prompts read 16 at a time
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        err = stop_with_sigint(proc)
     assert proc.returncode == 0, err
     assert ("TensorRT-LLM's disable_overlap_scheduler, kv_cache_config.free_gpu_memory_fraction, "
             "speculative_config.attention_backend set its speed or GPU memory use, not its answers") in err
