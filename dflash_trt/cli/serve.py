@@ -104,7 +104,8 @@ def _read_config(ctx: click.Context, param, value):
               help="A trtllm-serve YAML config (TensorRT-LLM's LLM API options, `trtllm-serve --config`; a bundle's "
                    "trtllm/serve.yaml): its settings that serve has become these options' values "
                    "(tensor_parallel_size, max_batch_size, max_seq_len, speculative_config's max_draft_len, speculative_model, "
-                   "max_concurrency, kv_cache_config.enable_block_reuse, enable_chunked_prefill with max_num_tokens, "
+                   "max_concurrency, kv_cache_config.enable_block_reuse (on when left out, as TensorRT-LLM), enable_chunked_prefill "
+                   "with max_num_tokens, "
                    "dtype); TensorRT-LLM's speed and memory knobs are named as not applying; a setting serve does not "
                    "implement is refused. A flag given too must agree with it.")
 @model_options

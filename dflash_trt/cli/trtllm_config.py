@@ -5,7 +5,8 @@ options, so that the settings a deployment gives trtllm-serve serve the same way
 Each key is one of three kinds (`SERVE_OPTIONS`, `IGNORED`, `REFUSED`):
 - a setting serve has: it becomes that option's value (tensor_parallel_size -> --tp-size, max_batch_size, max_seq_len,
   speculative_config.max_draft_len / speculative_model / max_concurrency, kv_cache_config.enable_block_reuse ->
-  --enable-prefix-caching, enable_chunked_prefill with max_num_tokens -> --prefill-chunk-size, dtype);
+  --enable-prefix-caching (on when left out, TensorRT-LLM's default), enable_chunked_prefill with max_num_tokens ->
+  --prefill-chunk-size, dtype);
   speculative_config.mask_token_id and target_layer_ids are checked against the drafter's own config;
 - a knob of TensorRT-LLM's executor that changes its speed or GPU memory, not the tokens it returns (CUDA graphs, the
   overlap scheduler, free_gpu_memory_fraction, iteration logs, ...): accepted and named in one line on stderr as
@@ -59,6 +60,9 @@ REFUSED = {
 NEUTRAL = {"pipeline_parallel_size": (1,), "enable_attention_dp": (False,), "kv_cache_config.dtype": ("auto",)}
 #: TensorRT-LLM's max_num_tokens default (TorchLlmArgs), the chunk size when enable_chunked_prefill has none
 DEFAULT_MAX_NUM_TOKENS = 8192
+#: TensorRT-LLM's KvCacheConfig.enable_block_reuse default: a config that leaves the key out reuses KV blocks across
+#: requests, so serve then caches prefixes (`--enable-prefix-caching`)
+DEFAULT_ENABLE_BLOCK_REUSE = True
 
 
 def _flatten(cfg: dict) -> dict[str, Any]:
@@ -134,6 +138,8 @@ def read_serve_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any],
         elif key == "speculative_config.max_concurrency":
             value = str(value)
         options[name] = value
+    if "kv_cache_config.enable_block_reuse" not in flat:  # left out: TensorRT-LLM's KvCacheConfig default, on
+        options["enable_prefix_caching"] = DEFAULT_ENABLE_BLOCK_REUSE
     if flat.get("enable_chunked_prefill"):  # TensorRT-LLM then reads a prompt max_num_tokens at a time
         options["prefill_chunk_size"] = flat.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS)
     # (without chunking, max_num_tokens only bounds TensorRT-LLM's tokens per iteration: ignored)

@@ -54,6 +54,18 @@ def test_a_bundles_serve_yaml_becomes_serves_options(tmp_path):
                                "speculative_config.attention_backend"]
 
 
+def test_block_reuse_left_out_is_tensorrt_llms_default_prefix_caching_on(tmp_path):
+    """KvCacheConfig.enable_block_reuse defaults to True in TensorRT-LLM: a config without the key serves with the
+    prefix cache, one that sets it keeps its value."""
+    cfg = bundle_config()
+    del cfg["kv_cache_config"]["enable_block_reuse"]
+    assert read_serve_config(write(tmp_path, cfg))[0]["enable_prefix_caching"] is True
+    del cfg["kv_cache_config"]
+    assert read_serve_config(write(tmp_path, cfg))[0]["enable_prefix_caching"] is True
+    cfg["kv_cache_config"] = {"enable_block_reuse": True}
+    assert read_serve_config(write(tmp_path, cfg))[0]["enable_prefix_caching"] is True
+
+
 def test_max_seq_len_caps_a_requests_prompt_and_output(smollm2_pipeline, tmp_path):
     """max_seq_len (trtllm-serve's, `serve --max-seq-len`, `Engine.max_seq_len`): an output stops at the cap as at
     the target's context's end (finish_reason "length"), and a prompt that leaves no room is refused."""
