@@ -322,8 +322,10 @@ _LIBRARY.impl("kv_inject", _kv_inject_cuda, "CUDA")
 @torch.library.register_fake("dflash_trt::kv_inject", lib=_LIBRARY)
 def _kv_inject_fake(kv, k_norm, eps, cos, sin, cache, rows, positions) -> None:
     """The op on meta / fake tensors (shape checks without data, torch.compile's tracing): the argument checks
-    of the CUDA kernel, which takes the most dtypes (`check_kv_inject_args`); writes nothing, as there is
+    of the kernel that would run (`check_kv_inject_args`): fake CPU tensors (FakeTensorMode) float32 only, as
+    csrc/kv_inject.cpp; CUDA and meta tensors the CUDA kernel's dtypes, the most. Writes nothing, as there is
     nothing to write."""
     from dflash_trt.ops.cuda import DTYPE_CODES
 
-    check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions, tuple(DTYPE_CODES))
+    dtypes = (torch.float32,) if cache.device.type == "cpu" else tuple(DTYPE_CODES)
+    check_kv_inject_args(kv, k_norm, cos, sin, cache, rows, positions, dtypes)

@@ -152,6 +152,25 @@ def test_meta_tensors_check_shapes_and_write_nothing():
     assert cpu["cache"].count_nonzero() == 0
 
 
+def test_fake_cpu_tensors_take_the_cpu_kernels_dtypes():
+    """Under FakeTensorMode (torch.compile's tracing) CPU tensors are checked as the CPU kernel takes them:
+    float32 passes, bfloat16 (which the CUDA kernel takes) is refused as csrc/kv_inject.cpp refuses it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = torch.ops.dflash_trt.kv_inject
+    real = small_args()
+    with FakeTensorMode() as mode:
+        args = {k: mode.from_tensor(v) for k, v in real.items() if isinstance(v, torch.Tensor)}
+        args = {**real, **args}
+        assert args["cache"].device.type == "cpu" and op(**args) is None
+        half = {**args, **{k: args[k].bfloat16() for k in ("kv", "k_norm", "cache")}}
+        with pytest.raises(RuntimeError, match="^kv_inject: kv, k_norm and cache must share one dtype of float32, "
+                                               "got torch.bfloat16"):
+            op(**half)
+    with pytest.raises(RuntimeError, match="^kv_inject: kv must be float32, got BFloat16"):  # the real kernel's
+        op(**{**real, **{k: real[k].bfloat16() for k in ("kv", "k_norm", "cache")}})
+
+
 #: run in a fresh process: `import dflash_trt.ops`, then the op on CPU tensors with no require_cpu_kernels() before it
 DIRECT_CALL = """
 import torch
