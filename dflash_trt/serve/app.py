@@ -4,8 +4,9 @@
   server-sent events ending with `data: [DONE]`), `GET /v1/models`;
 - `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (OpenAI's
   Responses API, answered by the chat pipeline: `dflash_trt.serve.responses`);
-- `GET /health` (200 once the model is loaded), `GET /health_generate` (200 after a one-token
-  generation), `GET /version`;
+- `GET /health` (200 once the model is loaded), `GET /health_generate` (200 "Generation health check OK" after a
+  one-token generation, 500 "Generation health check failed: ..." when it fails, as trtllm-serve's; text),
+  `GET /version`;
 - `GET /metrics` (iteration stats, JSON), `GET /perf_metrics` (per-request metrics, JSON) and
   `GET /prometheus/metrics` (Prometheus text): `dflash_trt.serve.metrics`.
 
@@ -123,7 +124,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
     import dflash_trt
 
@@ -410,16 +411,21 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
+        # internal: left out of the request metrics (trtllm-serve's probe is a chat request "hi" it counts as one; a
+        # probe every few seconds would fill the latency histograms and success counts with one-token requests)
         seq = Sequence([0], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
                        lambda r, e: loop.call_soon_threadsafe(done.set_result, (r, e)), internal=True)
         scheduler.submit([seq])
         result, error = await done
+        # trtllm-serve's answers: 200 "Generation health check OK", or 500 "Generation health check failed: ..."
+        # (its status and text). It sends them with no Content-Type at all; these name text/plain (RFC 9110: content
+        # should carry its type), which changes nothing for a probe reading the status or the text.
         if error is not None:
-            return JSONResponse(error_body(f"generation failed: {error}", kind="server_error"), status_code=503)
+            logger.error("dflash-trt: GET /health_generate: the one-token generation failed", exc_info=error)
+            return PlainTextResponse(f"Generation health check failed: {error}", status_code=500)
         if result.finish_reason == "abort":
-            return JSONResponse(error_body("no generation: the server is shutting down", kind="server_error"),
-                                status_code=503)
-        return Response(status_code=200)
+            return PlainTextResponse("Generation health check failed: the server is shutting down", status_code=500)
+        return PlainTextResponse("Generation health check OK")
 
     @app.get("/version")
     async def version():

@@ -586,7 +586,9 @@ def test_health_version_models(server, client):
     assert head.status_code == 200 and head.content == b""
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)  # the counters exist, run alone too
     before = prometheus(base)
-    assert httpx.get(base + "/health_generate", timeout=60).status_code == 200
+    probe = httpx.get(base + "/health_generate", timeout=60)
+    assert (probe.status_code, probe.text) == (200, "Generation health check OK")  # trtllm-serve's answer
+    assert probe.headers["content-type"] == "text/plain; charset=utf-8"
     after = prometheus(base)  # a probe is not a request
     assert sample(after, "trtllm_request_success_total", finished_reason="length") == \
         sample(before, "trtllm_request_success_total", finished_reason="length")
@@ -745,6 +747,27 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
     assert answers["a"].usage.completion_tokens == 400
     aborted_then_serving(base, before, client)
     assert sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before + 1
+
+
+def test_health_generate_answers_500_with_the_failure_as_trtllm_serve(server, smollm2_pipeline, monkeypatch):
+    """A probe whose one-token generation fails answers 500 and trtllm-serve's text with the error; the next
+    probe, the model working again, answers 200."""
+    target = smollm2_pipeline.engine.target
+    forward = target.forward
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the target's forward failed (injected)")
+
+    monkeypatch.setattr(target, "forward", failing)
+    with Records("dflash_trt.serve") as log:
+        probe = httpx.get(server[0] + "/health_generate", timeout=60)
+    monkeypatch.setattr(target, "forward", forward)
+    assert (probe.status_code, probe.text) == (
+        500, "Generation health check failed: the target's forward failed (injected)")
+    assert probe.headers["content-type"] == "text/plain; charset=utf-8"
+    assert [r.getMessage() for r in log.records if r.levelno >= logging.ERROR] == [
+        "dflash-trt: GET /health_generate: the one-token generation failed"]
+    assert httpx.get(server[0] + "/health_generate", timeout=60).text == "Generation health check OK"
 
 
 def test_a_failed_generation_is_a_500_and_the_connection_stays_open(server, client, smollm2_pipeline, monkeypatch):
