@@ -159,7 +159,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
                             prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None,
                             perf_metrics_max_requests=perf_metrics_max_requests, max_batch_size=max_batch_size,
-                            device=str(pipe.engine.device))
+                            device=str(pipe.engine.device), speculative=mode == "dflash")
 
     @asynccontextmanager
     async def lifespan(app):

@@ -1,21 +1,50 @@
 """The server's metrics, under trtllm-serve's names.
 
-- `GET /prometheus/metrics`: Prometheus text exposition (prometheus-client), the `trtllm_` metrics of
-  TensorRT-LLM's MetricsCollector (`trtllm_request_success_total{finished_reason}`,
-  `trtllm_e2e_request_latency_seconds`, `trtllm_time_to_first_token_seconds`,
-  `trtllm_time_per_output_token_seconds`, `trtllm_request_queue_time_seconds`; labels `model_name`,
-  `engine_type`) plus token counters and speculative-decoding counters in vLLM's naming
-  (`trtllm_prompt_tokens_total`, `trtllm_generation_tokens_total`,
-  `trtllm_spec_decode_num_draft_tokens_total`, `trtllm_spec_decode_num_accepted_tokens_total`,
-  `trtllm_spec_decode_num_verify_steps_total`; with `--enable-prefix-caching` vLLM's
-  `trtllm_prefix_cache_queries_total` / `trtllm_prefix_cache_hits_total`, in prompt tokens; acceptance length = (generation tokens - the requests that
-  generated a token, the count of `trtllm_time_to_first_token_seconds`) / verify steps, acceptance rate = accepted / draft tokens) and the gauges
-  `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (sequences).
+- `GET /prometheus/metrics`: Prometheus text exposition (prometheus-client) of the `trtllm_` metrics of
+  TensorRT-LLM's MetricsCollector, with its types and default buckets, every one labelled `model_name` (the served
+  model name) and `engine_type` ("dflash-trt"; trtllm-serve writes "undefined" in both):
+  - per finished sequence: `trtllm_request_success_total{finished_reason}` (a counter), the histograms
+    `trtllm_e2e_request_latency_seconds` (arrival to last token), `trtllm_time_to_first_token_seconds` (arrival to
+    first token), `trtllm_time_per_output_token_seconds` ((last - first token) / (tokens - 1), with 2 tokens or
+    more), `trtllm_request_queue_time_seconds` (arrival to first scheduled), `trtllm_request_prefill_time_seconds`
+    (first scheduled to first token), `trtllm_request_decode_time_seconds` (first to last token, with 2 tokens or
+    more) and `trtllm_request_inference_time_seconds` (first scheduled to last token); as TensorRT-LLM, a time
+    whose end the sequence never reached (the first token of one aborted before it) is not observed, nor a span of
+    0 s; the counters `trtllm_prompt_tokens_total` / `trtllm_generation_tokens_total`; with
+    `--enable-prefix-caching`, `trtllm_prompt_cached_tokens_total` and the histogram
+    `trtllm_prompt_cached_tokens_per_request` (prompt tokens whose K/V came from the prefix cache);
+  - per iteration (the entries of GET /metrics, each as it is recorded): the gauges `trtllm_iteration_latency_seconds`,
+    `trtllm_max_num_active_requests`, `trtllm_cpu_memory_usage_bytes` (this process's resident memory),
+    `trtllm_gpu_memory_usage_bytes` (on a GPU only), `trtllm_num_context_requests`, `trtllm_num_generation_requests`,
+    `trtllm_num_scheduled_requests`, `trtllm_total_context_tokens`, `trtllm_avg_decoded_tokens_per_iter`,
+    `trtllm_prefill_batch_occupancy` (context requests / max batch size), `trtllm_spec_decode_acceptance_length`
+    (speculative mode only), the histogram `trtllm_prefill_batch_tokens` (the prompt tokens read in an iteration that
+    read some) and the counter `trtllm_num_requests_completed_total` (the sum of `numCompletedRequests`).
+    trtllm-serve feeds these from the latest iteration a background task finds each time a request ends, so its
+    counters skip the iterations in between; here every iteration counts;
+  - `trtllm_num_requests_running` / `trtllm_num_requests_waiting` (gauges, sequences): read live at each scrape
+    (trtllm-serve's are the latest iteration's numActiveRequests / numQueuedRequests);
+  - speculative-decoding counters: `trtllm_spec_decode_num_draft_tokens_total` /
+    `trtllm_spec_decode_num_accepted_tokens_total` (TensorRT-LLM's names; counted per finished sequence, where it
+    sums its iterations) and `trtllm_spec_decode_num_verify_steps_total` (this server's own), and with
+    `--enable-prefix-caching` vLLM's `trtllm_prefix_cache_queries_total` / `trtllm_prefix_cache_hits_total`, in prompt
+    tokens. Acceptance length = (generation tokens - the requests that generated a token, the count of
+    `trtllm_time_to_first_token_seconds`) / verify steps; acceptance rate = accepted / draft tokens.
+
+  Left out, as nothing here measures them (no made-up values): TensorRT-LLM's KV cache block metrics
+  (`trtllm_kv_cache_*`: this KV cache is one tensor per batch, with no blocks, pools or host offload),
+  `trtllm_num_paused_requests` and `trtllm_pinned_memory_usage_bytes` (nothing pauses, nothing pinned is counted),
+  `trtllm_max_batch_size_static/runtime`, `trtllm_max_num_tokens_runtime` (no runtime tuner),
+  `trtllm_spec_decode_draft_overhead`, the per-position `trtllm_spec_decode_drafted_tokens_total` /
+  `trtllm_spec_decode_accepted_tokens_total{token_position}` (the runtime counts accepted tokens per position,
+  not drafted ones: the draft length varies per step with dynamic drafting), the perplexity histograms (no logprobs
+  are computed unless a request asks), `trtllm_request_error_total{http_code}`, `trtllm_scheduled_batch_size` and the
+  `trtllm_*_config_info` gauges.
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
   in-flight batch (`timestamp` (local time, `TIMESTAMP_FORMAT`, as TensorRT-LLM's PyTorch backend writes it), `iter`,
   `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being
-  prefilled in chunks), `numQueuedRequests`, `numCompletedRequests` (sequences that finished since the previous
-  entry: in its step, at their first token, or aborted), `maxNumActiveRequests` (`--max-batch-size`), `gpuMemUsage`
+  prefilled in chunks), `numQueuedRequests`, `numCompletedRequests` (sequences that left the batch since the previous
+  entry: finished in its step, at their first token, or aborted), `maxNumActiveRequests` (`--max-batch-size`), `gpuMemUsage`
   (bytes in use on the GPU; 0 on the CPU), `cpuMemUsage` (this process's resident memory in bytes, where
   TensorRT-LLM's PyTorch backend writes 0), `pinnedMemUsage` (0), `inflightBatchingStats` (with
   `avgNumDecodedTokensPerIter`: tokens per decoded sequence in the step, and `microBatchId` 0),
@@ -33,6 +62,13 @@
   `server_*` times (its disaggregated serving's) are not given.
 
 Every metric counts sequences (choices): a request with n = 2 counts twice.
+
+The request counters and the iterations' counts differ in two ways. A sequence cancelled while still queued (its
+client left) counts in `trtllm_request_success_total{finished_reason="abort"}` (with its queue time), but in no
+iteration's `numCompletedRequests` (nor `trtllm_num_requests_completed_total`): it never joined a batch. TensorRT-LLM's
+PyExecutor does the same with a request cancelled in its waiting queue: it is removed from the queue, and only
+requests in the active batch are finished (FinishReason CANCELLED) and counted as completed in an iteration. And a
+`/health_generate` probe is decoded in the batch, so it counts in the iterations, but in none of the request metrics.
 """
 
 from __future__ import annotations
@@ -64,8 +100,21 @@ def _rss_bytes() -> int:
 #: Iterations (decode steps) kept for GET /metrics between two reads.
 MAX_ITER_STATS = 1000
 ENGINE_TYPE = "dflash-trt"
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+# TensorRT-LLM's MetricsCollector's default buckets (seconds; tokens for the last two), so that dashboards and
+# alerts written against trtllm-serve find the same `le` series
+#: e2e latency, queue time, decode time and inference time
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+PREFILL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                   640.0, 2560.0)
+#: prompt tokens served from the prefix cache, per sequence
+CACHED_TOKENS_BUCKETS = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: prompt tokens read in one iteration
+PREFILL_BATCH_TOKENS_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class ServerMetrics:
@@ -76,16 +125,19 @@ class ServerMetrics:
         model_name: the `model_name` label (the served model name).
         running / waiting: callables giving the sequences in the current batch / in the queue.
         prefix_cache: a callable giving the engine's `PrefixCache` (or None): its lookups are exported as
-            counters (those of the cache itself: requests that look it up, per sequence); None: not exported.
+            counters (those of the cache itself: requests that look it up, per sequence), and each finished
+            sequence's cached prompt tokens; None: neither is exported.
         perf_metrics_max_requests: finished sequences whose records GET /perf_metrics keeps (the latest);
             0: none (the endpoint answers []).
         max_batch_size: the sequences the in-flight batch holds at most (GET /metrics' `maxNumActiveRequests`).
         device: where the model runs ("cpu", "cuda", "cuda:N"): on a GPU, GET /metrics' `gpuMemUsage` is its
             memory in use (bytes, all processes, as `cudaMemGetInfo` gives it: TensorRT-LLM's); 0 on the CPU.
+        speculative: the server decodes speculatively (mode "dflash"): the iterations' acceptance length is
+            exported as `trtllm_spec_decode_acceptance_length` (TensorRT-LLM's, which has it with a drafter only).
     """
 
     def __init__(self, model_name: str, running, waiting, prefix_cache=None, perf_metrics_max_requests: int = 0,
-                 max_batch_size: int = 0, device: str = "cpu"):
+                 max_batch_size: int = 0, device: str = "cpu", speculative: bool = True):
         disable_created_metrics()  # no *_created series (as vLLM and TensorRT-LLM expose them)
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
@@ -101,14 +153,23 @@ class ServerMetrics:
         def count(name, doc):
             return Counter(name, doc, names, registry=r).labels(**labels)
 
+        def gauge(name, doc):  # its series appears once it is set (no value before one is measured)
+            return Gauge(name, doc, names, registry=r)
+
         self.e2e = hist("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
                         LATENCY_BUCKETS)
         self.ttft = hist("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         LATENCY_BUCKETS)
+                         TTFT_BUCKETS)
         self.tpot = hist("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.",
                          TPOT_BUCKETS)
         self.queue = hist("trtllm_request_queue_time_seconds",
                           "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
+        self.prefill = hist("trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase duration in "
+                            "seconds (first_token_time - first_scheduled_time).", PREFILL_BUCKETS)
+        self.decode = hist("trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase duration in "
+                           "seconds (last_token_time - first_token_time).", LATENCY_BUCKETS)
+        self.inference = hist("trtllm_request_inference_time_seconds", "Histogram of total inference duration in "
+                              "seconds (last_token_time - first_scheduled_time).", LATENCY_BUCKETS)
         self.prompt_tokens = count("trtllm_prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = count("trtllm_generation_tokens", "Number of generation tokens processed.")
         self.draft_tokens = count("trtllm_spec_decode_num_draft_tokens",
@@ -117,12 +178,39 @@ class ServerMetrics:
                                      "Draft tokens the target accepted (and that were emitted).")
         self.verify_steps = count("trtllm_spec_decode_num_verify_steps",
                                   "Target forward passes after prefill, summed over requests.")
+        self.cached_tokens = self.cached_per_request = None
         if prefix_cache is not None:
             r.register(_PrefixCacheCounters(prefix_cache, labels))
-        Gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.", names,
-              registry=r).labels(**labels).set_function(running)
-        Gauge("trtllm_num_requests_waiting", "Sequences queued, not yet in the batch.", names,
-              registry=r).labels(**labels).set_function(waiting)
+            self.cached_tokens = count("trtllm_prompt_cached_tokens",
+                                       "Prompt tokens served from the prefix cache, summed over finished sequences.")
+            self.cached_per_request = hist("trtllm_prompt_cached_tokens_per_request",
+                                           "Histogram of cached prompt tokens per request.", CACHED_TOKENS_BUCKETS)
+        gauge("trtllm_num_requests_running", "Sequences in the batch being decoded.").labels(**labels).set_function(
+            running)
+        gauge("trtllm_num_requests_waiting", "Sequences queued, not yet in the batch.").labels(**labels).set_function(
+            waiting)
+        # the iterations' (GET /metrics' entries), each set as an iteration is recorded (`_export_iteration`)
+        self.completed = count("trtllm_num_requests_completed", "Total number of completed requests across iterations")
+        if max_batch_size > 0:
+            gauge("trtllm_max_num_active_requests", "Maximum number of active requests").labels(**labels).set(
+                max_batch_size)
+        self._iter_gauges = {key: gauge(name, doc) for key, name, doc in (
+            ("iterLatencyMS", "trtllm_iteration_latency_seconds", "Iteration latency in seconds"),
+            ("cpuMemUsage", "trtllm_cpu_memory_usage_bytes", "CPU memory usage in bytes (this process's resident)"),
+            ("numContextRequests", "trtllm_num_context_requests", "Number of context (prefill) requests"),
+            ("numGenRequests", "trtllm_num_generation_requests", "Number of generation (decode) requests"),
+            ("numScheduledRequests", "trtllm_num_scheduled_requests", "Number of scheduled requests"),
+            ("numCtxTokens", "trtllm_total_context_tokens", "Total number of context tokens"),
+            ("avgNumDecodedTokensPerIter", "trtllm_avg_decoded_tokens_per_iter",
+             "Average number of decoded tokens per iteration"),
+            ("prefillBatchOccupancy", "trtllm_prefill_batch_occupancy",
+             "Fraction of max active slots occupied by context requests."),
+        ) + ((("gpuMemUsage", "trtllm_gpu_memory_usage_bytes", "GPU memory usage in bytes"),)
+             if device.startswith("cuda") else ()) + (
+            (("acceptanceLength", "trtllm_spec_decode_acceptance_length", "Acceptance length in speculative decoding"),)
+            if speculative else ())}
+        self.prefill_batch_tokens = hist("trtllm_prefill_batch_tokens", "Histogram of total context tokens per "
+                                         "iteration.", PREFILL_BATCH_TOKENS_BUCKETS)
         self._waiting = waiting
         self._iters: collections.deque[dict] = collections.deque(maxlen=MAX_ITER_STATS)
         self._iter = 0
@@ -143,15 +231,25 @@ class ServerMetrics:
         if self._perf is not None and arrival is not None:
             self._record_perf(m, queue_time_s, arrival, iterations)
         self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
-        # one aborted before its first token has no latency (as one cancelled in the queue); a scoring request
-        # (max_tokens 0 with echo) has one, and no first token
-        if m.completion_tokens or result.finish_reason != "abort":
-            self.e2e.observe(queue_time_s + m.total_time_s)
-        if m.completion_tokens:
-            self.ttft.observe(queue_time_s + m.time_to_first_token_s)
-        self.queue.observe(queue_time_s)
-        if m.completion_tokens > 1:
-            self.tpot.observe((m.total_time_s - m.time_to_first_token_s) / (m.completion_tokens - 1))
+        # TensorRT-LLM's spans (`timing_metrics`' times): arrival -> first scheduled (queue) -> first token ->
+        # last token; a span with no end or of 0 s is not observed, as there. One aborted before its first token
+        # has no latency (as one cancelled in the queue); a scoring request (max_tokens 0 with echo) has one, and
+        # no first token.
+        last_token = m.completion_tokens or result.finish_reason != "abort"
+        decode_s = m.total_time_s - m.time_to_first_token_s
+        for histogram, seconds, reached in (
+                (self.e2e, queue_time_s + m.total_time_s, last_token),
+                (self.inference, m.total_time_s, last_token),
+                (self.ttft, queue_time_s + m.time_to_first_token_s, m.completion_tokens),
+                (self.prefill, m.time_to_first_token_s, m.completion_tokens),
+                (self.decode, decode_s, m.completion_tokens > 1),
+                (self.tpot, decode_s / max(m.completion_tokens - 1, 1), m.completion_tokens > 1)):
+            if reached and seconds > 0:
+                histogram.observe(seconds)
+        self.queue.observe(queue_time_s)  # 0 s too (scheduled at once), as TensorRT-LLM's
+        if self.cached_tokens is not None:
+            self.cached_tokens.inc(m.cached_tokens)
+            self.cached_per_request.observe(m.cached_tokens)
         self.prompt_tokens.inc(m.prompt_tokens)
         self.generation_tokens.inc(m.completion_tokens)
         self.draft_tokens.inc(m.drafted_tokens)
@@ -174,7 +272,7 @@ class ServerMetrics:
             gpu = total - free
         with self._lock:
             self._iter += 1
-            self._iters.append({
+            entry = {
                 "timestamp": datetime.datetime.now().strftime(TIMESTAMP_FORMAT),
                 "iter": self._iter, "iterLatencyMS": step.seconds * 1000.0, "numActiveRequests": step.active_requests,
                 "numQueuedRequests": self._waiting(), "numCompletedRequests": step.completed_requests,
@@ -191,7 +289,23 @@ class ServerMetrics:
                     "numRequestsWithDraftTokens": step.requests_with_drafts,
                     "acceptanceLength": step.emitted_tokens / step.requests if step.requests else 1.0,
                 },
-            })
+            }
+            self._iters.append(entry)
+            self._export_iteration(entry)
+
+    def _export_iteration(self, entry: dict) -> None:
+        """Set the Prometheus metrics of one GET /metrics entry (module docstring): its gauges (the latest
+        iteration's values), `trtllm_num_requests_completed_total` and `trtllm_prefill_batch_tokens`."""
+        ifb, spec = entry["inflightBatchingStats"], entry["specDecodingStats"]
+        values = {**entry, **ifb, **spec, "iterLatencyMS": entry["iterLatencyMS"] / 1000.0}  # the gauge's seconds
+        if self._max_batch_size > 0:
+            values["prefillBatchOccupancy"] = ifb["numContextRequests"] / self._max_batch_size
+        for key, g in self._iter_gauges.items():
+            if key in values and (key != "cpuMemUsage" or values[key] > 0):  # 0: /proc could not be read
+                g.labels(**self._labels).set(values[key])
+        self.completed.inc(entry["numCompletedRequests"])
+        if ifb["numCtxTokens"] > 0:
+            self.prefill_batch_tokens.observe(ifb["numCtxTokens"])
 
     def _record_perf(self, m, queue_time_s: float, arrival: float, iterations: tuple[int, int] | None) -> None:
         """Keep one finished sequence's GET /perf_metrics record (trtllm-serve's layout, module docstring)."""

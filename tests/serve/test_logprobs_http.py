@@ -169,7 +169,9 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server, client):
     # a request like any other for the latency metrics (the e2e histogram counts it), without a first token
     for name, added, labels in (("trtllm_request_success_total", 1, {"finished_reason": "length"}),
                                 ("trtllm_e2e_request_latency_seconds_count", 1, {}),
-                                ("trtllm_time_to_first_token_seconds_count", 0, {})):
+                                ("trtllm_request_inference_time_seconds_count", 1, {}),
+                                ("trtllm_time_to_first_token_seconds_count", 0, {}),
+                                ("trtllm_request_prefill_time_seconds_count", 0, {})):
         assert sample(after, name, **labels) - sample(before, name, **labels) == added, name
     r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 0})
     assert r.status_code == 400 and "0 is allowed with echo" in r.json()["error"]["message"]

@@ -548,13 +548,25 @@ def test_chunked_prefill_reads_a_long_prompt_while_a_stream_goes_on(smollm2_pipe
     assert sum(s["numCompletedRequests"] for s in stats) == 2 and {s["maxNumActiveRequests"] for s in stats} == {4}
 
 
+def wait_idle(app) -> None:
+    """Wait (60 s at most) until the server's scheduler is idle: every iteration recorded, every result out."""
+    deadline = time.time() + 60
+    while not app.state.scheduler.idle:
+        assert time.time() < deadline, "the scheduler did not go idle"
+        time.sleep(0.02)
+
+
 def test_prometheus_counts_match_the_responses(server, client):
-    base = server[0]
+    base, app = server
+    wait_idle(app)
+    httpx.get(base + "/metrics")  # the iterations so far
     before = prometheus(base)
     r1 = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
     r2 = client.completions.create(model=MODEL, prompt=["def add(a, b):", "Once upon a time"], max_tokens=8,
                                    temperature=0)
+    wait_idle(app)
     after = prometheus(base)
+    iters = httpx.get(base + "/metrics").json()
 
     def delta(name, **labels):
         return sample(after, name, **labels) - sample(before, name, **labels)
@@ -571,6 +583,35 @@ def test_prometheus_counts_match_the_responses(server, client):
     assert delta("trtllm_spec_decode_num_verify_steps_total") == sum(m["verify_steps"] for m in metrics)
     assert delta("trtllm_e2e_request_latency_seconds_count") == 3
     assert delta("trtllm_time_to_first_token_seconds_count") == 3
+    # TensorRT-LLM's phases, from each choice's own times: prefill (scheduled -> first token), decode (first -> last
+    # token), inference (scheduled -> last token); queue + inference = e2e
+    assert delta("trtllm_request_prefill_time_seconds_count") == 3
+    assert delta("trtllm_request_prefill_time_seconds_sum") == pytest.approx(
+        sum(m["time_to_first_token_s"] for m in metrics))
+    decoded = [m for m in metrics if m["completion_tokens"] > 1]
+    assert delta("trtllm_request_decode_time_seconds_count") == len(decoded) > 0
+    assert delta("trtllm_request_decode_time_seconds_sum") == pytest.approx(
+        sum(m["total_time_s"] - m["time_to_first_token_s"] for m in decoded))
+    assert delta("trtllm_request_inference_time_seconds_sum") == pytest.approx(sum(m["total_time_s"] for m in metrics))
+    assert delta("trtllm_e2e_request_latency_seconds_sum") == pytest.approx(
+        sum(m["total_time_s"] + m["queue_time_s"] for m in metrics))
+    # trtllm-serve's buckets (its MetricsCollector's defaults)
+    for name, top in (("trtllm_e2e_request_latency_seconds", "7680.0"), ("trtllm_time_to_first_token_seconds", "2560.0"),
+                      ("trtllm_time_per_output_token_seconds", "80.0"), ("trtllm_request_prefill_time_seconds", "2560.0")):
+        assert sample(after, name + "_bucket", le=top) == sample(after, name + "_count") > 0
+    # the iterations' metrics: each GET /metrics entry counted, the gauges at the last one
+    assert delta("trtllm_num_requests_completed_total") == sum(i["numCompletedRequests"] for i in iters) == 3
+    read = [i["inflightBatchingStats"]["numCtxTokens"] for i in iters if i["inflightBatchingStats"]["numCtxTokens"]]
+    assert delta("trtllm_prefill_batch_tokens_count") == len(read) >= 2
+    assert delta("trtllm_prefill_batch_tokens_sum") == sum(read) == r1.usage.prompt_tokens + r2.usage.prompt_tokens
+    last = iters[-1]
+    assert sample(after, "trtllm_iteration_latency_seconds") == pytest.approx(last["iterLatencyMS"] / 1000)
+    assert sample(after, "trtllm_num_generation_requests") == last["inflightBatchingStats"]["numGenRequests"]
+    assert sample(after, "trtllm_num_context_requests") == last["inflightBatchingStats"]["numContextRequests"]
+    assert sample(after, "trtllm_spec_decode_acceptance_length") == last["specDecodingStats"]["acceptanceLength"]
+    assert sample(after, "trtllm_max_num_active_requests") == last["maxNumActiveRequests"] == 4
+    assert sample(after, "trtllm_cpu_memory_usage_bytes") > 0
+    assert "trtllm_gpu_memory_usage_bytes" not in {k.split("{")[0] for k in after}  # on the CPU: nothing measured
     assert sample(after, "trtllm_num_requests_running") == 0 and sample(after, "trtllm_num_requests_waiting") == 0
     assert not any(k.split("{")[0].endswith("_created") for k in after)
 
@@ -732,6 +773,9 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
         answers["a"] = client.completions.create(model=MODEL, prompt="Write a long story.", max_tokens=400,
                                                  temperature=0, extra_body={"ignore_eos": True})
 
+    wait_idle(app)
+    httpx.get(base + "/metrics")  # the iterations so far
+    completed = sample(prometheus(base), "trtllm_num_requests_completed_total")
     a = threading.Thread(target=long_request)
     a.start()
     try:
@@ -746,7 +790,12 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
         app.state.scheduler.max_batch_size = 4
     assert answers["a"].usage.completion_tokens == 400
     aborted_then_serving(base, before, client)
-    assert sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before + 1
+    wait_idle(app)
+    after = prometheus(base)
+    assert sample(after, "trtllm_request_success_total", finished_reason="abort") == before + 1
+    # B never joined a batch: no iteration counts it, as TensorRT-LLM's PyExecutor (A and the request after it do)
+    assert sum(i["numCompletedRequests"] for i in httpx.get(base + "/metrics").json()) == 2
+    assert sample(after, "trtllm_num_requests_completed_total") - completed == 2
 
 
 def test_health_generate_answers_500_with_the_failure_as_trtllm_serve(server, smollm2_pipeline, monkeypatch):

@@ -25,7 +25,7 @@ def test_a_server_without_prefix_caching_reports_no_cache(server, client):
     """(First: the module's cached server shares the session's engine, whose prefix cache every server reads.)"""
     r = client.chat.completions.create(model=MODEL, messages=Q1, max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens_details is None
-    assert not [k for k in prometheus(server[0]) if k.startswith("trtllm_prefix_cache")]
+    assert not [k for k in prometheus(server[0]) if k.startswith(("trtllm_prefix_cache", "trtllm_prompt_cached"))]
     raw = httpx.post(server[0] + "/v1/responses", json={"input": "Hi", "max_output_tokens": 2}).json()
     assert raw["usage"]["input_tokens_details"]["cached_tokens"] == 0
 
@@ -80,6 +80,15 @@ def test_the_next_chat_turn_reports_the_tokens_it_reused(cached_server, smollm2_
     assert sample(after, "trtllm_prefix_cache_queries_total") - sample(before, "trtllm_prefix_cache_queries_total") \
         == len(ids1) + len(ids2)
     assert sample(after, "trtllm_prefix_cache_hits_total") - sample(before, "trtllm_prefix_cache_hits_total") == reused
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    # TensorRT-LLM's per-request counts of cached prompt tokens: 0 for the first turn, `reused` for the second
+    assert delta("trtllm_prompt_cached_tokens_total") == reused
+    assert delta("trtllm_prompt_cached_tokens_per_request_count") == 2
+    assert delta("trtllm_prompt_cached_tokens_per_request_sum") == reused
+    assert delta("trtllm_prompt_cached_tokens_per_request_bucket", le="0.0") == 1  # the first turn
 
 
 def test_streamed_usage_and_n_choices_count_the_prompt_once(cached_server, smollm2_pipeline):

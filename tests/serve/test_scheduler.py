@@ -273,6 +273,34 @@ def test_a_sequence_aborted_before_its_first_token_records_no_latency():
     assert value("trtllm_e2e_request_latency_seconds_count") == 1.0
     assert value("trtllm_request_queue_time_seconds_count") == 2.0
     assert value("trtllm_prompt_tokens_total") == 453.0
+    # TensorRT-LLM's phases of the one that had tokens only: prefill 0.5 s, decode 0.5 s, inference 1.0 s
+    assert value("trtllm_request_prefill_time_seconds_sum") == 0.5
+    assert value("trtllm_request_decode_time_seconds_sum") == 0.5
+    assert value("trtllm_request_inference_time_seconds_count") == 1.0
+    assert value("trtllm_request_inference_time_seconds_sum") == 1.0
+
+
+def test_the_iteration_gauges_appear_once_measured_and_acceptance_length_only_when_speculative():
+    """Before any iteration no iteration gauge is exported (no value is measured yet); an autoregressive server
+    (speculative False) exports no acceptance length; a speculative one exports the iteration's."""
+    from dflash_trt.runtime.engine import StepStats
+    from dflash_trt.serve.metrics import ServerMetrics
+
+    def names(m):
+        return {line.split("{")[0] for line in m.exposition().decode().splitlines() if not line.startswith("#")}
+
+    step = StepStats(requests=2, emitted_tokens=6, seconds=0.04, context_requests=1, context_tokens=30,
+                     scheduled_requests=2, active_requests=2, completed_requests=1)
+    ar = ServerMetrics("m", lambda: 0, lambda: 0, max_batch_size=4, speculative=False)
+    assert "trtllm_iteration_latency_seconds" not in names(ar)
+    ar.iteration(step)
+    assert "trtllm_iteration_latency_seconds" in names(ar) and "trtllm_spec_decode_acceptance_length" not in names(ar)
+    spec = ServerMetrics("m", lambda: 0, lambda: 0, max_batch_size=4)
+    spec.iteration(step)
+    text = spec.exposition().decode()
+    for name, want in (("trtllm_spec_decode_acceptance_length", 3.0), ("trtllm_prefill_batch_occupancy", 0.25),
+                       ("trtllm_num_requests_completed_total", 1.0), ("trtllm_total_context_tokens", 30.0)):
+        assert float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + "{"))) == want
 
 
 def test_a_callback_that_raises_does_not_stop_the_thread():
