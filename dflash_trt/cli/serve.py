@@ -156,8 +156,9 @@ def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len
     """Serve the target with DFlash over an OpenAI-compatible HTTP API.
 
     Endpoints as trtllm-serve: /v1/completions, /v1/chat/completions (streaming too), /v1/responses,
-    /v1/models, /health, /health_generate, /version, /metrics (iteration stats, JSON), /perf_metrics
-    (per-request metrics, JSON), /prometheus/metrics.
+    /v1/models, /health, /health_generate (a one-token generation: 200 "Generation health check OK"), /version,
+    /metrics (iteration stats, JSON), /perf_metrics (per-request metrics, JSON), /prometheus/metrics (trtllm_
+    metrics, Prometheus text).
     Greedy requests (temperature 0) return exactly the target's own greedy output."""
     try:
         import fastapi  # noqa: F401
