@@ -4,7 +4,7 @@
   server-sent events ending with `data: [DONE]`), `GET /v1/models`;
 - `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (OpenAI's
   Responses API, answered by the chat pipeline: `dflash_trt.serve.responses`);
-- `GET /health` (200 once the model is loaded), `GET /health_generate` (200 "Generation health check OK" after a
+- `GET /health` (200 once the model is loaded; 503 once the generation thread has stopped), `GET /health_generate` (200 "Generation health check OK" after a
   one-token generation, 500 "Generation health check failed: ..." when it fails, as trtllm-serve's; text),
   `GET /version`;
 - `GET /metrics` (iteration stats, JSON), `GET /perf_metrics` (per-request metrics, JSON) and
@@ -403,6 +403,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checkers' probe
     async def health():
+        if not scheduler.alive:  # trtllm-serve's /health is a 503 when its executor has stopped
+            return PlainTextResponse("the generation thread has stopped: restart the server (its log says why)",
+                                     status_code=503)
         return Response(status_code=200)
 
     @app.get("/health_generate")

@@ -116,6 +116,14 @@ def _done(seq: Sequence, result: GenerationResult | None, error: BaseException |
         logger.exception("dflash-trt: handing a finished request to its client failed")
 
 
+class GenerationStopped(RuntimeError):
+    """A request's error once the scheduler's generation thread has stopped (`Scheduler.failure`): the server
+    cannot generate until it is restarted (a 500 naming the cause)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"the generation thread stopped ({cause!r}); restart the server")
+
+
 class Scheduler:
     """In-flight batching of queued sequences on one thread.
 
@@ -143,6 +151,9 @@ class Scheduler:
         self._seqs: dict[int, Sequence] = {}  # request id in self._batch -> its sequence
         self._pending: list[Sequence] = []  # taken from the queue, not yet in self._seqs (being prefilled)
         self.iterations = 0  # decode steps reported (`on_step`): the number of the last one
+        #: what ended the generation thread, if anything did but `close` (an exception that is not an Exception:
+        #: those fail their requests only); sequences submitted after it end with `GenerationStopped`
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="dflash-generate", daemon=True)
         self._thread.start()
 
@@ -163,11 +174,29 @@ class Scheduler:
         """Sequences queued and not yet in a batch."""
         return self._queue.qsize()
 
+    @property
+    def alive(self) -> bool:
+        """The generation thread runs (False once `close` ended it, or after `failure`)."""
+        return self._thread.is_alive() and self.failure is None
+
     def submit(self, seqs: list[Sequence]) -> None:
         """Queue sequences (the choices of one request are queued together, so they join a batch
-        together when they fit)."""
+        together when they fit). After a `failure` they end at once with `GenerationStopped`."""
         for s in seqs:
             self._queue.put(s)
+        if self.failure is not None:  # (also one queued while the thread was ending: each is failed once)
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Hand every sequence still queued `GenerationStopped` (after a `failure`)."""
+        error = GenerationStopped(self.failure)
+        while True:
+            try:
+                s = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if s is not None:
+                _done(s, None, error)
 
     def abort_all(self) -> None:
         """Abort the sequences being decoded and the queued ones (finish_reason "abort" at their next tokens;
@@ -187,6 +216,19 @@ class Scheduler:
         self._thread.join(timeout=60)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - not an Exception (those are handled per request below)
+            self.failure = exc
+            logger.critical("dflash-trt: the generation thread stopped (%r); every request now fails: restart the "
+                            "server", exc, exc_info=exc)
+            error = GenerationStopped(exc)
+            for s in {id(s): s for s in [*self._seqs.values(), *self._pending]}.values():  # (one in both: once)
+                _done(s, None, error)
+            self._seqs, self._pending, self._batch = {}, [], None
+            self._fail_queued()
+
+    def _serve(self) -> None:
         stopping = False
         while True:
             new = self._pending = []  # what abort_all must also reach while it is prefilled

@@ -231,6 +231,38 @@ def test_a_batch_that_cannot_open_fails_its_requests_and_the_thread_goes_on():
     assert done["c"][0].text == "Hello." and done["c"][1] is None and sched.running == 0
 
 
+def test_a_stopped_generation_thread_fails_every_request_instead_of_hanging_them():
+    """An exception that is not an Exception (SystemExit, GeneratorExit, one of a C extension's own) ends the
+    generation thread: the running sequence and every one submitted later get `GenerationStopped` at once (they
+    used to wait forever on a thread that was gone) and `alive` is False (serve's /health answers 503)."""
+    from dflash_trt.serve.scheduler import GenerationStopped
+
+    class Fatal(BaseException):
+        pass
+
+    class Dies(ScriptedBatch):
+        def step(self):
+            raise Fatal("the interpreter is going away")
+
+    done = {}
+
+    def seq(prompt, name):
+        return Sequence(prompt, SamplingParams(max_tokens=2), StopText(decode), None,
+                        lambda r, e, name=name: done.__setitem__(name, (r, e)))
+
+    sched = Scheduler(lambda: Dies([]), 8)
+    assert sched.alive
+    sched.submit([seq([1], "running")])
+    wait_for(lambda: "running" in done)
+    assert not sched.alive and isinstance(sched.failure, Fatal)
+    sched.submit([seq([2], "later"), seq([3], "later too")])
+    assert set(done) == {"running", "later", "later too"}  # at once: no thread will take them
+    for result, error in done.values():
+        assert result is None and isinstance(error, GenerationStopped)
+        assert str(error) == "the generation thread stopped (Fatal('the interpreter is going away')); restart the server"
+    sched.close()
+
+
 def test_a_failing_abort_is_a_failed_step_not_a_spinning_thread():
     """Under `serve --tp-size` an abort is broadcast to the other ranks; when they are gone (SIGTERM reached them
     first) the broadcast raises: the batch is dropped and its sequence gets the error, the thread goes idle
