@@ -517,8 +517,8 @@ def finite_float(ctx, param, value: float | None) -> float | None:
 draft_confidence_option = click.option(
     "--draft-confidence", default="auto", show_default=True, callback=_draft_confidence, metavar="auto|P",
     help="Dynamic draft length: verify only the leading drafts whose running product of drafter top-token "
-         "probabilities stays >= P (0 = verify max_draft_len every step). Output is unchanged; pays on a CPU, "
-         "where each verified position costs compute. auto = 0.2 on a CPU (0.07 for drafts sampled at temperature "
+         "probabilities stays >= P, in [0, 1) (0 = verify max_draft_len every step). Pays on a CPU, where each "
+         "verified position costs compute. auto = 0.2 on a CPU (0.07 for drafts sampled at temperature "
          "> 0), 0 on a GPU; a number applies to both. Greedy output is unchanged; sampling keeps the target's "
          "distribution (the sampled tokens for a given --seed change).")
 
@@ -535,8 +535,8 @@ tree_topk_option = click.option(
     metavar="auto|K",
     help="Greedy requests verify a draft tree: the top-K drafts of each block position combine into candidate "
          "paths, and the max_draft_len likeliest (those >= the draft confidence) are verified in one target pass "
-         "with a tree attention mask. 1 = a chain of top-1 drafts (the paper's DFlash). Output is unchanged. "
-         "auto = 4 on a CPU, 1 on a GPU.")
+         "with a tree attention mask. K in [1, 16]; 1 = a chain of top-1 drafts (the paper's DFlash); sampling "
+         "requests keep the chain. Output is unchanged. auto = 4 on a CPU, 1 on a GPU.")
 
 
 def _prompt_lookup(ctx, param, value: str) -> int | str:
