@@ -102,7 +102,7 @@ def _read_config(ctx: click.Context, param, value):
 @click.option("--config", "--extra_llm_api_options", "config", type=click.Path(exists=True, dir_okay=False),
               is_eager=True, expose_value=True, callback=_read_config, metavar="FILE",
               help="A trtllm-serve YAML config (TensorRT-LLM's LLM API options, `trtllm-serve --config`; a bundle's "
-                   "trtllm/serve.yaml): its settings that serve has become these options' values "
+                   "trtllm/serve.yaml): each of its settings that serve also has becomes that option's value "
                    "(tensor_parallel_size, max_batch_size, max_seq_len, speculative_config's max_draft_len, speculative_model, "
                    "max_concurrency, kv_cache_config.enable_block_reuse (on when left out, as TensorRT-LLM), enable_chunked_prefill "
                    "with max_num_tokens, "
@@ -142,7 +142,7 @@ def _read_config(ctx: click.Context, param, value):
                    "content.")
 @click.option("--api-key", envvar="DFLASH_TRT_API_KEY", default=None, metavar="KEY",
               help="Require `Authorization: Bearer KEY` on the /v1 endpoints (vLLM's --api-key; the openai client's "
-                   "api_key); also read from DFLASH_TRT_API_KEY. /health, /version and the metrics stay open. "
+                   "api_key); also read from DFLASH_TRT_API_KEY. /health, /health_generate, /version and the metrics stay open. "
                    "Default: none, every request is served.")
 @click.option("--perf-metrics-max-requests", default=0, show_default=True, type=click.IntRange(0), metavar="N",
               help="Keep the per-request metrics of the last N finished requests for GET /perf_metrics (TensorRT-LLM's "
