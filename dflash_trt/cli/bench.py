@@ -38,8 +38,12 @@ from dflash_trt.text import count
 @tree_topk_option
 @prompt_lookup_option
 @max_concurrency_option
-@click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"], case_sensitive=False), default="float32", show_default=True)
+@click.option("--modes", default="dflash,ar,hf,hf-prompt-lookup", show_default=True,
+              help="Comma-separated modes to compare: dflash (speculative decoding with the drafter), ar (the target "
+                   "alone, the baseline of every speedup), hf (Hugging Face generate on the same weights), "
+                   "hf-prompt-lookup (HF generate's prompt lookup decoding).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"], case_sensitive=False), default="float32", show_default=True,
+              help="The dtype every mode computes in.")
 @click.option("--fp8-matmul", type=click.Choice(["auto", "on", "off"], case_sensitive=False), default="auto", show_default=True,
               help="FP8 target: W8A8 FP8 matmuls (on; auto = on a CUDA GPU of compute capability >= 8.9) or weights "
                    "dequantized on load (off).")

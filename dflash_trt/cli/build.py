@@ -29,12 +29,17 @@ from dflash_trt.cli.common import lower_word
 @click.option("--drafter-quant", type=click.Choice(["none", "fp8"], case_sensitive=False), default="none", show_default=True,
               help="fp8: an FP8 drafter (ModelOpt, calibrated while drafting) in runtime/drafter for dflash-trt; "
                    "trtllm/drafter stays unquantized (TensorRT-LLM's DFlash loader reads no FP8 drafter).")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"], case_sensitive=False), default="auto", show_default=True)
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"], case_sensitive=False), default="auto", show_default=True,
+              help="fp8: calibrated FP8 K/V scales (ModelOpt FP8_KV_CFG) and kv_cache_config.dtype fp8 for "
+                   "TensorRT-LLM; auto: the model's dtype. dflash-trt's own runtime keeps its KV cache in the model "
+                   "dtype either way.")
 @click.option("--tp-size", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--calib-prompts", type=click.Path(), default=None,
               help='JSONL of {"prompt": ...} or {"messages": [...]} lines for calibration (default: built-in corpus; '
                    'never eval sets).')
-@click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option("--calib-size", type=click.IntRange(1, 4096), default=32, show_default=True,
+              help="Calibration prompts (each cut to its first 256 tokens); a --calib-prompts file holding fewer "
+                   "is used whole, with a warning.")
 @click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="max_batch_size in serve.yaml and the trtllm-build command.")
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,

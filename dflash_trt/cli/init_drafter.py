@@ -11,13 +11,15 @@ import click
 @click.option("--target", "target", default=None, type=click.Path(),
               help="HF target checkpoint folder (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--out", required=True, type=click.Path(), help="Output folder (z-lab / ModelOpt drafter format).")
-@click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64))
-@click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
+@click.option("--num-layers", default=1, show_default=True, type=click.IntRange(1, 64), help="Drafter decoder layers.")
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64),
+              help="Draft block size: the drafter fills block size - 1 mask positions per pass (max_draft_len = "
+                   "block size - 1).")
 @click.option("--mask-token-id", type=int, default=None,
               help="Reserved token id used as the mask (default: 16 for the embedded default target, else the last vocab row, or the tokenizer's highest spare special token when that row is text).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated target layer ids (default: the z-lab rule, 5 layers; fewer on a "
               "target of under 8 layers).")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the drafter's random weights.")
 @click.option("--force", is_flag=True,
               help="Replace an existing --out (once the new drafter is written): a DFlash drafter folder holding only "
                    "what dflash-trt writes there, or an empty folder; anything else there is refused.")
@@ -27,8 +29,8 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
 
     The folder is written beside --out under a temporary name and moved into place with ordinary
     modes (0755 folder, 0644 files under umask 022), so a server running as another user can read it.
-    The default mask id is the last vocab row, or the tokenizer's spare special token when that row is
-    text (`dflash_trt.models.mask_token`); a mask id that occurs in text (an ordinary token, BOS / EOS /
+    The default mask id is 16 for the embedded default target, else the last vocab row, or the tokenizer's
+    spare special token when that row is text (`dflash_trt.models.mask_token`); a mask id that occurs in text (an ordinary token, BOS / EOS /
     PAD / UNK, a chat-template marker) gets a warning naming a token to use instead.
 
     \f

@@ -316,13 +316,16 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--out", required=True, type=click.Path(), help="Output drafter folder (z-lab format).")
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(),
               help='JSONL of {"prompt": ...} or {"messages": [...]} lines (default: the built-in corpus).')
-@click.option("--num-layers", default=2, show_default=True, type=click.IntRange(1, 64))
-@click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64))
+@click.option("--num-layers", default=2, show_default=True, type=click.IntRange(1, 64), help="Drafter decoder layers.")
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(2, 64),
+              help="Draft block size: the drafter fills block size - 1 mask positions per pass (max_draft_len = "
+                   "block size - 1).")
 @click.option("--max-seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 20),
               help="Tokens of prompt + response used per training sequence. A prompt keeps its last "
-                   "max(384, L - --max-new-tokens) tokens, at most the target's context - 1 (one warning counts the cut ones).")
+                   "max(384, this length - --max-new-tokens) tokens, at most the target's context - 1 (one warning counts the cut ones).")
 @click.option("--epochs", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              callback=finite_float)
+              callback=finite_float,
+              help="Passes over the training samples (a fraction works): the LR schedule's length.")
 @click.option("--resume", is_flag=True,
               help="Continue the training checkpointed in --work-dir (same settings); an error if there is none. "
                    "The data cache is reused with or without it.")
@@ -336,7 +339,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
               help="Use exactly N prompts (default: all): whole batches of similar-length prompts (--gen-batch-size) "
                    "in a fixed shuffled order, the last one cut to fit. The order does not depend on --seed, and a "
                    "larger N keeps every prompt of a smaller one, so the data cache's responses are reused.")
-@click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--gen-batch-size", default=64, show_default=True, type=click.IntRange(1),
+              help="Prompts the target answers together while writing the training data.")
 @click.option("--init", "init_mode", default="target", show_default=True,
               help="Start drafter layers from the target's top layers (target), random weights (random), or a "
                    "trained drafter folder to fine-tune (its layers, block size, mask token, target layer ids and "
@@ -353,15 +357,18 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--keep-best", is_flag=True,
               help="Export the checkpoint with the best held-out tau (needs --val-samples), not the last.")
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
-@click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1),
+              help="Training sequences per optimizer step (each with --anchors blocks).")
 @click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0), callback=finite_float,
               help="Peak learning rate (0 leaves the weights as they are: an export of the --init drafter).")
-@click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1),
+              help="Optimizer steps between checkpoints (and --val-samples measurements).")
 @click.option("--time-limit-min", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
               help="Stop (checkpointed) after this many minutes; rerun with --resume.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask token id (default: 16 for the default target, else the last vocab row, or the "
               "tokenizer's highest spare special token when that row is text).")
-@click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"], case_sensitive=False))
+@click.option("--export-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16"], case_sensitive=False),
+              help="The dtype of the exported weights (the weights train in float32).")
 @click.option("--max-steps", default=None, type=click.IntRange(1),
               help="Stop after this optimizer step (the LR schedule stays that of --epochs) and export.")
 @click.option("--export-partial", is_flag=True,
@@ -369,7 +376,8 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of the drafter's random weights, the training order, the anchors and the --val-samples "
                    "split (not of the --max-samples prompts).")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_THREADS))
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, MAX_THREADS),
+              help="torch CPU threads (1 by default, not torch's one per core as in generate and bench).")
 @click.option("--device", default="cpu", show_default=True, callback=lower_word,
               help="Where the target and drafter run: cpu, cuda or cuda:N (data generation and training).")
 @click.option("--train-minutes", default=None, type=click.FloatRange(min=0, min_open=True), callback=finite_float,
@@ -400,7 +408,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                   gamma, val_samples, keep_best, anchors, seqs_per_step, lr, checkpoint_every, time_limit_min, mask_token_id, export_dtype,
                   max_steps, export_partial, seed, threads, device, train_minutes, tf32, bf16_autocast, attention, data_only,
                   force, online_features):
-    """Train a DFlash drafter for TARGET and export it to OUT.
+    """Train a DFlash drafter for --target and export it to --out.
 
     \f
     Raises:
