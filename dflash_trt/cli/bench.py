@@ -16,8 +16,8 @@ from dflash_trt.text import count
 
 
 @click.command()
-@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2).")
-@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's).")
+@click.option("--target", type=click.Path(), default=None, help="HF target folder (default: embedded SmolLM2-135M-Instruct).")
+@click.option("--drafter", type=click.Path(), default=None, help="DFlash drafter folder (default: the project's drafter).")
 @click.option("--dataset", "datasets", multiple=True, default=("mt-bench", "humaneval"), show_default=True,
               help="mt-bench, humaneval, or a JSONL prompts file; repeat for several.")
 @click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1, 1000),
