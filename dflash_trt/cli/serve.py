@@ -122,7 +122,7 @@ def _read_config(ctx: click.Context, param, value):
                    "N prompt tokens read per decode step, so a long prompt delays the running streams by one chunk "
                    "per step instead of its whole prefill. Default: off (the whole prompt, before the next step).")
 @click.option("--max-seq-len", default=None, type=click.IntRange(2), metavar="N",
-              help="A request's prompt + output tokens at most (trtllm-serve's --max_seq_len), below the target's "
+              help="A request's prompt + output tokens at most (trtllm-serve's --max_seq_len), up to the target's "
                    "context: longer prompts are refused and max_tokens fitted to it as to the context. Default: the "
                    "target's context (max_position_embeddings).")
 @prefix_cache_options
