@@ -19,7 +19,7 @@ from typing import Any
 from dflash_trt.errors import ConfigError
 
 SCHEMA_SOURCE = "TensorRT-LLM LLM API reference 1.3.0rc27 (TorchLlmArgs, KvCacheConfig, DFlashDecodingConfig)"
-#: first TensorRT-LLM version whose PyTorch backend has DFlash (DFLASH.md sec. 7)
+#: first TensorRT-LLM version whose PyTorch backend has DFlash (its DFlashDecodingConfig)
 MIN_TRTLLM_VERSION_DFLASH = "1.3.0rc"
 
 _INT, _FLOAT, _BOOL, _STR, _LIST_INT, _DICT = int, float, bool, str, "list[int]", dict

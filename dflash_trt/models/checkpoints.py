@@ -1,7 +1,7 @@
 """Load targets and drafters from checkpoint folders; write fresh (untrained) drafters.
 
 `load_target` reads a HF Llama / Qwen3 safetensors folder; `load_drafter` a z-lab / ModelOpt
-DFlash drafter folder (DFLASH.md sec. 3). Both are strict (see `loading.load_strict`).
+DFlash drafter folder (z-lab/dflash's format, also ModelOpt's export). Both are strict (see `loading.load_strict`).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def new_drafter_config(target: TargetConfig, num_layers: int = 1, block_size: in
     target (as in the released drafters), RoPE of the target, `num_layers` decoder layers.
 
     mask_token_id defaults to the last vocabulary row when the caller gives none: pick a reserved
-    token that never occurs in text (DFLASH.md sec. 2).
+    token that never occurs in text (DFlash paper sec. 3).
     """
     ids = target_layer_ids or default_target_layer_ids(target.num_hidden_layers, num_features)
     return DrafterConfig(

@@ -27,7 +27,7 @@ from dflash_trt.runtime.kv_cache import KVCache
 
 class DrafterAttention(AttentionProjections):
     """Attention of drafter layer `layer_idx` (q_norm and k_norm always, as in Qwen3): the block's queries
-    attend to the context K/V injected from target features and to the block's own K/V (DFLASH.md sec. 2)."""
+    attend to the context K/V injected from target features and to the block's own K/V (DFlash paper sec. 3.2; z-lab/dflash dflash/model.py)."""
 
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,

@@ -1,5 +1,5 @@
-"""The drafter's mask token: the id that fills the unknown positions of a drafted block (DFLASH.md,
-the drafter's input). It must never occur in the target's token streams, or a block would hold it as
+"""The drafter's mask token: the id that fills the unknown positions of a drafted block (DFlash paper
+sec. 3, the drafter's input). It must never occur in the target's token streams, or a block would hold it as
 both a mask and a word: an unused embedding row (an id past the tokenizer) or a special token that
 text and chat templates never produce (not BOS / EOS / PAD / UNK, not a chat-template marker).
 """

@@ -3,7 +3,7 @@
 Source: vllm-project/speculators (`DFlashSpeculatorConfig`, `speculators_model_type: "dflash"`,
 `DFlashDraftModel.save_pretrained`, its z-lab converter) and vLLM's reader of that format
 (`vllm/transformers_utils/configs/speculators/algos.py`, `update_dflash`). The drafter network is the
-same as the z-lab one (DFLASH.md sec. 3); only the files say it differently:
+same as the z-lab one (z-lab/dflash's); only the files say it differently:
 
 config.json
     `speculators_model_type: "dflash"`, `architectures: ["DFlashDraftModel"]`;

@@ -1,6 +1,6 @@
 """The decode loop: prefill, then draft -> verify -> commit until every request stops.
 
-DFlash (DFlash paper sec. 3, DFLASH.md sec. 4): per step, the proposer drafts max_draft_len
+DFlash (DFlash paper, arXiv 2602.06036, sec. 3): per step, the proposer drafts max_draft_len
 (default block_size - 1) tokens for every active request in ONE drafter pass, the target verifies
 them with the last verified token in ONE forward pass, the verifier keeps the longest accepted prefix plus one target token, the target KV
 cache rolls back to the accepted length (a pointer move) and the target features of the kept

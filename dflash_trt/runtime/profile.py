@@ -1,6 +1,6 @@
 """Where a decode loop's time goes: wall-clock seconds per phase of `Engine.generate`.
 
-Phases (the steps of DFLASH.md sec. 4's loop; an "ar" step has no draft or inject phase):
+Phases (the steps of the DFlash paper's decoding loop, sec. 3; an "ar" step has no draft or inject phase):
 - prefill: the target's pass over the prompts, the first token, and (dflash) the KV injection of
   the prompts' target features into the drafter's cache.
 - draft: the drafter's one pass over a block and the choice of drafts (`DFlashProposer.propose`).

@@ -1,4 +1,4 @@
-"""Training DFlash drafters (DFlash paper, arXiv 2602.06036, sec. 4.2; DFLASH.md sec. 5).
+"""Training DFlash drafters (DFlash paper, arXiv 2602.06036, sec. 4.2).
 
 Modules, in pipeline order:
 - `prompts`: the offline default prompt corpus and user JSONL prompt files.

@@ -9,7 +9,7 @@ costs no extra target forward.
 Cache layout (`out_dir`): `manifest.json` (settings + totals) and `shard-NNNNN.pt`, one per batch
 of prompts, each a list of samples {"tokens": int32 [T + 1] (prompt + response), "prompt_len":
 int, "features": bfloat16 [T, len(layer_ids) * hidden]}; features row p is the target's output at
-position p for each of `layer_ids` (DFLASH.md sec. 2 indexing: id l = output of decoder layer l;
+position p for each of `layer_ids` (z-lab/dflash's indexing: id l = output of decoder layer l;
 the last layer's entry is the final-normed hidden state, from which the target's logits follow).
 A shard is written to a temporary name, fsynced and renamed (`files.atomic_write`), so a rerun
 skips finished shards and redoes at most one batch; a cache made with other settings is refused rather than mixed. The manifest

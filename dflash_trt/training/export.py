@@ -2,7 +2,7 @@
 
 The folder is written under a temporary name beside `out` and renamed at the end, so an
 interrupted export never leaves a folder that looks complete. Weights are the z-lab / ModelOpt
-format (DFLASH.md sec. 3), loadable strictly by `dflash_trt.models.checkpoints.load_drafter`.
+format (z-lab/dflash's config.json and model.safetensors, as ModelOpt's export writes it), loadable strictly by `dflash_trt.models.checkpoints.load_drafter`.
 
 Vocabulary: a drafter trained over a reduced draft vocabulary is exported WITH `d2t` (int64 offsets,
 EAGLE-3 / vLLM `speculators` convention) and `draft_vocab_size` in config.json; our runtime loads

@@ -7,7 +7,7 @@ is cheap, so `train-drafter --online-features` caches only the tokens and comput
 for each optimizer step's sequences with one target forward (float32, the target's own dtype).
 
 Row p of a sequence's features is the target's output at position p for each requested layer id
-(DFLASH.md sec. 2 indexing, the same as `datagen`): identical to what the offline cache holds up to
+(z-lab/dflash's indexing, the same as `datagen`): identical to what the offline cache holds up to
 the bfloat16 rounding of that cache.
 """
 

@@ -1,4 +1,4 @@
-"""The DFlash training objective (DFlash paper sec. 4.2, DFLASH.md sec. 5).
+"""The DFlash training objective (DFlash paper, arXiv 2602.06036, sec. 4.2).
 
 One training sequence = prompt + target-written response, T + 1 tokens, with the target's features
 for positions 0..T-1. From it we draw A random ANCHORS a in the response (a >= prompt_len, the

@@ -41,7 +41,7 @@ def training_prompts(prompts_file: str | Path | None, num_chat: int | None = Non
     """User prompts from a JSONL file, or the default corpus (see `prompts`). A conversation that ends with
     assistant turns (the usual shape of SFT datasets: ShareGPT, UltraChat) loses them, with one stderr line
     counting such conversations: the target writes its own answer there (DFlash trains on the target's responses,
-    DFLASH.md sec. 5); kept, the chat template's generation prompt would follow the finished turn, a layout
+    paper sec. 4.2); kept, the chat template's generation prompt would follow the finished turn, a layout
     that serving never produces."""
     if prompts_file is None:
         return default_corpus(num_chat, num_code)

@@ -9,7 +9,7 @@ from dflash_trt.errors import ConfigError
 
 
 def test_default_target_layer_ids_rule():
-    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B (DFLASH.md sec. 2)
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B (z-lab/dflash's released drafter)
     assert default_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2-135M
     assert default_target_layer_ids(30, 1) == [15]
     # fewer layers than the rule's range holds: each layer once (z-lab's rule repeats them: [1, 1, 1, 1, 1])

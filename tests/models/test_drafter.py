@@ -1,4 +1,5 @@
-"""The drafter's cached, batched block forward vs a direct transcription of DFLASH.md sec. 2."""
+"""The drafter's cached, batched block forward vs a direct transcription of the reference
+implementation's block forward (z-lab/dflash dflash/model.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// KV injection (DFlash paper sec. 3.2; DFLASH.md sec. 2), fused for the CPU (its CUDA twin: kv_inject.cu).
+// KV injection (DFlash paper sec. 3.2; z-lab/dflash dflash/model.py), fused for the CPU (its CUDA twin: kv_inject.cu).
 //
 // The context tokens' fused target features H go through every drafter layer's OWN k_proj / v_proj
 // (one matrix product over the concatenated weights, done by the caller), and then, per layer and KV

@@ -1,4 +1,4 @@
-// KV injection (DFlash paper sec. 3.2; DFLASH.md sec. 2), fused for NVIDIA GPUs.
+// KV injection (DFlash paper sec. 3.2; z-lab/dflash dflash/model.py), fused for NVIDIA GPUs.
 //
 // The CUDA twin of kv_inject.cpp. The context tokens' fused target features H went through every
 // drafter layer's OWN k_proj / v_proj in one matrix product (done by the caller); this kernel then
