@@ -176,7 +176,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, context_len=context_len)
     app.add_middleware(ServerErrors)
     if api_key is not None:
-        app.add_middleware(RequireApiKey, key=api_key)  # the outermost: a request without the key is read no further
+        app.add_middleware(RequireApiKey, key=api_key)  # a request without the key is read no further
+    app.add_middleware(CountErrors, metrics=metrics)  # the outermost: sees every status, the 401s included
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -804,6 +805,26 @@ class ServerErrors:
             log_failure(scope.get("method"), scope.get("path"), exc)
             status, body = _status_of(exc)
             await JSONResponse(body, status_code=status)(scope, receive, send)
+
+
+class CountErrors:
+    """ASGI middleware: each HTTP response with an error status (>= 400) counted in
+    `trtllm_request_error_total{http_code}` (`ServerMetrics.request_error`)."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def watch(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.metrics.request_error(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, watch)
 
 
 class RequireApiKey:

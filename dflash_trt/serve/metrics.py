@@ -38,8 +38,11 @@
   `trtllm_spec_decode_draft_overhead`, the per-position `trtllm_spec_decode_drafted_tokens_total` /
   `trtllm_spec_decode_accepted_tokens_total{token_position}` (the runtime counts accepted tokens per position,
   not drafted ones: the draft length varies per step with dynamic drafting), the perplexity histograms (no logprobs
-  are computed unless a request asks), `trtllm_request_error_total{http_code}`, `trtllm_scheduled_batch_size` and the
-  `trtllm_*_config_info` gauges.
+  are computed unless a request asks), `trtllm_scheduled_batch_size` and the `trtllm_*_config_info` gauges.
+- `trtllm_request_error_total{http_code}`: every request answered with an HTTP error status (a 4xx or 5xx: bad
+  requests, a missing API key, a body too large, a failed generation, an unknown path), counted by the
+  `CountErrors` middleware of `dflash_trt.serve.app`; an error inside a stream that already answered 200 is not
+  counted (its status was sent).
 - `GET /metrics`: trtllm-serve's JSON list of iteration stats, one entry per decode step of the
   in-flight batch (`timestamp` (local time, `TIMESTAMP_FORMAT`, as TensorRT-LLM's PyTorch backend writes it), `iter`,
   `iterLatencyMS` (the step and the prefill it reports in `numCtxTokens`), `numActiveRequests` (decoding, and being
@@ -209,6 +212,8 @@ class ServerMetrics:
              if device.startswith("cuda") else ()) + (
             (("acceptanceLength", "trtllm_spec_decode_acceptance_length", "Acceptance length in speculative decoding"),)
             if speculative else ())}
+        self._errors = Counter("trtllm_request_error", "Total request errors, labeled by HTTP status code.",
+                               names + ["http_code"], registry=r)
         self.prefill_batch_tokens = hist("trtllm_prefill_batch_tokens", "Histogram of total context tokens per "
                                          "iteration.", PREFILL_BATCH_TOKENS_BUCKETS)
         self._waiting = waiting
@@ -220,6 +225,11 @@ class ServerMetrics:
         self._perf_id = 0
         self._prefix_cache = prefix_cache
         self._max_batch_size, self._device = max_batch_size, device
+
+    def request_error(self, http_code: int) -> None:
+        """Count one request answered with an HTTP error status (`http_code` >= 400):
+        `trtllm_request_error_total{http_code}`, TensorRT-LLM's MetricsCollector.log_request_error."""
+        self._errors.labels(**self._labels, http_code=str(http_code)).inc()
 
     def finished(self, result: GenerationResult, queue_time_s: float, arrival: float | None = None,
                  iterations: tuple[int, int] | None = None) -> None:

@@ -616,6 +616,26 @@ def test_prometheus_counts_match_the_responses(server, client):
     assert not any(k.split("{")[0].endswith("_created") for k in after)
 
 
+def test_error_responses_are_counted_by_http_code(server):
+    """trtllm_request_error_total{http_code}: each request answered with an error status, by its code (a malformed
+    body 400, an unknown model 404, an unknown path 404); successful ones are not counted."""
+    base, _ = server
+    before = prometheus(base)
+    assert httpx.post(base + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+                      ).status_code == 400
+    assert httpx.post(base + "/v1/completions", json={"model": "no-such-model", "prompt": "Hi", "max_tokens": 1}
+                      ).status_code == 404
+    assert httpx.get(base + "/v1/no-such-endpoint").status_code == 404
+    assert httpx.get(base + "/health").status_code == 200
+    after = prometheus(base)
+
+    def delta(code):
+        return (sample(after, "trtllm_request_error_total", http_code=code, model_name=MODEL)
+                - sample(before, "trtllm_request_error_total", http_code=code, model_name=MODEL))
+
+    assert (delta("400"), delta("404"), delta("200")) == (1, 2, 0)
+
+
 def test_health_version_models(server, client):
     import openai
 
