@@ -92,7 +92,8 @@ def test_reasoning_then_tool_calls_stream_as_the_message():
         deltas.append(last)
         assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
         assert "".join(d.get("content") or "" for d in deltas) == message["content"] and got == "tool_calls"
-        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["get_time"]
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", []) if "id" in c] == ["get_time"]
+        assert "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", [])) == "{}"
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,20 @@
 """Tool calling over the OpenAI server (real HTTP on 127.0.0.1, the real `openai` client): a named function and
 tool_choice "required" give exactly the runtime's greedy tokens under the call's grammar, as tool calls; "auto"
-parses the Hermes format (`--tool-parser hermes`) and is refused without a parser; streamed deltas join to the
-non-streamed message; bad tools / tool_choice are 400s naming the field, and the server keeps serving."""
+parses the Hermes format (`--tool-parser hermes`) and is refused without a parser; streamed, calls come as they
+are written (the name first, then the arguments) and the deltas join to the non-streamed message; bad tools /
+tool_choice are 400s naming the field, and the server keeps serving."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import httpx
 import pytest
 
 from dflash_trt.runtime.guided import GuidedDecoding
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.serve.tools import (TOOL_PARSERS, ToolCalling, parse_hermes, parse_llama3_json, required_schema,
-                                   whole_calls)
+from dflash_trt.serve.tool_stream import read_answer
+from dflash_trt.serve.tools import TOOL_PARSERS, required_schema
 from dflash_trt.training.prompts import encode_prompt
 from tests.serve.test_openai_server import MODEL, live_server
 
@@ -56,6 +56,20 @@ def joined(chunks) -> tuple[str, dict[int, dict], str | None, list]:
     return content, calls, finish, chunks
 
 
+def streamed_as_written(chunks) -> bool:
+    """Whether each call of a stream came as it was written: its id, type and name in its first delta (and only
+    there), its arguments over more than one chunk."""
+    seen, arg_chunks = set(), 0
+    for c in chunks:
+        for t in c.choices[0].delta.tool_calls or []:
+            first = t.index not in seen
+            seen.add(t.index)
+            if first != (t.id is not None) or first != (t.type == "function") or first != bool(t.function.name):
+                return False
+            arg_chunks += not first
+    return bool(seen) and arg_chunks >= len(seen)
+
+
 @pytest.fixture(scope="module")
 def hermes(smollm2_pipeline):
     """(base URL, app) of a server started with --tool-parser hermes."""
@@ -68,117 +82,6 @@ def hermes_client(hermes):
     from openai import OpenAI
 
     return OpenAI(base_url=hermes[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.mark.parametrize("text, content, calls", [
-    ("plain text", "plain text", []),
-    ('Sure.\n\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Sure.", [("f", '{"a": 1}')]),
-    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {"x": "é"}}', None,
-     [("f", "{}"), ("g", '{"x": "é"}')]),
-    ('x <tool_call>{"name": "f", "arguments": {"a": </tool_call>', 'x <tool_call>{"name": "f", "arguments": {"a": '
-                                                                   '</tool_call>', []),  # not JSON: text
-    ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": 3}</tool_call>', []),
-    ('<tool_call>{"name": "f", "arguments": "a=1"}</tool_call>', '<tool_call>{"name": "f", "arguments": "a=1"}'
-                                                                '</tool_call>', []),
-    ('<tool_call>{"name": "f", "parameters": {"a": 1}}</tool_call>', None, [("f", '{"a": 1}')]),  # Llama 3's key
-    ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', None, [("f", '{"a": 1}')]),  # JSON text
-    ('A <tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g", "argu', "A", [("f", "{}")]),  # cut: dropped
-    ('<tool_call>{"name": "f", "arguments": {"a": 1}}\n</tool_c', None, [("f", '{"a": 1}')]),  # cut in the tag
-    ('<tool_call>{"name": "f", "arguments": null}</tool_call>', None, [("f", "{}")]),
-    # a closing tag inside an argument string is the argument's text
-    ('<tool_call>{"name": "f", "arguments": {"s": "a</tool_call>b"}}</tool_call>', None, [("f", '{"s": "a</tool_call>b"}')]),
-    ('<tool_call>{"name": "f", "arguments": {"s": "a</tool_call>', '<tool_call>{"name": "f", "arguments": {"s": '
-                                                                   '"a</tool_call>', []),  # cut in the string
-    ('<tool_call>{"name": "f"} junk</tool_call>', '<tool_call>{"name": "f"} junk</tool_call>', []),
-    ('<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>',  # a tag left unclosed before another
-     '<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>', []),
-    ('<tool_call>{"name": "f"}</tool_call> then <tool_call>{"name": "g"} and text', None, [("f", "{}")]),
-    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {"a": tru', None, [("f", "{}")]),
-    # cut in a literal, a number or an escape after an argument holding the closing tag: the whole calls kept
-    *[('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"name": "g", "arguments": {"s": '
-        '"</tool_call>", "b": ' + cut, None, [("f", "{}")]) for cut in ("tru", "nul", "-", "1.", "1e+", '"\\u12')],
-    # arguments Python reads but JSON has not (NaN), or that Python cannot read (a 4,301-digit integer): no call
-    ('<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>',
-     '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', []),
-    ('A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>',
-     'A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>', []),
-    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": ' + "[" * 100_000,
-     None, [("f", "{}")]),  # nested too deep, unclosed: left out
-], ids=lambda v: v[:60] if isinstance(v, str) else None)
-def test_parse_hermes(text, content, calls):
-    assert parse_hermes(text) == (content, calls)
-
-
-@pytest.mark.parametrize("text, content, calls", [
-    ('{"name": "f", "parameters": {"a": 1}}', None, [("f", '{"a": 1}')]),
-    (' <|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"b": "x"}}\n', None,
-     [("f", "{}"), ("g", '{"b": "x"}')]),
-    ('{"name": "f", "parameters": {}}; {"name": "g", "param', None, [("f", "{}")]),  # the cut last one left out
-    ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": fals', None, [("f", "{}")]),
-    ('{"name": "f", "parameters": {"n": ' + "9" * 4400 + '}}', '{"name": "f", "parameters": {"n": ' + "9" * 4400 + '}}',
-     []),
-    ('{"name": "f", "parameters": {"a": 1}} and then text', '{"name": "f", "parameters": {"a": 1}} and then text', []),
-    ('The answer is {"name": "f"}', 'The answer is {"name": "f"}', []),
-    ('{"city": "Paris"}', '{"city": "Paris"}', []),  # JSON, but not a call
-    ('{"name": "f", "param', '{"name": "f", "param', []),  # the only call cut: text
-])
-def test_parse_llama3_json(text, content, calls):
-    assert parse_llama3_json(text) == (content, calls)
-
-
-TOOLS = [WEATHER["function"], TIME["function"]]
-
-
-@pytest.mark.parametrize("choice, text, finish", [
-    ("auto", 'I will look it up <tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>',
-     "stop"),
-    ("auto", "The <tool weather is < nice <tool_cal", "length"),
-    ("auto", "Two calls:<tool_call>{\"name\": \"get_time\"}</tool_call>\n<tool_call>{\"name\": \"get_weather\", "
-             "\"arguments\": {\"city\": \"Paris\"}}</tool_call>", "stop"),
-    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}]', "stop"),
-    ("required", '[{"name": "get_time", "param', "length"),
-    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, {"name": "get_weather", "para', "length"),
-    ("function", '{"city": "Paris", "unit": "celsius"}', "stop"),
-    ("none", "a <tool_call> is only text here", "stop"),
-    ("llama3_json", '  {"name": "get_time", "parameters": {"timezone": "UTC"}}; {"name": "get_weather", '
-                    '"parameters": {"city": "Paris"}}', "stop"),
-    ("llama3_json", "  Paris is {sunny} today.", "stop"),
-    ("llama3_json", '{"name": "get_time", "parameters": {"timezone": "U', "length"),
-])
-def test_streamed_deltas_join_to_the_message(choice, text, finish):
-    parser = "llama3_json" if choice == "llama3_json" else "hermes"
-    choice = "auto" if choice == "llama3_json" else choice
-    calling = ToolCalling(tuple({**t, "description": None} for t in TOOLS), choice,
-                          "get_weather" if choice == "function" else None, parser)
-    message, want_finish = calling.message(text, finish)
-    rng = random.Random(0)
-    for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(8, len(text) - 1))))
-        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        stream = calling.stream()
-        deltas = [stream.opening()] + [stream.delta(p) for p in parts[:-1]]
-        last, got_finish = stream.last(parts[-1], finish)
-        deltas.append(last)
-        content = "".join(d.get("content") or "" for d in deltas)
-        calls: dict[int, dict] = {}
-        for d in deltas:
-            for t in d.get("tool_calls", []):
-                c = calls.setdefault(t["index"], {"name": "", "arguments": ""})
-                c["name"] += t.get("function", {}).get("name", "")
-                c["arguments"] += t.get("function", {}).get("arguments", "")
-        assert content == (message["content"] or "") and got_finish == want_finish
-        assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
-            (t["function"]["name"], t["function"]["arguments"]) for t in message.get("tool_calls", [])]
-        if choice == "auto" and message.get("tool_calls"):  # content streamed never reaches into the call
-            assert all("<" not in (d.get("content") or "") and "{" not in (d.get("content") or "")
-                       for d in deltas[:-1])
-
-
-def test_parallel_tool_calls_false_keeps_the_first_auto_call():
-    text = '<tool_call>{"name": "get_time"}</tool_call><tool_call>{"name": "get_weather"}</tool_call>'
-    tools = tuple({**t, "description": None} for t in TOOLS)
-    assert ToolCalling(tools, "auto", None, "hermes", parallel=False).calls(text, "stop") == (None, [("get_time", "{}")])
-    assert len(ToolCalling(tools, "auto", None, "hermes").calls(text, "stop")[1]) == 2
 
 
 def test_a_named_function_gives_the_runtimes_arguments(client, smollm2_pipeline):
@@ -217,7 +120,8 @@ def test_required_gives_the_runtimes_calls(client, smollm2_pipeline, parallel):
     content, calls, finish, chunks = joined(client.chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=tools, tool_choice="required", stream=True,
         **extra))
-    assert content == "" and finish == "tool_calls" and len(chunks) == 2  # the role, then the calls: no empty chunks
+    assert content == "" and finish == "tool_calls" and all(c.choices[0].delta.tool_calls for c in chunks[1:-1])
+    assert streamed_as_written(chunks)
     assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
         (t.function.name, t.function.arguments) for t in c.message.tool_calls]
 
@@ -242,37 +146,59 @@ def test_required_with_nested_models(client, smollm2_pipeline):
             assert set(it["parameters"]["where"]) == {"city", "country"}
 
 
-def test_required_cut_by_max_tokens_keeps_its_whole_calls(client, smollm2_pipeline):
-    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0, tools=[WEATHER],
-                                       tool_choice="required")
-    c = r.choices[0]  # cut before any call is whole: the text
-    assert c.finish_reason == "length" and c.message.tool_calls is None and c.message.content.startswith("[")
-    # cut after its call is whole (the array's "]" not yet written): the call, finish_reason still "length"
+def test_required_cut_by_max_tokens_keeps_its_calls_as_far_as_they_went(client, smollm2_pipeline):
+    """Cut before a call's name is whole: the text; after: the call, its arguments as far as they went (the JSON
+    unfinished, as OpenAI's); after the call is whole: the call; finish_reason "length". Streamed, the same."""
+    pipe = smollm2_pipeline
     spec = GuidedDecoding(json=required_schema((WEATHER["function"],)))
-    full = reference(smollm2_pipeline, ASK, [WEATHER], spec, 64)
-    text = smollm2_pipeline.decode(full.token_ids)
-    closed = next(n for n in range(1, len(full.token_ids)) if whole_calls(smollm2_pipeline.decode(full.token_ids[:n])))
-    assert closed < len(full.token_ids) - 1 and whole_calls(text) == json.loads(text)  # a cut exists
-    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=closed, temperature=0, tools=[WEATHER],
-                                       tool_choice="required")
-    c = r.choices[0]
-    [call] = whole_calls(smollm2_pipeline.decode(full.token_ids[:closed]))
-    assert c.finish_reason == "length" and c.message.content is None
-    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
-        (call["name"], call["parameters"])]
+    full = reference(pipe, ASK, [WEATHER], spec, 64)
+    cuts = {"text": 4}
+    for n in range(1, len(full.token_ids)):
+        content, calls = read_answer("required", pipe.decode(full.token_ids[:n]))
+        if calls and calls[0][1] and not calls[0][1].endswith("}"):
+            cuts.setdefault("in the arguments", n)
+        if calls and calls[0][1].endswith("}"):
+            cuts.setdefault("whole", n)
+    assert cuts["text"] < cuts["in the arguments"] < cuts["whole"] < len(full.token_ids) - 1, cuts
+    for where, n in cuts.items():
+        want_content, want_calls = read_answer("required", pipe.decode(full.token_ids[:n]))
+        r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=n, temperature=0, tools=[WEATHER],
+                                           tool_choice="required")
+        c = r.choices[0]
+        assert c.finish_reason == "length" and c.message.content == want_content, where
+        assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []] == want_calls, where
+        if where == "text":
+            assert c.message.content.startswith("[") and not want_calls
+        else:
+            assert want_calls[0][0] == "get_weather"
+        content, calls, finish, _ = joined(client.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=n, temperature=0, tools=[WEATHER], tool_choice="required",
+            stream=True))
+        assert (content, finish) == (want_content or "", "length")
+        assert [(v["name"], v["arguments"]) for v in calls.values()] == want_calls
 
 
-@pytest.mark.parametrize("text, calls", [
-    ('[{"name": "f", "parameters": {}}, {"name": "g", "param', [{"name": "f", "parameters": {}}]),
-    ('  [ {"name": "f", "parameters": {"a": [1]}} \n\n ', [{"name": "f", "parameters": {"a": [1]}}]),
-    ('[{"name": "f", "parameters": {}} {"name"', [{"name": "f", "parameters": {}}]),
-    ('[{"name": "f"}, ', []),
-    ('[{"name": "f", "par', []),
-    ("", []),
-    ("{}", []),
-])
-def test_whole_calls_of_a_cut_array(text, calls):
-    assert whole_calls(text) == calls
+def test_the_openai_stream_helper_reads_calls_as_they_are_written(client, smollm2_pipeline):
+    """The openai SDK's `chat.completions.stream` (its accumulation, its argument delta events, its parsing of a
+    strict tool's arguments) over a streamed "required" call: the final completion is the non-streamed one."""
+    tool = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 64, "temperature": 0, "tools": [tool],
+            "tool_choice": "required"}
+    whole = client.chat.completions.create(**body).choices[0]
+    with client.chat.completions.stream(**body) as s:
+        events = list(s)
+        final = s.get_final_completion().choices[0]
+    deltas = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
+    arguments = whole.message.tool_calls[0].function.arguments
+    assert len(deltas) > 1 and "".join(e.arguments_delta for e in deltas) == arguments
+    assert all(e.name == "get_weather" for e in deltas)  # the name came first, with the call's first delta
+    [done] = [e for e in events if e.type == "tool_calls.function.arguments.done"]
+    assert done.parsed_arguments == json.loads(arguments)
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
+    [call] = final.message.tool_calls
+    assert (call.function.name, call.function.arguments) == (
+        whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments)
+    assert call.id.startswith("call_") and call.type == "function"
 
 
 def test_auto_needs_a_tool_parser(server, client):
@@ -297,10 +223,12 @@ def test_auto_reads_hermes_tool_calls(hermes_client, smollm2_pipeline):
     [call] = c.message.tool_calls
     want = json.loads(ref.text.split("<tool_call>")[1].split("</tool_call>")[0])
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == want["arguments"]
-    content, calls, finish, _ = joined(hermes_client.chat.completions.create(
+    content, calls, finish, chunks = joined(hermes_client.chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER], stream=True,
         extra_body={"response_format": fmt}))
-    assert (content, finish) == ("Let me check.", "tool_calls")
+    assert (content, finish) == ("Let me check.", "tool_calls") and streamed_as_written(chunks)
+    first_call = next(i for i, c in enumerate(chunks) if c.choices[0].delta.tool_calls)
+    assert all(not c.choices[0].delta.content for c in chunks[first_call:])  # the content came before the call
     assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
 
 
@@ -320,10 +248,10 @@ def test_auto_reads_llama3_json_tool_calls(smollm2_pipeline):
         [call] = c.message.tool_calls
         assert (call.function.name, json.loads(call.function.arguments)) == (
             "get_weather", json.loads(ref.text)["parameters"])
-        content, calls, finish, _ = joined(client.chat.completions.create(
+        content, calls, finish, chunks = joined(client.chat.completions.create(
             model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER], stream=True,
             extra_body={"response_format": fmt}))
-        assert (content, finish) == ("", "tool_calls")
+        assert (content, finish) == ("", "tool_calls") and streamed_as_written(chunks)
         assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
         plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0,
                                                tools=[WEATHER])  # no JSON: the answer is the content

@@ -1,0 +1,318 @@
+"""Tool calls read from an answer's text as it grows, so a streamed answer sends each call as it is written.
+
+`CallsReader` reads an answer in one tool-call format (`FORMATS`: Hermes' `<tool_call>{...}</tool_call>`, Llama 3's
+JSON calls, the JSON array of tool_choice "required") as its text grows, and says at each point what is sure: the
+content that will not become a call, and the calls so far, each with its name and its arguments' text as far as
+they go. What it says only grows, so the stream never sends what it must take back; and the whole answer's message
+(`read_answer`) is the same reading run to the end, so the deltas of any split join to it exactly.
+
+A call object is `{"name": ..., "arguments": {...}}` ("parameters", Llama 3's key, works too; the arguments may
+also be JSON text of an object, or null for none; other keys are ignored). Its arguments' text is canonical:
+`json.dumps(arguments, ensure_ascii=False)`, written as far as it is sure (`dflash_trt.serve.json_stream`).
+
+A call is a call from the moment its name is whole (the object's first key "name" with a string value). Before
+that, an object that goes wrong is not a call: the first one makes the whole answer content (with Hermes, text
+that only looked like a call), a later one ends the calls there (what follows is dropped, as text after the calls
+is). After it, a call that goes wrong (the text cut by max_tokens, or not JSON any more) keeps the arguments as far
+as they were sure, without their closing brace (held back until the call object closes), so they are not valid
+JSON, as OpenAI's call cut by max_tokens; the calls end there. An object whose first key is not "name" is a call
+once it is whole, if its name and arguments are one's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from dflash_trt.serve.json_stream import JsonReader, NotJson
+from dflash_trt.text import partial_suffix
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: what Llama 3.1 writes before a call to a built-in tool (a special token: usually not in the decoded text)
+PYTHON_TAG = "<|python_tag|>"
+#: the formats `CallsReader` reads: per `--tool-parser` ("qwen3" is "hermes"), and "required" (tool_choice's array)
+FORMATS = {"hermes": "hermes", "qwen3": "hermes", "llama3_json": "llama3_json", "required": "required"}
+_ARGUMENT_KEYS = ("arguments", "parameters")
+#: where a call stands (`CallReader.state`)
+PENDING, NOT_A_CALL, OPEN_CALL, BROKEN, WHOLE = "pending", "not a call", "open", "broken", "whole"
+
+#: what comes before the first call and between calls, per format (the position after it is where a call starts)
+_LLAMA3_START = re.compile(r"[ \t\n\r]*(<\|python_tag\|>)?[ \t\n\r]*")
+_LLAMA3_NEXT = re.compile(r"[ \t\n\r;]*")
+_ARRAY_START = re.compile(r"[ \t\n\r]*(\[[ \t\n\r]*)?")
+_ARRAY_NEXT = re.compile(r"[ \t\n\r]*(,[ \t\n\r]*)?")
+
+
+def call_id() -> str:
+    """A new tool call id ("call_" and 24 hex digits, as OpenAI's)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _canonical_object(text: str) -> str | None:
+    """The canonical text of the JSON object that `text` is (whitespace around it allowed), or None."""
+    reader = JsonReader(object_only=True)
+    try:
+        reader.read(text, final=True)
+    except NotJson:
+        return None
+    return reader.out if not text[reader.pos:].strip(" \t\n\r") else None
+
+
+class CallReader:
+    """One call object of an answer, from position `start` of its text, read as the text grows (`read`)."""
+
+    def __init__(self, start: int):
+        self.json = JsonReader(start, object_only=True)
+        self.failed = False  # the text cannot go on as the object (or ended inside it)
+
+    def read(self, text: str, final: bool) -> None:
+        """Read the text (all of it so far) on; `final`: it ends here."""
+        if not self.failed:
+            try:
+                self.json.read(text, final)
+            except NotJson:
+                self.failed = True
+
+    def _member(self, key: str):
+        return next((m for m in self.json.members if m[0] == key), None)
+
+    def _arguments_member(self):
+        return next((m for m in self.json.members if m[0] in _ARGUMENT_KEYS), None)
+
+    def _named(self) -> bool:
+        """Whether the object's first key is "name" and its value a whole string (the call is a call from here)."""
+        members, out = self.json.members, self.json.out
+        return bool(members) and members[0][0] == "name" and members[0][2] is not None and out[members[0][1]] == '"'
+
+    def _spoilt(self) -> bool:
+        """Whether what was read already keeps the object from being a call: both argument keys, or arguments
+        that are not an object, JSON text or null."""
+        if sum(m[0] in _ARGUMENT_KEYS for m in self.json.members) > 1:
+            return True
+        args = self._arguments_member()
+        start = args[1] if args is not None else None
+        return start is not None and len(self.json.out) > start and self.json.out[start] not in '{"n'
+
+    def _whole_arguments(self) -> str | None:
+        """The canonical text of the whole object's arguments ("{}" for none), or None when they are not an
+        object's."""
+        args = self._arguments_member()
+        if args is None:
+            return "{}"
+        value = self.json.out[args[1]:args[2]]
+        if value[0] == '"':  # the arguments as JSON text
+            return _canonical_object(json.loads(value))
+        return "{}" if value == "null" else value
+
+    @property
+    def state(self) -> str:
+        """PENDING (may still become a call), NOT_A_CALL, OPEN_CALL (a call, not yet whole), BROKEN (a call that
+        went wrong: its arguments stop where they were sure) or WHOLE."""
+        named = self._named()
+        if self.failed or (named and self._spoilt()):
+            return BROKEN if named else NOT_A_CALL
+        if not self.json.done:
+            return OPEN_CALL if named else PENDING
+        name = self._member("name")
+        if name is None or self.json.out[name[1]] != '"' or self._spoilt() or self._whole_arguments() is None:
+            return BROKEN if named else NOT_A_CALL
+        return WHOLE
+
+    @property
+    def name(self) -> str:
+        """The call's name (once it is a call)."""
+        name = self._member("name")
+        return json.loads(self.json.out[name[1]:name[2]])
+
+    def arguments(self) -> str:
+        """The arguments' canonical text as far as it is sure: whole once the call is, else the text of an object
+        being written without its last character (its closing brace once it is whole); "" before they begin, or
+        while they are JSON text or null (those come whole)."""
+        if self.state == WHOLE:
+            return self._whole_arguments()
+        args = self._arguments_member()
+        if args is None or args[1] is None:
+            return ""
+        out, start, end = self.json.out, args[1], args[2]
+        if len(out) <= start or out[start] != "{":
+            return ""
+        return out[start:end - 1 if end is not None else len(out)]
+
+
+class CallsReader:
+    """The content and the calls of an answer in format `fmt` (a `FORMATS` value), read as its text grows: `feed`
+    each piece (`final` with the last); `content_end` and `calls` say what is sure so far (and, after the last
+    piece, what the answer is). `parallel` False: the first call only."""
+
+    def __init__(self, fmt: str, parallel: bool = True):
+        self.fmt, self.parallel = fmt, parallel
+        self.text, self.pos, self.final = "", 0, False
+        self.calls: list[CallReader] = []  # the calls (each a call: open, broken or whole)
+        self.reading: CallReader | None = None  # the object being read (pending, or the open call)
+        self.mode = "before"  # before the first call; "calls"; "content" (the whole answer is); "end" (no more calls)
+        self.opened: int | None = None  # hermes: where the first <tool_call> is
+        self._scan = 0  # hermes: where to look for the next <tool_call>
+
+    def feed(self, text: str, final: bool = False) -> None:
+        """Read the answer's next piece of text; `final`: it is the last."""
+        self.text += text
+        self.final = final
+        while self.mode in ("before", "calls"):
+            if self.reading is None:
+                start = self._next_call()
+                if start is None:
+                    break
+                self.reading = CallReader(start)
+            call = self.reading
+            call.read(self.text, final)
+            state = call.state
+            if state == PENDING:
+                break
+            if state == NOT_A_CALL:
+                self.reading = None
+                self.mode = "content" if not self.calls else "end"
+                break
+            if not self.calls or self.calls[-1] is not call:
+                self.calls.append(call)
+                self.mode = "calls"
+            if state == OPEN_CALL:
+                break
+            self.reading = None
+            if state == BROKEN or not self.parallel:
+                self.mode = "end"
+                break
+            self.pos = self._scan = call.json.pos
+        if final and self.mode in ("before", "calls"):
+            self.mode = "content" if not self.calls else "end"
+
+    def _next_call(self) -> int | None:
+        """Where the next call object starts (its "{", or for Hermes the text after `<tool_call>`), or None: not
+        known yet, or (mode set) no more calls."""
+        text, first = self.text, not self.calls
+        if self.fmt == "hermes":
+            i = text.find(OPEN, self._scan)
+            if i < 0:
+                self._scan = max(self._scan, len(text) - len(OPEN) + 1)
+                return None
+            if first:
+                self.opened = i
+            return i + len(OPEN)
+        pattern = ((_LLAMA3_START if first else _LLAMA3_NEXT) if self.fmt == "llama3_json"
+                   else (_ARRAY_START if first else _ARRAY_NEXT))
+        m = pattern.match(text, self.pos)
+        end = m.end()
+        if end == len(text):
+            return None
+        if text[end] == "{" and (self.fmt == "llama3_json" or m.group(1)):
+            return end
+        if first and self.fmt == "llama3_json" and not m.group(1) and PYTHON_TAG.startswith(text[end:]):
+            return None  # maybe the tag, cut
+        self.mode = "content" if first else "end"
+        return None
+
+    def content_end(self) -> int:
+        """How much of the text is surely content (the content is `text[:content_end()]`): with calls (or while
+        there may be), Hermes' text before the first `<tool_call>` (or a text end that may begin one) without its
+        trailing whitespace, nothing in the other formats; without, once known, all of it."""
+        if self.mode == "content":
+            return len(self.text)
+        if self.fmt != "hermes":
+            return 0
+        end = self.opened if self.opened is not None else len(self.text) - partial_suffix(self.text, (OPEN,))
+        while end > 0 and self.text[end - 1].isspace():
+            end -= 1
+        return end
+
+    def content(self) -> str | None:
+        """The content as it stands: with calls, None when it is empty."""
+        content = self.text[:self.content_end()]
+        return content or None if self.calls else content
+
+
+def read_answer(fmt: str, text: str, parallel: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+    """(content, [(name, arguments' canonical JSON text), ...]) of a whole answer in format `fmt` (`FORMATS`;
+    `parallel` False: its first call only), as `CallsReader` reads it."""
+    reader = CallsReader(FORMATS[fmt], parallel)
+    reader.feed(text, final=True)
+    return reader.content(), [(c.name, c.arguments()) for c in reader.calls]
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(content, calls) of a Hermes answer: each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is a
+    call (`read_answer`); the content is the text before the first, without its trailing whitespace (None when
+    empty), or with no call the whole text. Text between and after the calls is dropped."""
+    return read_answer("hermes", text)
+
+
+def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(content, calls) of a Llama 3.1 JSON answer (vLLM's `llama3_json`): after whitespace and an optional
+    `<|python_tag|>`, `{"name": ..., "parameters": {...}}` objects separated by `;` are calls, content None
+    (`read_answer`); an answer that does not begin with one is content."""
+    return read_answer("llama3_json", text)
+
+
+def finish_reason(choice: str, has_calls: bool, finish: str) -> str:
+    """"tool_calls" for the calls of "required" / "auto" that ended at a stop token; else `finish`."""
+    return "tool_calls" if has_calls and choice != "function" and finish == "stop" else finish
+
+
+class ToolStream:
+    """One streamed choice under tool calling (`calling`: a `dflash_trt.serve.tools.ToolCalling`): `opening()`,
+    `delta(text)` for each text delta, `last(rest, finish)` for its end. Content is sent as soon as it cannot
+    become a call; a call's first delta has its index, id, type and name (and its arguments so far, often ""),
+    the next ones more of its arguments (`CallsReader`). The deltas joined give `ToolCalling.message`'s."""
+
+    def __init__(self, calling):
+        self.calling, self.sent = calling, 0
+        self.id = call_id()  # a named function's call
+        fmt = calling.parser if calling.choice == "auto" else calling.choice
+        self.reader = CallsReader(FORMATS[fmt], calling.parallel) if calling.choice in ("auto", "required") else None
+        self.ids: list[str] = []  # the calls sent: their ids
+        self.args_sent: list[int] = []  # and how much of their arguments
+
+    def opening(self) -> dict:
+        """The choice's first delta: the role (and, for a named function, its call with empty arguments)."""
+        if self.calling.choice == "function":
+            return {"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": self.id, "type": "function",
+                 "function": {"name": self.calling.name, "arguments": ""}}]}
+        return {"role": "assistant", "content": ""}
+
+    def delta(self, text: str) -> dict:
+        """The chat delta to send for the choice's next text (may be {}: all held back)."""
+        if self.calling.choice == "function":
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        if self.reader is None:
+            return {"content": text} if text else {}
+        self.reader.feed(text)
+        return self._news()
+
+    def last(self, text: str, finish: str) -> tuple[dict, str]:
+        """The choice's last delta (what was held back) and its finish_reason."""
+        if self.reader is None:
+            return self.delta(text), finish
+        self.reader.feed(text, final=True)
+        return self._news(), finish_reason(self.calling.choice, bool(self.reader.calls), finish)
+
+    def _news(self) -> dict:
+        """What the reader is sure of that was not sent yet."""
+        reader, out = self.reader, {}
+        end = reader.content_end()
+        if end > self.sent:
+            out["content"] = reader.text[self.sent:end]
+            self.sent = end
+        calls = []
+        for i, call in enumerate(reader.calls):
+            args = call.arguments()
+            if i == len(self.ids):
+                self.ids.append(call_id())
+                self.args_sent.append(len(args))
+                calls.append({"index": i, "id": self.ids[i], "type": "function",
+                              "function": {"name": call.name, "arguments": args}})
+            elif len(args) > self.args_sent[i]:
+                calls.append({"index": i, "function": {"arguments": args[self.args_sent[i]:]}})
+                self.args_sent[i] = len(args)
+        if calls:
+            out["tool_calls"] = calls
+        return out
