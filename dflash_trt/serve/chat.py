@@ -1,6 +1,7 @@
 """A chat choice's answer as OpenAI returns it: the text split into `reasoning_content` and `content`
-(`dflash_trt.serve.reasoning`), then tool calls read from the content (`dflash_trt.serve.tools`); whole
-(`ChatAnswers.message`) or as stream deltas (`ChatAnswers.stream`) that join to the same message."""
+(`dflash_trt.serve.reasoning`), then tool calls read from the content (`dflash_trt.serve.tools`; as the text grows,
+`dflash_trt.serve.tool_stream`); whole (`ChatAnswers.message`) or as stream deltas (`ChatAnswers.stream`) that
+join to the same message."""
 
 from __future__ import annotations
 
