@@ -25,18 +25,22 @@ def parse_layer_ids(text: str | None, num_layers: int, keep_order: tuple[int, ..
     accepted out of order when they are exactly these (a run being resumed that an older version started so).
 
     Raises:
-        ConfigError: not comma-separated integers, empty, an id outside [0, num_layers - 1] (the
+        ConfigError: not comma-separated integers, empty or with an empty entry ("1,,2"), an id outside [0, num_layers - 1] (the
             target's layers), an id given twice, or ids not in increasing order.
     """
     if text is None:
         return None
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from exc
-    if not ids:
+    parts = text.split(",")
+    if not text.strip():
         raise ConfigError("--target-layer-ids is empty; give comma-separated target layer ids, or leave the flag out "
                           "for the default (the z-lab rule)")
+    if any(not x.strip() for x in parts):  # "1,,2" / "3,": a layer id left out by mistake, not dropped silently
+        raise ConfigError(f"--target-layer-ids {text!r} has an empty entry; give comma-separated integers such as "
+                          "1,8,14")
+    try:
+        ids = [int(x) for x in parts]
+    except ValueError as exc:
+        raise ConfigError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from exc
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise ConfigError(f"--target-layer-ids {ids}: {bad} outside [0, {num_layers - 1}] "

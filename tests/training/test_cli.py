@@ -132,6 +132,8 @@ def test_max_samples_is_a_nested_subset_that_seed_does_not_change(tmp_path, targ
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "1,0,1"], ConfigError, "[1] given more than once"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "2,0"], ConfigError, "give them in increasing order (0,2)"),
     ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", ""], ConfigError, "--target-layer-ids is empty"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "0,,2"], ConfigError, "'0,,2' has an empty entry"),
+    ('{"prompt": "w5 w6"}\n', ["--target-layer-ids", "3,"], ConfigError, "'3,' has an empty entry"),
 ])
 def test_bad_inputs_fail_cleanly(tmp_path, target_with_tokenizer, content, extra, err, msg):
     f = tmp_path / "p.jsonl"
