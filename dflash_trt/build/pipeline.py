@@ -118,6 +118,10 @@ def preflight(opts: BuildOptions) -> dict:
         raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
     if opts.calib_size < 1:
         raise ConfigError(f"--calib-size must be >= 1, got {opts.calib_size}")
+    if opts.calibrates and opts.calib_prompts is None:
+        from dflash_trt.build.quantize import calibration_texts
+
+        calibration_texts(opts.calib_size)  # the built-in corpus holds that many (refused before any weight is read)
     from dflash_trt.models.checkpoints import check_device
 
     check_device(opts.device)

@@ -184,8 +184,8 @@ def calibration_texts(n: int) -> list[str]:
                 continue
             texts.append(f'def {name}{sig}:\n    """{doc}"""\n')
     if len(texts) < n:
-        raise ConfigError(f"the built-in calibration corpus has {len(texts)} texts; ask for at most that many "
-                          "or pass --calib-prompts")
+        raise ConfigError(f"--calib-size {n}: the built-in calibration corpus has {len(texts)} texts; give "
+                          f"--calib-size {len(texts)} or less, or --calib-prompts FILE (a JSONL of your own prompts)")
     # interleave modules so a small n still covers several kinds of code
     step = len(texts) / n
     return [texts[int(i * step)] for i in range(n)]

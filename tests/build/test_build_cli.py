@@ -84,6 +84,32 @@ def test_calib_size_above_the_file_dry_run(tmp_path, tiny_pair, monkeypatch, cap
     assert not (tmp_path / "b").exists()
 
 
+def test_calib_size_above_the_builtin_corpus_is_refused_by_the_dry_run_and_before_the_target_loads(
+        tmp_path, tiny_pair, monkeypatch, capsys):
+    """--calib-size over the built-in corpus (no --calib-prompts): refused in the check step, by --dry-run too (it
+    printed a plan and the build failed after loading the target); nothing written."""
+    import transformers
+
+    from dflash_trt.build.quantize import calibration_texts
+    from dflash_trt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:  # the corpus size, as its own error gives it
+        calibration_texts(10**4)
+    size = int(str(err.value).split("corpus has ")[1].split()[0])
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded before --calib-size was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    want = (f"error: --calib-size {size + 1}: the built-in calibration corpus has {size} texts; give --calib-size "
+            f"{size} or less, or --calib-prompts FILE (a JSONL of your own prompts)")
+    for extra in (("--dry-run",), ()):
+        code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, tmp_path / "b", "--quant", "fp8",
+                                                                      "--calib-size", str(size + 1), *extra))
+        assert code != 0 and error_line(err) == want and "plan for" not in stdout, err
+    assert not (tmp_path / "b").exists() and leftovers(tmp_path, "b") == []
+
+
 def test_a_bad_calib_prompts_file_fails_in_the_check_step_before_the_target_is_loaded(tmp_path, tiny_pair, monkeypatch,
                                                                                        capsys):
     """A malformed --calib-prompts file is refused in step 1 (check), as --dry-run refuses it, not after step 2 has
