@@ -20,6 +20,9 @@ import click
 from dflash_trt.cli.common import MAX_THREADS, finite_float, lower_word, parse_layer_ids
 from dflash_trt.text import count
 
+#: the largest --lr: float32's largest finite value (the weights' dtype; a larger one overflows in the first update)
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 def _check_resume(resume: bool, work: Path) -> None:
     """With --resume, the training checkpoint must exist (a fresh run is started without --resume).
@@ -359,7 +362,7 @@ def fine_tune_lineage(init_dir: Path) -> dict:
 @click.option("--anchors", default=32, show_default=True, type=click.IntRange(1), help="Anchors (blocks) per sequence.")
 @click.option("--seqs-per-step", default=4, show_default=True, type=click.IntRange(1),
               help="Training sequences per optimizer step (each with --anchors blocks).")
-@click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0), callback=finite_float,
+@click.option("--lr", default=6e-4, show_default=True, type=click.FloatRange(min=0, max=FLOAT32_MAX), callback=finite_float,
               help="Peak learning rate (0 leaves the weights as they are: an export of the --init drafter).")
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1),
               help="Optimizer steps between checkpoints (and --val-samples measurements).")

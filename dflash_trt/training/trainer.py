@@ -473,6 +473,8 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
             temporary file, fsynced and renamed over the old one; best.pt after the checkpoint
             that names it).
         ConfigError: another process is training into run_dir (`dflash_trt.files.folder_lock`).
+        DFlashError: the run diverged: a step's loss is NaN / infinite, or a checkpoint's weights would hold NaN
+            / infinite values (raised before anything of it is saved; names the step and --lr).
     """
     t_call = time.perf_counter()  # what time_limit_s is measured from (never reset)
     run = Path(run_dir)
@@ -480,6 +482,17 @@ def train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run_dir: st
         raise DFlashError(f"nothing to resume in {run} (no {CHECKPOINT}); run without --resume to start")
     with folder_lock(run, "drafter training"):
         return _train(drafter, data, cfg, run, resume, time_limit_s, max_steps, progress, budget_s, init, t_call)
+
+
+def _diverged(step: int, what: str, cfg: TrainConfig, run: Path, checkpoint_step: int | None) -> DFlashError:
+    """The error of a run whose loss or weights stopped being finite at `step` (nothing of it is saved)."""
+    if checkpoint_step is None:
+        kept, fix = "no checkpoint was written", "rerun with a lower --lr"
+    else:  # a resume with another --lr is refused (other settings): the run starts over
+        kept = f"the last checkpoint in {run} (step {checkpoint_step}) is from before it"
+        fix = f"remove {run} and rerun with a lower --lr"
+    return DFlashError(f"training diverged at step {step}: {what} (--lr {cfg.lr:g} is likely too high for this "
+                       f"data); nothing of that step was saved and no drafter was exported ({kept}); {fix}")
 
 
 def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path, resume: bool,
@@ -583,6 +596,8 @@ def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path,
                 out, step_blocks = _batch_loss(drafter, data, indices, [cfg.seed * 1_000_003 + slot for slot in slots],
                                                cfg, fz, cfg.soft_weight if use_soft else 0.0)
             if out is not None:
+                if not torch.isfinite(out.loss.detach()):
+                    raise _diverged(state.step + 1, f"its loss is {out.loss.item()}", cfg, run, checkpoint_step)
                 (out.loss / cfg.seqs_per_step).backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -616,6 +631,11 @@ def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path,
             out_of_time = time_limit_s is not None and time.perf_counter() - t_call >= time_limit_s
             stop_here = max_steps is not None and state.step >= max_steps
             if state.step % cfg.checkpoint_every == 0 or out_of_time or stop_here or state.step == state.total_steps:
+                bad = next((name for name, p in drafter.named_parameters() if not torch.isfinite(p.detach()).all()),
+                           None)
+                if bad is not None:  # never checkpointed, so never exported or resumed from
+                    raise _diverged(state.step, f"its update left non-finite values in {bad}", cfg, run,
+                                    checkpoint_step)
                 better = False
                 if val_idx:
                     better = validate_checkpoint()
@@ -632,6 +652,10 @@ def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path,
                     save_best()
             if (out_of_time or stop_here) and state.step < state.total_steps:
                 break
+    except DFlashError:
+        if bar is not None:
+            bar.close()  # the error line starts on a line of its own
+        raise
     except KeyboardInterrupt as exc:
         from dflash_trt.interrupts import Terminated
 

@@ -146,6 +146,42 @@ def test_bad_inputs_fail_cleanly(tmp_path, target_with_tokenizer, content, extra
     assert not (tmp_path / "work" / "run").exists()
 
 
+@pytest.mark.parametrize("max_steps, checkpoint_every, inf_update, what", [
+    ("3", "100", False, "its loss is nan"),  # --lr 1e30 makes the weights huge: the next step's loss is NaN
+    ("1", "1", True, "its update left non-finite values in hidden_norm.weight"),  # an overflowing update, at a checkpoint
+])
+def test_a_diverging_run_stops_with_an_error_and_exports_nothing(tmp_path, target_with_tokenizer, monkeypatch,
+                                                                   max_steps, checkpoint_every, inf_update, what):
+    """A loss or weights that stop being finite (a far too high --lr) end the run with the error naming the step and
+    --lr: no drafter exported (one was written with NaN weights, exit 0, that generate then refused), no checkpoint
+    of those weights."""
+    from dflash_trt.errors import DFlashError
+
+    lr = "1e30"
+    if inf_update:  # float32 overflow in an update whose loss was finite (caught before the checkpoint is saved)
+        step = torch.optim.AdamW.step
+
+        def overflowing(self, *a, **k):
+            out = step(self, *a, **k)
+            with torch.no_grad():
+                self.param_groups[0]["params"][1].fill_(float("inf"))
+            return out
+
+        monkeypatch.setattr(torch.optim.AdamW, "step", overflowing)
+
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 8)),
+                "--num-layers", "1", "--block-size", "4", "--epochs", "4", "--target-layer-ids", "0,1",
+                "--max-new-tokens", "12", "--mask-token-id", str(MASK), "--init", "random", "--lr", lr,
+                "--max-steps", max_steps, "--checkpoint-every", checkpoint_every, "--work-dir", str(work)])
+    assert isinstance(res.exception, DFlashError), res.output + repr(res.exception)
+    message = str(res.exception)
+    assert message.startswith("training diverged at step ") and what in message, message
+    assert f"(--lr {float(lr):g} is likely too high for this data); nothing of that step was saved and no drafter " \
+           "was exported (no checkpoint was written); rerun with a lower --lr" in message
+    assert not out.exists() and not (work / "run" / "checkpoint.pt").exists()
+
+
 def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
     out = tmp_path / "drafter"
     res = _run(["--target", str(target_with_tokenizer), "--out", str(out), "--prompts", str(_prompts(tmp_path, 8)),
@@ -162,7 +198,8 @@ def test_max_steps_exports_a_stopped_run(tmp_path, target_with_tokenizer):
 @pytest.mark.parametrize("flag,value,msg", [
     ("--gamma", "nan", "nan is not a finite number"), ("--soft-weight", "nan", "nan is not a finite number"),
     ("--epochs", "nan", "nan is not a finite number"), ("--epochs", "inf", "inf is not a finite number"),
-    ("--lr", "nan", "nan is not a finite number"), ("--lr", "-1", "not in the range x>=0"),
+    ("--lr", "nan", "nan is not a finite number"), ("--lr", "-1", "not in the range 0<=x<=3.4028234663852886e+38"),
+    ("--lr", "1e39", "1e+39 is not in the range 0<=x<=3.4028234663852886e+38"),
     ("--time-limit-min", "-1", "not in the range x>0"), ("--time-limit-min", "0", "not in the range x>0"),
     ("--time-limit-min", "nan", "nan is not a finite number"), ("--time-limit-min", "inf", "inf is not a finite number"),
     ("--train-minutes", "inf", "inf is not a finite number"), ("--train-minutes", "nan", "nan is not a finite number"),
