@@ -61,10 +61,10 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
     from dflash_trt.out_folder import BUNDLE, out_path
 
-    why = drafter_required(target, drafter, alternative=None)
+    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
+    why = drafter_required(target, drafter, alternative=None)  # (a --target that is not there is named first)
     if why is not None:
         raise ConfigError(why)
-    target, drafter = model_folder("--target", target), model_folder("--drafter", drafter, "drafter")
     console = Console(stderr=True)
     opts = BuildOptions(
         target=Path(target) if target else default_target_path(),

@@ -527,6 +527,9 @@ def test_the_default_target_by_path_uses_the_default_drafter(monkeypatch, capsys
         assert one_error_line(code, err), err
         assert err.endswith("a --drafter is required with a --target other than the default (SmolLM2-135M-Instruct): "
                             "give the folder of a DFlash drafter for that target (dflash-trt train-drafter makes one)\n")
+        # a --target that is not there is named as such first (no drafter would help)
+        code, _, err = run_main(monkeypatch, capsys, *command, "--target", str(tmp_path / "nope"))
+        assert one_error_line(code, err) and f"--target {tmp_path / 'nope'}: no such folder" in err, err
     # bench offers its own way out, before any model loads; without dflash in --modes it needs no drafter
     code, _, err = run_main(monkeypatch, capsys, "bench", "--target", str(target), "--modes", "dflash,ar",
                             "--out", str(tmp_path / "bench"))
