@@ -43,3 +43,22 @@ def test_the_client_example_talks_to_a_server(smollm2_pipeline):
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.splitlines()[:2]
     assert "Paris" in first and second.strip()
+
+
+def test_the_client_example_says_what_to_do_without_a_server():
+    """No server at the address: one line naming it and how to start one (it was an APIConnectionError traceback);
+    --help is usage (it was taken as the URL)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    done = subprocess.run([sys.executable, str(EXAMPLES / "client.py"), url], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr == (f"error: no server answers at {url}; start one (dflash-trt serve --port 8000) or give its "
+                           "address: python examples/client.py http://HOST:PORT/v1\n")
+    usage = subprocess.run([sys.executable, str(EXAMPLES / "client.py"), "--help"], capture_output=True, text=True,
+                           timeout=120)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: client.py [-h] [--api-key API_KEY] [base_url]")
