@@ -2,10 +2,11 @@
 
 `JsonReader` reads the value token by token, each character once, and keeps the canonical text of the tokens it
 has read whole: what `json.dumps(value, ensure_ascii=False)` writes for the value Python's `json` reads (", " and
-": " between items, strings re-escaped, numbers as Python writes them). A token the text may still extend (a
-number, a literal, an escape) waits for the next text; a string's characters are written as they come. So the
-canonical text only ever grows, and the canonical text of a whole value is the concatenation of what was read
-piece by piece, however the text was cut.
+": " between items, strings re-escaped, numbers as Python writes them), but for a lone surrogate (`"\\ud800"`),
+which stays an escape (`ensure_ascii=False` would write the character itself, which UTF-8 cannot encode: the
+response could not be sent). A token the text may still extend (a number, a literal, an escape) waits for the
+next text; a string's characters are written as they come. So the canonical text only ever grows, and the
+canonical text of a whole value is the concatenation of what was read piece by piece, however the text was cut.
 
 It differs from Python's `json` in one way, to keep that property: a key repeated in one object (which Python
 reads as its last value, at its first place) is not JSON here (`NotJson`).
@@ -18,7 +19,7 @@ import re
 
 _WS = re.compile(r"[ \t\n\r]*")
 #: string characters written as they are (JSON's escapes are the only other characters a string may hold)
-_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
+_PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]+')
 #: the characters a number may hold: a number is whole once a character outside them follows it
 _NUMBER_RUN = re.compile(r"[-+0-9.eE]+")
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -35,7 +36,10 @@ class NotJson(ValueError):
 
 
 def _char(c: str) -> str:
-    """The canonical text of one string character (JSON-escaped as `json.dumps(..., ensure_ascii=False)` does)."""
+    """The canonical text of one string character (JSON-escaped as `json.dumps(..., ensure_ascii=False)` does; a
+    lone surrogate as its escape, which UTF-8 can carry)."""
+    if "\ud800" <= c <= "\udfff":
+        return f"\\u{ord(c):04x}"
     return json.dumps(c, ensure_ascii=False)[1:-1]
 
 
@@ -97,7 +101,7 @@ class JsonReader:
                 return True
             if c == '"':
                 return self._open_string("value")
-            if c == "-" or c.isdigit():
+            if c in "-0123456789":  # (str.isdigit would take other scripts' digits: not JSON)
                 return self._read_number(text, final)
             return self._read_literal(text)
         if expect in (_KEY, _KEY_OR_END):
@@ -184,6 +188,10 @@ class JsonReader:
             if self.pos >= len(text):
                 return False
             c = text[self.pos]
+            if "\ud800" <= c <= "\udfff":  # a lone surrogate as it is (from JSON text in a string): its escape
+                self._write(_char(c))
+                self.pos += 1
+                continue
             if c == '"':
                 self._write('"')
                 self.pos += 1

@@ -4,10 +4,18 @@ and the whole value is written as `json.dumps` writes it; the reader stops where
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from dflash_trt.serve.json_stream import JsonReader, NotJson
+
+
+def canonical(text: str) -> str:
+    """json.dumps(..., ensure_ascii=False) of the value `text` is, its lone surrogates escaped (UTF-8 cannot carry
+    them)."""
+    return re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}",
+                  json.dumps(json.loads(text), ensure_ascii=False))
 
 
 @pytest.mark.parametrize("text", [
@@ -18,7 +26,7 @@ from dflash_trt.serve.json_stream import JsonReader, NotJson
     '[1, "a", [], {"k": null}]', "123", '"str"', "true",
 ])
 def test_json_reader_writes_what_json_dumps_writes_however_cut(text):
-    want = json.dumps(json.loads(text), ensure_ascii=False)
+    want = canonical(text)
     for a in range(len(text) + 1):
         for b in range(a, len(text) + 1):
             r = JsonReader()
@@ -36,9 +44,27 @@ def test_json_reader_writes_what_json_dumps_writes_however_cut(text):
     ('{"a": 1, "a": 2}', '{"a": 1, "a"'),  # a key twice: not JSON here (Python would keep the last value)
     ('{"a": "\\x"}', '{"a": "'), ('{"a": 1e400}', '{"a": '), ('{"a": "\x01"}', '{"a": "'), ('{"a": 1', '{"a": 1'),
     ('{"a": tru}', '{"a": '), ('{"a": "\\ud83d\\u12G4"}', '{"a": "'), ('{"a": ' + "1" * 4301 + "}", '{"a": '),
+    ('{"a": \u0663}', '{"a": '), ('{"a": 1, "b": \u00b2}', '{"a": 1, "b": '),  # other scripts' digits: not JSON
 ])
 def test_json_reader_stops_where_the_text_stops_being_json(text, out):
     r = JsonReader()
     with pytest.raises(NotJson):
         r.read(text, final=True)
     assert r.out == out
+
+
+@pytest.mark.parametrize("text, out", [
+    ('{"a": "\\ud800"}', '{"a": "\\ud800"}'),
+    ('{"a": "x\\uDC00y", "\\ud83d": "\\ud83d\\ude00"}', '{"a": "x\\udc00y", "\\ud83d": "\U0001f600"}'),
+    ('{"a": "\ud800"}', '{"a": "\\ud800"}'),  # the character itself (a str from JSON text read before)
+])
+def test_a_lone_surrogate_stays_an_escape(text, out):
+    """A lone surrogate (which `ensure_ascii=False` would write as it is) is written as its escape: the canonical
+    text stays encodable in UTF-8 (a response carries it) and reads back to the same value."""
+    for cut in range(len(text) + 1):
+        r = JsonReader()
+        r.read(text[:cut])
+        r.read(text, final=True)
+        assert r.out == out
+    out.encode()
+    assert json.loads(out) == json.loads(text)

@@ -49,6 +49,11 @@ TOOLS = tuple({**t["function"], "description": t["function"].get("description")}
     ('<tool_call>{"name": "f", "arguments": {"a": 1}, "parameters": {}}</tool_call>', None, [("f", '{"a": 1')]),
     ('<tool_call>{"name": "f", "arguments": {"a": 1, "a": 2}}</tool_call>', None, [("f", '{"a": 1, "a"')]),
     ('<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', None, [("f", '{"x": ')]),
+    ('<tool_call>{"name": "f", "arguments": {"x": \u0663}}</tool_call>', None, [("f", '{"x": ')]),  # an Arabic 3
+    # a lone surrogate stays an escape (UTF-8, so the response, cannot carry the character)
+    ('<tool_call>{"name": "f", "arguments": {"s": "\\ud800"}}</tool_call>', None, [("f", '{"s": "\\ud800"}')]),
+    ('<tool_call>{"name": "f", "arguments": "{\\"s\\": \\"\\ud800\\"}"}</tool_call>', None,
+     [("f", '{"s": "\\ud800"}')]),
     ('A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>', "A", [("f", '{"n": ')]),
     ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": ' + "[" * 100_000, None,
      [("f", "{}"), ("g", "")]),
@@ -153,6 +158,7 @@ CASES = [
     ("hermes", 'Text <tool_call>{"name": "get_wea', "length"),  # cut mid-name: text
     ("hermes", 'Hm <tool_call>{"name": 12}</tool_call> then text <tool_call>{"name": "x"}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"name": "get_time", "arguments": {"tz": 1 2}}</tool_call>', "stop"),  # broken after name
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {"a": "\\udc00", "tz": \u0663}}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"arguments": {}, "name": "get_time"}</tool_call><tool_call>{"name": "g", "a', "length"),
     ("hermes", '   \n', "stop"),
