@@ -153,6 +153,7 @@ class CallsReader:
         self.mode = "before"  # before the first call; "calls"; "content" (the whole answer is); "end" (no more calls)
         self.opened: int | None = None  # hermes: where the first <tool_call> is
         self._scan = 0  # hermes: where to look for the next <tool_call>
+        self._stripped = (0, 0)  # hermes: (an end, that end without the whitespace before it): `content_end`'s memo
 
     def feed(self, text: str, final: bool = False) -> None:
         """Read the answer's next piece of text; `final`: it is the last."""
@@ -220,9 +221,14 @@ class CallsReader:
         if self.fmt != "hermes":
             return 0
         end = self.opened if self.opened is not None else len(self.text) - partial_suffix(self.text, (OPEN,))
-        while end > 0 and self.text[end - 1].isspace():
-            end -= 1
-        return end
+        seen, stripped = self._stripped  # the end only grows: look back as far as the last end only (each character
+        if end < seen:  # once, not the whole run of whitespace again at each delta)
+            seen, stripped = 0, 0
+        i = end
+        while i > seen and self.text[i - 1].isspace():
+            i -= 1
+        self._stripped = (end, i if i > seen else stripped)
+        return self._stripped[1]
 
     def content(self) -> str | None:
         """The content as it stands: with calls, None when it is empty."""
@@ -270,6 +276,7 @@ class ToolStream:
         self.reader = CallsReader(FORMATS[fmt], calling.parallel) if calling.choice in ("auto", "required") else None
         self.ids: list[str] = []  # the calls sent: their ids
         self.args_sent: list[int] = []  # and how much of their arguments
+        self.settled = 0  # the calls before it are whole or broken, and sent
 
     def opening(self) -> dict:
         """The choice's first delta: the role (and, for a named function, its call with empty arguments)."""
@@ -303,7 +310,8 @@ class ToolStream:
             out["content"] = reader.text[self.sent:end]
             self.sent = end
         calls = []
-        for i, call in enumerate(reader.calls):
+        for i in range(self.settled, len(reader.calls)):  # the calls before `settled` were sent whole
+            call = reader.calls[i]
             args = call.arguments()
             if i == len(self.ids):
                 self.ids.append(call_id())
@@ -313,6 +321,8 @@ class ToolStream:
             elif len(args) > self.args_sent[i]:
                 calls.append({"index": i, "function": {"arguments": args[self.args_sent[i]:]}})
                 self.args_sent[i] = len(args)
+            if call is not reader.reading:  # whole or broken: its arguments are all sent
+                self.settled = i + 1
         if calls:
             out["tool_calls"] = calls
         return out

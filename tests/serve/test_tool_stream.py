@@ -253,3 +253,18 @@ def test_real_answers_stream_to_their_message(smollm2_pipeline, choice, regex_or
         check_joined(calling, ref.text, parts, "stop")
     for n in range(1, len(tokens)):  # cut by max_tokens after n tokens
         check_joined(calling, "".join(tokens[:n]), tokens[:n], "length")
+
+
+@pytest.mark.parametrize("text", [
+    "a" + " \n" * 40_000,  # a content that ends in whitespace (held back while a call may follow)
+    '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>' * 1_500,  # many calls
+], ids=["trailing whitespace", "many calls"])
+def test_each_delta_reads_only_what_is_new(text):
+    """An answer streamed a character at a time takes time linear in its length: a delta does not look again at
+    the run of whitespace before it, nor at the calls already sent whole (each was once quadratic: minutes here)."""
+    import time
+
+    calling = ToolCalling(TOOLS, "auto", None, "hermes")
+    start = time.perf_counter()
+    check_joined(calling, text, list(text), "stop")
+    assert time.perf_counter() - start < 20
