@@ -10,7 +10,8 @@ A call object is `{"name": ..., "arguments": {...}}` ("parameters", Llama 3's ke
 also be JSON text of an object, or null for none; other keys are ignored). Its arguments' text is canonical:
 `json.dumps(arguments, ensure_ascii=False)`, written as far as it is sure (`dflash_trt.serve.json_stream`).
 
-A call is a call from the moment its name is whole (the object's first key "name" with a string value). Before
+A call is a call from the moment its name is whole (the object's first key "name" with a string value, one
+without a lone surrogate: a response could not carry it). Before
 that, an object that goes wrong is not a call: the first one makes the whole answer content (with Hermes, text
 that only looked like a call), a later one ends the calls there (what follows is dropped, as text after the calls
 is). After it, a call that goes wrong (the text cut by max_tokens, or not JSON any more) keeps the arguments as far
@@ -42,6 +43,8 @@ _LLAMA3_START = re.compile(r"[ \t\n\r]*(<\|python_tag\|>)?[ \t\n\r]*")
 _LLAMA3_NEXT = re.compile(r"[ \t\n\r;]*")
 _ARRAY_START = re.compile(r"[ \t\n\r]*(\[[ \t\n\r]*)?")
 _ARRAY_NEXT = re.compile(r"[ \t\n\r]*(,[ \t\n\r]*)?")
+#: a lone surrogate (a JSON escape can write one): UTF-8 cannot carry it, so a name with one is not a function's
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def call_id() -> str:
@@ -65,6 +68,7 @@ class CallReader:
     def __init__(self, start: int):
         self.json = JsonReader(start, object_only=True)
         self.failed = False  # the text cannot go on as the object (or ended inside it)
+        self._name_ok: bool | None = None  # whether the "name" member is a name (`_has_name`), once it is whole
 
     def read(self, text: str, final: bool) -> None:
         """Read the text (all of it so far) on; `final`: it ends here."""
@@ -80,10 +84,21 @@ class CallReader:
     def _arguments_member(self):
         return next((m for m in self.json.members if m[0] in _ARGUMENT_KEYS), None)
 
+    def _has_name(self) -> bool:
+        """Whether the object has a "name" member whose value is a whole string, one a name can be (no lone
+        surrogate: a response could not carry it)."""
+        if self._name_ok is None:
+            name = self._member("name")
+            if name is None or name[2] is None:
+                return False
+            value = self.json.out[name[1]:name[2]]
+            self._name_ok = value[0] == '"' and not _SURROGATE.search(json.loads(value))
+        return self._name_ok
+
     def _named(self) -> bool:
-        """Whether the object's first key is "name" and its value a whole string (the call is a call from here)."""
-        members, out = self.json.members, self.json.out
-        return bool(members) and members[0][0] == "name" and members[0][2] is not None and out[members[0][1]] == '"'
+        """Whether the object's first key is "name" and its value a whole string, a name (`_has_name`): the call is a
+        call from here."""
+        return bool(self.json.members) and self.json.members[0][0] == "name" and self._has_name()
 
     def _spoilt(self) -> bool:
         """Whether what was read already keeps the object from being a call: both argument keys, or arguments
@@ -114,8 +129,7 @@ class CallReader:
             return BROKEN if named else NOT_A_CALL
         if not self.json.done:
             return OPEN_CALL if named else PENDING
-        name = self._member("name")
-        if name is None or self.json.out[name[1]] != '"' or self._spoilt() or self._whole_arguments() is None:
+        if not self._has_name() or self._spoilt() or self._whole_arguments() is None:
             return BROKEN if named else NOT_A_CALL
         return WHOLE
 

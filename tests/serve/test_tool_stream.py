@@ -54,6 +54,9 @@ TOOLS = tuple({**t["function"], "description": t["function"].get("description")}
     ('<tool_call>{"name": "f", "arguments": {"s": "\\ud800"}}</tool_call>', None, [("f", '{"s": "\\ud800"}')]),
     ('<tool_call>{"name": "f", "arguments": "{\\"s\\": \\"\\ud800\\"}"}</tool_call>', None,
      [("f", '{"s": "\\ud800"}')]),
+    ('<tool_call>{"name": "\\ud800"}</tool_call>', '<tool_call>{"name": "\\ud800"}</tool_call>', []),  # no name
+    ('<tool_call>{"name": "f"}</tool_call><tool_call>{"arguments": {}, "name": "g\\udfff"}</tool_call>', None,
+     [("f", "{}")]),
     ('A <tool_call>{"name": "f", "arguments": {"n": ' + "1" * 4301 + '}}</tool_call>', "A", [("f", '{"n": ')]),
     ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": ' + "[" * 100_000, None,
      [("f", "{}"), ("g", "")]),
@@ -159,6 +162,7 @@ CASES = [
     ("hermes", 'Hm <tool_call>{"name": 12}</tool_call> then text <tool_call>{"name": "x"}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"name": "get_time", "arguments": {"tz": 1 2}}</tool_call>', "stop"),  # broken after name
     ("hermes", '<tool_call>{"name": "get_time", "arguments": {"a": "\\udc00", "tz": \u0663}}</tool_call>', "stop"),
+    ("hermes", 'A <tool_call>{"name": "get_\\ud83d", "arguments": {}}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"arguments": {}, "name": "get_time"}</tool_call><tool_call>{"name": "g", "a', "length"),
     ("hermes", '   \n', "stop"),
