@@ -8,12 +8,90 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
+
+#: the errno values of a full disk: no space left on the device, or the user's disk quota used up
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def os_error(exc: BaseException, filename: str | Path | None = None) -> OSError | None:
+    """The operating system's error behind a failed write `exc`: `exc` itself when it is an OSError; for
+    safetensors' SafetensorError, which keeps it only in its text ("I/O error: No space left on device (os error
+    28)"), a new OSError of that errno; None for anything else (not a file system error). `filename`, when
+    given, becomes the answer's filename where it has none (a failed write() or close() names no file), so its
+    message says which file."""
+    if isinstance(exc, OSError):
+        err = exc
+    else:
+        found = re.search(r"\(os error (\d+)\)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
+        if found is None:
+            return None
+        code = int(found.group(1))
+        err = OSError(code, os.strerror(code))
+    if err.filename is None and filename is not None:
+        err.filename = str(filename)
+    return err
+
+
+def cannot_write(what: str, exc: OSError, fix: str) -> str:
+    """The one-line message of a failed write: "cannot write {what} ({the error}); {fix}", with "free space
+    there, or " before `fix` when the disk is full (`DISK_FULL`). `what` names the path ("the drafter to --out
+    d", a file)."""
+    if exc.errno in DISK_FULL:
+        fix = f"free space there, or {fix}"
+    return f"cannot write {what} ({exc.strerror or exc}); {fix}"
+
+
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Run the block; an OSError raised in it without a file name (a failed write() or close() on a full disk)
+    gets `path` as its filename, and a SafetensorError of the file system becomes that OSError (`os_error`).
+
+    Raises:
+        OSError: the block's, naming a file.
+    """
+    try:
+        yield
+    except Exception as exc:
+        err = os_error(exc, path)
+        if err is None or err is exc:
+            raise
+        raise err from None
+
+
+def make_folders(folder: str | Path) -> list[Path]:
+    """Create `folder` and its missing parents; returns the folders created, deepest first (for `remove_empty`).
+
+    Raises:
+        OSError: one cannot be created (those created before it are removed again).
+    """
+    folder = Path(folder)
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    try:
+        for f in reversed(missing):
+            f.mkdir()
+    except OSError:
+        remove_empty(missing)
+        raise
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first: those `make_folders` created for a run that failed) while they are
+    empty; the first that is not (another run wrote into it) and those above it stay."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
 
 
 @contextmanager
@@ -28,8 +106,8 @@ def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
         mode: "wb" (bytes) or "w" (text).
     Raises:
         OSError: the folder is not writable, the disk is full, or an fsync fails (before the rename:
-            the previous file is kept). A folder whose file system cannot fsync a directory
-            (EINVAL, ENOTSUP) is not an error.
+            the previous file is kept), naming `path` (not the temporary file). A folder whose file system
+            cannot fsync a directory (EINVAL, ENOTSUP) is not an error.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -39,8 +117,10 @@ def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename in (None, str(tmp)):  # a full disk: say which file
+            exc.filename = str(path)
         raise
     _fsync_dir(path.parent)
 
@@ -50,22 +130,32 @@ def files_as_one_set(folder: Path, names: tuple[str, ...], prefix: str = ".resul
     """A temporary folder inside `folder` (created if missing) for the caller to write the files `names` in; on a
     clean exit each is renamed into `folder` in the order given (the last one last: the file a reader looks for
     first), so an interruption while writing (plots take ~1 s) leaves an earlier run's files whole rather than
-    mixed with this run's. The temporary folder is removed either way. Used by bench's results and evaluate's
+    mixed with this run's. The temporary folder is removed either way, and so are the folders created for it
+    when the set is not written (nothing of this run is left behind). Used by bench's results and evaluate's
     report.
 
     Raises:
-        OSError: `folder` cannot be created or written (nothing of this set is left there); FileNotFoundError:
-            the block wrote no file of one of `names`.
+        OSError: `folder` cannot be created or written (nothing of this set is left there); one raised by the
+            block for a file in the temporary folder names that file in `folder` instead (where it was going);
+            FileNotFoundError: the block wrote no file of one of `names`.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    created = make_folders(folder)
     try:
-        yield tmp
-        for name in names:
-            (tmp / name).replace(folder / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+        try:
+            yield tmp
+            for name in names:
+                (tmp / name).replace(folder / name)
+        except OSError as exc:
+            if exc.filename is not None and Path(exc.filename).parent == tmp:
+                exc.filename = str(folder / Path(exc.filename).name)
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        remove_empty(created)
+        raise
 
 
 LOCK_FILE = ".lock"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_trt.errors import BuildError, ConfigError, DFlashError, IncompatibleModelsError
+from dflash_trt.files import DISK_FULL, cannot_write, make_folders, os_error, remove_empty
 from dflash_trt.interrupts import Terminated
 from dflash_trt.text import count
 
@@ -482,7 +483,7 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
 
     Raises:
         ConfigError / IncompatibleModelsError: found before anything is written.
-        BuildError: a step failed (the message names it); nothing was written to `opts.out` (the parent folders of
+        BuildError: a step failed (the message names it; a full disk: the file or --out, and the fix); nothing was written to `opts.out` (the parent folders of
             it that the build created are removed again, as on Ctrl-C). Or `opts.out` changed
             while the build ran so that `check_out` now refuses it (e.g. a folder with files appeared there): it is
             left as it is, and the complete bundle is moved to `OUT.new` (`dflash_trt.out_folder.publish_out`), which the message names.
@@ -515,24 +516,20 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
     check_paths(opts)  # an --out that is refused (it exists, without --force) before the progress lines and ~10 s
     try:
         step(check)  # ConfigError / IncompatibleModelsError as they are: nothing is written yet
-        for parent in out.parents:
-            if parent.exists():
-                break
-            made.append(parent)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        made = make_folders(out.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
         _build_into(tmp, out, opts, pre, report, step, log)  # its last step moves tmp to out
     except KeyboardInterrupt as exc:
         published = tmp is not None and not tmp.exists()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        remove_empty(made)
         terminated = isinstance(exc, Terminated)
         raise BuildInterrupted(_interrupted(opts, report, published, terminated), terminated) from exc
     except BaseException as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        remove_empty(made)
         if tmp is None:  # the checks failed, or --out's parent could not be made: nothing was written
             raise
         if isinstance(exc, BuildError) or not isinstance(exc, Exception):
@@ -540,20 +537,15 @@ def run_build(opts: BuildOptions, log: Callable[[str], None] = print) -> BuildRe
         if isinstance(exc, DFlashError):
             raise BuildError(f"{exc}\n(build failed; nothing was written to {out})") from exc
         where = f"in step '{report.running}'" if report.running else "before its first step"
+        err = os_error(exc)
+        if err is not None and err.errno in DISK_FULL:  # a full disk: where, and the fix
+            file = err.filename and Path(err.filename)
+            what = file if file and tmp not in file.parents else f"the bundle to --out {opts.out}"
+            raise BuildError(f"build failed {where}: {cannot_write(str(what), err, 'give another --out')}; nothing "
+                             f"was written to {out}") from exc
         raise BuildError(f"build failed {where}: {type(exc).__name__}: {exc}; nothing was written to "
                          f"{out}") from exc
     return report
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove `folders` (deepest first: the parents of --out a failed build created) while they are empty."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # not empty (the bundle went to OUT.new there, or someone wrote into it)
-            break
 
 
 def _interrupted(opts: BuildOptions, report: BuildReport, published: bool, terminated: bool = False) -> str:

@@ -190,20 +190,18 @@ def check_out_folder(option: str, path: str, outputs: tuple[str, ...] = ()) -> N
         if (p / name).is_dir():
             raise InvalidRequestError(f"{option} {path}: {p / name} is a folder, where this command writes its {name} "
                                       "file; move it away, or give another folder")
+    from dflash_trt.files import make_folders, remove_empty
+
     created = []
     try:
-        for d in [*reversed(p.parents), p]:
-            if not d.exists():
-                d.mkdir()
-                created.append(d)
+        created = make_folders(p)
         with tempfile.TemporaryFile(dir=p):
             pass
     except OSError as exc:
         raise InvalidRequestError(f"{option} {path}: cannot write there ({exc.strerror}); give a writable folder "
                                   "path (it is created if missing)") from None
     finally:
-        for d in reversed(created):
-            d.rmdir()
+        remove_empty(created)
 
 
 # Sampling options, checked when the command line is parsed (before anything loads); the library

@@ -180,12 +180,21 @@ def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, 
 
 
 def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """Write `config.json` and `model.safetensors` into `folder` (created if needed)."""
+    """Write `config.json` and `model.safetensors` into `folder` (created if needed).
+
+    Raises:
+        OSError: a file cannot be written (a full disk), naming it; safetensors' own SafetensorError, which names
+            no file, becomes this OSError (`dflash_trt.files.naming`).
+    """
+    from dflash_trt.files import naming
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
+    with naming(folder / "config.json"):
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with naming(folder / "model.safetensors"):
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
 
 
 def current_umask() -> int:
