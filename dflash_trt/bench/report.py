@@ -103,9 +103,14 @@ def _save(fig, path: Path) -> Path:
     """Write a matplotlib figure as a PNG (100 dpi) and close it."""
     import matplotlib.pyplot as plt
 
+    from dflash_trt.files import naming
+
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with naming(path):
+            fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -173,13 +178,15 @@ def write_outputs(results: dict, out_dir: Path) -> str:
     mixed with this run's. Returns the Markdown table.
 
     Raises:
-        OSError: `out_dir` cannot be created or written (nothing of this run is left there).
+        OSError: `out_dir` cannot be created or written (a full disk), naming the file in `out_dir` that failed;
+            nothing of this run is left there, not even `out_dir` when this call created it.
     """
-    from dflash_trt.files import files_as_one_set, write_json_atomic
+    from dflash_trt.files import files_as_one_set, naming, write_json_atomic
 
     with files_as_one_set(out_dir, OUTPUT_NAMES, prefix=".bench-") as tmp:  # results.json last
         table = markdown_table(results)
-        (tmp / "results.md").write_text(table)
+        with naming(tmp / "results.md"):
+            (tmp / "results.md").write_text(table)
         plots(results, tmp)
         write_json_atomic(tmp / "results.json", results)
     return table

@@ -67,13 +67,19 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
           cuda_kernels, profile, seed, out):
     """Benchmark every mode on the same prompts, interleaved, in one process; write results.json,
     results.md and PNG plots to --out. The logits processing and structured-output flags apply to dflash and ar
-    (HF's modes are refused with them)."""
+    (HF's modes are refused with them).
+
+    \f
+    The results table is printed to stdout before the files are written: a write that fails at the end (a full
+    disk) is one line naming the file and the fix (InvalidRequestError), the table above it being the run's
+    result; no file of the run, and no folder it created, is left in --out."""
     import torch
     from tqdm import tqdm
 
     from dflash_trt.api import load_pipeline, load_tokenizer, parse_dtype, stop_token_ids
     from dflash_trt.bench.modes import MODES
-    from dflash_trt.bench.report import OUTPUT_NAMES, write_outputs
+    from dflash_trt.bench.report import OUTPUT_NAMES, markdown_table, write_outputs
+    from dflash_trt.files import cannot_write
     from dflash_trt.bench.runner import DATASETS, encode_dataset, machine_info, run_benchmark, timestamp
     from dflash_trt.build.manifest import enclosing_bundle
     from dflash_trt.out_folder import check_outside_models
@@ -130,9 +136,10 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                   "bundle (e.g. --out bench_out)")
     check_outside_models("--out", out)  # results mixed into a drafter folder: refused; into a target's: warned
     check_out_folder("--out", out, OUTPUT_NAMES)  # a bench can run for hours: an unusable --out fails now, not at the end
-    if (Path(out) / "results.json").is_file():
-        click.echo(f"note: --out {out} holds an earlier run's results.json; this run overwrites it, results.md and "
-                   "the plots", err=True)
+    if (Path(out) / "results.json").is_file():  # said now, not after the run: there is time to keep them
+        click.echo(f"warning: --out {out} holds an earlier run's results.json; this run replaces it, results.md and "
+                   "the plots when it ends: to keep them, stop now and rerun with another --out (or move them away)",
+                   err=True)
     warn_tree_unused(tree_topk, temperature)
     seed_given = click.get_current_context().get_parameter_source("seed") != click.core.ParameterSource.DEFAULT
     warn_sampling_unused(temperature, seed=seed if seed_given else None, min_p=min_p)
@@ -206,8 +213,14 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                              "datasets": list(datasets), "seed": seed, "created": timestamp()}
         results["machine"] = machine_info(torch.get_num_threads(), dtype)
         out_dir = Path(out)
-        table = write_outputs(results, out_dir)
-        click.echo(table)
+        click.echo(markdown_table(results))  # first: a failed write below still leaves the run's result on stdout
+        try:
+            write_outputs(results, out_dir)
+        except OSError as exc:  # a full disk after a long run: which file, the fix, and that the table is the result
+            raise InvalidRequestError(cannot_write(exc.filename or f"the results to --out {out}", exc,
+                                                   "rerun with another --out")
+                                      + f"; the table above is this run's result (none of its files was written to "
+                                        f"{out})") from None
         click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143; results are written at the end
         from dflash_trt.interrupts import stopped_by

@@ -281,7 +281,8 @@ def test_bench_refuses_an_out_inside_a_bundle_before_loading_models(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["dflash-trt", "bench", "--modes", "ar", "--out", str(other)])
     with pytest.raises(AssertionError, match="models were loaded"):
         main()
-    assert f"note: --out {other} holds an earlier run's results.json; this run overwrites it" in capsys.readouterr().err
+    assert (f"warning: --out {other} holds an earlier run's results.json; this run replaces it, results.md and the plots "
+            "when it ends: to keep them, stop now and rerun with another --out (or move them away)") in capsys.readouterr().err
 
 
 def short_context_target(folder, smollm2_path, context: int, weights: bool = False):
