@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -76,12 +77,19 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 def main() -> None:
     """Entry point: runs the CLI; a DFlashError is printed as `error: ...` (exit 1), a usage error as
-    `error: ...` (exit 2), Ctrl-C / SIGTERM as one line (exit 130 / 143), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
+    `error: ...` (exit 2), Ctrl-C / SIGTERM as one line (exit 130 / 143), a failed write of the output to stdout
+    as one line (a closed pipe: none; exit 1, `stdout_error`), no traceback. `dflash-trt` alone prints the help (usage, commands) as click
     does for a group without a command: on stderr, exit 2, no `error:`."""
     from dflash_trt.errors import DFlashError
 
+    if not isinstance(sys.stdout, MarkedStdout):
+        sys.stdout = MarkedStdout(sys.stdout)
     try:
         cli.main(prog_name="dflash-trt", standalone_mode=False)
+        sys.stdout.flush()  # now, not at exit: a failed write of the output is reported below, as one line
+    except SystemExit:  # a command's own exit (its message given): stdout flushed quietly, never "Exception ignored"
+        stdout_error(None)
+        raise
     except click.exceptions.Abort as exc:  # Ctrl-C / SIGTERM in a command without its own message (generate, check, ...)
         from dflash_trt.interrupts import stopped_by
 
@@ -102,5 +110,70 @@ def main() -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except OSError as exc:  # a path that is missing, a file where a folder is expected, no permission
-        click.echo(f"error: {exc}", err=True)
+        broken = stdout_error(exc) if getattr(exc, "stdout", False) else None
+        if broken is None:
+            click.echo(f"error: {exc}", err=True)
+        elif broken.errno != errno.EPIPE:  # a reader that went away (| head) is no error to report
+            from dflash_trt.files import cannot_write
+
+            click.echo(f"error: {cannot_write('the output to stdout', broken, 'send it to another disk')}", err=True)
         sys.exit(1)
+
+
+class MarkedStdout:
+    """`sys.stdout` as the CLI runs: the stream itself, whose write and flush errors carry `stdout = True` (so
+    `main` tells a full disk under `> file`, or a closed pipe, from a failed write of another file)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        """The stream's write; an OSError is marked as stdout's."""
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            exc.stdout = True
+            raise
+
+    def flush(self):
+        """The stream's flush; an OSError is marked as stdout's."""
+        try:
+            return self.stream.flush()
+        except OSError as exc:
+            exc.stdout = True
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def stdout_error(exc: OSError | None) -> OSError | None:
+    """The error of writing stdout: `exc` when it is one (`MarkedStdout`), else (None: no error yet) stdout's
+    flush's error. Stdout's file descriptor then points at os.devnull, so the interpreter's flush at exit neither
+    fails again nor prints "Exception ignored". None when stdout is fine."""
+    broken = exc if getattr(exc, "stdout", False) else None
+    if broken is None:
+        try:
+            sys.stdout.flush()
+        except OSError as err:
+            broken = err
+    if broken is not None:
+        _stdout_to_devnull()
+    return broken
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at os.devnull: its file descriptor (what the original stream's buffered bytes are flushed to
+    when it is closed) where it has one, and `sys.stdout`."""
+    import io
+    import os
+
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(fd, sys.stdout.fileno())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no descriptor (a test's stream)
+        pass
+    sys.stdout = open(os.devnull, "w")
