@@ -18,7 +18,9 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from dflash_trt.errors import CheckpointError
 
@@ -49,12 +51,30 @@ def cache_temp_dir(sub: str, prefix: str) -> Path:
         CheckpointError: the cache folder cannot be created or written (names it and the fix).
     """
     parent = cache_dir() / sub
-    try:
+    with cache_writes(parent):
         parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    except OSError as exc:
-        raise CheckpointError(f"cannot write the dflash-trt cache folder {parent} ({exc.strerror or exc}); set "
-                              "DFLASH_TRT_CACHE (or XDG_CACHE_HOME) to a writable folder") from None
+
+
+@contextmanager
+def cache_writes(folder: Path) -> Iterator[None]:
+    """Run the block, which writes into the cache folder `folder`.
+
+    Raises:
+        CheckpointError: a write failed (read-only, a full disk; an OSError, or safetensors' SafetensorError from
+            transformers' save_pretrained): names `folder`, the error and the fix (free space there on a full disk,
+            or another cache folder).
+    """
+    from dflash_trt.files import cannot_write, os_error
+
+    try:
+        yield
+    except Exception as exc:
+        err = os_error(exc)
+        if err is None:
+            raise
+        raise CheckpointError(cannot_write(f"the dflash-trt cache folder {folder}", err, "set DFLASH_TRT_CACHE (or "
+                                           "XDG_CACHE_HOME) to a writable folder")) from None
 
 
 def gguf_path() -> Path:
@@ -139,7 +159,12 @@ def _has_default_drafter_shape(target: Path) -> bool:
 
 
 def default_target_path() -> Path:
-    """The converted default target folder, converting it on first use (atomic: temp dir + rename)."""
+    """The converted default target folder, converting it on first use (atomic: temp dir + rename).
+
+    Raises:
+        CheckpointError: the cache folder cannot be written (`cache_writes`: read-only, a full disk); nothing
+            half-written is left there.
+    """
     out = _converted_target_folder()
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
@@ -148,10 +173,11 @@ def default_target_path() -> Path:
         gguf = gguf_path()
         print(f"dflash-trt: converting the default model from {gguf.name} to {out} (once, about 30 s)...",
               file=sys.stderr, flush=True)  # the progress bars that follow are transformers'
-        _convert_gguf(gguf, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with cache_writes(out.parent):  # a full disk: one line; the half-written folder is removed below
+            _convert_gguf(gguf, tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -204,10 +230,11 @@ def default_drafter_path() -> Path:
                              DEFAULT_BLOCK_SIZE, DEFAULT_MASK_TOKEN_ID)
     tmp = cache_temp_dir("drafters", ".init-")
     try:
-        init_drafter(cfg, tmp, seed=0)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with cache_writes(out.parent):
+            init_drafter(cfg, tmp, seed=0)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
