@@ -174,7 +174,7 @@ def folder_lock(folder: Path, what: str) -> Iterator[None]:
         what: what holds it, for the error ("drafter training").
     Raises:
         ConfigError: another process holds it (named with its process id, and the fix: wait for it, or give
-            another folder).
+            another folder). OSError: the lock file cannot be written (a full disk), naming it.
     """
     import fcntl
 
@@ -191,10 +191,11 @@ def folder_lock(folder: Path, what: str) -> Iterator[None]:
             raise ConfigError(f"{folder} is in use by another {what} (process {holder}): two runs writing it would mix "
                               "their files; wait for that one to end, or give this run another folder "
                               "(train-drafter: --out or --work-dir)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        with naming(folder / LOCK_FILE):  # a full disk: the error names the file
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
         yield
     finally:
         handle.close()  # releases the lock

@@ -145,6 +145,23 @@ def _interrupted(exc: BaseException, message) -> None:
     sys.exit(code)
 
 
+def _full_disk(exc: OSError, work: Path, kept: str, what: str | None = None, fix: str | None = None) -> None:
+    """Re-raise `exc` unless the disk is full (`dflash_trt.files.DISK_FULL`: another error names its file as it
+    is); then one line: the file (or `what`), the error, the fix (`fix`, default another --work-dir), and what is
+    `kept` for the rerun.
+
+    Raises:
+        ConfigError: the disk is full. OSError: `exc`, any other.
+    """
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.files import DISK_FULL, cannot_write
+
+    if exc.errno not in DISK_FULL:
+        raise exc
+    what = what or exc.filename or f"the work dir {work}"
+    raise ConfigError(f"{cannot_write(what, exc, fix or 'rerun with another --work-dir to start over')}; {kept}") from None
+
+
 def _training_interrupted(exc, how: str, work: Path, checkpoint_every: int) -> str:
     """The one-line message for a `TrainingInterrupted` `exc` (`how` it stopped): the step, the last checkpoint,
     the rerun."""
@@ -538,6 +555,9 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     except KeyboardInterrupt as exc:
         _interrupted(exc, lambda how: f"data generation {how}; the finished shards in {work / 'data'} are kept: "
                                       "rerun the same command to continue")
+    except OSError as exc:
+        _full_disk(exc, work, f"the finished data shards in {work / 'data'} are kept: rerun the same command to "
+                              "continue")
     click.echo(f"data: {count(stats.samples, 'sample')}, {stats.prompt_tokens} prompt + {stats.response_tokens} response "
                f"tokens ({stats.response_tokens_per_s:.0f} response tokens/s when generated)")
     if data_only:
@@ -582,6 +602,13 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                       init=str(init_dir.resolve()) if init_dir is not None else init_mode)
     except TrainingInterrupted as exc:
         _interrupted(exc, lambda how, e=exc: _training_interrupted(e, how, work, checkpoint_every))
+    except OSError as exc:
+        from dflash_trt.training.trainer import CHECKPOINT
+
+        _full_disk(exc, work, f"the last checkpoint ({work / 'run' / CHECKPOINT}) is kept whole: rerun the same "
+                              "command with --resume to continue from it" if (work / "run" / CHECKPOINT).is_file()
+                   else f"no checkpoint was written yet; the data cache in {work / 'data'} is kept: rerun the same "
+                        "command to train again")
     reached_max = max_steps is not None and state.step >= max_steps
     if not state.finished and not reached_max:
         click.echo(f"paused at step {state.step}/{state.total_steps} (checkpoint in {work / 'run'}); "
@@ -639,6 +666,10 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         _interrupted(exc, lambda how: f"export to {out} {how} (the folder is renamed into place only once "
                                       f"complete); the run is checkpointed at step {state.step} in {work / 'run'}: "
                                       "rerun the same command with --resume to export it")
+    except OSError as exc:
+        _full_disk(exc, work, f"nothing was exported: the run is checkpointed at step {state.step} in {work / 'run'}, "
+                              "so rerun the same command with --resume to export it",
+                   f"the drafter to --out {out}", f"give another --out (with --work-dir {work}) to the rerun")
     held = ""
     if state.val_history:
         held = (f", held-out tau {state.val_history[-1]['acceptance_length']:.3f} at the last checkpoint, best "
