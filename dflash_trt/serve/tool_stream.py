@@ -63,10 +63,14 @@ def _canonical_object(text: str) -> str | None:
 
 
 class CallReader:
-    """One call object of an answer, from position `start` of its text, read as the text grows (`read`)."""
+    """One call object of an answer, from position `start` of its text, read as the text grows (`read`).
 
-    def __init__(self, start: int):
+    `keyed` (llama3_json, whose calls no tag marks): the object is a call only with an arguments key, the one right
+    after its name when "name" comes first; `names` (None: any): the names a call may have."""
+
+    def __init__(self, start: int, keyed: bool = False, names: frozenset[str] | None = None):
         self.json = JsonReader(start, object_only=True)
+        self.keyed, self.names = keyed, names
         self.failed = False  # the text cannot go on as the object (or ended inside it)
         self._name_ok: bool | None = None  # whether the "name" member is a name (`_has_name`), once it is whole
 
@@ -86,19 +90,33 @@ class CallReader:
 
     def _has_name(self) -> bool:
         """Whether the object has a "name" member whose value is a whole string, one a name can be (no lone
-        surrogate: a response could not carry it)."""
+        surrogate: a response could not carry it; one of `names`, when given)."""
         if self._name_ok is None:
             name = self._member("name")
             if name is None or name[2] is None:
                 return False
-            value = self.json.out[name[1]:name[2]]
-            self._name_ok = value[0] == '"' and not _SURROGATE.search(json.loads(value))
+            value = json.loads(self.json.out[name[1]:name[2]])
+            self._name_ok = isinstance(value, str) and not _SURROGATE.search(value) and (
+                self.names is None or value in self.names)
         return self._name_ok
 
     def _named(self) -> bool:
-        """Whether the object's first key is "name" and its value a whole string, a name (`_has_name`): the call is a
-        call from here."""
-        return bool(self.json.members) and self.json.members[0][0] == "name" and self._has_name()
+        """Whether the object's first key is "name" and its value a whole string, a name (`_has_name`), and (`keyed`)
+        the next key, whole, an arguments key: the call is a call from here."""
+        members = self.json.members
+        if not members or members[0][0] != "name" or not self._has_name():
+            return False
+        return not self.keyed or (len(members) > 1 and members[1][0] in _ARGUMENT_KEYS)
+
+    def _unkeyed(self) -> bool:
+        """`keyed`: whether what was read keeps the object from being a call for want of an arguments key: the key
+        after a first "name" is another, or the object is whole without one."""
+        if not self.keyed:
+            return False
+        members = self.json.members
+        if len(members) > 1 and members[0][0] == "name" and members[1][0] not in _ARGUMENT_KEYS:
+            return True
+        return self.json.done and self._arguments_member() is None
 
     def _spoilt(self) -> bool:
         """Whether what was read already keeps the object from being a call: both argument keys, or arguments
@@ -127,6 +145,8 @@ class CallReader:
         named = self._named()
         if self.failed or (named and self._spoilt()):
             return BROKEN if named else NOT_A_CALL
+        if not named and self._unkeyed():
+            return NOT_A_CALL
         if not self.json.done:
             return OPEN_CALL if named else PENDING
         if not self._has_name() or self._spoilt() or self._whole_arguments() is None:
@@ -157,10 +177,14 @@ class CallReader:
 class CallsReader:
     """The content and the calls of an answer in format `fmt` (a `FORMATS` value), read as its text grows: `feed`
     each piece (`final` with the last); `content_end` and `calls` say what is sure so far (and, after the last
-    piece, what the answer is). `parallel` False: the first call only."""
+    piece, what the answer is: `answer`). `parallel` False: the first call only. `names`: the request's
+    tools' names, which a llama3_json call's name must be one of (no tag marks its calls: a JSON answer whose
+    "name" is no tool's is data); the other formats take any name (None: any)."""
 
-    def __init__(self, fmt: str, parallel: bool = True):
+    def __init__(self, fmt: str, parallel: bool = True, names=None):
         self.fmt, self.parallel = fmt, parallel
+        self.keyed = fmt == "llama3_json"  # a call needs an arguments key (`CallReader`)
+        self.names = frozenset(names) if names is not None and self.keyed else None
         self.text, self.pos, self.final = "", 0, False
         self.calls: list[CallReader] = []  # the calls (each a call: open, broken or whole)
         self.reading: CallReader | None = None  # the object being read (pending, or the open call)
@@ -178,7 +202,7 @@ class CallsReader:
                 start = self._next_call()
                 if start is None:
                     break
-                self.reading = CallReader(start)
+                self.reading = CallReader(start, self.keyed, self.names)
             call = self.reading
             call.read(self.text, final)
             state = call.state
@@ -249,13 +273,18 @@ class CallsReader:
         content = self.text[:self.content_end()]
         return content or None if self.calls else content
 
+    def answer(self) -> tuple[str | None, list[tuple[str, str]]]:
+        """(content, [(name, arguments' canonical JSON text), ...]) as they stand (after the last piece: the
+        answer's)."""
+        return self.content(), [(c.name, c.arguments()) for c in self.calls]
 
-def read_answer(fmt: str, text: str, parallel: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+
+def read_answer(fmt: str, text: str, parallel: bool = True, names=None) -> tuple[str | None, list[tuple[str, str]]]:
     """(content, [(name, arguments' canonical JSON text), ...]) of a whole answer in format `fmt` (`FORMATS`;
-    `parallel` False: its first call only), as `CallsReader` reads it."""
-    reader = CallsReader(FORMATS[fmt], parallel)
+    `parallel` False: its first call only; `names`: the tools', for llama3_json), as `CallsReader` reads it."""
+    reader = CallsReader(FORMATS[fmt], parallel, names)
     reader.feed(text, final=True)
-    return reader.content(), [(c.name, c.arguments()) for c in reader.calls]
+    return reader.answer()
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
@@ -272,9 +301,10 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     return read_answer("llama3_json", text)
 
 
-def finish_reason(choice: str, has_calls: bool, finish: str) -> str:
-    """"tool_calls" for the calls of "required" / "auto" that ended at a stop token; else `finish`."""
-    return "tool_calls" if has_calls and choice != "function" and finish == "stop" else finish
+def finish_reason(reader: CallsReader | None, finish: str) -> str:
+    """"tool_calls" for the calls of "required" / "auto" (read by `reader`; None for the others) that ended at a stop
+    token; else `finish`."""
+    return "tool_calls" if reader is not None and reader.calls and finish == "stop" else finish
 
 
 class ToolStream:
@@ -286,8 +316,7 @@ class ToolStream:
     def __init__(self, calling):
         self.calling, self.sent = calling, 0
         self.id = call_id()  # a named function's call
-        fmt = calling.parser if calling.choice == "auto" else calling.choice
-        self.reader = CallsReader(FORMATS[fmt], calling.parallel) if calling.choice in ("auto", "required") else None
+        self.reader = calling.reader()
         self.ids: list[str] = []  # the calls sent: their ids
         self.args_sent: list[int] = []  # and how much of their arguments
         self.settled = 0  # the calls before it are whole or broken, and sent
@@ -314,7 +343,7 @@ class ToolStream:
         if self.reader is None:
             return self.delta(text), finish
         self.reader.feed(text, final=True)
-        return self._news(), finish_reason(self.calling.choice, bool(self.reader.calls), finish)
+        return self._news(), finish_reason(self.reader, finish)
 
     def _news(self) -> dict:
         """What the reader is sure of that was not sent yet."""

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from dflash_trt.errors import InvalidRequestError
 from dflash_trt.runtime.guided import GuidedDecoding
-from dflash_trt.serve.tool_stream import ToolStream, call_id, finish_reason, read_answer
+from dflash_trt.serve.tool_stream import FORMATS, CallsReader, ToolStream, call_id, finish_reason
 
 #: `--tool-parser` names: the tool-call format of the target's chat template ("qwen3" is "hermes")
 TOOL_PARSERS = ("hermes", "qwen3", "llama3_json")
@@ -239,22 +239,37 @@ class ToolCalling:
             return GuidedDecoding(json=required_schema(self.tools, self.parallel))
         return None
 
-    def calls(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        """(content, [(name, arguments JSON text), ...]) of a whole answer (`tool_stream.read_answer` for
-        "required" and "auto": the reading a stream makes)."""
+    def reader(self) -> CallsReader | None:
+        """A reader of one answer's calls ("required": its array; "auto": the parser's format; with the tools'
+        names), or None: the answer is not read for calls ("function", "none")."""
+        if self.choice not in ("required", "auto"):
+            return None
+        fmt = FORMATS[self.parser if self.choice == "auto" else "required"]
+        return CallsReader(fmt, self.parallel, [t["name"] for t in self.tools])
+
+    def _read(self, text: str) -> tuple[str | None, list[tuple[str, str]], CallsReader | None]:
+        """(content, calls, the reader that read them or None) of a whole answer (`calls`)."""
         if self.choice == "function":
-            return None, [(self.name, text)]
-        if self.choice in ("required", "auto"):
-            return read_answer(self.parser if self.choice == "auto" else "required", text, self.parallel)
-        return text, []
+            return None, [(self.name, text)], None
+        reader = self.reader()
+        if reader is None:
+            return text, [], None
+        reader.feed(text, final=True)
+        return *reader.answer(), reader
+
+    def calls(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """(content, [(name, arguments JSON text), ...]) of a whole answer (for "required" and "auto", `reader`'s:
+        the reading a stream makes)."""
+        return self._read(text)[:2]
 
     def message(self, text: str, finish: str) -> tuple[dict, str]:
-        """A choice's `message` and `finish_reason` for its answer `text` (finished for `finish`)."""
-        content, calls = self.calls(text)
+        """A choice's `message` and `finish_reason` for its answer `text` (finished for `finish`;
+        `tool_stream.finish_reason`)."""
+        content, calls, reader = self._read(text)
         msg = {"role": "assistant", "content": content}
         if calls:
             msg["tool_calls"] = [tool_call(n, a) for n, a in calls]
-        return msg, finish_reason(self.choice, bool(calls), finish)
+        return msg, finish_reason(reader, finish)
 
     def stream(self) -> ToolStream:
         """The state that turns one streamed choice's text deltas into chat deltas."""

@@ -72,7 +72,16 @@ def test_parse_hermes(text, content, calls):
     ('{"name": "f", "parameters": {"a": 1}}', None, [("f", '{"a": 1}')]),
     (' <|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"b": "x"}}\n', None,
      [("f", "{}"), ("g", '{"b": "x"}')]),
-    ('{"name": "f", "parameters": {}}; {"name": "g", "param', None, [("f", "{}"), ("g", "")]),
+    ('{"name": "f", "parameters": {}}; {"name": "g", "parameters"', None, [("f", "{}"), ("g", "")]),
+    # a call only with an arguments key right after its name (whole): JSON about a person is not a call to "Alice"
+    ('{"name": "f", "parameters": {}}; {"name": "g", "param', None, [("f", "{}")]),
+    ('{"name": "Alice", "age": 30}', '{"name": "Alice", "age": 30}', []),
+    ('{"name": "Alice", "age": 30, "arguments": {}}', '{"name": "Alice", "age": 30, "arguments": {}}', []),
+    ('{"name": "f"}', '{"name": "f"}', []),
+    ('{"name": "f", "parameters": {}}; {"name": "g"}', None, [("f", "{}")]),
+    ('{"name": "f", "parameters": {}}; {"name": "g", "id": 1, "parameters": {}}', None, [("f", "{}")]),
+    ('{"parameters": {"a": 1}, "name": "f"}', None, [("f", '{"a": 1}')]),  # name not first: whole, with arguments
+    ('{"age": 30, "name": "Alice"}', '{"age": 30, "name": "Alice"}', []),
     ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": fals', None, [("f", "{}"), ("g", '{"b": ')]),
     ('{"name": "f", "parameters": {"a": 1}} and then text', None, [("f", '{"a": 1}')]),  # the rest dropped
     ('The answer is {"name": "f"}', 'The answer is {"name": "f"}', []),
@@ -82,6 +91,21 @@ def test_parse_hermes(text, content, calls):
 ])
 def test_parse_llama3_json(text, content, calls):
     assert parse_llama3_json(text) == (content, calls)
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [
+    ("llama3_json", '{"name": "get_time", "parameters": {}}', None, [("get_time", "{}")]),
+    # llama3_json: a "name" that is no tool's is data, not a call
+    ("llama3_json", '{"name": "Alice", "parameters": {"age": 30}}', '{"name": "Alice", "parameters": {"age": 30}}', []),
+    ("llama3_json", '{"name": "get_time", "parameters": {}}; {"name": "Alice", "parameters": {}}', None,
+     [("get_time", "{}")]),
+    ("llama3_json", '{"parameters": {}, "name": "Alice"}', '{"parameters": {}, "name": "Alice"}', []),
+    # hermes ("required" too) takes any name: its tags (the grammar) mark calls
+    ("hermes", '<tool_call>{"name": "Alice"}</tool_call>', None, [("Alice", "{}")]),
+    ("required", '[{"name": "Alice", "parameters": {}}]', None, [("Alice", "{}")]),
+])
+def test_llama3_json_calls_only_the_tools(fmt, text, content, calls):
+    assert read_answer(fmt, text, names=["get_time", "get_weather"]) == (content, calls)
 
 
 @pytest.mark.parametrize("text, content, calls", [
@@ -231,6 +255,22 @@ def test_calls_stream_as_they_are_written():
                     "function": {"name": "get_weather", "arguments": '{"ci'}}
     assert [d["tool_calls"][0]["function"]["arguments"] for d in got[3:]] == ['ty": "Par', 'is"', "}"]
     assert s.last("", "stop") == ({}, "tool_calls")
+
+
+def test_a_llama3_json_call_waits_for_its_arguments_key():
+    """llama3_json: a call goes out once the key after its name is whole and is an arguments key; another key makes
+    the answer content, sent from there."""
+    s = calling_for("llama3_json").stream()
+    got = [s.delta(p) for p in ('{"name": "get_time"', ', "param', 'eters": {"timez', 'one": "UTC"}}')]
+    assert got[:2] == [{}, {}]
+    [head] = got[2]["tool_calls"]
+    assert head["function"] == {"name": "get_time", "arguments": '{"timez'}
+    assert got[3]["tool_calls"][0]["function"] == {"arguments": 'one": "UTC"}'}
+    assert s.last("", "stop") == ({}, "tool_calls")
+    s = calling_for("llama3_json").stream()
+    assert [s.delta(p) for p in ('{"name": "get_time"', ', "age": 30', "}")] == [
+        {}, {"content": '{"name": "get_time", "age": 30'}, {"content": "}"}]
+    assert s.last("", "stop") == ({}, "stop")
 
 
 @pytest.mark.parametrize("choice, regex_or_schema, tools", [
