@@ -177,7 +177,7 @@ class CallReader:
 class CallsReader:
     """The content and the calls of an answer in format `fmt` (a `FORMATS` value), read as its text grows: `feed`
     each piece (`final` with the last); `content_end` and `calls` say what is sure so far (and, after the last
-    piece, what the answer is: `answer`). `parallel` False: the first call only. `names`: the request's
+    piece, what the answer is: `answer`, `whole`). `parallel` False: the first call only. `names`: the request's
     tools' names, which a llama3_json call's name must be one of (no tag marks its calls: a JSON answer whose
     "name" is no tool's is data); the other formats take any name (None: any)."""
 
@@ -278,6 +278,12 @@ class CallsReader:
         answer's)."""
         return self.content(), [(c.name, c.arguments()) for c in self.calls]
 
+    @property
+    def whole(self) -> bool:
+        """Whether every call so far is whole (True with none): after the last piece, False when the calls end at
+        one that went wrong (its arguments not valid JSON). Only the last call can be other than whole."""
+        return not self.calls or self.calls[-1].state == WHOLE
+
 
 def read_answer(fmt: str, text: str, parallel: bool = True, names=None) -> tuple[str | None, list[tuple[str, str]]]:
     """(content, [(name, arguments' canonical JSON text), ...]) of a whole answer in format `fmt` (`FORMATS`;
@@ -302,9 +308,10 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
 
 
 def finish_reason(reader: CallsReader | None, finish: str) -> str:
-    """"tool_calls" for the calls of "required" / "auto" (read by `reader`; None for the others) that ended at a stop
-    token; else `finish`."""
-    return "tool_calls" if reader is not None and reader.calls and finish == "stop" else finish
+    """The finish_reason of an answer that ended for `finish`, its calls read by `reader` ("required" / "auto"; None
+    for the others): "tool_calls" when it ended at a stop token with calls, each whole; else `finish` (a call that
+    went wrong, by a stop string or JSON that broke off, leaves "stop": the call is not usable)."""
+    return "tool_calls" if reader is not None and reader.calls and reader.whole and finish == "stop" else finish
 
 
 class ToolStream:
@@ -344,6 +351,11 @@ class ToolStream:
             return self.delta(text), finish
         self.reader.feed(text, final=True)
         return self._news(), finish_reason(self.reader, finish)
+
+    @property
+    def broken(self) -> bool:
+        """Whether the calls ended at one that went wrong (after `last`: the last call sent is not usable)."""
+        return self.reader is not None and not self.reader.whole
 
     def _news(self) -> dict:
         """What the reader is sure of that was not sent yet."""

@@ -5,6 +5,7 @@ each call's id in its first delta only and nothing sent that the end takes back.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -271,6 +272,53 @@ def test_a_llama3_json_call_waits_for_its_arguments_key():
     assert [s.delta(p) for p in ('{"name": "get_time"', ', "age": 30', "}")] == [
         {}, {"content": '{"name": "get_time", "age": 30'}, {"content": "}"}]
     assert s.last("", "stop") == ({}, "stop")
+
+
+#: (choice, text, the engine's finish_reason, the choice's): "tool_calls" only when every call returned is whole
+FINISHES = [
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {"timezone": "UTC"}}</tool_call>', "stop", "tool_calls"),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {"timezone": "UTC"}}</tool_call>', "length", "length"),
+    # a stop string cut the call, or its JSON broke off: not usable, so not "tool_calls"
+    ("hermes", 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", ', "stop", "stop"),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {"tz": 1 2}}</tool_call>', "stop", "stop"),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", '
+               '"arguments": {"city": ', "stop", "stop"),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": "tz=UTC"}</tool_call>', "stop", "stop"),
+    # an object that is no call ends the calls: those returned are whole
+    ("hermes", '<tool_call>{"name": "get_time"}</tool_call><tool_call>{"na', "stop", "tool_calls"),
+    ("hermes", "no call", "stop", "stop"),
+    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, {"name": "get_weather", "para', "stop",
+     "stop"),
+    ("required", '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, {"na', "stop", "tool_calls"),
+    ("llama3_json", '{"name": "get_time", "parameters": {"timezone": "U', "stop", "stop"),
+    ("llama3_json", '{"name": "get_time", "parameters"', "stop", "stop"),
+    ("llama3_json", '{"name": "get_time", "parameters": {}}; {"name": "get_weather", "par', "stop", "tool_calls"),
+    ("llama3_json", '{"name": "get_time"', "stop", "stop"),
+    ("function", '{"city": "Par', "stop", "stop"),
+]
+
+
+@pytest.mark.parametrize("choice, text, finish, want", FINISHES, ids=lambda v: v[:50] if isinstance(v, str) else None)
+def test_finish_reason_is_tool_calls_only_when_every_call_is_whole(choice, text, finish, want):
+    """Non-streamed and streamed (every split: the last chunk carries it), the finish_reason is "tool_calls" only
+    when the answer stopped with calls and each is whole; a broken last call leaves the engine's."""
+    calling = calling_for(choice)
+    message, got = calling.message(text, finish)
+    assert got == want
+    calls = message.get("tool_calls", [])
+    if choice != "function":  # whole: the arguments are valid JSON
+        assert (got == "tool_calls") == (finish == "stop" and bool(calls) and all(
+            _is_json(t["function"]["arguments"]) for t in calls))
+    for parts in every_split(text, tries=10):
+        check_joined(calling, text, parts, finish)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("choice, regex_or_schema, tools", [
