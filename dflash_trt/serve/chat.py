@@ -78,3 +78,8 @@ class ChatStream:
         else:
             out = {"content": content} if content else {}
         return ({"reasoning_content": thought, **out} if thought else out), finish_reason
+
+    @property
+    def broken_call(self) -> bool:
+        """Whether the tool calls ended at one that went wrong (after `last`; `ToolStream.broken`)."""
+        return self.tools is not None and self.tools.broken

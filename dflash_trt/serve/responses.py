@@ -682,13 +682,14 @@ class ResponseEvents:
     def end(self, state, text: str, finish_reason: str, usage: dict, metrics: dict | None = None,
             logprobs: list | None = None) -> list[dict]:
         """The last events: the answer's last `text` (the rest the chat stream `state` held back: `ChatStream.last`)
-        and `finish`, with the answer's `finish_reason` (the stream's may differ: tool calls)."""
+        and `finish`, with the answer's `finish_reason` (the stream's may differ: tool calls) and whether its last
+        call went wrong (`ChatStream.broken_call`)."""
         *head, tail = tag_pieces(state, text)
         events = []
         for piece in head:
             events += self.delta(state.delta(piece))
         delta, finish = state.last(tail, finish_reason)
-        return events + self.delta(delta, logprobs) + self.finish(finish, usage, metrics)
+        return events + self.delta(delta, logprobs) + self.finish(finish, usage, metrics, state.broken_call)
 
     def _close(self, status: str = "completed") -> list[dict]:
         item, events = self.open, []
@@ -712,13 +713,17 @@ class ResponseEvents:
         self.open = None
         return events
 
-    def finish(self, finish_reason: str, usage: dict, metrics: dict | None = None) -> list[dict]:
+    def finish(self, finish_reason: str, usage: dict, metrics: dict | None = None,
+               broken_call: bool = False) -> list[dict]:
         """The last events: the open item's end (an empty message first when nothing came), then
         `response.completed` (`response.incomplete` when max_output_tokens cut the answer, `response.failed` when the
-        server's shutdown did: its `error` says so) with the whole Response."""
+        server's shutdown did: its `error` says so) with the whole Response. The open item is "incomplete" when the
+        answer was cut (`finish_reason` "length" or "abort") or, `broken_call`, it is a function call that went wrong
+        (its arguments not valid JSON: a stop string cut it, or its JSON broke off), else "completed"."""
         events = [] if self.items else self._add(message_item("", "in_progress"))
         status = status_of(finish_reason)
-        events += self._close("incomplete" if finish_reason in ("length", "abort") else "completed")
+        cut = finish_reason in ("length", "abort") or broken_call
+        events += self._close("incomplete" if cut else "completed")
         final = {**self.response, "status": status, "output": self.items, "usage": usage,
                  "error": ABORTED if status == "failed" else None,
                  "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}

@@ -481,17 +481,27 @@ def test_input_items_become_chat_messages():
     ("qwen3", 'Sure. <think>a</think><tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "stop",
      ["message", "reasoning", "function_call"]),
     ("qwen3", "Hi<think>cut", "length", ["message", "reasoning"]),
+    # a call that went wrong (a stop string cut it, its JSON broke off): its item is "incomplete", as chat's
+    # finish_reason is not "tool_calls"
+    ("deepseek-r1", 'why</think><tool_call>{"name": "get_time", "arguments": {"tz": "UT', "stop",
+     ["reasoning", "function_call"]),
+    ("deepseek-r1", ('</think>Two. <tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": '
+                     '"get_time", "arguments": {"tz": 1 2}}</tool_call>'), "stop", ["message", "function_call", "function_call"]),
 ])
 def test_events_join_to_the_whole_output(parser, text, finish, kinds):
     """Any split of an answer into stream deltas gives the items (and final Response) the whole answer gives, in the
-    order the answer writes them; their texts are the chat message's."""
+    order the answer writes them; their texts are the chat message's. The last item is "incomplete" when the answer
+    was cut or its last call went wrong (chat's finish_reason is then not "tool_calls"), the others "completed"."""
     tools = ({"name": "get_time", "description": None, "parameters": {"type": "object", "properties": {}}},)
     answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), parser, guided=None)
     req = ResponsesRequest(input="x")
     start = response_object("resp_1", 0, MODEL, req, [], "in_progress", None)
     whole = whole_response(start, answers.stream(), text, finish, None)
     assert [it["type"] for it in whole["output"]] == kinds
-    message, _ = answers.message(text, finish)
+    message, chat_finish = answers.message(text, finish)
+    broken = bool(message.get("tool_calls")) and chat_finish != "tool_calls"
+    assert [it["status"] for it in whole["output"]] == ["completed"] * (len(kinds) - 1) + [
+        "completed" if finish == "stop" and not broken else "incomplete"]
     assert "".join(p["text"] for it in whole["output"] if it["type"] == "message" for p in it["content"]) == (
         message["content"] or "")
     assert "".join(p["text"] for it in whole["output"] if it["type"] == "reasoning" for p in it["content"]) == (
@@ -511,4 +521,4 @@ def test_events_join_to_the_whole_output(parser, text, finish, kinds):
         status = {"length": "incomplete", "abort": "failed"}.get(finish, "completed")
         assert final["status"] == whole["status"] == status and got[-1]["type"] == "response." + status
         assert (final["error"] is None) == (finish != "abort")
-        assert final["output"][-1]["status"] == ("completed" if finish == "stop" else "incomplete")
+        assert final["output"][-1]["status"] == ("completed" if finish == "stop" and not broken else "incomplete")
