@@ -9,7 +9,9 @@ tool `{"type": "function", "name", "parameters"}` the chat tool `{"type": "funct
 (DFlash, guided decoding, tool calling, the reasoning parser: as on /v1/chat/completions, so the same tokens), and
 the answer is written as a Response (`whole_response`): a `reasoning` item (with `--reasoning-parser`), a `message`
 item with one `output_text` part, and a `function_call` item per tool call, in the order the answer writes them
-(reasoning first, unless qwen3's answer writes text before `<think>`: that text is a message item before it). Streamed
+(reasoning first, unless qwen3's answer writes text before `<think>`: that text is a message item before it); the
+last item is "incomplete" when the answer was cut, or when it is a function call that went wrong (its arguments
+not valid JSON, where chat's finish_reason is not "tool_calls"), the others "completed". Streamed
 (`stream: true`), the server-sent events are named (`event: response.output_text.delta`) and numbered
 (`sequence_number`) as OpenAI sends them (`ResponseEvents`): `response.created`, `response.in_progress`, per item
 `response.output_item.added` ... `response.output_item.done` with its text or arguments as deltas, then

@@ -7,17 +7,27 @@ they go. What it says only grows, so the stream never sends what it must take ba
 (`read_answer`) is the same reading run to the end, so the deltas of any split join to it exactly.
 
 A call object is `{"name": ..., "arguments": {...}}` ("parameters", Llama 3's key, works too; the arguments may
-also be JSON text of an object, or null for none; other keys are ignored). Its arguments' text is canonical:
+also be JSON text of an object, or null for none; other keys are ignored, though in llama3_json none may
+come between the name and the arguments). Its arguments' text is canonical:
 `json.dumps(arguments, ensure_ascii=False)`, written as far as it is sure (`dflash_trt.serve.json_stream`).
 
 A call is a call from the moment its name is whole (the object's first key "name" with a string value, one
-without a lone surrogate: a response could not carry it). Before
-that, an object that goes wrong is not a call: the first one makes the whole answer content (with Hermes, text
-that only looked like a call), a later one ends the calls there (what follows is dropped, as text after the calls
-is). After it, a call that goes wrong (the text cut by max_tokens, or not JSON any more) keeps the arguments as far
-as they were sure, without their closing brace (held back until the call object closes), so they are not valid
-JSON, as OpenAI's call cut by max_tokens; the calls end there. An object whose first key is not "name" is a call
-once it is whole, if its name and arguments are one's.
+without a lone surrogate: a response could not carry it). In llama3_json, where no tag marks a call (so an
+ordinary JSON answer may look like one), it is one only from the moment the next key is whole too and is
+"arguments" or "parameters", and only with the name of one of the request's tools (`CallsReader`'s `names`): an
+answer `{"name": "Alice", "age": 30}` is content, not a call to "Alice" (vLLM's parser also wants the arguments
+key; it takes any name). Before that, an object that goes wrong is not a call: the first one makes the whole
+answer content (with Hermes, text that only looked like a call), a later one ends the calls there (what follows
+is dropped, as text after the calls is). After it, a call that goes wrong (the text cut by max_tokens or a stop
+string, or not JSON any more) keeps the arguments as far as they were sure, without their closing brace (held
+back until the call object closes), so they are not valid JSON, as OpenAI's call cut by max_tokens; the calls end
+there. An object whose first key is not "name" is a call once it is whole, if its name and arguments are one's
+(in llama3_json, with an arguments key).
+
+finish_reason (`finish_reason`) is "tool_calls" only when the answer stopped with calls and every one is whole
+(its arguments valid JSON); when the last call went wrong it stays the engine's ("stop" / "length"), so a client
+knows the call is not usable (the Responses API marks its item "incomplete"). The stream's last chunk carries
+the same finish_reason as the message.
 """
 
 from __future__ import annotations
@@ -302,8 +312,9 @@ def parse_hermes(text: str) -> tuple[str | None, list[tuple[str, str]]]:
 
 def parse_llama3_json(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     """(content, calls) of a Llama 3.1 JSON answer (vLLM's `llama3_json`): after whitespace and an optional
-    `<|python_tag|>`, `{"name": ..., "parameters": {...}}` objects separated by `;` are calls, content None
-    (`read_answer`); an answer that does not begin with one is content."""
+    `<|python_tag|>`, `{"name": ..., "parameters": {...}}` objects separated by `;` are calls (the arguments key
+    right after the name; any name: `read_answer` with `names` takes the tools' only), content None; an answer
+    that does not begin with one is content."""
     return read_answer("llama3_json", text)
 
 

@@ -18,7 +18,8 @@ and what the answer may be depends on `tool_choice`:
   </tool_call>` of the text as a call (the first only with `parallel_tool_calls: false`) and the text before the
   first one as the content (text between and after the calls is dropped, as vLLM's parser drops it);
   `llama3_json` (Llama 3.1 / 3.2 / 3.3, vLLM's name) reads an answer that begins with `{"name": ...,
-  "parameters": {...}}` objects, separated by `;`, as calls, any other answer as content
+  "parameters": {...}}` objects, separated by `;`, as calls (an object is one only with "arguments" or
+  "parameters" right after its name, and a tool's name: JSON data is not a call), any other answer as content
   (`dflash_trt.serve.tool_stream`, which also says what becomes of a call that goes wrong).
   Without a parser "auto" is refused (a 400 naming the option), as vLLM refuses it, rather than answering text
   that ignores the tools.
@@ -31,7 +32,8 @@ forced call refuses `stop` and `stop_token_ids` (they would cut its JSON), as gu
 An answer cut by `max_tokens` is returned as it stands: the named function's arguments as far as they went; a
 "required" or "auto" call cut after its name keeps its arguments as far as they were sure (not valid JSON: their
 closing brace is missing), one cut before that is left out (and with no call the text is the content), with
-`finish_reason` "length".
+`finish_reason` "length"; "auto" calls cut by a stop string, or whose JSON broke off, likewise, with
+`finish_reason` "stop": "tool_calls" only when every call is whole.
 Streamed (`tool_stream.ToolStream`), each call comes as it is written, as OpenAI's and vLLM's: a first delta with
 its index, id, type and name once the name is whole, then its arguments' text in `function.arguments` deltas;
 text that may still become a call (a partial `<tool_call>`, a call's name, the arguments' closing brace) is held
