@@ -232,6 +232,21 @@ def test_auto_reads_hermes_tool_calls(hermes_client, smollm2_pipeline):
     assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
 
 
+def test_a_call_cut_by_a_stop_string_is_not_tool_calls(hermes_client):
+    """A stop string that cuts a call after its name: the call as far as it was sure (its arguments not JSON), and
+    finish_reason "stop", not "tool_calls" (the call is not usable); streamed, the same."""
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 96, "temperature": 0, "tools": [WEATHER],
+            "stop": ['"unit"'], "extra_body": {"response_format": {"type": "regex", "regex": HERMES}}}
+    c = hermes_client.chat.completions.create(**body).choices[0]
+    assert c.finish_reason == "stop" and c.message.content == "Let me check."
+    [call] = c.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments in (
+        '{"city": "Paris", ', '{"city": "Lyon", ')
+    content, calls, finish, _ = joined(hermes_client.chat.completions.create(**body, stream=True))
+    assert (content, finish) == ("Let me check.", "stop")
+    assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
+
+
 def test_auto_reads_llama3_json_tool_calls(smollm2_pipeline):
     from openai import OpenAI
 
@@ -256,6 +271,25 @@ def test_auto_reads_llama3_json_tool_calls(smollm2_pipeline):
         plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=0,
                                                tools=[WEATHER])  # no JSON: the answer is the content
         assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
+        # JSON with a "name" but no arguments key after it, or a name that is no tool's: data, the content
+        for data in ('\\{"name": "get_weather", "city": "(Paris|Lyon)"\\}',
+                     '\\{"name": "(Alice|Bob)", "parameters": \\{"age": 30\\}\\}'):
+            extra = {"response_format": {"type": "regex", "regex": data}}
+            r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=32, temperature=0,
+                                               tools=[WEATHER], extra_body=extra)
+            c = r.choices[0]
+            assert c.finish_reason == "stop" and c.message.tool_calls is None and json.loads(c.message.content)
+            content, calls, finish, _ = joined(client.chat.completions.create(
+                model=MODEL, messages=ASK, max_tokens=32, temperature=0, tools=[WEATHER], stream=True,
+                extra_body=extra))
+            assert (content, calls, finish) == (c.message.content, {}, "stop")
+        # a stop string that cuts the call: not "tool_calls"
+        r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER],
+                                           stop=['"unit"'], extra_body={"response_format": fmt})
+        c = r.choices[0]
+        assert c.finish_reason == "stop" and c.message.content is None
+        assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == [
+            ("get_weather", '{"city": "%s", ' % json.loads(ref.text)["parameters"]["city"])]
 
 
 def test_auto_without_a_call_is_the_plain_answer(hermes_client):
