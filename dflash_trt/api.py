@@ -197,9 +197,10 @@ class Pipeline:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: str | list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash", on_tokens=None, **unknown) -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens=None, on_finished=None, **unknown) -> list[GenerationResult]:
         """Engine.generate plus detokenized `text` on each result (cut before the stop string that ended it,
-        for a request with `SamplingParams.stop`).
+        for a request with `SamplingParams.stop`); `on_finished(prompt_index, result)` gets each result with its
+        text, as its request ends.
 
         `prompts`: a list whose items are token id lists (`encode`, `encode_chat`) or plain text (a str, encoded
         as `encode` does: no chat template, as vLLM's and TensorRT-LLM's `LLM.generate` take text); a single
@@ -217,17 +218,21 @@ class Pipeline:
         if unknown:
             name = next(iter(unknown))
             fix = (f"give it in params: SamplingParams({name}=...)" if name in SamplingParams.__dataclass_fields__
-                   else "its arguments are prompts, params (SamplingParams), mode and on_tokens")
+                   else "its arguments are prompts, params (SamplingParams), mode, on_tokens and on_finished")
             raise InvalidRequestError(f"generate has no argument {name!r}; {fix}")
         if isinstance(prompts, str):
             prompts = [prompts]
         if isinstance(prompts, (list, tuple)) and any(isinstance(p, str) for p in prompts):
             prompts = [self.encode(p) if isinstance(p, str) else p for p in prompts]
-        results = self.engine.generate(prompts, params, mode, on_tokens)
-        for r in results:
-            if r.text is None:  # the engine set the text of requests with stop strings
-                r.text = self.decode(r.token_ids)
-        return results
+        if on_finished is not None and not callable(on_finished):
+            on_finished_with_text = on_finished  # the engine refuses it, naming it
+        else:
+            def on_finished_with_text(i: int, r: GenerationResult) -> None:
+                if r.text is None:  # the engine set the text of requests with stop strings
+                    r.text = self.decode(r.token_ids)
+                if on_finished is not None:
+                    on_finished(i, r)
+        return self.engine.generate(prompts, params, mode, on_tokens, on_finished_with_text)
 
     def _detokenize(self, ids: list[int]) -> str:
         """`decode` of the engine's own output ids (no checks: they are valid ids)."""

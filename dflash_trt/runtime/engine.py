@@ -302,7 +302,8 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash", on_tokens: Callable[[int, list[int]], str | None] | None = None) -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens: Callable[[int, list[int]], str | None] | None = None,
+                 on_finished: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Generate completions for a batch of tokenized prompts.
 
         Args:
@@ -318,6 +319,10 @@ class Engine:
                 returned ends that request after these tokens with it as finish_reason (e.g. "stop"
                 for a stop string the caller found in the text, "abort" for a client gone); the
                 other requests of the batch go on.
+            on_finished: called as on_finished(prompt_index, result) as each request ends (after the decode
+                step that ended it, in the order the requests end; those ending together in prompt order), with
+                the GenerationResult this call returns for it: a caller can use an answer (write it out) while
+                the rest of the batch decodes.
         Returns:
             n GenerationResults in prompt order (completion token ids, finish_reason, stop_reason, metrics, the
             tokens' `logprobs` / the prompt's `prompt_logprobs` for requests whose params ask for them, and the
@@ -335,28 +340,37 @@ class Engine:
             ConfigError: stop strings without `detokenize`, guided decoding without `grammars` (an Engine built
                 by hand: `dflash_trt.api.load_pipeline` sets both).
             DFlashError: mode "dflash" without a drafter; non-finite target logits; a call from the on_tokens
-                of a call running on this engine.
+                or on_finished of a call running on this engine.
+            Whatever on_tokens or on_finished raise (the call then ends there).
         """
-        if on_tokens is not None and not callable(on_tokens):  # before any work, not a TypeError after the prefill
-            raise InvalidRequestError(f"on_tokens must be a function (prompt_index, token_ids, ...) or None, got "
-                                      f"{_short(on_tokens)} ({type(on_tokens).__name__})")
+        for name, fn, args in (("on_tokens", on_tokens, "prompt_index, token_ids, ..."),
+                               ("on_finished", on_finished, "prompt_index, result")):
+            if fn is not None and not callable(fn):  # before any work, not a TypeError after the prefill
+                raise InvalidRequestError(f"{name} must be a function ({args}) or None, got {_short(fn)} "
+                                          f"({type(fn).__name__})")
         batch = DecodeBatch(self, mode)
         reqs = self._requests(prompts, params)
         if not reqs:
             return []
         if self._generating == threading.get_ident():
-            raise DFlashError("generate was called from its own on_tokens callback, on the engine it is running; "
-                              "collect what that call needs and call generate after it returns")
+            raise DFlashError("generate was called from its own callback (on_tokens or on_finished), on the engine "
+                              "it is running; collect what that call needs and call generate after it returns")
         with self._generate_lock:
             self._generating = threading.get_ident()
             try:
                 with self.phase_timer.call() if self.phase_timer is not None else nullcontext():
                     ids = batch._add(reqs, on_tokens)
-                    while batch.active:
+                    done: dict[int, GenerationResult] = {}
+                    while True:  # requests may end at their first token (in the prefill), then at any step
+                        for i, res in batch.take_finished():
+                            done[i] = res
+                            if on_finished is not None:
+                                on_finished(i, res)
+                        if not batch.active:
+                            break
                         batch.step()
             finally:
                 self._generating = None
-        done = dict(batch.take_finished())
         return [done[i] for i in ids]
 
     def _requests(self, prompts, params) -> list[_Request]:

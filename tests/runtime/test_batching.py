@@ -439,3 +439,27 @@ def test_acceptance_per_position_has_one_count_per_draft_position_from_the_start
     assert one.metrics.accepted_per_position == [0] * k and one.metrics.verify_steps == 0
     assert len(more.metrics.accepted_per_position) == k and more.metrics.verify_steps > 0
     assert ar.metrics.accepted_per_position == []
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_on_finished_hands_out_each_result_as_its_request_ends(engine, mode):
+    """`on_finished(prompt_index, result)` is called once per request, as it ends (a shorter request before a longer
+    one, one ending at its first token too), with the very result generate returns for it; while it runs, the longer
+    requests have not ended yet."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (4, 9, 6)]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (20, 1, 7)]
+    seen, streamed = [], {0: 0, 1: 0, 2: 0}
+
+    def tokens(i, toks, *rest):
+        streamed[i] += len(toks)
+
+    def finished(i, res):
+        seen.append((i, res, dict(streamed)))
+
+    results = engine.generate(prompts, params, mode, tokens, on_finished=finished)
+    assert [i for i, _, _ in seen] == [1, 2, 0]  # in the order they end: at the prefill, after 7 tokens, after 20
+    assert all(res is results[i] for i, res, _ in seen)
+    assert seen[1][2][0] < 20 and seen[1][2][2] == 7  # prompt 0 still decoding when prompt 2's result came
+    assert [r.token_ids for r in results] == [engine.generate([p], [sp], mode)[0].token_ids
+                                              for p, sp in zip(prompts, params)]

@@ -223,6 +223,9 @@ def test_an_on_tokens_that_is_not_callable_is_refused_before_any_work(engine):
 
     with pytest.raises(InvalidRequestError, match=r"on_tokens must be a function .* got 5 \(int\)"):
         engine.generate([[5, 6]], SamplingParams(max_tokens=2), on_tokens=5)
+    with pytest.raises(InvalidRequestError, match=r"on_finished must be a function \(prompt_index, result\) or None, "
+                                                  r"got 'x' \(str\)"):
+        engine.generate([[5, 6]], SamplingParams(max_tokens=2), on_finished="x")
 
 
 def test_ignore_eos_keeps_the_stop_token_ids_given(engine):
@@ -329,6 +332,9 @@ def test_generate_from_its_own_on_tokens_is_refused(engine):
 
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     want = engine.generate([[5, 6, 7]], params)[0].token_ids
-    with pytest.raises(DFlashError, match="^generate was called from its own on_tokens callback"):
+    again = "^generate was called from its own callback \\(on_tokens or on_finished\\)"
+    with pytest.raises(DFlashError, match=again):
         engine.generate([[5, 6, 7]], params, on_tokens=lambda *a: engine.generate([[8, 9, 10]], params) and None)
+    with pytest.raises(DFlashError, match=again):
+        engine.generate([[5, 6, 7]], params, on_finished=lambda *a: engine.generate([[8, 9, 10]], params))
     assert engine.generate([[5, 6, 7]], params)[0].token_ids == want
