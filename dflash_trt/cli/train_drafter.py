@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from dflash_trt.cli.common import MAX_THREADS, finite_float, lower_word, parse_layer_ids
+from dflash_trt.interrupts import exit_stopped
 from dflash_trt.text import count
 
 #: the largest --lr: float32's largest finite value (the weights' dtype; a larger one overflows in the first update)
@@ -133,16 +134,6 @@ def _check_resume_layers(work: Path, layer_ids: tuple[int, ...], source: str) ->
                       f"{work / 'run'} (started with --target-layer-ids {_ids(started)}); rerun with "
                       f"--target-layer-ids {_ids(started)} to continue it, or pass another --work-dir (or --out, whose "
                       "work dir OUT.work is the default) to start a new run")
-
-
-def _interrupted(exc: BaseException, message) -> None:
-    """Ctrl-C / SIGTERM (`exc`): message(how), how = "interrupted (Ctrl-C)" or "terminated (SIGTERM)", as one line
-    on stderr, then exit 130 / 143 (128 + the signal, as a shell reports it)."""
-    from dflash_trt.interrupts import stopped_by
-
-    how, code = stopped_by(exc)
-    click.echo(message(how), err=True)
-    sys.exit(code)
 
 
 def _full_disk(exc: OSError, work: Path, kept: str, what: str | None = None, fix: str | None = None) -> None:
@@ -553,7 +544,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                                                             tcfg.max_position_embeddings),
                                     max_samples=max_samples, max_seq_len=max_seq_len)
     except KeyboardInterrupt as exc:
-        _interrupted(exc, lambda how: f"data generation {how}; the finished shards in {work / 'data'} are kept: "
+        exit_stopped(exc, lambda how: f"data generation {how}; the finished shards in {work / 'data'} are kept: "
                                       "rerun the same command to continue")
     except OSError as exc:
         _full_disk(exc, work, f"the finished data shards in {work / 'data'} are kept: rerun the same command to "
@@ -601,7 +592,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
                       budget_s=train_minutes * 60 if train_minutes else None,
                       init=str(init_dir.resolve()) if init_dir is not None else init_mode)
     except TrainingInterrupted as exc:
-        _interrupted(exc, lambda how, e=exc: _training_interrupted(e, how, work, checkpoint_every))
+        exit_stopped(exc, lambda how, e=exc: _training_interrupted(e, how, work, checkpoint_every))
     except OSError as exc:
         from dflash_trt.training.trainer import CHECKPOINT
 
@@ -663,7 +654,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     try:
         final = export_drafter(drafter, out, info, history, dtype, replace=replace)
     except KeyboardInterrupt as exc:
-        _interrupted(exc, lambda how: f"export to {out} {how} (the folder is renamed into place only once "
+        exit_stopped(exc, lambda how: f"export to {out} {how} (the folder is renamed into place only once "
                                       f"complete); the run is checkpointed at step {state.step} in {work / 'run'}: "
                                       "rerun the same command with --resume to export it")
     except OSError as exc:
