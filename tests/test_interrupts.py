@@ -1,5 +1,6 @@
 """SIGTERM handled as Ctrl-C (`dflash_trt.interrupts`): the handler only inside its block, the words and exit
-status per signal, and real `dflash-trt generate` processes stopped by SIGTERM and by SIGINT."""
+status per signal, signals held until a block ends, and real `dflash-trt generate` processes stopped by SIGTERM and
+by SIGINT."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from dflash_trt.errors import TrainingInterrupted
-from dflash_trt.interrupts import Terminated, stopped_by, terminate_as_interrupt
+from dflash_trt.interrupts import Terminated, signals_held, stopped_by, terminate_as_interrupt
 
 
 def test_terminate_as_interrupt_raises_in_the_block_only():
@@ -36,8 +37,29 @@ def test_stopped_by_names_the_signal_and_its_exit_status():
     assert stopped_by(loop) == ("interrupted (Ctrl-C)", 130)
 
 
-@pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                             (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+@pytest.mark.parametrize("stop, exc", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_a_signal_in_signals_held_stops_the_code_after_the_block(stop, exc):
+    """SIGINT (SIGTERM inside `terminate_as_interrupt`) while the block runs: the block runs to its end, then the
+    signal raises as it would have (once, however often it came), by the handlers from before the block."""
+    ran = []
+    with terminate_as_interrupt():
+        before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        with pytest.raises(exc):
+            with signals_held():
+                os.kill(os.getpid(), stop)
+                os.kill(os.getpid(), stop)
+                signal.sigtimedwait([], 0.2)  # the handler runs (it only notes the signal)
+                ran.append("whole block")
+            ran.append("after the block")
+        after = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        # terminate_as_interrupt's own handler ignores the SIGTERMs after the first, while the cleanup runs
+        assert after == (before if stop == signal.SIGINT else (before[0], signal.SIG_IGN))
+    assert ran == ["whole block"]
+
+
+@pytest.mark.parametrize("sig, code, line", [
+    (signal.SIGTERM, 143, "generate terminated (SIGTERM) mid-answer; stdout holds the answer so far"),
+    (signal.SIGINT, 130, "generate interrupted (Ctrl-C) mid-answer; stdout holds the answer so far")])
 def test_a_generate_process_stopped_mid_answer_says_how_in_one_line(sig, code, line):
     """A real `dflash-trt generate` process, signalled once its answer streams: the answer so far on stdout, then
     one stderr line and the shell's exit status (128 + the signal), no traceback (SIGTERM ended it silently)."""

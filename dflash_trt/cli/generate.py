@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from dflash_trt.cli.answers import AnswersInOrder, stopped_line
 from dflash_trt.cli.common import (SEED_RANGE, guided_decoding_options, logits_processing_options, max_tokens_option,
                                    model_options, prefix_cache_options,
                                    temperature_option, top_k_option, top_p_option, tp_size_option)
@@ -86,7 +87,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     """Generate text with DFlash speculative decoding and report acceptance statistics.
 
     Answers go to stdout (with several prompts, each after its own "=== prompt i/N ===" line), their
-    statistics to stderr."""
+    statistics to stderr; each is written as soon as it and every answer before it are finished, so that
+    Ctrl-C or SIGTERM keeps the answers written (its stderr line says how many, and where the rest start)."""
     from dflash_trt.cli.common import (check_argv_text, check_context, check_draft_lengths, check_logit_bias_ids,
                                        jsonl_file, load_models, compile_guided, guided_decoding, logits_processing,
                                        note_max_concurrency, prompt_file_lines, set_threads, use_prefix_cache,
@@ -94,6 +96,7 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                                        warn_draft_flags_unused, warn_float16_on_cpu, warn_sampling_unused,
                                        warn_training_target, warn_tree_unused, warn_untrained_drafter)
     from dflash_trt.errors import ConfigError
+    from dflash_trt.interrupts import exit_stopped
     from dflash_trt.runtime.sampling import SamplingParams, offset_seed
 
     given = [x is not None for x in (prompt, chat, prompts_file)]
@@ -174,36 +177,44 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
             sys.stdout.write(new)
             sys.stdout.flush()
 
-    plist = [dataclasses.replace(params, seed=offset_seed(seed, i)) for i in range(len(prompts))]
-    for lo in range(0, len(prompts), batch_size):
-        chunk = prompts[lo : lo + batch_size]
-        try:
-            results = pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None)
-        except BaseException:  # a failure mid-stream: end the partial answer's line, so the error starts its own
-            if shown.sent and not shown.sent.endswith("\n"):
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-            raise
-        for j, res in enumerate(results):
-            m = res.metrics
-            text = final_text(res.text, res.finish_reason)
-            if as_json:
-                out = {"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
-                       "stop_reason": res.stop_reason, "metrics": m.to_dict()}
-                if res.logprobs is not None:
-                    out["logprobs"] = logprobs_json(pipe, res.logprobs)
-                click.echo(json.dumps(out))
-                continue
-            if not stream:
-                header = prompt_header(lo + j, len(prompts))
-                if header:
-                    click.echo(header)
-                click.echo(text)
-            else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
-                click.echo(text[len(shown.sent):])
-            rate = f"acceptance rate={m.acceptance_rate:.2f}" if m.drafted_tokens else "no drafts"
-            drafting = f"tau={m.acceptance_length:.2f}, {rate}, " if mode == "dflash" else ""  # ar drafts nothing
-            click.echo(
-                f"[{mode}] {count(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
-                f"TTFT={m.time_to_first_token_s * 1000:.0f} ms, {m.tokens_per_s:.1f} tok/s", err=True)
+    def write(index: int, res) -> None:  # answer `index` (and its stats line), flushed
+        m = res.metrics
+        text = final_text(res.text, res.finish_reason)
+        if as_json:
+            out = {"text": text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                   "stop_reason": res.stop_reason, "metrics": m.to_dict()}
+            if res.logprobs is not None:
+                out["logprobs"] = logprobs_json(pipe, res.logprobs)
+            click.echo(json.dumps(out))
+            return
+        if not stream:
+            header = prompt_header(index, len(prompts))
+            if header:
+                click.echo(header)
+            click.echo(text)
+        else:  # what was held back (a character completed by the last tokens; one cut by length is dropped)
+            click.echo(text[len(shown.sent):])
+        rate = f"acceptance rate={m.acceptance_rate:.2f}" if m.drafted_tokens else "no drafts"
+        drafting = f"tau={m.acceptance_length:.2f}, {rate}, " if mode == "dflash" else ""  # ar drafts nothing
+        click.echo(
+            f"[{mode}] {count(m.completion_tokens, 'token')}, finish={res.finish_reason}, {drafting}"
+            f"TTFT={m.time_to_first_token_s * 1000:.0f} ms, {m.tokens_per_s:.1f} tok/s", err=True)
 
+    # each answer is written as soon as it and those before it are finished (batches run in order)
+    answers = AnswersInOrder(write)
+    plist = [dataclasses.replace(params, seed=offset_seed(seed, i)) for i in range(len(prompts))]
+    try:
+        for lo in range(0, len(prompts), batch_size):
+            chunk = prompts[lo : lo + batch_size]
+            try:
+                pipe.generate(chunk, plist[lo : lo + batch_size], mode, on_tokens if stream else None,
+                              on_finished=lambda j, res, lo=lo: answers.finished(lo + j, res))
+            except BaseException:  # a failure mid-stream: end the partial answer's line, so the error starts its own
+                if not answers.written and shown.sent and not shown.sent.endswith("\n"):
+                    sys.stdout.write("\n")
+                    sys.stdout.flush()
+                raise
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the answers written stay; a line says how many; 130 / 143
+        exit_stopped(exc, lambda how: stopped_line(
+            how, answers.written, len(prompts), stream and bool(shown.sent), prompts_file,
+            prompt_file_lines(prompts_file) if prompts_file else None))

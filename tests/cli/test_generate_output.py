@@ -1,5 +1,6 @@
 """What `dflash-trt generate` prints: a header per answer for several prompts, no U+FFFD for a character that
---max-tokens cut, and the exit codes of --block-size / --max-draft-len errors. Real models: SmolLM2 (the
+--max-tokens cut, the exit codes of --block-size / --max-draft-len errors, and the answers kept (each written as it
+finishes, in prompt order) with one line saying how many when Ctrl-C or SIGTERM stops it. Real models: SmolLM2 (the
 default target and drafter)."""
 
 from __future__ import annotations
@@ -127,7 +128,157 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
 
     monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", interrupted)
     code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "Hi", "--max-tokens", "2", "--json")
-    assert (code, out, err) == (130, "", "\ninterrupted (Ctrl-C)\n")  # click ends the terminal's ^C line first
+    assert (code, out, err) == (130, "", "generate interrupted (Ctrl-C) before the answer was finished; nothing was "
+                                         "written to stdout\n")
+
+
+def _interrupted_after(monkeypatch, answers: int = 0, tokens: int | None = None, stop=KeyboardInterrupt):
+    """Pipeline.generate stopped by `stop` (Ctrl-C's KeyboardInterrupt, SIGTERM's Terminated) as a signal would:
+    once `answers` answers were handed out (written by generate), or after `tokens` tokens of the first prompt."""
+    import dflash_trt.api
+
+    real = dflash_trt.api.Pipeline.generate
+    real, seen = getattr(real, "unpatched", real), {"answers": 0, "tokens": 0}  # a second call replaces the first
+
+    def generate(self, prompts, params=None, mode="dflash", on_tokens=None, on_finished=None):
+        def finished(i, res):
+            on_finished(i, res)
+            seen["answers"] += 1
+            if seen["answers"] == answers:
+                raise stop
+
+        def streamed(i, toks, *rest):
+            if on_tokens is not None:
+                on_tokens(i, toks, *rest)
+            seen["tokens"] += len(toks)
+            if seen["tokens"] >= tokens:
+                raise stop
+
+        return real(self, prompts, params, mode, streamed if tokens else on_tokens, finished)
+
+    generate.unpatched = real
+    monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", generate)
+
+
+#: a short first prompt (12 tokens, then its end of turn), a long one (it counts on to --max-tokens), a third
+_FIRST = '{"messages": [{"role": "user", "content": "What is 2+2?"}]}\n'
+_PROMPTS = _FIRST + '\n{"prompt": "1, 2, 3, 4, 5,"}\n{"messages": [{"role": "user", "content": "Name a colour."}]}\n'
+_GENERATE = ["-c", "from dflash_trt.cli import main; main()", "generate", "--max-tokens", "600", "--json",
+             "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def first_answer_alone(tmp_path_factory):
+    """The --json answer of an uninterrupted `generate` run on the first prompt of `_PROMPTS` alone."""
+    import os
+    import subprocess
+    import sys
+
+    alone = tmp_path_factory.mktemp("first") / "first.jsonl"
+    alone.write_text(_FIRST)
+    return json.loads(subprocess.run([sys.executable, *_GENERATE, "--prompts-file", str(alone)], capture_output=True,
+                                     text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                                     timeout=300, check=True).stdout)
+
+
+@pytest.mark.parametrize("stop, how, code", [("SIGINT", "interrupted (Ctrl-C)", 130),
+                                             ("SIGTERM", "terminated (SIGTERM)", 143)])
+def test_answers_finished_before_ctrl_c_or_sigterm_are_kept_in_prompt_order(tmp_path, first_answer_alone, stop, how,
+                                                                              code):
+    """A real `generate --prompts-file --json` process: the short first prompt's answer is on stdout, whole and
+    flushed, while the long second one still decodes (and the third, finished or not, waits for it: prompt
+    order). Signalled then, it exits 130 / 143 keeping that line, equal to the first prompt's answer alone, and
+    stderr's last line says 1 of 3 answered and the `tail -n +3` that continues (line 2 is blank)."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(_PROMPTS)
+    want = first_answer_alone
+    proc = subprocess.Popen([sys.executable, *_GENERATE, "--prompts-file", str(prompts)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                            # SIGINT as in a terminal (a shell starts background jobs with it ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        line = proc.stdout.readline()
+        proc.send_signal(getattr(signal, stop))
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    rest, err = proc.stdout.read(), proc.stderr.read()  # not communicate(): it skips what readline buffered
+    assert proc.returncode == code and rest == "" and "Traceback" not in err, (proc.returncode, rest, err)
+    got = json.loads(line)
+    assert line.endswith("}\n") and got["finish_reason"] == "stop", line
+    assert got["text"] == "The answer to this classic math problem is 4."
+    for key in ("text", "token_ids", "finish_reason", "stop_reason"):
+        assert got[key] == want[key], key
+    assert [got["metrics"][k] for k in ("prompt_tokens", "completion_tokens")] == [
+        want["metrics"][k] for k in ("prompt_tokens", "completion_tokens")]
+    assert err.splitlines()[-1] == (f"generate {how}: 1 of 3 prompts answered and written to stdout; the rest start "
+                                    f"at line 3 of {prompts}: continue with --prompts-file <(tail -n +3 "
+                                    f"{shlex.quote(str(prompts))})")
+
+
+def test_plain_text_answers_written_before_ctrl_c_stay(monkeypatch, capsys, tmp_path):
+    """The plain-text format as --json: stopped once the first answer is written, stdout holds its header and
+    text (the --json run's) only, then one stderr line (the first's statistics line before it); stopped before
+    any answer, nothing; stopped after the last, all of them."""
+    from dflash_trt.interrupts import Terminated
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "The capital of France is"}\n{"prompt": "def add(a, b):"}\n')
+    args = ("generate", "--prompts-file", str(prompts), "--max-tokens", "6", "--threads", "1")
+    code, out, err = run_main(monkeypatch, capsys, *args, "--json")
+    assert code == 0, err
+    texts = [json.loads(line)["text"] for line in out.splitlines()]
+
+    _interrupted_after(monkeypatch, answers=1)
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert (code, out) == (130, f"=== prompt 1/2 ===\n{texts[0]}\n"), err
+    lines = err.splitlines()
+    assert lines[-2].startswith("[dflash] 6 tokens, finish=length") and lines[-1] == (
+        f"generate interrupted (Ctrl-C): 1 of 2 prompts answered and written to stdout; the rest start at line 2 of "
+        f"{prompts}: continue with --prompts-file <(tail -n +2 {prompts})")
+
+    _interrupted_after(monkeypatch, answers=2, stop=Terminated)
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert (code, out) == (143, f"=== prompt 1/2 ===\n{texts[0]}\n=== prompt 2/2 ===\n{texts[1]}\n"), err
+    assert err.splitlines()[-1] == "generate terminated (SIGTERM): 2 of 2 prompts answered and written to stdout"
+
+    _interrupted_after(monkeypatch, tokens=1)
+    code, out, err = run_main(monkeypatch, capsys, *args, "--json")
+    assert (code, out) == (130, ""), err
+    assert err.splitlines()[-1] == ("generate interrupted (Ctrl-C): 0 of 2 prompts answered, nothing was written to "
+                                    "stdout; rerun the same command")
+
+
+def test_ctrl_c_mid_stream_of_a_single_prompt_says_what_stdout_holds(monkeypatch, capsys):
+    """--prompt / --chat stream their answer: Ctrl-C after its first tokens leaves them on stdout, their line
+    ended, and stderr's line says the answer is cut there; once the answer is written, it says so."""
+    args = ("generate", "--prompt", "The capital of France is", "--mode", "ar", "--max-tokens", "8")
+    code, whole, err = run_main(monkeypatch, capsys, *args)
+    assert code == 0, err
+    _interrupted_after(monkeypatch, tokens=1)
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert (code, out) == (130, " Paris\n"), err
+    assert err == "generate interrupted (Ctrl-C) mid-answer; stdout holds the answer so far\n"
+    _interrupted_after(monkeypatch, answers=1)
+    code, out, err = run_main(monkeypatch, capsys, *args)
+    assert (code, out) == (130, whole), err
+    assert err.splitlines()[-1] == "generate interrupted (Ctrl-C) after the answer was written to stdout"
+
+
+def test_the_stopped_line_for_a_prompts_file_that_is_a_pipe_names_the_line_only():
+    """A pipe (`--prompts-file <(...)`) cannot be read again: the line of the first prompt left, no `tail`."""
+    from dflash_trt.cli.answers import stopped_line
+
+    assert stopped_line("interrupted (Ctrl-C)", 2, 5, prompts_file="/dev/fd/63", lines=[1, 2, 4, 5, 6]) == (
+        "generate interrupted (Ctrl-C): 2 of 5 prompts answered and written to stdout; the rest start at line 4 of "
+        "/dev/fd/63")
 
 
 def test_an_error_mid_stream_starts_on_its_own_line(monkeypatch, capsys):
@@ -138,12 +289,12 @@ def test_an_error_mid_stream_starts_on_its_own_line(monkeypatch, capsys):
 
     real = dflash_trt.api.Pipeline.generate
 
-    def fails_after_a_token(self, prompts, params=None, mode="dflash", on_tokens=None):
+    def fails_after_a_token(self, prompts, params=None, mode="dflash", on_tokens=None, on_finished=None):
         def tokens(i, toks, *rest):  # " Paris": the first token streamed, then the failure
             on_tokens(i, toks, *rest)
             raise DFlashError("the drafter produced non-finite draft probabilities")
 
-        return real(self, prompts, params, mode, tokens)
+        return real(self, prompts, params, mode, tokens, on_finished)
 
     monkeypatch.setattr(dflash_trt.api.Pipeline, "generate", fails_after_a_token)
     code, out, err = run_main(monkeypatch, capsys, "generate", "--prompt", "The capital of France is", "--mode", "ar",
