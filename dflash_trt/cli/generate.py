@@ -158,7 +158,8 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     warn_untrained_drafter(pipe)
     warn_training_target(pipe)
     use_prefix_cache(pipe, enable_prefix_caching, prefix_cache_gb)  # batches after the first reuse what it read
-    wheres = [f"{prompts_file}:{n}" for n in prompt_file_lines(prompts_file)] if prompts_file else [None] * len(items)
+    lines = prompt_file_lines(prompts_file) if prompts_file else None  # each prompt's line in the file
+    wheres = [f"{prompts_file}:{n}" for n in lines] if prompts_file else [None] * len(items)
     prompts = [encode_item(pipe, it, where) for it, where in zip(items, wheres)]
     if prompts_file:  # a prompt too long for the context is named by its file and line
         limit = pipe.engine.context_len - 1
@@ -215,6 +216,5 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
                     sys.stdout.flush()
                 raise
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the answers written stay; a line says how many; 130 / 143
-        exit_stopped(exc, lambda how: stopped_line(
-            how, answers.written, len(prompts), stream and bool(shown.sent), prompts_file,
-            prompt_file_lines(prompts_file) if prompts_file else None))
+        exit_stopped(exc, lambda how: stopped_line(how, answers.written, len(prompts), stream and bool(shown.sent),
+                                                   prompts_file, lines))
