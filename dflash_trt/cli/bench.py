@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import click
@@ -223,14 +222,12 @@ def bench(target, drafter, datasets, num_prompts, batch_size, temperature, max_t
                                         f"{out})") from None
         click.echo(f"wrote {out_dir}/results.json, results.md, tau_histogram.png, acceptance_by_position.png, speedup.png")
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143; results are written at the end
-        from dflash_trt.interrupts import stopped_by
+        from dflash_trt.interrupts import exit_stopped
 
         if bar is not None:
             bar.close()  # ends the progress line, so the message starts a line of its own
-        how, code = stopped_by(exc)
-        click.echo(f"bench {how}; no results were written to {out} (an earlier run's files there are unchanged)",
-                   err=True)
-        sys.exit(code)
+        exit_stopped(exc, lambda how: f"bench {how}; no results were written to {out} (an earlier run's files there "
+                                      "are unchanged)")
 
 
 def dedupe_datasets(datasets) -> tuple[str, ...]:

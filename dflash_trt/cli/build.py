@@ -57,7 +57,7 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
     from dflash_trt.build.pipeline import dry_run as check_and_plan
     from dflash_trt.cli.common import model_folder
     from dflash_trt.errors import ConfigError
-    from dflash_trt.interrupts import stopped_by
+    from dflash_trt.interrupts import exit_stopped
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
     from dflash_trt.out_folder import BUNDLE, out_path
 
@@ -84,10 +84,8 @@ def build(target, drafter, out, quant, drafter_quant, kv_cache_dtype, tp_size, c
             # soft_wrap: a long path stays whole (copy-paste, grep); markup off: '[...]' in a path is text
             report = run_build(opts, log=lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False))
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (128 + the signal, as a shell says)
-        how, code = stopped_by(exc)
-        click.echo(str(exc) if isinstance(exc, BuildInterrupted) else
-                   f"build {how}; nothing was written to {opts.out}", err=True)
-        sys.exit(code)
+        exit_stopped(exc, lambda how, e=exc: str(e) if isinstance(e, BuildInterrupted) else
+                     f"build {how}; nothing was written to {opts.out}")
     console.print(summary_table(report))
     q = shlex.quote(str(report.out))  # the commands copy-paste even with spaces in the path
     click.echo(f"bundle written to {report.out}; run it with: dflash-trt generate --bundle {q} --chat '...'; "
