@@ -133,10 +133,14 @@ def generate(target, drafter, bundle, fp8_matmul, prompt, chat, prompts_file, ma
     items = load_prompts_jsonl(jsonl_file("--prompts-file", prompts_file), REQUEST_KEYS) if prompts_file else (
         [prompt] if prompt is not None else [[{"role": "user", "content": chat}]])
     set_threads(threads)
-    pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
-                       fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
-                       cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
-                       prompt_lookup=prompt_lookup, max_concurrency=max_concurrency, **({"tp_size": tp_size} if tp_size > 1 else {}))
+    try:
+        pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
+                           fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
+                           cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
+                           prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,
+                           **({"tp_size": tp_size} if tp_size > 1 else {}))
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM while the models load: generate's line (nothing written)
+        exit_stopped(exc, lambda how: f"generate {how} while loading the models; nothing was written to stdout")
     if tp_size > 1:
         import torch.distributed as dist
 

@@ -132,6 +132,25 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130(monkeypatch, capsys):
                                          "written to stdout\n")
 
 
+@pytest.mark.parametrize("stop, how, code", [("KeyboardInterrupt", "interrupted (Ctrl-C)", 130),
+                                             ("Terminated", "terminated (SIGTERM)", 143)])
+def test_ctrl_c_while_the_models_load_names_generate(monkeypatch, capsys, tmp_path, stop, how, code):
+    """Ctrl-C / SIGTERM while generate loads the models: generate's own line (it was the bare "interrupted
+    (Ctrl-C)" of any command), exit 130 / 143, nothing on stdout; with --prompts-file too."""
+    import dflash_trt.cli.common
+    from dflash_trt.interrupts import Terminated
+
+    def loading(*args, **kwargs):
+        raise {"KeyboardInterrupt": KeyboardInterrupt, "Terminated": Terminated}[stop]
+
+    monkeypatch.setattr(dflash_trt.cli.common, "load_models", loading)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n')
+    for source in (("--prompt", "Hi"), ("--prompts-file", str(prompts))):
+        got = run_main(monkeypatch, capsys, "generate", *source, "--max-tokens", "2")
+        assert got == (code, "", f"generate {how} while loading the models; nothing was written to stdout\n"), got
+
+
 def _interrupted_after(monkeypatch, answers: int = 0, tokens: int | None = None, stop=KeyboardInterrupt):
     """Pipeline.generate stopped by `stop` (Ctrl-C's KeyboardInterrupt, SIGTERM's Terminated) as a signal would:
     once `answers` answers were handed out (written by generate), or after `tokens` tokens of the first prompt."""
