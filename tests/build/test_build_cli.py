@@ -246,6 +246,28 @@ def test_ctrl_c_exits_130_with_one_line_and_writes_nothing(tmp_path, tiny_pair, 
     assert empty.is_dir() and not any(empty.iterdir()) and leftovers(tmp_path, "empty") == []
 
 
+def test_a_full_disk_in_a_step_is_one_line_naming_the_step_and_writes_nothing(tmp_path, tiny_pair, monkeypatch,
+                                                                              capsys):
+    """ENOSPC while a step writes into the bundle's temporary folder: one line naming the step, the bundle's --out
+    and the fix, exit 1, no traceback; the temporary folder and the parents the build created are removed."""
+    import errno
+
+    from dflash_trt.build import trtllm
+
+    def full(*args, **kwargs):  # as a write inside the temporary bundle fails (its file under the temporary folder)
+        tmp = next(p for p in (tmp_path / "new").iterdir() if p.name.startswith(".x.building-"))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "target" / "model.safetensors"))
+
+    monkeypatch.setattr(trtllm, "export_target_hf", full)  # step 4
+    out = tmp_path / "new" / "x"
+    code, stdout, err = run_main(monkeypatch, capsys, *build_args(tiny_pair, out))
+    assert code == 1 and "Traceback" not in err and "bundle written" not in stdout, err
+    assert error_line(err) == (f"error: build failed in step 'export unified HF target checkpoint': cannot write the "
+                               f"bundle to --out {out} ({os.strerror(errno.ENOSPC)}); free space there, or give "
+                               f"another --out; nothing was written to {out}"), err
+    assert list(tmp_path.iterdir()) == []  # neither the temporary bundle nor the folder new/ the build created
+
+
 def test_ctrl_c_in_the_checks_and_after_the_move(tmp_path, tiny_pair, monkeypatch, capsys):
     import dflash_trt.build.pipeline as pipeline
     import dflash_trt.models.loading as loading
