@@ -67,3 +67,46 @@ def test_train_drafter_on_a_full_disk_keeps_the_data_and_the_checkpoint(tmp_path
     monkeypatch.undo()
     res = CliRunner().invoke(cli, args + ["--resume"])
     assert res.exit_code == 0 and (out / "model.safetensors").is_file(), res.output + repr(res.exception)
+
+
+def test_train_drafter_checkpoint_on_a_full_disk_says_what_a_rerun_continues_from(tmp_path, target_with_tokenizer,
+                                                                                  monkeypatch):
+    """ENOSPC while training writes a checkpoint: the first one (nothing to resume: the data cache is kept, rerun
+    the same command) and a later one (the last whole checkpoint is kept: rerun with --resume, which then
+    finishes)."""
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["train-drafter", "--target", str(target_with_tokenizer), "--out", str(out), "--work-dir", str(work),
+            "--prompts", str(_prompts(tmp_path, 8)), "--num-layers", "1", "--block-size", "4", "--epochs", "2",
+            "--target-layer-ids", "0,1", "--max-new-tokens", "4", "--mask-token-id", str(MASK), "--anchors", "4",
+            "--init", "random", "--gen-batch-size", "8", "--checkpoint-every", "1", "--seqs-per-step", "2"]
+    real_fsync, writes = os.fsync, {"n": 0}
+
+    def fsync(fd, fail_at):  # the fail_at-th checkpoint's write fails
+        if "checkpoint.pt" in os.readlink(f"/proc/self/fd/{fd}"):
+            writes["n"] += 1
+            if writes["n"] == fail_at:
+                raise OSError(errno.ENOSPC, ENOSPC)
+        return real_fsync(fd)
+
+    checkpoint = work / "run" / "checkpoint.pt"
+    monkeypatch.setattr(os, "fsync", lambda fd: fsync(fd, 1))
+    res = CliRunner().invoke(cli, args)
+    assert isinstance(res.exception, ConfigError), repr(res.exception)
+    assert str(res.exception).endswith(f"({ENOSPC}); free space there, or rerun with another --work-dir to start "
+                                       f"over; no checkpoint was written yet; the data cache in {work / 'data'} is "
+                                       "kept: rerun the same command to train again"), str(res.exception)
+    assert not checkpoint.exists() and not out.exists() and any((work / "data").iterdir())
+
+    import shutil
+
+    shutil.rmtree(work / "run")  # a new run over the kept data; its second checkpoint fails
+    writes["n"] = 0
+    monkeypatch.setattr(os, "fsync", lambda fd: fsync(fd, 2))
+    res = CliRunner().invoke(cli, args)
+    assert isinstance(res.exception, ConfigError), repr(res.exception)
+    assert str(res.exception).endswith(f"the last checkpoint ({checkpoint}) is kept whole: rerun the same command "
+                                       "with --resume to continue from it"), str(res.exception)
+    assert checkpoint.is_file() and not out.exists()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    res = CliRunner().invoke(cli, args + ["--resume"])
+    assert res.exit_code == 0 and (out / "model.safetensors").is_file(), res.output + repr(res.exception)
