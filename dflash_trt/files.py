@@ -95,6 +95,35 @@ def remove_empty(folders: list[Path]) -> None:
 
 
 @contextmanager
+def staging_folder(out: str | Path, tag: str) -> Iterator[Path]:
+    """A new empty folder beside the output folder `out` (`.NAME.TAG-RANDOM`, mode 0700 as `tempfile.mkdtemp`
+    makes it; `out`'s missing parents created first) for a command to write its output into and move into place
+    (`dflash_trt.models.loading.publish_folder`) before the block ends. Leaving the block, the folder is removed
+    if it is still there; when the block fails (an error, Ctrl-C), so are the parents of `out` it created, while
+    they are empty (`remove_empty`): a failed run leaves no trace.
+
+    Raises:
+        OSError: a parent of `out` or the folder cannot be created (nothing is left of them).
+    """
+    out = Path(out)
+    made = make_folders(out.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{tag}-", dir=out.parent))
+    except BaseException:
+        remove_empty(made)
+        raise
+    ok = False
+    try:
+        yield tmp
+        ok = True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not ok:
+            remove_empty(made)
+
+
+@contextmanager
 def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO]:
     """Open a temporary file beside `path` (same folder, named `.NAME.PID.RANDOM.tmp`: unique, so two
     processes writing one file, or "a.json" and "a.pt" in one folder, never share it; created with the

@@ -126,3 +126,34 @@ def test_a_folder_held_by_another_process_is_refused_naming_it_and_freed_when_it
             raise RuntimeError("inside")
     with folder_lock(folder, "drafter training"):
         assert (folder / ".lock").read_text() == f"{os.getpid()}\n"
+
+
+def test_staging_folder_is_removed_and_on_failure_the_parents_it_made_too(tmp_path):
+    from dflash_trt.files import staging_folder
+    from dflash_trt.models.loading import publish_folder
+
+    out = tmp_path / "new" / "a" / "d"
+    with staging_folder(out, "tmp") as tmp:  # published: only out and its parents are left
+        assert tmp.parent == out.parent and tmp.name.startswith(".d.tmp-") and list(tmp.iterdir()) == []
+        (tmp / "f").write_text("x")
+        publish_folder(tmp, out)
+    assert [p.relative_to(tmp_path).as_posix() for p in sorted(tmp_path.rglob("*"))] == [
+        "new", "new/a", "new/a/d", "new/a/d/f"]
+
+    other = tmp_path / "other" / "b" / "d"
+    with pytest.raises(KeyboardInterrupt):  # a failure: the folder and the parents it made are gone
+        with staging_folder(other, "tmp") as tmp:
+            (tmp / "f").write_text("x")
+            raise KeyboardInterrupt
+    assert not (tmp_path / "other").exists()
+
+    (tmp_path / "kept").mkdir()  # a parent that was there stays, and one another run wrote into
+    with pytest.raises(OSError):
+        with staging_folder(tmp_path / "kept" / "c" / "d", "tmp") as tmp:
+            (tmp_path / "kept" / "c" / "theirs").write_text("y")
+            raise OSError("disk full")
+    assert sorted(p.name for p in (tmp_path / "kept" / "c").iterdir()) == ["theirs"]
+
+    with staging_folder(tmp_path / "x" / "d", "tmp"):  # not published: the folder goes, the parents it made stay
+        pass
+    assert list((tmp_path / "x").iterdir()) == []

@@ -43,15 +43,12 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
             left as it is, the new drafter kept as OUT.new (`dflash_trt.out_folder.publish_out`); the drafter cannot
             be written (a full disk: --out and the fix; nothing is left there).
     """
-    import shutil
-    import tempfile
-
     from dflash_trt.api import load_tokenizer
     from dflash_trt.cli.common import check_mask_token_id, model_folder, parse_layer_ids
     from dflash_trt.compat import check_compatible
     from dflash_trt.config import TargetConfig
     from dflash_trt.errors import CheckpointError, ConfigError
-    from dflash_trt.files import cannot_write
+    from dflash_trt.files import cannot_write, staging_folder
     from dflash_trt.models.checkpoints import init_drafter as write, new_drafter_config
     from dflash_trt.models.default import (DEFAULT_MASK_TOKEN_ID, DEFAULT_MASK_TOKEN_WHY, default_target_path,
                                            is_default_target)
@@ -82,17 +79,12 @@ def init_drafter(target, out, num_layers, block_size, mask_token_id, target_laye
         if warning:
             click.echo(warning, err=True)
     dst = write_target(out)  # a link to a drafter folder: that folder is replaced, the link stays
-    tmp = None
     try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.init-", dir=dst.parent))
-        write(cfg, tmp, seed)
-        publish_out(tmp, "--out", out, DRAFTER, force, "init-drafter", "new drafter")  # --out checked again
+        with staging_folder(dst, "init") as tmp:  # a failure leaves no trace: nor the parents of --out it made
+            write(cfg, tmp, seed)
+            publish_out(tmp, "--out", out, DRAFTER, force, "init-drafter", "new drafter")  # --out checked again
     except OSError as exc:  # a full disk: --out and the fix, not safetensors' message (what was there is kept)
         raise ConfigError(cannot_write(f"the drafter to --out {out}", exc, "give another --out")
                           + f"; nothing was written to {out}") from None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     click.echo(f"wrote untrained drafter ({num_layers} layer{'' if num_layers == 1 else 's'}, block {block_size}, target layers "
                f"{list(cfg.target_layer_ids)}, mask id {cfg.mask_token_id}) to {out}")

@@ -20,12 +20,12 @@ import json
 import platform
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from dflash_trt.config import DrafterConfig
+from dflash_trt.files import staging_folder
 from dflash_trt.models.drafter import DFlashDrafter
 from dflash_trt.models.loading import publish_folder, save_checkpoint
 from dflash_trt.models.speculators import read_zlab
@@ -164,9 +164,7 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
     Returns the final path.
     """
     out = write_target(out)  # a link to a drafter folder: that folder is replaced, the link stays
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staging_folder(out, "tmp") as tmp:  # removed, with the parents of `out` it made, if this fails
         cfg = drafter.config.replace(trained=True)
         tensors = {k: (v.to(dtype) if v.is_floating_point() else v).cpu().contiguous()
                    for k, v in drafter.state_dict().items()}
@@ -185,9 +183,6 @@ def export_drafter(drafter: DFlashDrafter, out: str | Path, training_info: dict,
             publish_folder(tmp, out)  # readable modes (mkdtemp makes 0700, safetensors 0600), then the rename
         else:
             publish_out(tmp, "--out", out, DRAFTER, replace, "train-drafter's export", "trained drafter")
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -266,18 +261,13 @@ def full_vocab_copy(src: str | Path, dst: str | Path, force: bool = False, targe
         check_pair(src, cfg, tensors, copies, target)
     tensors.pop("d2t", None)
     hf.pop("draft_vocab_size", None)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
+    with staging_folder(dst, "tmp") as tmp:  # removed, with the parents of DST it made, if this fails
         save_checkpoint(tmp, hf, tensors)
         for name in copied_files(src):
             shutil.copy2(src / name, tmp / name)
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg.replace(draft_vocab_size=None), info))
         publish_out(tmp, "DST", dst, DRAFTER, force, "the export", "new drafter")  # DST checked again
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     assert cfg.draft_vocab_size is None or "d2t" not in tensors
     return dst
 
@@ -363,9 +353,7 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
     out_cfg, out_tensors = speculators_checkpoint(zlab, tensors, head, verifier or (str(target) if target else None),
                                                   arch)
     dst = write_target(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
+    with staging_folder(dst, "tmp") as tmp:  # removed, with the parents of DST it made, if this fails
         save_checkpoint(tmp, out_cfg, out_tensors)
         for name in ("training.json", "loss.png"):
             if (src / name).is_file():
@@ -373,9 +361,6 @@ def speculators_copy(src: str | Path, dst: str | Path, target: str | Path | None
         info = json.loads((src / "training.json").read_text()) if (src / "training.json").is_file() else {}
         (tmp / "README.md").write_text(bundle_readme(cfg, info, speculators=True))
         publish_out(tmp, "DST", dst, DRAFTER, force, "the export", "new drafter")  # DST checked again
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dst
 
 

@@ -27,13 +27,13 @@ def no_space(monkeypatch):
 
 def test_init_drafter_on_a_full_disk_names_out_and_the_fix(tmp_path, target_with_tokenizer, monkeypatch):
     no_space(monkeypatch)
-    out = tmp_path / "d"
-    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target_with_tokenizer), "--out", str(out),
-                                   "--num-layers", "1", "--target-layer-ids", "0,1", "--mask-token-id", str(MASK)])
-    assert isinstance(res.exception, ConfigError), repr(res.exception)
-    assert str(res.exception) == (f"cannot write the drafter to --out {out} ({ENOSPC}); free space there, or give "
-                                  f"another --out; nothing was written to {out}")
-    assert list(tmp_path.iterdir()) == []  # no temporary folder, no --out
+    for out in (tmp_path / "d", tmp_path / "new" / "a" / "d"):  # an --out whose parents the run creates too
+        res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target_with_tokenizer), "--out", str(out),
+                                       "--num-layers", "1", "--target-layer-ids", "0,1", "--mask-token-id", str(MASK)])
+        assert isinstance(res.exception, ConfigError), repr(res.exception)
+        assert str(res.exception) == (f"cannot write the drafter to --out {out} ({ENOSPC}); free space there, or give "
+                                      f"another --out; nothing was written to {out}")
+        assert list(tmp_path.iterdir()) == []  # no temporary folder, no --out, no parent folder it made
 
 
 def test_train_drafter_on_a_full_disk_keeps_the_data_and_the_checkpoint(tmp_path, target_with_tokenizer, monkeypatch):
