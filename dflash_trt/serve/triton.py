@@ -22,10 +22,15 @@ runtime's scheduler. Outputs have the backend's shapes: text [1], numbers [1, 1]
 Inputs (all but text_input optional): text_input STRING [1]; max_tokens INT32 [1] (default 256, or the
 room the prompt leaves in the context where that is less);
 temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_p FP32 [1]; top_k
-INT32 [1]; random_seed UINT64 [1] (as the OpenAI server's `seed`: the same request alone gives the same
+INT32 [1]; seed UINT64 [1] (`random_seed`, its older name in the TensorRT-LLM backend's ensemble, is the same
+input: give one, or both equal; as the OpenAI server's `seed`: the same request alone gives the same
 sample again; on a CPU, one decoded while other requests share the batch need not, as a batch of several
-decodes without drafting there, `max_concurrency`); stream BOOL [1]; stop_words STRING [-1] (OpenAI-style stop
-strings, at most 4; an empty one means none, as in the TensorRT-LLM backend); apply_chat_template BOOL
+decodes without drafting there, `max_concurrency`); stream BOOL [1]; stop_words STRING [-1] (stop strings, at
+most 4; an empty one means none, as in the TensorRT-LLM backend; the output ends at the first one and keeps it,
+streamed or not, as the TensorRT-LLM backend's text_output does: its executor keeps the stop word's tokens in the
+output and its postprocessing decodes them; the OpenAI server, `dflash_trt.serve.app`, cuts before it, as OpenAI
+does; matched on the text, not on tokens as TensorRT-LLM matches, so the output ends with the stop string even
+where it ends inside a token); apply_chat_template BOOL
 [1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
 frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), bad_words STRING
@@ -39,9 +44,16 @@ words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
 defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`); as tensors too (beam_width, num_return_sequences, end_id,
-pad_id, length_penalty, return_context_logits, return_generation_logits: `TENSOR_NEUTRAL`).
-exclude_input_in_output BOOL [1] (default true here, where the TensorRT-LLM backend's is false: false puts the
-prompt's text before the answer in a whole, not streamed, text_output, as its postprocessing decodes both). Outputs:
+pad_id, length_penalty, return_context_logits, return_generation_logits, prompt_vocab_size: `TENSOR_NEUTRAL`).
+The backend's inputs for what this model does not do are declared, and pass only empty (no element, or empty
+strings), so that a client sending a value gets an error naming it and what it asks for (`UNSUPPORTED`: lora_task_id
+UINT64 [1], lora_weights FP16 [-1, -1], lora_config INT32 [-1, 3]: LoRA adapters; prompt_embedding_table FP16
+[-1, -1]: prompt tuning; draft_input_ids INT32 [-1]: drafts from outside; decoder_text_input STRING [1]:
+encoder-decoder targets). exclude_input_in_output BOOL [1] (default: the model parameter of that name, false unless
+set, as in the TensorRT-LLM backend, whose tensorrt_llm model takes the request's value, else its parameter, else
+false): false puts the prompt's text before the answer in a whole text_output, as the backend's executor returns the
+prompt's tokens before the output's; streamed responses carry only new text either way, as the backend's
+(`LlmRequest::createResult` sends the tokens after those already sent). Outputs:
 text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
 INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
@@ -74,7 +86,11 @@ Model parameters (config.pbtxt `parameters`): `bundle` (a `dflash-trt build` bun
 `drafter` (model folders; empty: the embedded defaults), each absolute or relative to the model's folder; `mode` (dflash or ar), `dtype`, `device`, `max_batch_size` (sequences in the in-flight batch at most),
 `prefill_chunk_size` (chunked prefill: prompt tokens read per decode step; empty: off, as `serve`'s flag),
 `enable_kv_cache_reuse` (true / false, tensorrtllm_backend's name; empty: false: prefix caching, as `serve
---enable-prefix-caching`) and `prefix_cache_gb` (its memory bound in GiB; empty: 1).
+--enable-prefix-caching`), `prefix_cache_gb` (its memory bound in GiB; empty: 1) and `exclude_input_in_output`
+(true / false, tensorrtllm_backend's name: the requests' default; empty: false). `device` auto is the GPU where
+torch sees one when the model loads, else the CPU (a line in Triton's log says so); `dtype` auto is the target
+checkpoint's dtype on a GPU (a bundle's: bfloat16), float32 on the CPU (`auto_device_dtype`). A bundle's model
+(`dflash-trt build`) has both auto; empty, they are cpu and float32.
 
 Source of the backend API: Triton's python_backend README ("Decoupled mode", `TritonPythonModel`,
 `pb_utils.InferenceResponse`, `get_response_sender`).
@@ -96,6 +112,7 @@ INPUTS = (
     ("top_p", "TYPE_FP32", [1], True),
     ("top_k", "TYPE_INT32", [1], True),
     ("random_seed", "TYPE_UINT64", [1], True),
+    ("seed", "TYPE_UINT64", [1], True),
     ("stream", "TYPE_BOOL", [1], True),
     ("stop_words", "TYPE_STRING", [-1], True),
     ("bad_words", "TYPE_STRING", [-1], True),
@@ -122,10 +139,27 @@ INPUTS = (
     ("length_penalty", "TYPE_FP32", [1], True),
     ("return_context_logits", "TYPE_BOOL", [1], True),
     ("return_generation_logits", "TYPE_BOOL", [1], True),
+    ("prompt_vocab_size", "TYPE_INT32", [1], True),
+    # the TensorRT-LLM backend's inputs for what this model does not do (`UNSUPPORTED`): declared so that a client
+    # sending them gets an error naming what is not supported (Triton's own answer to an undeclared input is "unexpected
+    # inference input"); sent empty they ask for nothing and pass
+    ("lora_task_id", "TYPE_UINT64", [1], True),
+    ("lora_weights", "TYPE_FP16", [-1, -1], True),
+    ("lora_config", "TYPE_INT32", [-1, 3], True),
+    ("prompt_embedding_table", "TYPE_FP16", [-1, -1], True),
+    ("draft_input_ids", "TYPE_INT32", [-1], True),
+    ("decoder_text_input", "TYPE_STRING", [1], True),
 )
 #: the inputs above taken only at a neutral value (`check_extra_fields`), as tensors or /generate JSON keys
 TENSOR_NEUTRAL = ("beam_width", "num_return_sequences", "end_id", "pad_id", "length_penalty", "return_context_logits",
-                  "return_generation_logits")
+                  "return_generation_logits", "prompt_vocab_size")
+#: the TensorRT-LLM backend's inputs (its tensorrt_llm model's; the ensemble has all but draft_input_ids) for what this
+#: model does not do -> what they ask for; only an empty value (no element, or empty strings) passes
+#: (`check_unsupported_inputs`): lora_task_id names an adapter whatever its value, so it is refused whenever given
+UNSUPPORTED = {"lora_task_id": "LoRA adapters", "lora_weights": "LoRA adapters", "lora_config": "LoRA adapters",
+               "prompt_embedding_table": "prompt tuning (a prompt embedding table)",
+               "draft_input_ids": "drafts from outside (this model drafts with its own drafter)",
+               "decoder_text_input": "encoder-decoder targets (a decoder prompt)"}
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
     ("finish_reason", "TYPE_STRING", [1]),
@@ -158,7 +192,7 @@ MAX_REQUEST_BATCH = 1
 CANCEL_POLL_S = 0.5
 #: the model parameters config.pbtxt may set (module docstring)
 PARAMETERS = ("bundle", "target", "drafter", "mode", "dtype", "device", "max_batch_size", "prefill_chunk_size",
-              "enable_kv_cache_reuse", "prefix_cache_gb")
+              "enable_kv_cache_reuse", "prefix_cache_gb", "exclude_input_in_output")
 #: config.pbtxt parameters that Triton's Python backend reads itself (its README: a custom execution environment)
 BACKEND_PARAMETERS = ("EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 #: what model.py holds: the class lives in the package, so an upgrade needs no new repository
@@ -210,9 +244,10 @@ def missing_inputs(config: dict) -> list[str]:
 def check_parameters(params: dict[str, str]) -> None:
     """Refuse model parameters the model would otherwise ignore or fail on later: an unknown name (a typo such
     as `max_batch_sise` loaded with the default), a `mode` other than dflash / ar (empty: dflash), a `dtype`
-    other than the runtime's (empty: float32), a `device` not written cpu, cuda or cuda:N (empty: cpu; whether
-    that GPU exists is checked when the model loads), or `bundle` together with `target` / `drafter` (a bundle
-    holds both). The parameters Triton's Python backend reads itself (`BACKEND_PARAMETERS`) are allowed.
+    other than the runtime's or auto (empty: float32), a `device` not written cpu, cuda, cuda:N or auto (empty: cpu;
+    whether that GPU exists is checked when the model loads), `enable_kv_cache_reuse` / `exclude_input_in_output`
+    not true or false, or `bundle` together with `target` / `drafter` (a bundle holds both). The parameters Triton's
+    Python backend reads itself (`BACKEND_PARAMETERS`) are allowed.
 
     Raises:
         ValueError: naming the parameter and the fix (Triton then fails the model's load with it).
@@ -230,20 +265,32 @@ def check_parameters(params: dict[str, str]) -> None:
     if mode not in MODES:
         raise ValueError(f"config.pbtxt parameter 'mode' must be one of {', '.join(MODES)} (empty: dflash), got {mode!r}")
     dtype = params.get("dtype") or "float32"
-    if dtype not in DTYPES:
-        raise ValueError(f"config.pbtxt parameter 'dtype' must be one of {', '.join(DTYPES)} (empty: float32), got "
-                         f"{dtype!r}")
+    if dtype not in (*DTYPES, "auto"):
+        raise ValueError(f"config.pbtxt parameter 'dtype' must be one of {', '.join(DTYPES)}, auto (empty: float32), "
+                         f"got {dtype!r}")
     device = params.get("device") or "cpu"
-    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
-        raise ValueError(f"config.pbtxt parameter 'device' must be cpu, cuda or cuda:N (empty: cpu), got {device!r}")
-    reuse = (params.get("enable_kv_cache_reuse") or "").strip().lower()
-    if reuse not in ("", "true", "false"):
-        raise ValueError(f"config.pbtxt parameter 'enable_kv_cache_reuse' must be true or false (empty: false), got "
-                         f"{params['enable_kv_cache_reuse']!r}")
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?|auto", device):
+        raise ValueError(f"config.pbtxt parameter 'device' must be cpu, cuda, cuda:N or auto (empty: cpu), got "
+                         f"{device!r}")
+    for key in ("enable_kv_cache_reuse", "exclude_input_in_output"):
+        bool_parameter(params, key)
     prefix_cache_bytes(params)
     if params.get("bundle") and (params.get("target") or params.get("drafter")):
         raise ValueError("config.pbtxt parameters 'bundle' and 'target' / 'drafter' exclude each other (a bundle holds "
                          "its target and drafter): keep one of them")
+
+
+def bool_parameter(params: dict[str, str], key: str) -> bool:
+    """Model parameter `key` as true / false, any case, spaces around ignored (empty or absent: false, as
+    tensorrtllm_backend reads its `enable_kv_cache_reuse` and `exclude_input_in_output`).
+
+    Raises:
+        ValueError: another value, naming the parameter.
+    """
+    value = (params.get(key) or "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise ValueError(f"config.pbtxt parameter {key!r} must be true or false (empty: false), got {params[key]!r}")
+    return value == "true"
 
 
 def prefix_cache_bytes(params: dict[str, str]) -> int | None:
@@ -261,14 +308,68 @@ def prefix_cache_bytes(params: dict[str, str]) -> int | None:
     if not gb >= MIN_PREFIX_CACHE_GB or gb == float("inf"):
         raise ValueError(f"config.pbtxt parameter 'prefix_cache_gb' must be a number of GiB >= {MIN_PREFIX_CACHE_GB:g} "
                          f"(about 1 MiB; empty: 1), got {text!r}")
-    on = (params.get("enable_kv_cache_reuse") or "").strip().lower() == "true"
-    return max(1, int(gb * 2**30)) if on else None
+    return max(1, int(gb * 2**30)) if bool_parameter(params, "enable_kv_cache_reuse") else None
+
+
+def auto_device_dtype(device: str, dtype: str, stored_dtype: str | None, cuda: bool) -> tuple[str, str, str | None]:
+    """The device and dtype the model loads with, where the `device` / `dtype` parameters say "auto" (what
+    `dflash-trt build` writes into a bundle's config.pbtxt: a bundle is built for GPUs).
+
+    Args:
+        device: the `device` parameter (empty: cpu). dtype: the `dtype` parameter (empty: float32).
+        stored_dtype: the target checkpoint's dtype (its config.json's `dtype` / `torch_dtype`; a bundle's is
+            bfloat16, `dflash_trt.build.trtllm.EXPORT_DTYPE`), or None where it names none.
+        cuda: whether torch sees a CUDA GPU here (`torch.cuda.is_available()`).
+    Returns:
+        (device, dtype, note): device auto is cuda where there is a GPU, else cpu; dtype auto is the stored dtype on
+        a GPU (bfloat16 where it names none or one the runtime does not run), float32 on the CPU (the CPU kernels'
+        dtype; bfloat16 / float16 matmuls are slow there). `note` is the line to log when device auto fell back to
+        the CPU (None otherwise).
+    """
+    from dflash_trt.api import DTYPES
+
+    device, dtype = device or "cpu", dtype or "float32"
+    note = None
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+        if not cuda:
+            note = ("config.pbtxt parameter 'device' auto: torch sees no CUDA GPU here, so the model runs on the CPU"
+                    + (" in float32" if dtype == "auto" else ""))
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else stored_dtype if stored_dtype in DTYPES else "bfloat16"
+    return device, dtype, note
+
+
+def stored_dtype(params: dict[str, str], folder) -> str | None:
+    """The dtype the target's config.json names (`dtype`, or the older `torch_dtype`): the bundle's target
+    (its manifest's path), the `target` folder, or the embedded default target; None where it names none."""
+    import json as json_
+
+    if params.get("bundle"):
+        from dflash_trt.build.manifest import load_manifest
+
+        target = folder("bundle") / load_manifest(folder("bundle"), verify=False)["models"]["target"]["path"]
+    elif params.get("target"):
+        target = folder("target")
+    else:
+        from dflash_trt.models.default import default_target_path
+
+        target = default_target_path()
+    try:
+        config = json_.loads((Path(target) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the load that follows names what is wrong with the folder
+    value = config.get("dtype") or config.get("torch_dtype")
+    return value if isinstance(value, str) else None
 
 
 def load_from_parameters(params: dict[str, str], model_dir: Path):
     """The Pipeline that `params` (config.pbtxt parameters, strings) name; a relative `bundle`, `target` or
-    `drafter` is taken from the model's folder (not from tritonserver's working directory). Raises ConfigError
+    `drafter` is taken from the model's folder (not from tritonserver's working directory); `device` / `dtype`
+    auto as `auto_device_dtype` chooses (a fallback to the CPU logged to stderr, Triton's log). Raises ConfigError
     for a `device` GPU torch does not see (naming the parameter), and what `load_bundle` / `load_pipeline` raise."""
+    import torch
+
     from dflash_trt.api import load_bundle, load_pipeline
     from dflash_trt.models.checkpoints import check_device
 
@@ -278,6 +379,13 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 
     mode = params.get("mode") or "dflash"
     dtype, device = params.get("dtype") or "float32", params.get("device") or "cpu"
+    if "auto" in (dtype, device):
+        cuda = torch.cuda.is_available()
+        on_gpu = device.startswith("cuda") or (device == "auto" and cuda)  # only then is the stored dtype used
+        stored = stored_dtype(params, folder) if dtype == "auto" and on_gpu else None
+        device, dtype, note = auto_device_dtype(device, dtype, stored, cuda)
+        if note:
+            print(f"dflash-trt: {note}", file=sys.stderr, flush=True)
     check_device(device, "config.pbtxt parameter 'device'")  # a GPU it names is there (written well: checked above)
     if params.get("bundle"):
         return load_bundle(folder("bundle"), dtype, load_drafter_model=mode == "dflash", device=device)
@@ -289,7 +397,9 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 #: it does anyway (None: any value); `end_id` is checked against the target's
 #: EOS ids; `id` is the request id of Triton's JSON requests
 ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "beam_width": (1,), "num_return_sequences": (1,),
-                    "return_context_logits": (False,), "return_generation_logits": (False,), "length_penalty": (1,)}
+                    "return_context_logits": (False,), "return_generation_logits": (False,), "length_penalty": (1,),
+                    # the backend's executor ignores it ("prompt_vocab_size is unused by executor", its model.py)
+                    "prompt_vocab_size": None}
 
 
 def check_extra_fields(extra: dict, eos_token_ids) -> None:
@@ -355,6 +465,22 @@ def perf_metrics(metrics, queue_time_s: float, arrival_ns: int) -> dict[str, tup
             "kv_cache_alloc_total_blocks": (metrics.prompt_tokens + metrics.completion_tokens, "int32")}
 
 
+def renamed_input(name: str, value, old_name: str, old_value) -> int | None:
+    """A request's value of an input the TensorRT-LLM backend renamed (`min_length` -> `min_tokens`, `random_seed`
+    -> `seed`): the one given, as int, None when neither is.
+
+    Raises:
+        InvalidRequestError: both given, with different values.
+    """
+    from dflash_trt.errors import InvalidRequestError
+
+    if value is not None and old_value is not None and int(value) != int(old_value):
+        raise InvalidRequestError(f"{name} ({value}) and {old_name} ({old_value}) differ; they are the same input "
+                                  f"({old_name} its older name): give one of them")
+    value = value if value is not None else old_value
+    return None if value is None else int(value)
+
+
 def min_tokens(given, min_length) -> int:
     """A request's min_tokens: its `min_tokens` input or `min_length` (the TensorRT-LLM backend's older name for
     it), 0 when it has neither.
@@ -362,13 +488,34 @@ def min_tokens(given, min_length) -> int:
     Raises:
         InvalidRequestError: both given, with different values.
     """
+    value = renamed_input("min_tokens", given, "min_length", min_length)
+    return 0 if value is None else value
+
+
+def check_unsupported_inputs(given: dict) -> None:
+    """Refuse the TensorRT-LLM backend's inputs for what this model does not do (`UNSUPPORTED`: LoRA, prompt tuning,
+    drafts from outside, a decoder prompt) unless empty: no element, or only empty strings (a client that always
+    sends the tensor and leaves it empty asks for nothing).
+
+    Args:
+        given: input name -> its value (a numpy array, or None when the request lacks it).
+    Raises:
+        InvalidRequestError: naming each input given a value and what it asks for, and the fix.
+    """
+    import numpy as np
+
     from dflash_trt.errors import InvalidRequestError
 
-    if given is not None and min_length is not None and int(given) != int(min_length):
-        raise InvalidRequestError(f"min_tokens ({given}) and min_length ({min_length}) differ; they are the same "
-                                  "input (min_length its older name): give one of them")
-    value = given if given is not None else min_length
-    return 0 if value is None else int(value)
+    def empty(value) -> bool:
+        flat = np.asarray(value).reshape(-1)
+        return all(isinstance(v, (bytes, str)) and not v for v in flat)  # no element, or only empty strings
+
+    refused = [name for name, value in given.items() if value is not None and not empty(value)]
+    if refused:
+        what = "; ".join(f"{name}: {UNSUPPORTED[name]}" for name in refused)
+        raise InvalidRequestError(f"this model does not support {what} (the TensorRT-LLM backend's input"
+                                  f"{'s' if len(refused) > 1 else ''}); leave {', '.join(refused)} out, or send "
+                                  f"{'them' if len(refused) > 1 else 'it'} empty")
 
 
 def embedding_bias(words, weights, encode) -> dict[int, float] | None:
@@ -501,6 +648,8 @@ class TritonPythonModel:
                   "with dflash_trt.serve.triton.write_model_repository", file=sys.stderr, flush=True)
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         check_parameters(params)  # all of them before loading anything
+        # a request without exclude_input_in_output takes this (tensorrtllm_backend's parameter; empty: false)
+        self.exclude_input_default = bool_parameter(params, "exclude_input_in_output")
         batch_size = _whole_number(params, "max_batch_size", 8)
         chunk = _whole_number(params, "prefill_chunk_size", None)
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
@@ -578,6 +727,8 @@ class TritonPythonModel:
         check_extra_fields({**json.loads(request.parameters() or "{}"),
                             **{name: value.item() for name, value in given.items() if value is not None}},
                            self.pipe.engine.eos_token_ids)
+        check_unsupported_inputs({name: (None if (t := pb_utils.get_input_tensor_by_name(request, name)) is None
+                                         else t.as_numpy()) for name in UNSUPPORTED})
         raw = scalar("text_input", None)
         if raw is None:
             raise InvalidRequestError("text_input is required: the prompt text")
@@ -603,7 +754,7 @@ class TritonPythonModel:
             bad = bad_word_ids(words("bad_words"), lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
         from dflash_trt.runtime.sampling import SamplingParams
 
-        seed = scalar("random_seed", None)
+        seed = renamed_input("seed", scalar("seed", None), "random_seed", scalar("random_seed", None))
         log_probs = bool(scalar("return_log_probs", False))
         perf = bool(scalar("return_perf_metrics", False))
         given = scalar("max_tokens", None)  # as the OpenAI server: the prompt must leave room, max_tokens fit it
@@ -613,7 +764,7 @@ class TritonPythonModel:
             max_tokens = min(max_tokens, DEFAULT_MAX_TOKENS)
         params = SamplingParams(temperature=float(scalar("temperature", 0.0)), top_p=float(scalar("top_p", 1.0)),
                                 top_k=int(scalar("top_k", 0)), max_tokens=max_tokens,
-                                seed=None if seed is None else int(seed), logprobs=0 if log_probs else None,
+                                seed=seed, logprobs=0 if log_probs else None,
                                 repetition_penalty=float(scalar("repetition_penalty", 1.0)),
                                 presence_penalty=float(scalar("presence_penalty", 0.0)),
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
@@ -624,9 +775,11 @@ class TritonPythonModel:
         if params.guided is not None:  # compiled here (cached), not on the generation thread
             self.pipe.engine.grammars.compile(params.guided)
         stream = bool(scalar("stream", False))
-        # the TensorRT-LLM backend's exclude_input_in_output false: the whole (not streamed) text_output starts with the
-        # prompt, as its postprocessing decodes the prompt's and the output's tokens together; default true here
-        with_input = not bool(scalar("exclude_input_in_output", True)) and not stream
+        # the TensorRT-LLM backend's exclude_input_in_output false (its default): the whole (not streamed) text_output
+        # starts with the prompt, as its executor returns the prompt's tokens before the output's and its
+        # postprocessing decodes them all; streamed responses carry only new tokens either way (the executor's
+        # LlmRequest::createResult)
+        with_input = not bool(scalar("exclude_input_in_output", self.exclude_input_default)) and not stream
 
         # the shapes of the TensorRT-LLM backend's outputs, which its clients index: text [batch] (its
         # end_to_end_grpc_client.py reads `text_output[0].decode()`), numbers [batch, 1] (`[0][0]`), log-probabilities
@@ -659,6 +812,8 @@ class TritonPythonModel:
                 sender.send(flags=final)
                 return
             out = seq.text.rest(result.finish_reason) if stream else result.text
+            if result.finish_reason == "stop" and isinstance(result.stop_reason, str):
+                out += result.stop_reason  # the stop word stays in the output, as the TensorRT-LLM backend's
             if with_input:
                 out = self._decode(ids) + out
             tensors = [text_tensor("text_output", out), text_tensor("finish_reason", result.finish_reason),

@@ -33,6 +33,12 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
         assert f'name: "{name}" data_type: {dtype} dims: [ 1 ] optional: true' in text
     for name, dtype in (("embedding_bias_words", "TYPE_STRING"), ("embedding_bias_weights", "TYPE_FP32")):
         assert f'name: "{name}" data_type: {dtype} dims: [ -1 ] optional: true' in text
+    # the TensorRT-LLM backend's inputs for what this model does not do, with its types and shapes
+    for name, dtype, dims in (("lora_task_id", "TYPE_UINT64", "1"), ("lora_weights", "TYPE_FP16", "-1, -1"),
+                              ("lora_config", "TYPE_INT32", "-1, 3"), ("prompt_embedding_table", "TYPE_FP16", "-1, -1"),
+                              ("draft_input_ids", "TYPE_INT32", "-1"), ("decoder_text_input", "TYPE_STRING", "1"),
+                              ("seed", "TYPE_UINT64", "1"), ("prompt_vocab_size", "TYPE_INT32", "1")):
+        assert f'name: "{name}" data_type: {dtype} dims: [ {dims} ] optional: true' in text
     assert 'parameters { key: "bundle" value: { string_value: "../.." } }' in text
     assert "TritonPythonModel" in (folder / "1" / "model.py").read_text()
     with pytest.raises(ValueError, match="unknown Triton model parameter"):
@@ -51,9 +57,10 @@ def test_model_config_names_every_tensor_and_parameter(tmp_path):
     ({"prefix_cache_gb": "lots"}, "'prefix_cache_gb' must be a number of GiB >= 0.001 (about 1 MiB; empty: 1), got "
                                   "'lots'"),
     ({"prefix_cache_gb": "nan"}, "got 'nan'"),
-    ({"dtype": "float64"}, "'dtype' must be one of float32, bfloat16, float16 (empty: float32), got 'float64'"),
-    ({"device": "gpu0"}, "'device' must be cpu, cuda or cuda:N (empty: cpu), got 'gpu0'"),
-    ({"device": "cpu:0"}, "'device' must be cpu, cuda or cuda:N (empty: cpu), got 'cpu:0'"),
+    ({"dtype": "float64"}, "'dtype' must be one of float32, bfloat16, float16, auto (empty: float32), got 'float64'"),
+    ({"device": "gpu0"}, "'device' must be cpu, cuda, cuda:N or auto (empty: cpu), got 'gpu0'"),
+    ({"device": "cpu:0"}, "'device' must be cpu, cuda, cuda:N or auto (empty: cpu), got 'cpu:0'"),
+    ({"exclude_input_in_output": "1"}, "'exclude_input_in_output' must be true or false (empty: false), got '1'"),
     ({"EXECUTION_ENV_PATH": "env.tar.gz", "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "mode": "x"}, "got 'x'"),  # theirs
 ])
 def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words):
@@ -106,8 +113,10 @@ def triton(tmp_path_factory):
     # the embedded default model and drafter; one sequence at a time: a request left running would hold up the next;
     # prefix caching on (tensorrtllm_backend's parameter): the prompts repeated below reuse their K/V, with the
     # target's own tokens
+    # exclude_input_in_output true (tensorrtllm_backend's parameter, as its quick start fills it in): text_output is
+    # the answer alone unless a request says otherwise (the default false, the prompt first: test_bundle_triton.py)
     write_model_repository(work / "repo", "dflash", max_batch_size="1", enable_kv_cache_reuse="True",
-                           prefix_cache_gb="0.25")
+                           prefix_cache_gb="0.25", exclude_input_in_output="true")
     server = TritonServer(work / "repo", work)
     yield server
     server.stop()
@@ -193,7 +202,10 @@ def test_greedy_generate_is_the_targets_output(triton, smollm2_pipeline):
 
 
 @pytest.mark.slow
-def test_stream_adds_up_to_the_whole_answer_and_stop_words_cut(triton):
+def test_stream_adds_up_to_the_whole_answer_and_stop_words_end_it(triton):
+    """Streamed deltas join into the whole answer; a stop word ends the output and stays in it, streamed or not, as
+    the TensorRT-LLM backend returns it (its executor keeps the stop word's tokens; its postprocessing decodes them),
+    where the OpenAI server cuts before it (test_openai_server.py)."""
     body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 40}
     _, whole = generate(triton, body)
     status, events = generate(triton, {**body, "stream": True}, stream=True)
@@ -203,9 +215,12 @@ def test_stream_adds_up_to_the_whole_answer_and_stop_words_cut(triton):
     assert all("finish_reason" not in e for e in events[:-1])
     stop = "of Fr"
     assert stop in whole["text_output"]
-    _, cut = generate(triton, {**body, "stop_words": [stop]})
-    assert cut["text_output"] == whole["text_output"][: whole["text_output"].index(stop)]
-    assert cut["finish_reason"] == "stop"
+    kept = whole["text_output"][: whole["text_output"].index(stop) + len(stop)]
+    _, cut = generate(triton, {**body, "stop_words": [stop, "never said"]})
+    assert cut["text_output"] == kept and cut["finish_reason"] == "stop"
+    status, events = generate(triton, {**body, "stop_words": [stop], "stream": True}, stream=True)
+    assert status == 200 and "".join(e["text_output"] for e in events) == kept
+    assert events[-1]["finish_reason"] == "stop" and events[-1]["num_output_tokens"] == cut["num_output_tokens"]
 
 
 @pytest.mark.slow
@@ -565,7 +580,12 @@ def grpc_stream(server, requests: list[tuple[dict, list[str]]]):
             if error is not None:  # a refused request: its error, which names its id, is its only answer
                 import re
 
-                rid = re.search(r"\[request id: ([^\]]+)\]", str(error)).group(1)
+                named = re.search(r"\[request id: ([^\]]+)\]", str(error))
+                pending = [rid for rid in results if rid not in done]
+                # Triton's own refusals name the request; an error response of the model does not: send such a
+                # request alone
+                assert named or len(pending) == 1, f"an error naming no request, with {pending} pending: {error}"
+                rid = named.group(1) if named else pending[0]
                 results[rid].append(error)
                 done.add(rid)
                 continue
@@ -603,9 +623,15 @@ def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_
         return inputs, ["text_output", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
                         "kv_cache_alloc_total_blocks", "total_draft_tokens", "arrival_time_ns"]
 
-    whole, streamed, two, flat = grpc_stream(triton, [
+    # the backend's LoRA, prompt-tuning and external-draft inputs sent empty pass; a LoRA config is refused by name
+    empty = {"lora_weights": np.zeros((1, 0, 0), np.float16), "lora_config": np.zeros((1, 0, 3), np.int32),
+             "prompt_embedding_table": np.zeros((1, 0, 0), np.float16), "draft_input_ids": np.zeros((1, 0), np.int32)}
+    lora = {"lora_config": np.array([[[0, 0, 8]]], np.int32)}
+    whole, streamed, two, flat, neutral = grpc_stream(triton, [
         request(False), request(True), request(False, ((prompt,), ("Once upon a time",))),
-        ({"text_input": np.array([prompt.encode()], dtype=object)}, ["text_output"])])
+        ({"text_input": np.array([prompt.encode()], dtype=object)}, ["text_output"]),
+        ({**request(False)[0], **empty}, ["text_output"])])
+    [refused] = grpc_stream(triton, [({**request(False)[0], **lora}, ["text_output"])])
     [last] = whole
     assert last.as_numpy("text_output")[0].decode("utf-8") == prompt + ref.text  # exclude_input_in_output false
     assert last.as_numpy("kv_cache_alloc_total_blocks")[0][0] == len(smollm2_pipeline.encode(prompt)) + 12
@@ -619,3 +645,83 @@ def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_
     assert "".join(texts) == ref.text and len(texts) > 1
     assert "batch-size must be <= 1" in str(two[0])
     assert "Expected [-1,1], got [1]" in str(flat[0])
+    assert neutral[-1].as_numpy("text_output")[0].decode("utf-8") == prompt + ref.text
+    assert "this model does not support lora_config: LoRA adapters" in str(refused[0])
+
+
+def test_unsupported_backend_inputs_pass_only_empty():
+    """The TensorRT-LLM backend's LoRA / prompt-tuning / external-draft / decoder-prompt inputs: empty tensors (no
+    element, or empty strings) ask for nothing and pass; a value is refused naming each input and what it asks for;
+    lora_task_id names an adapter whatever its value (0 too)."""
+    import numpy as np
+
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.serve.triton import check_unsupported_inputs
+
+    check_unsupported_inputs({"lora_task_id": None, "lora_weights": np.zeros((1, 0, 0), np.float16),
+                              "lora_config": np.zeros((1, 0, 3), np.int32), "draft_input_ids": np.zeros((1, 0)),
+                              "decoder_text_input": np.array([[b""]], dtype=object)})
+    with pytest.raises(InvalidRequestError) as info:
+        check_unsupported_inputs({"lora_task_id": np.array([[0]], np.uint64), "lora_weights": None,
+                                  "draft_input_ids": np.array([[5, 6]], np.int32)})
+    assert str(info.value) == ("this model does not support lora_task_id: LoRA adapters; draft_input_ids: drafts from "
+                               "outside (this model drafts with its own drafter) (the TensorRT-LLM backend's inputs); "
+                               "leave lora_task_id, draft_input_ids out, or send them empty")
+    with pytest.raises(InvalidRequestError, match="decoder_text_input: encoder-decoder targets"):
+        check_unsupported_inputs({"decoder_text_input": np.array([[b"hi"]], dtype=object)})
+
+
+def test_seed_is_random_seeds_newer_name():
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.serve.triton import renamed_input
+
+    assert renamed_input("seed", None, "random_seed", None) is None
+    assert renamed_input("seed", 7, "random_seed", None) == renamed_input("seed", None, "random_seed", 7) == 7
+    assert renamed_input("seed", 7, "random_seed", 7) == 7
+    with pytest.raises(InvalidRequestError, match=re.escape("seed (7) and random_seed (8) differ; they are the same "
+                                                            "input (random_seed its older name): give one of them")):
+        renamed_input("seed", 7, "random_seed", 8)
+
+
+@pytest.mark.parametrize("device, dtype, stored, cuda, expected", [
+    ("auto", "auto", "bfloat16", True, ("cuda", "bfloat16", None)),  # a bundle on a GPU machine: its dtype
+    ("auto", "auto", "float16", True, ("cuda", "float16", None)),
+    ("auto", "auto", None, True, ("cuda", "bfloat16", None)),  # a config.json naming no dtype
+    ("auto", "auto", "float8_e4m3fn", True, ("cuda", "bfloat16", None)),  # one the runtime does not run in
+    ("auto", "auto", "bfloat16", False, ("cpu", "float32", "config.pbtxt parameter 'device' auto: torch sees no CUDA "
+                                                           "GPU here, so the model runs on the CPU in float32")),
+    ("auto", "bfloat16", "bfloat16", False, ("cpu", "bfloat16", "config.pbtxt parameter 'device' auto: torch sees no "
+                                                                "CUDA GPU here, so the model runs on the CPU")),
+    ("cuda:1", "auto", "float32", True, ("cuda:1", "float32", None)),
+    ("", "auto", "bfloat16", True, ("cpu", "float32", None)),  # device empty: the CPU, whatever the machine
+    ("", "", "bfloat16", True, ("cpu", "float32", None)),
+])
+def test_auto_device_and_dtype(device, dtype, stored, cuda, expected):
+    from dflash_trt.serve.triton import auto_device_dtype
+
+    assert auto_device_dtype(device, dtype, stored, cuda) == expected
+
+
+@pytest.mark.slow
+def test_unsupported_inputs_seed_and_exclude_input_over_http(triton, smollm2_pipeline):
+    """Over /generate: lora_task_id is an error response naming LoRA (it was Triton's "unexpected inference input"), and
+    the model serves on; `seed` samples as `random_seed` does; exclude_input_in_output false puts the prompt first in a
+    whole answer, and not in a streamed one (the backend streams new tokens only)."""
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "lora_task_id": 3})
+    assert status == 400 and ("this model does not support lora_task_id: LoRA adapters (the TensorRT-LLM backend's "
+                              "input); leave lora_task_id out, or send it empty") in out["error"], out
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "decoder_text_input": "", "prompt_vocab_size": 0})
+    assert status == 200 and out["num_output_tokens"] == 2, out
+    sampled = {"text_input": "Write a short poem about the sea.", "max_tokens": 12, "temperature": 1.0}
+    _, old = generate(triton, {**sampled, "random_seed": 11})
+    _, new = generate(triton, {**sampled, "seed": 11})
+    assert new["text_output"] == old["text_output"], (old, new)
+    status, out = generate(triton, {**sampled, "seed": 11, "random_seed": 12})
+    assert status != 200 and "seed (11) and random_seed (12) differ" in out["error"]
+    prompt = "def fibonacci(n):"
+    [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)], SamplingParams(max_tokens=8), mode="ar")
+    _, out = generate(triton, {"text_input": prompt, "max_tokens": 8, "exclude_input_in_output": False})
+    assert out["text_output"] == prompt + ref.text
+    _, events = generate(triton, {"text_input": prompt, "max_tokens": 8, "exclude_input_in_output": False,
+                                  "stream": True}, stream=True)
+    assert "".join(e["text_output"] for e in events) == ref.text
