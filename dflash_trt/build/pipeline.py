@@ -358,6 +358,8 @@ RUNTIME_DRAFTER = "runtime/drafter"
 TRTLLM_DRAFTER = "trtllm/drafter"
 #: the Triton model repository in a bundle, and its one model (`dflash_trt.serve.triton`)
 TRITON_REPO = "triton"
+#: the config.pbtxt parameters of the bundle's Triton model
+TRITON_PARAMETERS = {"bundle": "../..", "device": "auto", "dtype": "auto"}
 TRITON_MODEL = "dflash"
 
 
@@ -638,7 +640,9 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         trtllm.write_serving_files(root / "trtllm", cfg)
         from dflash_trt.serve.triton import write_model_repository
 
-        write_model_repository(root / TRITON_REPO, TRITON_MODEL, bundle="../..")  # the model's folder -> the bundle
+        # the model's folder -> the bundle; device / dtype auto: the GPU in the bundle's dtype where torch sees one
+        # at load time, else the CPU in float32 (`dflash_trt.serve.triton.auto_device_dtype`)
+        write_model_repository(root / TRITON_REPO, TRITON_MODEL, **TRITON_PARAMETERS)
         state["serve_check"] = validate_with_tensorrt_llm(cfg)
         return f"(schema ok; tensorrt_llm check: {state['serve_check']})"
 

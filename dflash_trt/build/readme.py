@@ -143,8 +143,10 @@ def bundle_readme(manifest: dict) -> str:
         "- Triton Inference Server (Python backend; its Python must import dflash_trt): `tritonserver "
         "--model-repository THIS_FOLDER/triton`, then `curl -X POST localhost:8000/v2/models/dflash/generate -d "
         "'{\"text_input\": \"Hi\", \"apply_chat_template\": true, \"max_tokens\": 32}'` (the model runs "
-        "dflash-trt's runtime on this bundle on one device: the CPU in float32 unless the parameters `device` / `dtype` "
-        "in triton/dflash/config.pbtxt say otherwise, e.g. cuda / bfloat16; tensors: `dflash_trt/serve/triton.py`).",
+        "dflash-trt's runtime on this bundle on one device: its parameters `device` / `dtype` in "
+        "triton/dflash/config.pbtxt are auto, the GPU in bfloat16 where torch sees one when the model loads, else the "
+        "CPU in float32; as the TensorRT-LLM backend's, text_output starts with the prompt unless "
+        "`exclude_input_in_output` is true, and keeps a stop word; tensors: `dflash_trt/serve/triton.py`).",
         "- OpenAI API (trtllm-serve's endpoints and metrics) without TensorRT-LLM: `dflash-trt serve --bundle "
         "THIS_FOLDER`.",
         "",

@@ -1,5 +1,7 @@
 """A bundle's Triton model repository (triton/dflash) served by a real tritonserver: it loads the bundle
-it sits in (parameter bundle "../..") and answers as dflash-trt's runtime on that bundle does."""
+it sits in (parameter bundle "../..") and answers as dflash-trt's runtime on that bundle does: here, with no GPU,
+on the CPU in float32 (device / dtype auto), the prompt first (exclude_input_in_output's default, false, as the
+TensorRT-LLM backend's)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ def test_the_bundle_holds_a_hashed_triton_model(tiny_bundle_fp8_tp3):
     m = load_manifest(b)
     assert m["triton_model_repository"] == "triton"
     assert {"triton/dflash/config.pbtxt", "triton/dflash/1/model.py"} <= set(m["files"])
-    assert (b / "triton/dflash/config.pbtxt").read_text() == model_config("dflash", {"bundle": "../.."})
+    text = (b / "triton/dflash/config.pbtxt").read_text()
+    assert text == model_config("dflash", {"bundle": "../..", "device": "auto", "dtype": "auto"})
+    assert 'key: "device" value: { string_value: "auto" }' in text
     assert "tritonserver --model-repository THIS_FOLDER/triton" in (b / "README.md").read_text()
 
 
@@ -25,8 +29,11 @@ def test_the_bundle_holds_a_hashed_triton_model(tiny_bundle_fp8_tp3):
 def test_tritonserver_serves_the_bundle(tmp_path, tiny_bundle_fp8_tp3):
     import shutil
 
+    import torch
+
     from dflash_trt.api import load_bundle
     from dflash_trt.runtime.sampling import SamplingParams
+    from dflash_trt.serve.triton import auto_device_dtype
 
     bundle = tmp_path / "bundle"  # a moved bundle: the model finds it relative to its own folder
     shutil.copytree(tiny_bundle_fp8_tp3, bundle)
@@ -38,11 +45,15 @@ def test_tritonserver_serves_the_bundle(tmp_path, tiny_bundle_fp8_tp3):
     finally:
         server.stop()
     assert status == 200, out
-    assert "dflash-trt: warning:" in server.log.read_text() and "README.md" in server.log.read_text()
+    log = server.log.read_text()
+    assert "dflash-trt: warning:" in log and "README.md" in log
+    # device / dtype auto: where torch sees no GPU (here), the CPU in float32, said in Triton's log
+    device, dtype, note = auto_device_dtype("auto", "auto", "bfloat16", torch.cuda.is_available())
+    assert (f"dflash-trt: {note}" in log) if note else ("dflash-trt: config.pbtxt parameter 'device'" not in log)
     (bundle / "README.md").write_text(readme)
-    pipe = load_bundle(bundle)
+    pipe = load_bundle(bundle, dtype, device=device)
     [ref] = pipe.generate([pipe.encode("def add(a, b):")], SamplingParams(max_tokens=8), mode="dflash")
-    assert out["text_output"] == ref.text and out["num_output_tokens"] == len(ref.token_ids)
+    assert out["text_output"] == "def add(a, b):" + ref.text and out["num_output_tokens"] == len(ref.token_ids)
     # Triton's Python backend leaves model.py's bytecode cache: still a bundle that build --force may replace
     from dflash_trt.out_folder import BUNDLE, existing_out
 
