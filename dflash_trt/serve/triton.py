@@ -42,20 +42,43 @@ off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embe
 (the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
 words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object or array, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
-backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The ensemble's inputs this model does not have pass only at their
-defaults (`ENSEMBLE_NEUTRAL`: e.g. `"beam_width": 1`); as tensors too (beam_width, num_return_sequences, end_id,
-pad_id, length_penalty, return_context_logits, return_generation_logits, prompt_vocab_size: `TENSOR_NEUTRAL`).
+backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The backend's inputs for what this
+model does anyway pass only at the values that ask for that (`ENSEMBLE_NEUTRAL`, as tensors or /generate JSON keys,
+`TENSOR_NEUTRAL`; another value is an error naming it and what it asks for, `NEUTRAL_ASKS`): beam_width INT32 [1] (1),
+num_return_sequences INT32 [1] (1), end_id INT32 [1] (one of the target's EOS ids), pad_id INT32 [1] (any),
+length_penalty FP32 [1] (1), return_context_logits and return_generation_logits BOOL [1] (false), prompt_vocab_size
+INT32 [1] and prompt_table_extra_id UINT64 [1] (any: the backend uses them only with a prompt table), and the
+tensorrt_llm model's stop BOOL [1] (false; true cancels the request with its id there), early_stopping BOOL [1] and
+beam_search_diversity_rate FP32 [1] (any: beam search's), runtime_top_p_decay FP32 [1] (1: no decay),
+runtime_top_p_min FP32 [1] and runtime_top_p_reset_ids INT32 [1] (any: they act only with a decay).
 The backend's inputs for what this model does not do are declared, and pass only empty (no element, or empty
-strings), so that a client sending a value gets an error naming it and what it asks for (`UNSUPPORTED`: lora_task_id
-UINT64 [1], lora_weights FP16 [-1, -1], lora_config INT32 [-1, 3]: LoRA adapters; prompt_embedding_table FP16
-[-1, -1]: prompt tuning; draft_input_ids INT32 [-1]: drafts from outside; decoder_text_input STRING [1]:
-encoder-decoder targets). exclude_input_in_output BOOL [1] (default: the model parameter of that name, false unless
+strings), so that a client sending a value gets an error naming it and what it asks for (`UNSUPPORTED`; Triton's own
+answer to an undeclared input names no reason): lora_task_id UINT64 [1], lora_weights FP16 [-1, -1], lora_config
+INT32 [-1, 3]: LoRA adapters; prompt_embedding_table FP16 [-1, -1]: prompt tuning; draft_input_ids INT32 [-1],
+draft_logits FP32 [-1, -1], draft_acceptance_threshold FP32 [1]: drafts from outside (this model drafts with its
+own drafter); decoder_text_input STRING [1]: encoder-decoder targets; the tensorrt_llm model's encoder_input_features
+FP16 [-1, -1], encoder_output_lengths INT32 [1], cross_attention_mask BOOL [-1, -1], skip_cross_attn_blocks BOOL [1],
+mrope_rotary_cos_sin FP32 [-1], mrope_position_deltas INT64 [1]: encoder-decoder and multimodal targets;
+context_phase_params UINT8 [-1]: disaggregated serving; retention_token_range_starts, retention_token_range_ends,
+retention_token_range_priorities, retention_token_range_durations_ms INT32 [-1], retention_decode_priority,
+retention_decode_duration_ms INT32 [1]: KV cache retention; lookahead_window_size, lookahead_ngram_size,
+lookahead_verification_set_size INT32 [1]: lookahead decoding; and its token-level inputs, each named with the
+ensemble input to send instead (`TOKEN_LEVEL`): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
+INT32 [1], decoder_input_ids INT32 [-1], decoder_input_lengths INT32 [1], stop_words_list and bad_words_list INT32
+[2, -1], embedding_bias FP32 [-1], runtime_top_k INT32 [1], runtime_top_p FP32 [1], len_penalty FP32 [1], streaming
+BOOL [1], prompt_table_extra_ids UINT64 [-1]. exclude_input_in_output BOOL [1] (default: the model parameter of that name, false unless
 set, as in the TensorRT-LLM backend, whose tensorrt_llm model takes the request's value, else its parameter, else
 false): false puts the prompt's text before the answer in a whole text_output, as the backend's executor returns the
 prompt's tokens before the output's; streamed responses carry only new text either way, as the backend's
-(`LlmRequest::createResult` sends the tokens after those already sent). Outputs:
-text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or "abort"); num_output_tokens
-INT32 [1]; acceptance_length FP32 [1] (tau); with return_log_probs, output_log_probs FP32 [-1] (each
+(`LlmRequest::createResult` sends the tokens after those already sent). return_num_input_tokens and
+return_num_output_tokens BOOL [1] (default false) add num_input_tokens and num_output_tokens INT32 [1] to every
+response, as the TensorRT-LLM backend does (`token_counts`): the prompt's tokens, and the tokens of that response's
+text_output (streamed: those its text completes, so a stream's responses add up to the output's tokens, as Triton's
+OpenAI frontend adds them; a whole text_output that starts with the prompt counts the prompt's tokens too, as the
+backend's output_ids hold them). Outputs: text_output STRING [1]; finish_reason STRING [1] ("stop", "length", or
+"abort"); acceptance_length FP32 [1] (tau); num_input_tokens, num_output_tokens INT32 [1] (above); batch_index and
+sequence_index INT32 [1], declared as the backend's, never sent (the backend sends them only for a request of several
+prompts or num_return_sequences > 1, both refused here); with return_log_probs, output_log_probs FP32 [-1] (each
 output token's log-probability under the target's raw distribution, `dflash_trt.runtime.logprobs`;
 streamed: each response carries its tokens') and cum_log_probs FP32 [1] (their sum, in the last
 response); with return_perf_metrics BOOL [1] (the TensorRT-LLM backend's request metrics, in the last response:
@@ -130,6 +153,8 @@ INPUTS = (
     ("guided_decoding_guide_type", "TYPE_STRING", [1], True),
     ("guided_decoding_guide", "TYPE_STRING", [1], True),
     ("exclude_input_in_output", "TYPE_BOOL", [1], True),
+    ("return_num_input_tokens", "TYPE_BOOL", [1], True),
+    ("return_num_output_tokens", "TYPE_BOOL", [1], True),
     # the TensorRT-LLM backend's inputs its clients send as tensors (its end_to_end_grpc_client.py always sends
     # beam_width and num_return_sequences): taken at the values that ask for what this model does (`TENSOR_NEUTRAL`)
     ("beam_width", "TYPE_INT32", [1], True),
@@ -140,6 +165,15 @@ INPUTS = (
     ("return_context_logits", "TYPE_BOOL", [1], True),
     ("return_generation_logits", "TYPE_BOOL", [1], True),
     ("prompt_vocab_size", "TYPE_INT32", [1], True),
+    ("prompt_table_extra_id", "TYPE_UINT64", [1], True),
+    # the tensorrt_llm model's sampling inputs that the ensemble does not pass on: beam search's, top-p decay's, and
+    # `stop` (a request that cancels the one with its request id)
+    ("stop", "TYPE_BOOL", [1], True),
+    ("early_stopping", "TYPE_BOOL", [1], True),
+    ("beam_search_diversity_rate", "TYPE_FP32", [1], True),
+    ("runtime_top_p_decay", "TYPE_FP32", [1], True),
+    ("runtime_top_p_min", "TYPE_FP32", [1], True),
+    ("runtime_top_p_reset_ids", "TYPE_INT32", [1], True),
     # the TensorRT-LLM backend's inputs for what this model does not do (`UNSUPPORTED`): declared so that a client
     # sending them gets an error naming what is not supported (Triton's own answer to an undeclared input is "unexpected
     # inference input"); sent empty they ask for nothing and pass
@@ -149,17 +183,73 @@ INPUTS = (
     ("prompt_embedding_table", "TYPE_FP16", [-1, -1], True),
     ("draft_input_ids", "TYPE_INT32", [-1], True),
     ("decoder_text_input", "TYPE_STRING", [1], True),
+    # the tensorrt_llm model's (its config.pbtxt; the ensemble does not have them): drafts from outside, encoder /
+    # multimodal inputs, disaggregated serving, KV cache retention, lookahead decoding
+    ("draft_logits", "TYPE_FP32", [-1, -1], True),
+    ("draft_acceptance_threshold", "TYPE_FP32", [1], True),
+    ("encoder_input_features", "TYPE_FP16", [-1, -1], True),
+    ("encoder_output_lengths", "TYPE_INT32", [1], True),
+    ("cross_attention_mask", "TYPE_BOOL", [-1, -1], True),
+    ("skip_cross_attn_blocks", "TYPE_BOOL", [1], True),
+    ("mrope_rotary_cos_sin", "TYPE_FP32", [-1], True),
+    ("mrope_position_deltas", "TYPE_INT64", [1], True),
+    ("context_phase_params", "TYPE_UINT8", [-1], True),
+    ("retention_token_range_starts", "TYPE_INT32", [-1], True),
+    ("retention_token_range_ends", "TYPE_INT32", [-1], True),
+    ("retention_token_range_priorities", "TYPE_INT32", [-1], True),
+    ("retention_token_range_durations_ms", "TYPE_INT32", [-1], True),
+    ("retention_decode_priority", "TYPE_INT32", [1], True),
+    ("retention_decode_duration_ms", "TYPE_INT32", [1], True),
+    ("lookahead_window_size", "TYPE_INT32", [1], True),
+    ("lookahead_ngram_size", "TYPE_INT32", [1], True),
+    ("lookahead_verification_set_size", "TYPE_INT32", [1], True),
+    # the tensorrt_llm model's token-level inputs (what the ensemble's preprocessing model makes of its text inputs, and
+    # its own names for top_k, top_p, length_penalty, stream): this model takes the ensemble's (`TOKEN_LEVEL`)
+    ("input_ids", "TYPE_INT32", [-1], True),
+    ("input_lengths", "TYPE_INT32", [1], True),
+    ("request_output_len", "TYPE_INT32", [1], True),
+    ("decoder_input_ids", "TYPE_INT32", [-1], True),
+    ("decoder_input_lengths", "TYPE_INT32", [1], True),
+    ("stop_words_list", "TYPE_INT32", [2, -1], True),
+    ("bad_words_list", "TYPE_INT32", [2, -1], True),
+    ("embedding_bias", "TYPE_FP32", [-1], True),
+    ("runtime_top_k", "TYPE_INT32", [1], True),
+    ("runtime_top_p", "TYPE_FP32", [1], True),
+    ("len_penalty", "TYPE_FP32", [1], True),
+    ("streaming", "TYPE_BOOL", [1], True),
+    ("prompt_table_extra_ids", "TYPE_UINT64", [-1], True),
 )
 #: the inputs above taken only at a neutral value (`check_extra_fields`), as tensors or /generate JSON keys
 TENSOR_NEUTRAL = ("beam_width", "num_return_sequences", "end_id", "pad_id", "length_penalty", "return_context_logits",
-                  "return_generation_logits", "prompt_vocab_size")
+                  "return_generation_logits", "prompt_vocab_size", "prompt_table_extra_id", "stop", "early_stopping",
+                  "beam_search_diversity_rate", "runtime_top_p_decay", "runtime_top_p_min", "runtime_top_p_reset_ids")
+#: the tensorrt_llm model's token-level inputs -> the ensemble input this model takes instead (`UNSUPPORTED`)
+TOKEN_LEVEL = {"input_ids": "text_input", "input_lengths": "text_input", "request_output_len": "max_tokens",
+               "decoder_input_ids": "decoder_text_input", "decoder_input_lengths": "decoder_text_input",
+               "stop_words_list": "stop_words", "bad_words_list": "bad_words",
+               "embedding_bias": "embedding_bias_words with embedding_bias_weights", "runtime_top_k": "top_k",
+               "runtime_top_p": "top_p", "len_penalty": "length_penalty", "streaming": "stream",
+               "prompt_table_extra_ids": "prompt_table_extra_id"}
 #: the TensorRT-LLM backend's inputs (its tensorrt_llm model's; the ensemble has all but draft_input_ids) for what this
 #: model does not do -> what they ask for; only an empty value (no element, or empty strings) passes
 #: (`check_unsupported_inputs`): lora_task_id names an adapter whatever its value, so it is refused whenever given
 UNSUPPORTED = {"lora_task_id": "LoRA adapters", "lora_weights": "LoRA adapters", "lora_config": "LoRA adapters",
                "prompt_embedding_table": "prompt tuning (a prompt embedding table)",
                "draft_input_ids": "drafts from outside (this model drafts with its own drafter)",
-               "decoder_text_input": "encoder-decoder targets (a decoder prompt)"}
+               "decoder_text_input": "encoder-decoder targets (a decoder prompt)",
+               "draft_logits": "drafts from outside (this model drafts with its own drafter)",
+               "draft_acceptance_threshold": "drafts from outside (this model drafts with its own drafter)",
+               **{name: "encoder-decoder and multimodal targets" for name in (
+                   "encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
+                   "skip_cross_attn_blocks", "mrope_rotary_cos_sin", "mrope_position_deltas")},
+               "context_phase_params": "disaggregated serving (a context phase run elsewhere)",
+               **{name: "KV cache retention priorities" for name in (
+                   "retention_token_range_starts", "retention_token_range_ends", "retention_token_range_priorities",
+                   "retention_token_range_durations_ms", "retention_decode_priority", "retention_decode_duration_ms")},
+               **{name: "lookahead decoding (this model drafts with its own drafter)" for name in (
+                   "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")},
+               **{name: f"the tensorrt_llm model's token-level input (this model takes the ensemble's: send {ensemble})"
+                  for name, ensemble in TOKEN_LEVEL.items()}}
 OUTPUTS = (
     ("text_output", "TYPE_STRING", [1]),
     ("finish_reason", "TYPE_STRING", [1]),
@@ -180,9 +270,16 @@ OUTPUTS = (
     ("kv_cache_alloc_new_blocks", "TYPE_INT32", [1]),
     ("kv_cache_reused_blocks", "TYPE_INT32", [1]),
     ("kv_cache_alloc_total_blocks", "TYPE_INT32", [1]),
+    # return_num_input_tokens / return_num_output_tokens (`token_counts`)
+    ("num_input_tokens", "TYPE_INT32", [1]),
+    # the TensorRT-LLM backend's, sent only for a request of several prompts or num_return_sequences > 1, which this model
+    # refuses: declared (its clients may request them), never sent
+    ("batch_index", "TYPE_INT32", [1]),
+    ("sequence_index", "TYPE_INT32", [1]),
 )
 #: the outputs `return_perf_metrics` adds (`perf_metrics`)
-PERF_OUTPUTS = tuple(name for name, *_ in OUTPUTS[OUTPUTS.index(("arrival_time_ns", "TYPE_INT64", [1])):])
+PERF_OUTPUTS = tuple(name for name, *_ in OUTPUTS[OUTPUTS.index(("arrival_time_ns", "TYPE_INT64", [1])):
+                                                    OUTPUTS.index(("num_input_tokens", "TYPE_INT32", [1]))])
 DEFAULT_MAX_TOKENS = 256
 #: config.pbtxt's max_batch_size: 1, as the TensorRT-LLM backend's models have one (> 0), so that tensor clients send
 #: its shapes, [1, 1] (a batch dimension first); a request holding several prompts ([2, 1]) is refused by Triton
@@ -399,7 +496,26 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
 ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "beam_width": (1,), "num_return_sequences": (1,),
                     "return_context_logits": (False,), "return_generation_logits": (False,), "length_penalty": (1,),
                     # the backend's executor ignores it ("prompt_vocab_size is unused by executor", its model.py)
-                    "prompt_vocab_size": None}
+                    "prompt_vocab_size": None,
+                    # its prompt table's id (multimodal KV cache reuse): used only with a prompt_embedding_table, which
+                    # is refused unless empty (`UNSUPPORTED`)
+                    "prompt_table_extra_id": None,
+                    # a request that cancels the one with its request id (the backend's `stop` true)
+                    "stop": (False,),
+                    # beam search's, with beam_width 1 without effect
+                    "early_stopping": None, "beam_search_diversity_rate": None,
+                    # top-p decay: off at 1 (TensorRT-LLM's default); the floor and the reset ids act only with a decay
+                    "runtime_top_p_decay": (1,), "runtime_top_p_min": None, "runtime_top_p_reset_ids": None}
+#: what another value of an ENSEMBLE_NEUTRAL input asks for (its error names it)
+NEUTRAL_ASKS = {"beam_width": "beam search (this model decodes one sequence per request)",
+                "num_return_sequences": "several sequences per request (send the request again: requests batch in the "
+                                        "runtime)",
+                "end_id": "an end token other than the target's EOS",
+                "length_penalty": "beam search's length penalty",
+                "return_context_logits": "the prompt's logits (context_logits)",
+                "return_generation_logits": "the output's logits (generation_logits)",
+                "stop": "cancelling the request with its request id (close the stream or cancel the gRPC call instead)",
+                "runtime_top_p_decay": "top-p decay"}
 
 
 def check_extra_fields(extra: dict, eos_token_ids) -> None:
@@ -409,22 +525,30 @@ def check_extra_fields(extra: dict, eos_token_ids) -> None:
     been ignored, giving greedy output.
 
     Raises:
-        InvalidRequestError: naming the fields, and this model's inputs.
+        InvalidRequestError: one error: the unknown fields, with this model's inputs; each ensemble input at another
+            value, with that value, what it asks for (`NEUTRAL_ASKS`) and the values that pass.
     """
     from dflash_trt.errors import InvalidRequestError
 
-    bad = []
+    bad, other = [], []
     for key, value in extra.items():
         if key == "end_id" and not isinstance(value, bool) and value in tuple(eos_token_ids):
             continue
         if key in ENSEMBLE_NEUTRAL and (ENSEMBLE_NEUTRAL[key] is None or any(_same(value, v) for v in ENSEMBLE_NEUTRAL[key])):
             continue
-        bad.append(key)
+        (other if key in NEUTRAL_ASKS else bad).append(key)
+    parts = []
     if bad:
         known = ", ".join(name for name, *_ in INPUTS)
-        raise InvalidRequestError(f"unknown field(s) {sorted(bad)}: this model's inputs are {known} (a typo, or a "
-                                  "TensorRT-LLM ensemble input this model does not implement, at a value other than "
-                                  "its default); remove or correct them")
+        parts.append(f"unknown field(s) {sorted(bad)}: this model's inputs are {known} (a typo, or a TensorRT-LLM "
+                     "ensemble input this model does not implement); remove or correct them")
+    for key in sorted(other):
+        neutral = ("one of the target's EOS ids " + ", ".join(map(str, eos_token_ids)) if key == "end_id" else
+                   " or ".join(json.dumps(v) for v in ENSEMBLE_NEUTRAL[key]))
+        parts.append(f"{key} {json.dumps(extra[key])} asks for {NEUTRAL_ASKS[key]}, which this model does not do; "
+                     f"send {neutral} or leave {key} out")
+    if parts:
+        raise InvalidRequestError("; ".join(parts))
 
 
 def _same(value, neutral) -> bool:
@@ -463,6 +587,30 @@ def perf_metrics(metrics, queue_time_s: float, arrival_ns: int) -> dict[str, tup
                                           "int32"),
             "kv_cache_reused_blocks": (metrics.cached_tokens, "int32"),
             "kv_cache_alloc_total_blocks": (metrics.prompt_tokens + metrics.completion_tokens, "int32")}
+
+
+def token_counts(prompt_tokens: int, new_tokens: int, with_prompt: bool, count_input: bool,
+                 count_output: bool) -> dict[str, int]:
+    """The token counts of one response, as the TensorRT-LLM backend sends them (its tensorrt_llm model's
+    `return_num_input_tokens` / `return_num_output_tokens`: in every response of the request, INT32 [1, 1]).
+
+    Args:
+        prompt_tokens: the prompt's tokens (after the chat template, where applied).
+        new_tokens: the output tokens this response adds (streamed: those whose text its text_output completes,
+            `StopText.sent_tokens`; the last response: the rest), so that a stream's responses add up to the output's
+            tokens, as Triton's OpenAI frontend adds them up.
+        with_prompt: the response's text_output starts with the prompt (a whole answer with exclude_input_in_output
+            false): its tokens count as output too, as the backend's executor returns them in output_ids.
+        count_input / count_output: the request's return_num_input_tokens / return_num_output_tokens.
+    Returns:
+        {"num_input_tokens": ..., "num_output_tokens": ...}, each only where asked for.
+    """
+    out = {}
+    if count_input:
+        out["num_input_tokens"] = prompt_tokens
+    if count_output:
+        out["num_output_tokens"] = new_tokens + (prompt_tokens if with_prompt else 0)
+    return out
 
 
 def renamed_input(name: str, value, old_name: str, old_value) -> int | None:
@@ -780,6 +928,9 @@ class TritonPythonModel:
         # postprocessing decodes them all; streamed responses carry only new tokens either way (the executor's
         # LlmRequest::createResult)
         with_input = not bool(scalar("exclude_input_in_output", self.exclude_input_default)) and not stream
+        count_input = bool(scalar("return_num_input_tokens", False))
+        count_output = bool(scalar("return_num_output_tokens", False))
+        counted = [0]  # output tokens counted in the responses sent so far (`token_counts`)
 
         # the shapes of the TensorRT-LLM backend's outputs, which its clients index: text [batch] (its
         # end_to_end_grpc_client.py reads `text_output[0].decode()`), numbers [batch, 1] (`[0][0]`), log-probabilities
@@ -796,9 +947,17 @@ class TritonPythonModel:
                 return []
             return [pb_utils.Tensor("output_log_probs", np.array([[[lp.logprob for lp in lps]]], dtype=np.float32))]
 
+        def counts(tokens: int) -> list:
+            """num_input_tokens / num_output_tokens where the request asks for them (`token_counts`); `tokens`: the
+            output tokens the output has so far (those before are counted in earlier responses)."""
+            sent, counted[0] = counted[0], max(counted[0], tokens)
+            return [number(name, value, np.int32) for name, value in token_counts(
+                len(ids), counted[0] - sent, with_input and sent == 0, count_input, count_output).items()]
+
         def on_text(delta, lps=None):
+            tokens = seq.text.sent_tokens(counted[0]) if count_output else 0
             sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta),
-                                                                   *log_prob_tensors(lps)]))
+                                                                   *log_prob_tensors(lps), *counts(tokens)]))
 
         def on_done(result, error):
             with self._live_lock:
@@ -817,8 +976,8 @@ class TritonPythonModel:
             if with_input:
                 out = self._decode(ids) + out
             tensors = [text_tensor("text_output", out), text_tensor("finish_reason", result.finish_reason),
-                       number("num_output_tokens", len(result.token_ids), np.int32),
-                       number("acceptance_length", result.metrics.acceptance_length, np.float32)]
+                       number("acceptance_length", result.metrics.acceptance_length, np.float32),
+                       *counts(len(result.token_ids))]
             if result.logprobs is not None:
                 tensors += log_prob_tensors(seq.rest_logprobs(result))
                 tensors.append(number("cum_log_probs", sum(lp.logprob for lp in result.logprobs), np.float32))

@@ -53,7 +53,9 @@ def test_tritonserver_serves_the_bundle(tmp_path, tiny_bundle_fp8_tp3):
     (bundle / "README.md").write_text(readme)
     pipe = load_bundle(bundle, dtype, device=device)
     [ref] = pipe.generate([pipe.encode("def add(a, b):")], SamplingParams(max_tokens=8), mode="dflash")
-    assert out["text_output"] == "def add(a, b):" + ref.text and out["num_output_tokens"] == len(ref.token_ids)
+    # exclude_input_in_output false: the prompt's tokens count as output too, as the TensorRT-LLM backend counts them
+    assert out["text_output"] == "def add(a, b):" + ref.text
+    assert out["num_output_tokens"] == len(pipe.encode("def add(a, b):")) + len(ref.token_ids), out
     # Triton's Python backend leaves model.py's bytecode cache: still a bundle that build --force may replace
     from dflash_trt.out_folder import BUNDLE, existing_out
 

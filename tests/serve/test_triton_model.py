@@ -101,10 +101,28 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
 
     check_extra_fields({"id": "42", "pad_id": 7, "end_id": 2, "beam_width": 1, "num_return_sequences": 1,
                         "length_penalty": 1.0}, eos_token_ids=(2,))
-    for extra in ({"temprature": 0.9}, {"beam_width": 2}, {"beam_width": True}, {"end_id": 5},
-                  {"num_return_sequences": 2}, {"length_penalty": 1.2}):
-        with pytest.raises(InvalidRequestError, match=rf"unknown field\(s\) \['{next(iter(extra))}'\]"):
+    check_extra_fields({"prompt_table_extra_id": 9, "stop": False, "early_stopping": True,
+                        "beam_search_diversity_rate": 0.5, "runtime_top_p_decay": 1.0, "runtime_top_p_min": 0.1,
+                        "runtime_top_p_reset_ids": 3}, eos_token_ids=(2,))
+    with pytest.raises(InvalidRequestError, match=r"unknown field\(s\) \['temprature'\]: this model's inputs are "):
+        check_extra_fields({"temprature": 0.9}, eos_token_ids=(2,))
+    for extra, words in (({"beam_width": 2}, "beam_width 2 asks for beam search (this model decodes one sequence per "
+                                             "request), which this model does not do; send 1 or leave beam_width out"),
+                         ({"beam_width": True}, "beam_width true asks for beam search"),
+                         ({"end_id": 5}, "end_id 5 asks for an end token other than the target's EOS, which this model "
+                                         "does not do; send one of the target's EOS ids 2 or leave end_id out"),
+                         ({"num_return_sequences": 2}, "num_return_sequences 2 asks for several sequences per request"),
+                         ({"length_penalty": 1.2}, "length_penalty 1.2 asks for beam search's length penalty"),
+                         ({"stop": True}, "stop true asks for cancelling the request with its request id (close the "
+                                          "stream or cancel the gRPC call instead), which this model does not do; send "
+                                          "false or leave stop out"),
+                         ({"runtime_top_p_decay": 0.9}, "runtime_top_p_decay 0.9 asks for top-p decay")):
+        with pytest.raises(InvalidRequestError) as info:
             check_extra_fields(extra, eos_token_ids=(2,))
+        assert words in str(info.value) and "unknown" not in str(info.value), str(info.value)
+    with pytest.raises(InvalidRequestError) as info:  # one error naming each
+        check_extra_fields({"temprature": 0.9, "beam_width": 4}, eos_token_ids=(2,))
+    assert "unknown field(s) ['temprature']" in str(info.value) and "; beam_width 4 asks for beam search" in str(info.value)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +141,9 @@ def triton(tmp_path_factory):
 
 
 def generate(server, body, stream=False):
+    """POST `body` to the model's /generate (or /generate_stream); the token counts are asked for unless the body
+    says (the TensorRT-LLM backend's return_num_input_tokens / return_num_output_tokens)."""
+    body = {"return_num_input_tokens": True, "return_num_output_tokens": True, **body}
     url = f"{server.url}/v2/models/dflash/generate{'_stream' if stream else ''}"
     r = httpx.post(url, json=body, timeout=300)
     if not stream:
@@ -220,7 +241,8 @@ def test_stream_adds_up_to_the_whole_answer_and_stop_words_end_it(triton):
     assert cut["text_output"] == kept and cut["finish_reason"] == "stop"
     status, events = generate(triton, {**body, "stop_words": [stop], "stream": True}, stream=True)
     assert status == 200 and "".join(e["text_output"] for e in events) == kept
-    assert events[-1]["finish_reason"] == "stop" and events[-1]["num_output_tokens"] == cut["num_output_tokens"]
+    assert events[-1]["finish_reason"] == "stop"
+    assert sum(e["num_output_tokens"] for e in events) == cut["num_output_tokens"]  # each response counts its own
 
 
 @pytest.mark.slow
@@ -285,7 +307,8 @@ def test_a_client_that_leaves_a_stream_is_cancelled(triton):
     with httpx.stream("POST", f"{triton.url}/v2/models/dflash/generate_stream", json=body, timeout=60) as r:
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
         assert "text_output" in json.loads(first[6:])
-    r = httpx.post(f"{triton.url}/v2/models/dflash/generate", json={"text_input": "Hello", "max_tokens": 3}, timeout=30)
+    r = httpx.post(f"{triton.url}/v2/models/dflash/generate", json={"text_input": "Hello", "max_tokens": 3,
+                                                                     "return_num_output_tokens": True}, timeout=30)
     assert r.status_code == 200 and r.json()["num_output_tokens"] == 3
 
 
@@ -619,14 +642,16 @@ def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_
                   "stream": np.full((n, 1), stream), "beam_width": np.ones((n, 1), np.int32),
                   "temperature": np.zeros((n, 1), np.float32), "num_return_sequences": np.ones((n, 1), np.int32),
                   "end_id": np.full((n, 1), eos, np.int32), "pad_id": np.full((n, 1), eos, np.int32),
-                  "exclude_input_in_output": np.zeros((n, 1), bool), "return_perf_metrics": np.ones((n, 1), bool)}
+                  "exclude_input_in_output": np.zeros((n, 1), bool), "return_perf_metrics": np.ones((n, 1), bool),
+                  "return_num_input_tokens": np.ones((n, 1), bool), "return_num_output_tokens": np.ones((n, 1), bool)}
         return inputs, ["text_output", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-                        "kv_cache_alloc_total_blocks", "total_draft_tokens", "arrival_time_ns"]
+                        "kv_cache_alloc_total_blocks", "total_draft_tokens", "arrival_time_ns", "num_input_tokens",
+                        "num_output_tokens", "batch_index", "sequence_index"]
 
     # the backend's LoRA, prompt-tuning and external-draft inputs sent empty pass; a LoRA config is refused by name
     empty = {"lora_weights": np.zeros((1, 0, 0), np.float16), "lora_config": np.zeros((1, 0, 3), np.int32),
              "prompt_embedding_table": np.zeros((1, 0, 0), np.float16), "draft_input_ids": np.zeros((1, 0), np.int32)}
-    lora = {"lora_config": np.array([[[0, 0, 8]]], np.int32)}
+    lora = {"lora_config": np.array([[[0, 0, 8]]], np.int32), "draft_logits": np.ones((1, 2, 4), np.float32)}
     whole, streamed, two, flat, neutral = grpc_stream(triton, [
         request(False), request(True), request(False, ((prompt,), ("Once upon a time",))),
         ({"text_input": np.array([prompt.encode()], dtype=object)}, ["text_output"]),
@@ -640,13 +665,91 @@ def test_the_tensorrt_llm_backends_grpc_requests_are_served_as_its_clients_read_
     assert 0 <= reused < len(smollm2_pipeline.encode(prompt))
     assert last.as_numpy("kv_cache_alloc_new_blocks")[0][0] + reused == last.as_numpy("kv_cache_alloc_total_blocks")[0][0]
     assert last.as_numpy("arrival_time_ns")[0][0] > 1.7e18
+    # the backend's token counts, [1, 1] in every response: the whole answer's output_ids hold the prompt's tokens too
+    n_prompt = len(smollm2_pipeline.encode(prompt))
+    assert last.as_numpy("num_input_tokens").tolist() == [[n_prompt]]
+    assert last.as_numpy("num_output_tokens").tolist() == [[n_prompt + 12]]
+    assert last.as_numpy("batch_index") is None and last.as_numpy("sequence_index") is None  # one prompt, one sequence
+    assert all(r.as_numpy("num_input_tokens").tolist() == [[n_prompt]] for r in streamed)
+    assert sum(r.as_numpy("num_output_tokens")[0][0] for r in streamed) == 12  # streamed: the new tokens only
     # streamed: only the answer (the backend streams new tokens only), its deltas joined
     texts = [r.as_numpy("text_output")[0].decode("utf-8") for r in streamed if r.as_numpy("text_output") is not None]
     assert "".join(texts) == ref.text and len(texts) > 1
     assert "batch-size must be <= 1" in str(two[0])
     assert "Expected [-1,1], got [1]" in str(flat[0])
     assert neutral[-1].as_numpy("text_output")[0].decode("utf-8") == prompt + ref.text
-    assert "this model does not support lora_config: LoRA adapters" in str(refused[0])
+    assert ("this model does not support lora_config: LoRA adapters; draft_logits: drafts from outside (this model "
+            "drafts with its own drafter)") in str(refused[0])
+
+
+def test_docs_list_exactly_the_declared_tensors(tmp_path):
+    """docs/triton.md's tables hold exactly the inputs and outputs the written config.pbtxt declares (names, types,
+    dims, in order), and the module docstring names each of them."""
+    from pathlib import Path
+
+    import dflash_trt.serve.triton as triton_module
+
+    text = (write_model_repository(tmp_path / "repo", "dflash") / "config.pbtxt").read_text()
+    declared = {kind: re.findall(r'\{ name: "(\w+)" data_type: TYPE_(\w+) dims: \[ ([-0-9, ]+) \]',
+                                 text.split(f"{kind} [\n")[1].split("\n]")[0]) for kind in ("input", "output")}
+    docs = (Path(__file__).parents[2] / "docs" / "triton.md").read_text()
+    for kind in ("input", "output"):
+        table = docs.split(f"| {kind} | type | dims | |")[1].split("\n\n")[0]
+        rows = re.findall(r"^\| `(\w+)` \| (\w+) \| \[([-0-9, ]+)\] \|", table, re.M)
+        assert rows == [(n, t, d.strip()) for n, t, d in declared[kind]], kind
+    assert len(declared["input"]) == len(INPUTS) and len(declared["output"]) == len(OUTPUTS)
+    undocumented = [name for name, *_ in (*INPUTS, *OUTPUTS)
+                    if not re.search(rf"(?<![\w]){name}(?![\w])", triton_module.__doc__)]
+    assert undocumented == []
+
+
+def test_token_counts_are_the_backends():
+    """num_input_tokens: the prompt's; num_output_tokens: the response's own tokens, the prompt's too where its
+    text_output starts with the prompt (the backend's output_ids hold them); each only where asked for."""
+    from dflash_trt.serve.triton import token_counts
+
+    assert token_counts(7, 3, False, True, True) == {"num_input_tokens": 7, "num_output_tokens": 3}
+    assert token_counts(7, 3, True, False, True) == {"num_output_tokens": 10}
+    assert token_counts(7, 0, False, True, False) == {"num_input_tokens": 7}
+    assert token_counts(7, 3, False, False, False) == {}
+
+
+@pytest.mark.slow
+def test_token_counts_over_http_streamed_or_not(triton, smollm2_pipeline):
+    """return_num_input_tokens / return_num_output_tokens over /generate and /generate_stream (they were refused as
+    unknown fields): every response carries the prompt's count and its own output tokens' count, which add up to the
+    output's; a whole answer that starts with the prompt counts its tokens too; neither is sent unless asked."""
+    prompt = "def fibonacci(n):"
+    ids = smollm2_pipeline.encode(prompt)
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=10), mode="ar")
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 4, "return_num_input_tokens": True,
+                                    "return_num_output_tokens": False})
+    assert status == 200 and out["num_input_tokens"] == len(ids) and "num_output_tokens" not in out, out
+    body = {"text_input": prompt, "max_tokens": 10, "return_num_input_tokens": True, "return_num_output_tokens": True}
+    status, out = generate(triton, body)
+    assert status == 200 and out["text_output"] == ref.text, out
+    assert out["num_input_tokens"] == len(ids) and out["num_output_tokens"] == len(ref.token_ids) == 10
+    status, events = generate(triton, {**body, "stream": True}, stream=True)
+    assert status == 200 and len(events) > 2 and "".join(e["text_output"] for e in events) == ref.text
+    assert all(e["num_input_tokens"] == len(ids) for e in events)
+    assert sum(e["num_output_tokens"] for e in events) == 10 and all(e["num_output_tokens"] >= 0 for e in events)
+    status, out = generate(triton, {**body, "exclude_input_in_output": False})
+    assert out["text_output"] == prompt + ref.text and out["num_output_tokens"] == len(ids) + 10, out
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 4, "return_num_input_tokens": False,
+                                    "return_num_output_tokens": False})
+    assert status == 200 and not {"num_input_tokens", "num_output_tokens", "batch_index", "sequence_index"} & set(out)
+    # the tensorrt_llm model's inputs now declared: a value is refused naming it and why; neutral ones pass
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "draft_acceptance_threshold": 0.5})
+    assert status == 400 and ("this model does not support draft_acceptance_threshold: drafts from outside (this model "
+                              "drafts with its own drafter)") in out["error"], out
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "runtime_top_k": 5})
+    assert status == 400 and "runtime_top_k: the tensorrt_llm model's token-level input (this model takes the " \
+                             "ensemble's: send top_k)" in out["error"], out
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "stop": True})
+    assert status == 400 and "stop true asks for cancelling the request with its request id" in out["error"], out
+    status, out = generate(triton, {"text_input": "hi", "max_tokens": 2, "prompt_table_extra_id": 4, "stop": False,
+                                    "runtime_top_p_decay": 1.0, "early_stopping": True})
+    assert status == 200 and out["num_output_tokens"] == 2, out
 
 
 def test_unsupported_backend_inputs_pass_only_empty():
