@@ -335,9 +335,10 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
         then (stream_options.include_usage) a usage chunk; then [DONE]. `chunk(index, text, finish,
         include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None). The opening
-        chunk is `first_delta`'s (chat: the role), or `opening(index, include_usage)`'s (completions' echo:
-        the prompt), sent at once, or, when the choice asks for logprobs, with its first tokens (the
-        prompt's logprobs are read with the prompt). A failed generation ends the stream with an error chunk
+        chunk is `first_delta`'s (chat: the role; `chunk` may return None for it, and the role then rides on the
+        choice's first delta: `ChatStream`), or `opening(index, include_usage)`'s (completions' echo: the prompt),
+        sent at once, or, when the choice asks for logprobs, with its first tokens (the prompt's logprobs are read
+        with the prompt). A failed generation ends the stream with an error chunk
         (a server error's traceback logged as `ServerErrors` logs one, `path` naming the endpoint).
 
         With `stream_options.continuous_usage_stats` (and include_usage, as vLLM and trtllm-serve read it) every
@@ -364,7 +365,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         try:
             for i in range(len(seqs)):
                 if first_delta is not None:
-                    yield sse(chunk(i, first_delta, None, include_usage, None), 0)
+                    made = chunk(i, first_delta, None, include_usage, None)
+                    if made is not None:  # None: the chat opening waits for its first delta (`ChatStream`)
+                        yield sse(made, 0)
                 elif i in unopened and seqs[i].params.logprobs is None:
                     yield await open_choice(i)
             while pending:
@@ -611,14 +614,17 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                     delta = text if isinstance(text, dict) else ({"content": text} if text else {})
                 elif isinstance(text, dict):  # the opening delta
                     delta = states[index].opening()
+                    if delta is None:
+                        return None  # it waits for the first delta that says whether the content is text
                 elif finish is not None:
                     delta, finish = states[index].last(text, finish)
                 elif not text:  # a chunk of logprobs only, or the usage chunk's envelope: no text to transform
-                    delta = {}
+                    delta = states[index].open_now() if lps is not None else {}
                 else:
                     delta = states[index].delta(text)
                     if not delta and lps is None:
                         return None  # text held back (a tag, a tool call): no chunk
+                    delta = delta or states[index].open_now()  # logprobs only: the choice's first chunk has the role
                 out = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                        "choices": [{"index": index, "delta": delta,
                                     "logprobs": None if lps is None else formatter.chat(lps), "finish_reason": finish}]}
@@ -702,7 +708,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             state = answers.stream()
             settled = False
             try:
-                for event in out.start() + out.delta(state.opening()):
+                for event in out.start() + out.delta(state.opening() or {}):
                     yield sse(event)
                 while True:
                     _, kind, payload = await events.get()

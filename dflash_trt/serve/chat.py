@@ -54,21 +54,51 @@ class ChatAnswers:
 
 
 class ChatStream:
-    """One streamed choice: `opening()`, then `delta(text)` per text delta, then `last(text, finish_reason)`."""
+    """One streamed choice: `opening()`, then `delta(text)` per text delta, then `last(text, finish_reason)`.
+
+    The role comes in the first delta, with `content` as OpenAI streams it: "" when the answer is text, null when it
+    is a tool call (a named function's, or under "auto" / "required" an answer that begins with a call). Under "auto"
+    / "required" that is known only once the reader is sure of the answer's first content or call, so the opening
+    waits for it (`opening` is None) and rides on the first delta with something in it: the content's first text
+    (or, where reasoning comes first, null: more content may follow), or the first call with content null; an answer
+    that ends with neither gets it in its last delta, content as the non-streamed message's ("" or null)."""
 
     def __init__(self, answers: ChatAnswers):
         self.reasoning = ReasoningStream(answers.at_start) if answers.reasoning is not None else None
         self.tools = answers.calling.stream() if answers.calling is not None else None
+        self.split = answers.parser is not None  # an empty content is null (`ChatAnswers.message`)
+        self.opened = True  # whether the role was sent
 
-    def opening(self) -> dict:
-        """The first delta: the role (and a named function's call)."""
-        return self.tools.opening() if self.tools is not None else {"role": "assistant", "content": ""}
+    def opening(self) -> dict | None:
+        """The first delta: the role (and a named function's call); None when it waits for the first delta that
+        says whether the content is text or null (tool calls "auto" / "required")."""
+        if self.tools is None:
+            return {"role": "assistant", "content": ""}
+        out = self.tools.opening()
+        self.opened = out is not None
+        return out
+
+    def _opened(self, out: dict, final: bool = False) -> dict:
+        """`out` with the role in front when it is the first delta to say something (`final`: the last one)."""
+        if self.opened or not (out or final):
+            return out
+        self.opened = True
+        if "content" in out:
+            content = out["content"]
+        else:  # a call first (or reasoning: content may follow), or nothing at all: the message's empty content
+            content = None if out.get("tool_calls") or self.split or not final else ""
+        return {"role": "assistant", "content": content, **{k: v for k, v in out.items() if k != "content"}}
+
+    def open_now(self) -> dict:
+        """The role's delta, sent now if it was not yet ({} if it was): a chunk of logprobs only must carry it (the
+        first chunk of a choice has the role); the content is null (text may follow)."""
+        return {} if self.opened else self._opened({"content": None})
 
     def delta(self, text: str) -> dict:
         """The delta for the next text ({} when all of it is held back)."""
         thought, content = self.reasoning.delta(text) if self.reasoning is not None else ("", text)
         out = self.tools.delta(content) if self.tools is not None else ({"content": content} if content else {})
-        return {"reasoning_content": thought, **out} if thought else out
+        return self._opened({"reasoning_content": thought, **out} if thought else out)
 
     def last(self, text: str, finish_reason: str) -> tuple[dict, str]:
         """The last delta (what was held back, the calls) and the choice's finish_reason."""
@@ -77,7 +107,7 @@ class ChatStream:
             out, finish_reason = self.tools.last(content, finish_reason)
         else:
             out = {"content": content} if content else {}
-        return ({"reasoning_content": thought, **out} if thought else out), finish_reason
+        return self._opened({"reasoning_content": thought, **out} if thought else out, final=True), finish_reason
 
     @property
     def broken_call(self) -> bool:

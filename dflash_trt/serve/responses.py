@@ -749,7 +749,7 @@ def whole_response(start: dict, state, text: str, finish_reason: str, usage: dic
     `start` (`response_object` in progress), the chat stream `state` (`ChatStream`) and the answer's `text`,
     `finish_reason`, `usage`, `metrics` and `logprobs` (chat's `logprobs.content` entries, or None)."""
     out = ResponseEvents(start)
-    out.delta(state.opening())
+    out.delta(state.opening() or {})
     out.end(state, text, finish_reason, usage, metrics, logprobs)
     return out.response
 

@@ -339,12 +339,16 @@ class ToolStream:
         self.args_sent: list[int] = []  # and how much of their arguments
         self.settled = 0  # the calls before it are whole or broken, and sent
 
-    def opening(self) -> dict:
-        """The choice's first delta: the role (and, for a named function, its call with empty arguments)."""
+    def opening(self) -> dict | None:
+        """The choice's first delta: the role (and, for a named function, its call with empty arguments, content
+        null); None when the answer is read for calls ("auto", "required"): whether its content is text or null is
+        not known yet, so the role waits for the first delta that says (`dflash_trt.serve.chat.ChatStream`)."""
         if self.calling.choice == "function":
             return {"role": "assistant", "content": None, "tool_calls": [
                 {"index": 0, "id": self.id, "type": "function",
                  "function": {"name": self.calling.name, "arguments": ""}}]}
+        if self.reader is not None:
+            return None
         return {"role": "assistant", "content": ""}
 
     def delta(self, text: str) -> dict:

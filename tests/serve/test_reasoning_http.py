@@ -87,9 +87,13 @@ def test_reasoning_then_tool_calls_stream_as_the_message():
     for size in (1, 3, 7):
         s = answers.stream()
         parts = [text[i:i + size] for i in range(0, len(text), size)]
-        deltas = [s.opening()] + [s.delta(p) for p in parts[:-1]]
+        assert s.opening() is None  # "auto": the role waits for the first delta that says something
+        deltas = [s.delta(p) for p in parts[:-1]]
         last, got = s.last(parts[-1], "stop")
-        deltas.append(last)
+        deltas = [d for d in deltas + [last] if d]
+        # the role with the reasoning's first text, content null there (more may follow), once
+        assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None and deltas[0]["reasoning_content"]
+        assert not any("role" in d for d in deltas[1:])
         assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
         assert "".join(d.get("content") or "" for d in deltas) == message["content"] and got == "tool_calls"
         assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", []) if "id" in c] == ["get_time"]

@@ -511,7 +511,7 @@ def test_events_join_to_the_whole_output(parser, text, finish, kinds):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
         parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         state, out = answers.stream(), ResponseEvents(start)
-        got = out.start() + out.delta(state.opening())
+        got = out.start() + out.delta(state.opening() or {})
         for p in parts[:-1]:
             got += out.text(state, p)
         got += out.end(state, parts[-1], finish, None)

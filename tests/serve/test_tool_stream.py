@@ -11,6 +11,7 @@ import random
 import pytest
 
 from dflash_trt.runtime.guided import GuidedDecoding
+from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.tool_stream import parse_hermes, parse_llama3_json, read_answer
 from dflash_trt.serve.tools import ToolCalling, required_schema
 from tests.serve.test_tools_http import ASK, HERMES, TIME, WEATHER, reference
@@ -130,20 +131,35 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
 
 
 def stream(calling: ToolCalling, parts: list[str], finish: str) -> tuple[list[dict], str]:
-    """The deltas (the opening one first) and finish_reason of a choice whose text comes in `parts`."""
-    s = calling.stream()
+    """The deltas that are sent (the opening one first, when it does not wait) and finish_reason of a chat choice
+    whose text comes in `parts` (`ChatStream`)."""
+    s = ChatAnswers(calling, None, None).stream()
     deltas = [s.opening()] + [s.delta(p) for p in parts[:-1]]
     last, got = s.last(parts[-1], finish)
-    return deltas + [last], got
+    return [d for d in deltas + [last] if d], got
+
+
+def sdk_content(deltas: list[dict]):
+    """The content the openai SDK's stream accumulation makes of `deltas`: the first value given (null too), then
+    each string added to a string."""
+    content = None
+    for d in deltas:
+        if "content" in d and isinstance(d["content"], str):
+            content = d["content"] if content is None else content + d["content"]
+    return content
 
 
 def check_joined(calling: ToolCalling, text: str, parts: list[str], finish: str) -> None:
-    """The deltas of `parts` join to the message of `text`: its content, its calls (their name and arguments, each
-    call's id, type and name in its first delta only, the arguments in order), its finish_reason."""
+    """The deltas of `parts` join to the message of `text`: the role in the first delta only, its content (null
+    where the message's is: OpenAI streams `content: null` for an answer that is calls), its calls (their name and
+    arguments, each call's id, type and name in its first delta only, the arguments in order), its finish_reason."""
     message, want_finish = calling.message(text, finish)
     deltas, got_finish = stream(calling, parts, finish)
     assert got_finish == want_finish
-    assert "".join(d.get("content") or "" for d in deltas) == (message["content"] or "")
+    assert deltas and deltas[0]["role"] == "assistant" and not any("role" in d for d in deltas[1:])
+    assert sdk_content(deltas) == message["content"]
+    if message["content"] is None:  # an answer that is calls: content null from the first delta, as OpenAI's
+        assert deltas[0]["content"] is None and not any("content" in d for d in deltas[1:])
     calls: dict[int, dict] = {}
     for d in deltas:
         for t in d.get("tool_calls", []):

@@ -126,6 +126,25 @@ def test_required_gives_the_runtimes_calls(client, smollm2_pipeline, parallel):
         (t.function.name, t.function.arguments) for t in c.message.tool_calls]
 
 
+def test_a_streamed_answer_that_is_calls_opens_with_content_null(server, client):
+    """As OpenAI streams an answer that is tool calls: its first chunk has the role, `content: null` (the
+    message's content) and the first call's id and name; no later chunk carries content or the role. The openai
+    SDK's accumulated message has content None, as the non-streamed one."""
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 64, "temperature": 0, "tools": [WEATHER],
+            "tool_choice": "required"}
+    whole = client.chat.completions.create(**body).choices[0]
+    assert whole.message.content is None and whole.finish_reason == "tool_calls"
+    with httpx.stream("POST", server[0] + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.iter_lines() if line.startswith("data: {")]
+    [call] = deltas[0].pop("tool_calls")
+    assert deltas[0] == {"role": "assistant", "content": None} and call["function"]["name"] == "get_weather"
+    assert not any("role" in d or "content" in d for d in deltas[1:])
+    with client.chat.completions.stream(**body) as s:
+        final = s.get_final_completion().choices[0]
+    assert final.message.content is None and final.message.tool_calls[0].function.arguments == (
+        whole.message.tool_calls[0].function.arguments)
+
+
 def test_required_with_nested_models(client, smollm2_pipeline):
     """Tools whose parameters refer to their own $defs (pydantic's nested models, `openai.pydantic_function_tool`)."""
     loc = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
@@ -227,6 +246,9 @@ def test_auto_reads_hermes_tool_calls(hermes_client, smollm2_pipeline):
         model=MODEL, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER], stream=True,
         extra_body={"response_format": fmt}))
     assert (content, finish) == ("Let me check.", "tool_calls") and streamed_as_written(chunks)
+    # the role comes with the first text: content that is text opens with text, not null
+    opening = chunks[0].choices[0].delta
+    assert opening.role == "assistant" and opening.content and "Let me check.".startswith(opening.content)
     first_call = next(i for i, c in enumerate(chunks) if c.choices[0].delta.tool_calls)
     assert all(not c.choices[0].delta.content for c in chunks[first_call:])  # the content came before the call
     assert [(v["name"], v["arguments"]) for v in calls.values()] == [("get_weather", call.function.arguments)]
