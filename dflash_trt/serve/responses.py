@@ -16,8 +16,9 @@ not valid JSON, where chat's finish_reason is not "tool_calls"), the others "com
 (`sequence_number`) as OpenAI sends them (`ResponseEvents`): `response.created`, `response.in_progress`, per item
 `response.output_item.added` ... `response.output_item.done` with its text or arguments as deltas, then
 `response.completed` (or `response.incomplete` when `max_output_tokens` cut the answer, its `incomplete_details`
-saying so; `response.failed` when the server's shutdown did, its `error` saying so) carrying the whole Response,
-equal to the one a non-streamed request gets.
+saying so, or when its last item is a function call that went wrong, `incomplete_details.reason` null: none of
+OpenAI's reasons is why; `response.failed` when the server's shutdown cut it, its `error` saying so) carrying the
+whole Response, equal to the one a non-streamed request gets.
 
 Conversation state: a response is stored (`store`, default true) in the server's memory (`ResponseStore`, the
 `MAX_STORED` most recent), retrievable by `GET /v1/responses/{id}` (in progress while it is made; cancelled when its
@@ -543,10 +544,19 @@ def assistant_messages(items: list[dict]) -> list[dict]:
     return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
 
 
-def status_of(finish_reason: str) -> str:
-    """A Response's status for its answer's finish_reason: "incomplete" (max_output_tokens), "failed" (aborted by
-    the server's shutdown: `error_of`), else "completed"."""
-    return {"length": "incomplete", "abort": "failed"}.get(finish_reason, "completed")
+def status_of(finish_reason: str, broken_call: bool = False) -> tuple[str, dict | None]:
+    """A Response's (status, incomplete_details) for its answer's finish_reason: "incomplete" with reason
+    "max_output_tokens" (finish_reason "length"), "failed" (aborted by the server's shutdown: `ABORTED`), "incomplete"
+    with reason null when the answer ended at a function call that went wrong (`broken_call`: its arguments not valid
+    JSON, the model having stopped inside them or written broken JSON; its item is "incomplete", and a Response that
+    holds an incomplete item is not "completed"; none of OpenAI's reasons, `max_output_tokens`, `max_messages`,
+    `content_filter`, `steered`, is why, and a reason outside them would break clients that read it as their enum),
+    else "completed" (OpenAI API reference, "The response object": `status`, `incomplete_details.reason`)."""
+    if finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if finish_reason == "abort":
+        return "failed", None
+    return ("incomplete", {"reason": None}) if broken_call else ("completed", None)
 
 
 #: the `error` of a Response whose generation the server's shutdown aborted
@@ -718,17 +728,15 @@ class ResponseEvents:
     def finish(self, finish_reason: str, usage: dict, metrics: dict | None = None,
                broken_call: bool = False) -> list[dict]:
         """The last events: the open item's end (an empty message first when nothing came), then
-        `response.completed` (`response.incomplete` when max_output_tokens cut the answer, `response.failed` when the
-        server's shutdown did: its `error` says so) with the whole Response. The open item is "incomplete" when the
-        answer was cut (`finish_reason` "length" or "abort") or, `broken_call`, it is a function call that went wrong
-        (its arguments not valid JSON: a stop string cut it, or its JSON broke off), else "completed"."""
+        `response.completed` (`response.incomplete` when max_output_tokens cut the answer or, `broken_call`, the open
+        item is a function call that went wrong: its arguments not valid JSON, the model having stopped inside them
+        or broken their JSON; `response.failed` when the server's shutdown cut it: its `error` says so) with the
+        whole Response (`status_of`). The open item is "incomplete" unless the Response is "completed"."""
         events = [] if self.items else self._add(message_item("", "in_progress"))
-        status = status_of(finish_reason)
-        cut = finish_reason in ("length", "abort") or broken_call
-        events += self._close("incomplete" if cut else "completed")
+        status, details = status_of(finish_reason, broken_call)
+        events += self._close("completed" if status == "completed" else "incomplete")
         final = {**self.response, "status": status, "output": self.items, "usage": usage,
-                 "error": ABORTED if status == "failed" else None,
-                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
+                 "error": ABORTED if status == "failed" else None, "incomplete_details": details}
         if metrics is not None:
             final["metrics"] = metrics
         self.response = final

@@ -491,7 +491,10 @@ def test_input_items_become_chat_messages():
 def test_events_join_to_the_whole_output(parser, text, finish, kinds):
     """Any split of an answer into stream deltas gives the items (and final Response) the whole answer gives, in the
     order the answer writes them; their texts are the chat message's. The last item is "incomplete" when the answer
-    was cut or its last call went wrong (chat's finish_reason is then not "tool_calls"), the others "completed"."""
+    was cut or its last call went wrong (chat's finish_reason is then not "tool_calls"), the others "completed"; the
+    Response is "completed" only when every item is."""
+    from openai.types.responses import Response
+
     tools = ({"name": "get_time", "description": None, "parameters": {"type": "object", "properties": {}}},)
     answers = ChatAnswers(ToolCalling(tools, "auto", None, "hermes"), parser, guided=None)
     req = ResponsesRequest(input="x")
@@ -518,7 +521,11 @@ def test_events_join_to_the_whole_output(parser, text, finish, kinds):
         assert [e["sequence_number"] for e in got] == list(range(len(got)))
         final = got[-1]["response"]
         assert strip(final["output"]) == strip(whole["output"])
-        status = {"length": "incomplete", "abort": "failed"}.get(finish, "completed")
+        status = {"length": "incomplete", "abort": "failed"}.get(finish, "incomplete" if broken else "completed")
         assert final["status"] == whole["status"] == status and got[-1]["type"] == "response." + status
+        # a Response is "completed" only when all its items are; a broken call's has no reason among OpenAI's
+        assert final["incomplete_details"] == ({"reason": "max_output_tokens"} if finish == "length" else
+                                               {"reason": None} if status == "incomplete" else None)
+        Response.model_validate(final)  # OpenAI's own type accepts it
         assert (final["error"] is None) == (finish != "abort")
         assert final["output"][-1]["status"] == ("completed" if finish == "stop" and not broken else "incomplete")
