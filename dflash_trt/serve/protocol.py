@@ -42,6 +42,22 @@ from dflash_trt.text import count
 MAX_STOP_STRINGS = 4
 #: Most choices per request: n times the prompts of one /v1/completions call.
 MAX_CHOICES = 64
+#: The sampling fields' ranges in OpenAI's API reference (Chat Completions, Completions, Responses: temperature
+#: "between 0 and 2", top_p and the penalties likewise), the HTTP API's contract: a value outside is a 400 here
+#: though the runtime would take it (`SamplingParams` takes any temperature >= 0); trtllm-serve's
+#: openai_protocol.py bounds none of them. Inside, the runtime's own checks still apply (top_p 0 is refused there).
+API_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+              "frequency_penalty": (-2.0, 2.0)}
+
+
+def check_api_ranges(request: BaseModel) -> None:
+    """Raises InvalidRequestError (param: the field) for the first of `API_RANGES`' fields that `request` sets
+    outside its range (None: left out)."""
+    for name, (low, high) in API_RANGES.items():
+        value = getattr(request, name, None)
+        if value is not None and not low <= value <= high:
+            raise InvalidRequestError(f"{name} must be in [{low:g}, {high:g}] (OpenAI's range), got {value}",
+                                      param=name)
 
 
 def fit_context(prompt_tokens: int, max_tokens: int | None, context_len: int, what: str,
@@ -200,9 +216,10 @@ class _Request(BaseModel):
         left out (None) is off; `logit_bias`'s keys become token ids (`token_logit_bias`).
 
         Raises:
-            InvalidRequestError: a value out of range (`SamplingParams` names the field; `min_tokens` above
-                `max_tokens` included), a stop token id outside [0, vocab_size), a bad `logit_bias` key.
+            InvalidRequestError: a value out of range (OpenAI's: `check_api_ranges`; the runtime's: `SamplingParams`
+                names the field; `min_tokens` above `max_tokens` included), a stop token id outside [0, vocab_size), a bad `logit_bias` key.
         """
+        check_api_ranges(self)
         guided = self.guided_decoding()
         if guided is not None and self.ignore_eos:
             raise InvalidRequestError(f"ignore_eos and {self.guided_param()} do not go together: the answer ends at EOS "

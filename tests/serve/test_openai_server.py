@@ -354,6 +354,28 @@ def read_response(sock: socket.socket) -> str:
     return data.decode(errors="replace")
 
 
+@pytest.mark.parametrize("field, value, low, high", [
+    ("temperature", 2.5, 0, 2), ("temperature", -0.1, 0, 2), ("top_p", 1.5, 0, 1),
+    ("presence_penalty", -2.5, -2, 2), ("frequency_penalty", 3.0, -2, 2)])
+def test_sampling_fields_outside_openais_ranges_are_a_400(client, field, value, low, high):
+    """OpenAI's ranges are the HTTP API's, on all three endpoints (the runtime would sample at temperature 2.5):
+    a 400 whose `param` is the field and whose message gives the range and the value."""
+    import openai
+
+    want = f"{field} must be in [{low}, {high}] (OpenAI's range), got {value}"
+    calls = [lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, **{field: value}),
+             lambda: client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, **{field: value})]
+    if field in ("temperature", "top_p"):  # the Responses API's sampling fields
+        calls.append(lambda: client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, **{field: value}))
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        assert err.value.status_code == 400 and err.value.body["param"] == field
+        assert err.value.body["message"] == want
+    edge = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, seed=1, **{field: high})
+    assert edge.usage.completion_tokens == 2  # the range's end is in it
+
+
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, client):
     base = server[0]
     for body, status, words in BAD:
