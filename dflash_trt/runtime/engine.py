@@ -676,6 +676,8 @@ class Engine:
             path = paths.get(j)
             emitted[j] = (token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt]
         lps = self._logprobs(batch, verdict, paths, emitted, hidden, memo)
+        # a tree's drafted position is its node's depth (the chain's: its index); host lists, as `node_depths`
+        depths = node_depths(tree).tolist() if tree is not None and mode == "dflash" else None
         for j, r in enumerate(batch):
             kj = lens[j]
             acc, nxt = verdict[j]
@@ -686,9 +688,11 @@ class Engine:
             m.drafted_tokens += kj
             kept = min(acc, taken)
             m.accepted_tokens += kept
-            if mode == "dflash":  # (its list has max_draft_len zeros from `DecodeBatch._add` on)
+            if mode == "dflash":  # (its lists have max_draft_len zeros from `DecodeBatch._add` on)
                 for pos in range(kept):
                     m.accepted_per_position[pos] += 1
+                for pos in (range(kj) if depths is None else (d - 1 for d in depths[j][1 : kj + 1])):
+                    m.drafted_per_position[pos] += 1
             if path:  # the accepted nodes' K/V to slots start + 1 .. start + acc
                 cache.move(j, [r.start + i for i in path], list(range(r.start + 1, r.start + acc + 1)))
             r.start += acc + 1
@@ -963,6 +967,7 @@ class DecodeBatch:
             drafter_cache = eng.proposer.cache
             for r in reqs:  # one count per draft position, also for a request that ends before any verify step
                 r.metrics.accepted_per_position = [0] * eng.proposer.max_draft_len
+                r.metrics.drafted_per_position = [0] * eng.proposer.max_draft_len
             if eng.proposer.prompt_lookup:
                 for r in reqs:
                     r.ngrams = NgramIndex(r.prompt)

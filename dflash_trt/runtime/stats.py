@@ -13,6 +13,10 @@ Definitions (TensorRT-LLM / DFlash paper names):
   verify step) leaves it undefined: the property gives 0.0 (a float for formatting), `to_dict` (the
   --json of generate) gives None / null, as bench's results.json does for "ar".
 - accepted_per_position[j]: verify steps in which draft position j + 1 was accepted and emitted.
+- drafted_per_position[j]: draft tokens at position j + 1 handed to the verifier (one per verify step whose draft
+  reached that position; fewer than verify_steps for the later positions with a dynamic draft length). A position is
+  the j + 1-th token of a chain draft, and a depth in a draft tree: a tree's nodes at depth j + 1 all count (so
+  there may be several per step), its accepted path's node at that depth in accepted_per_position (at most one).
 - cached_tokens: prompt tokens whose K/V came from the prefix cache (`dflash_trt.runtime.prefix_cache`), not
   prefilled; 0 without one (OpenAI's usage.prompt_tokens_details.cached_tokens).
 - time_to_first_token_s / total_time_s: seconds from the start of the `generate` call to this
@@ -36,6 +40,7 @@ class RequestMetrics:
     accepted_tokens: int = 0
     verify_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     time_to_first_token_s: float = 0.0
     total_time_s: float = 0.0

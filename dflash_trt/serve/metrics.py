@@ -3,7 +3,9 @@
 - `GET /prometheus/metrics`: Prometheus text exposition (prometheus-client) of the `trtllm_` metrics of
   TensorRT-LLM's MetricsCollector, with its types and default buckets, every one labelled `model_name` (the served
   model name) and `engine_type` ("dflash-trt"; trtllm-serve writes "undefined" in both):
-  - per finished sequence: `trtllm_request_success_total{finished_reason}` (a counter), the histograms
+  - per finished sequence: `trtllm_request_success_total{finished_reason}` (a counter; TensorRT-LLM's values:
+    "stop", "length", "cancelled" for a sequence aborted (its client left, or the server shut down), the
+    runtime's "abort"), the histograms
     `trtllm_e2e_request_latency_seconds` (arrival to last token), `trtllm_time_to_first_token_seconds` (arrival to
     first token), `trtllm_time_per_output_token_seconds` ((last - first token) / (tokens - 1), with 2 tokens or
     more), `trtllm_request_queue_time_seconds` (arrival to first scheduled), `trtllm_request_prefill_time_seconds`
@@ -26,7 +28,13 @@
     (trtllm-serve's are the latest iteration's numActiveRequests / numQueuedRequests);
   - speculative-decoding counters: `trtllm_spec_decode_num_draft_tokens_total` /
     `trtllm_spec_decode_num_accepted_tokens_total` (TensorRT-LLM's names; counted per finished sequence, where it
-    sums its iterations) and `trtllm_spec_decode_num_verify_steps_total` (this server's own), and with
+    sums its iterations), per draft position `trtllm_spec_decode_drafted_tokens_total{token_position}` /
+    `trtllm_spec_decode_accepted_tokens_total{token_position}` (TensorRT-LLM's names and label, per finished
+    sequence, from its `RequestMetrics.drafted_per_position` / `accepted_per_position`: position 0 is the first
+    drafted token of a block; in a draft tree a position is a node's depth less one, all the nodes at that depth
+    counted as drafted and the accepted path's one as accepted, so a tree's position 0 may draft several tokens per
+    step; a series appears with its first count, and the positions stop at the last one drafted), and
+    `trtllm_spec_decode_num_verify_steps_total` (this server's own), and with
     `--enable-prefix-caching` vLLM's `trtllm_prefix_cache_queries_total` / `trtllm_prefix_cache_hits_total`, in prompt
     tokens. Acceptance length = (generation tokens - the requests that generated a token, the count of
     `trtllm_time_to_first_token_seconds`) / verify steps; acceptance rate = accepted / draft tokens.
@@ -35,9 +43,7 @@
   (`trtllm_kv_cache_*`: this KV cache is one tensor per batch, with no blocks, pools or host offload),
   `trtllm_num_paused_requests` and `trtllm_pinned_memory_usage_bytes` (nothing pauses, nothing pinned is counted),
   `trtllm_max_batch_size_static/runtime`, `trtllm_max_num_tokens_runtime` (no runtime tuner),
-  `trtllm_spec_decode_draft_overhead`, the per-position `trtllm_spec_decode_drafted_tokens_total` /
-  `trtllm_spec_decode_accepted_tokens_total{token_position}` (the runtime counts accepted tokens per position,
-  not drafted ones: the draft length varies per step with dynamic drafting), the perplexity histograms (no logprobs
+  `trtllm_spec_decode_draft_overhead`, the perplexity histograms (no logprobs
   are computed unless a request asks), `trtllm_scheduled_batch_size` and the `trtllm_*_config_info` gauges.
 - `trtllm_request_error_total{http_code}`: every request answered with an HTTP error status (a 4xx or 5xx: bad
   requests, a missing API key, a body too large, a failed generation, an unknown path), counted by the
@@ -67,7 +73,7 @@
 Every metric counts sequences (choices): a request with n = 2 counts twice.
 
 The request counters and the iterations' counts differ in two ways. A sequence cancelled while still queued (its
-client left) counts in `trtllm_request_success_total{finished_reason="abort"}` (with its queue time), but in no
+client left) counts in `trtllm_request_success_total{finished_reason="cancelled"}` (with its queue time), but in no
 iteration's `numCompletedRequests` (nor `trtllm_num_requests_completed_total`): it never joined a batch. TensorRT-LLM's
 PyExecutor does the same with a request cancelled in its waiting queue: it is removed from the queue, and only
 requests in the active batch are finished (FinishReason CANCELLED) and counted as completed in an iteration. And a
@@ -98,6 +104,13 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def finished_reason(finish_reason: str) -> str:
+    """The `finished_reason` label of a sequence that ended for the runtime's `finish_reason`: TensorRT-LLM's
+    CompletionOutput.finish_reason ("stop", "length", and "cancelled" where the runtime says "abort": a client that
+    left, the server's shutdown; tensorrt_llm/executor/result.py)."""
+    return "cancelled" if finish_reason == "abort" else finish_reason
 
 
 #: Iterations (decode steps) kept for GET /metrics between two reads.
@@ -181,6 +194,12 @@ class ServerMetrics:
                                      "Draft tokens the target accepted (and that were emitted).")
         self.verify_steps = count("trtllm_spec_decode_num_verify_steps",
                                   "Target forward passes after prefill, summed over requests.")
+        # per draft position (`token_position`: 0 for the first drafted token of a block), TensorRT-LLM's; a series
+        # appears with its first count, as there
+        self._drafted_at = Counter("trtllm_spec_decode_drafted_tokens", "Total drafted tokens per speculative "
+                                   "decoding position.", names + ["token_position"], registry=r)
+        self._accepted_at = Counter("trtllm_spec_decode_accepted_tokens", "Total accepted tokens per speculative "
+                                    "decoding position.", names + ["token_position"], registry=r)
         self.cached_tokens = self.cached_per_request = None
         if prefix_cache is not None:
             r.register(_PrefixCacheCounters(prefix_cache, labels))
@@ -240,7 +259,7 @@ class ServerMetrics:
         m = result.metrics
         if self._perf is not None and arrival is not None:
             self._record_perf(m, queue_time_s, arrival, iterations)
-        self._success.labels(**self._labels, finished_reason=result.finish_reason).inc()
+        self._success.labels(**self._labels, finished_reason=finished_reason(result.finish_reason)).inc()
         # TensorRT-LLM's spans (`timing_metrics`' times): arrival -> first scheduled (queue) -> first token ->
         # last token; a span with no end or of 0 s is not observed, as there. One aborted before its first token
         # has no latency (as one cancelled in the queue); a scoring request (max_tokens 0 with echo) has one, and
@@ -265,11 +284,18 @@ class ServerMetrics:
         self.draft_tokens.inc(m.drafted_tokens)
         self.accepted_tokens.inc(m.accepted_tokens)
         self.verify_steps.inc(m.verify_steps)
+        # the positions up to the last one drafted, each count above 0 (TensorRT-LLM's)
+        drafted, accepted = m.drafted_per_position, m.accepted_per_position
+        for pos in range(max((i + 1 for i, c in enumerate(drafted) if c), default=0)):
+            if drafted[pos]:
+                self._drafted_at.labels(**self._labels, token_position=str(pos)).inc(drafted[pos])
+            if accepted[pos]:
+                self._accepted_at.labels(**self._labels, token_position=str(pos)).inc(accepted[pos])
 
     def cancelled_in_queue(self, queue_time_s: float) -> None:
-        """Record a sequence whose client left while it was queued: finished_reason "abort" (as an abort
+        """Record a sequence whose client left while it was queued: finished_reason "cancelled" (as an abort
         during decoding is counted), and its queue time; no tokens, no latency."""
-        self._success.labels(**self._labels, finished_reason="abort").inc()
+        self._success.labels(**self._labels, finished_reason=finished_reason("abort")).inc()
         self.queue.observe(queue_time_s)
 
     def iteration(self, step: StepStats) -> None:

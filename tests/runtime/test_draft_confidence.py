@@ -50,14 +50,17 @@ def test_ragged_lengths_in_one_batch_accept_exactly_what_was_verified(refs):
     for i, (res, ref) in enumerate(zip(results, ar)):
         assert res.token_ids == ref
         steps, drafted, start, emitted = 0, 0, len(prompts[i]), 1  # prefill emitted token 1
+        per_position = [0] * k
         while emitted < MAX_TOKENS:
             n = pattern(i, start)
             steps, drafted = steps + 1, drafted + n
+            per_position = [c + (p < n) for p, c in enumerate(per_position)]
             emitted += n + 1
             start += n + 1
         m = res.metrics
         assert (m.verify_steps, m.drafted_tokens) == (steps, drafted)
         assert len(m.accepted_per_position) == k
+        assert m.drafted_per_position == per_position  # the later positions drafted in fewer steps
 
 
 @pytest.mark.slow

@@ -123,7 +123,13 @@ def test_default_drafter_tree_is_lossless_and_accepts_more(refs, threshold):
     # threshold both cut, and the tree keeps every chain node the budget leaves room for
     assert tree_steps < chain_steps if threshold == 0.0 else tree_steps <= chain_steps
     for r in alone:
-        assert r.metrics.drafted_tokens <= 15 * r.metrics.verify_steps
+        m = r.metrics
+        assert m.drafted_tokens <= 15 * m.verify_steps
+        # a tree's position is a node's depth: every node counts once, several per depth and step
+        assert sum(m.drafted_per_position) == m.drafted_tokens and sum(m.accepted_per_position) == m.accepted_tokens
+        assert all(a <= d for a, d in zip(m.accepted_per_position, m.drafted_per_position))
+    if threshold == 0.0:  # top-4 candidates at depth 1: more nodes there than steps
+        assert any(r.metrics.drafted_per_position[0] > r.metrics.verify_steps for r in alone)
 
 
 def test_sampling_rows_keep_the_chain_and_the_targets_distribution(tiny):  # noqa: F811

@@ -37,6 +37,7 @@ def test_oracle_accepts_exactly_max_draft_len_per_step(refs, k):
         assert m.drafted_tokens == k * m.verify_steps
         assert len(m.accepted_per_position) == k
         assert m.accepted_per_position[0] == m.verify_steps
+        assert m.drafted_per_position == [m.verify_steps] * k  # a chain's position j + 1: its j + 1-th draft
 
 
 @pytest.mark.slow

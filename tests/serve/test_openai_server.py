@@ -82,7 +82,7 @@ def sample(metrics: dict[str, float], name: str, **labels) -> float:
 def aborted_then_serving(base: str, before: float, client) -> None:
     """Wait (60 s at most) until the abort counter passes `before`, then check a new request is answered."""
     deadline = time.time() + 60
-    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort") == before:
+    while sample(prometheus(base), "trtllm_request_success_total", finished_reason="cancelled") == before:
         assert time.time() < deadline, "the abandoned request was not aborted"
         time.sleep(0.2)
     ok = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
@@ -603,6 +603,14 @@ def test_prometheus_counts_match_the_responses(server, client):
     assert delta("trtllm_spec_decode_num_draft_tokens_total") == sum(m["drafted_tokens"] for m in metrics)
     assert delta("trtllm_spec_decode_num_accepted_tokens_total") == sum(m["accepted_tokens"] for m in metrics)
     assert delta("trtllm_spec_decode_num_verify_steps_total") == sum(m["verify_steps"] for m in metrics)
+    # per draft position (TensorRT-LLM's names and label): the choices' own counts, position 0 the first draft
+    k = len(metrics[0]["drafted_per_position"])
+    for name, field in (("trtllm_spec_decode_drafted_tokens_total", "drafted_per_position"),
+                        ("trtllm_spec_decode_accepted_tokens_total", "accepted_per_position")):
+        got = [delta(name, token_position=pos) for pos in range(k + 1)]
+        assert got == [sum(m[field][pos] for m in metrics) for pos in range(k)] + [0], name
+    assert sum(delta("trtllm_spec_decode_drafted_tokens_total", token_position=pos) for pos in range(k)) == \
+        sum(m["drafted_tokens"] for m in metrics) > 0
     assert delta("trtllm_e2e_request_latency_seconds_count") == 3
     assert delta("trtllm_time_to_first_token_seconds_count") == 3
     # TensorRT-LLM's phases, from each choice's own times: prefill (scheduled -> first token), decode (first -> last
@@ -688,7 +696,7 @@ def test_health_version_models(server, client):
 
 def test_a_client_that_leaves_mid_stream_is_aborted(server, client):
     base = server[0]
-    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="cancelled")
     body = {"prompt": "Write a long story about a dragon.", "max_tokens": 2000, "temperature": 0, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
@@ -794,7 +802,7 @@ class Records(logging.Handler):
 
 def test_a_non_streaming_client_that_leaves_is_aborted(server, client):
     base = server[0]
-    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="cancelled")
     with Records("uvicorn.error") as log:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(base + "/v1/completions", timeout=3,
@@ -807,7 +815,7 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
     """B is queued behind A (a full batch: max_batch_size 1 here) and its client leaves: B never runs and
     counts once as an abort; A's answer is whole."""
     base, app = server
-    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="abort")
+    before = sample(prometheus(base), "trtllm_request_success_total", finished_reason="cancelled")
     app.state.scheduler.max_batch_size = 1  # else B joins A's batch at once (in-flight batching)
     answers = {}
 
@@ -834,7 +842,8 @@ def test_a_client_that_leaves_while_queued_is_counted_as_aborted(server, client)
     aborted_then_serving(base, before, client)
     wait_idle(app)
     after = prometheus(base)
-    assert sample(after, "trtllm_request_success_total", finished_reason="abort") == before + 1
+    assert sample(after, "trtllm_request_success_total", finished_reason="cancelled") == before + 1
+    assert not any('finished_reason="abort"' in key for key in after)  # TensorRT-LLM's label value only
     # B never joined a batch: no iteration counts it, as TensorRT-LLM's PyExecutor (A and the request after it do)
     assert sum(i["numCompletedRequests"] for i in httpx.get(base + "/metrics").json()) == 2
     assert sample(after, "trtllm_num_requests_completed_total") - completed == 2
