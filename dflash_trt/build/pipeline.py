@@ -638,10 +638,10 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         cfg = trtllm.serve_config(opts.tp_size, dcfg.block_size, dcfg.mask_token_id, list(dcfg.target_layer_ids),
                                   opts.kv_cache_dtype, opts.max_batch_size, tcfg.max_position_embeddings)
         trtllm.write_serving_files(root / "trtllm", cfg)
-        from dflash_trt.serve.triton import write_model_repository
+        from dflash_trt.serve.triton_repository import write_model_repository
 
         # the model's folder -> the bundle; device / dtype auto: the GPU in the bundle's dtype where torch sees one
-        # at load time, else the CPU in float32 (`dflash_trt.serve.triton.auto_device_dtype`)
+        # at load time, else the CPU in float32 (`dflash_trt.serve.triton_repository.auto_device_dtype`)
         write_model_repository(root / TRITON_REPO, TRITON_MODEL, **TRITON_PARAMETERS)
         state["serve_check"] = validate_with_tensorrt_llm(cfg)
         return f"(schema ok; tensorrt_llm check: {state['serve_check']})"

@@ -146,7 +146,7 @@ def bundle_readme(manifest: dict) -> str:
         "dflash-trt's runtime on this bundle on one device: its parameters `device` / `dtype` in "
         "triton/dflash/config.pbtxt are auto, the GPU in bfloat16 where torch sees one when the model loads, else the "
         "CPU in float32; as the TensorRT-LLM backend's, text_output starts with the prompt unless "
-        "`exclude_input_in_output` is true, and keeps a stop word; tensors: `dflash_trt/serve/triton.py`).",
+        "`exclude_input_in_output` is true, and keeps a stop word; tensors: `dflash_trt/serve/triton_tensors.py`).",
         "- OpenAI API (trtllm-serve's endpoints and metrics) without TensorRT-LLM: `dflash-trt serve --bundle "
         "THIS_FOLDER`.",
         "",

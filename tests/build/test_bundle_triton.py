@@ -13,7 +13,7 @@ from tests.serve.triton_server import TritonServer
 
 
 def test_the_bundle_holds_a_hashed_triton_model(tiny_bundle_fp8_tp3):
-    from dflash_trt.serve.triton import model_config
+    from dflash_trt.serve.triton_repository import model_config
 
     b = tiny_bundle_fp8_tp3
     m = load_manifest(b)
@@ -33,7 +33,7 @@ def test_tritonserver_serves_the_bundle(tmp_path, tiny_bundle_fp8_tp3):
 
     from dflash_trt.api import load_bundle
     from dflash_trt.runtime.sampling import SamplingParams
-    from dflash_trt.serve.triton import auto_device_dtype
+    from dflash_trt.serve.triton_repository import auto_device_dtype
 
     bundle = tmp_path / "bundle"  # a moved bundle: the model finds it relative to its own folder
     shutil.copytree(tiny_bundle_fp8_tp3, bundle)

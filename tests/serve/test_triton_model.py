@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.serve.triton import INPUTS, OUTPUTS, model_config, write_model_repository
+from dflash_trt.serve.triton_repository import model_config, write_model_repository
+from dflash_trt.serve.triton_tensors import INPUTS, OUTPUTS
 from tests.serve.triton_server import TritonServer
 
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -80,7 +81,8 @@ def test_the_model_refuses_bad_parameters_before_loading(tmp_path, params, words
 def test_a_repository_from_an_older_version_loads_with_a_warning_naming_its_missing_inputs(tmp_path, capsys):
     """A config.pbtxt written before min_p and the embedding bias existed: the model names the inputs it lacks
     (requests cannot send them) and the fix, then loads as usual (here: fails on the bad mode, after the warning)."""
-    from dflash_trt.serve.triton import TritonPythonModel, missing_inputs
+    from dflash_trt.serve.triton import TritonPythonModel
+    from dflash_trt.serve.triton_repository import missing_inputs
 
     old = [{"name": name} for name, *_ in INPUTS if name not in ("min_p", "embedding_bias_words",
                                                                  "embedding_bias_weights")]
@@ -97,7 +99,7 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     """Ensemble inputs this model does not have pass at the value that asks for what it does anyway; a typo, or such an input set otherwise
     (beam search, another end_id), is refused naming it."""
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.serve.triton import check_extra_fields
+    from dflash_trt.serve.triton_tensors import check_extra_fields
 
     check_extra_fields({"id": "42", "pad_id": 7, "end_id": 2, "beam_width": 1, "num_return_sequences": 1,
                         "length_penalty": 1.0}, eos_token_ids=(2,))
@@ -156,7 +158,7 @@ def test_embedding_bias_sums_each_words_weight_over_its_tokens():
     """The TensorRT-LLM backend's embedding_bias_words / embedding_bias_weights as a logit bias: every token of a
     word gets its weight, words sharing a token add up, an empty word adds nothing; mistakes are refused by name."""
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.serve.triton import embedding_bias
+    from dflash_trt.serve.triton_tensors import embedding_bias
 
     def encode(word):
         return [ord(c) for c in word]
@@ -176,7 +178,7 @@ def test_embedding_bias_sums_each_words_weight_over_its_tokens():
 def test_guide_type_and_guide_become_the_runtimes_guided_decoding():
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.runtime.guided import GuidedDecoding
-    from dflash_trt.serve.triton import guided_decoding
+    from dflash_trt.serve.triton_tensors import guided_decoding
 
     assert guided_decoding(None, None) is None and guided_decoding(b"", b"") is None
     # "json": an object or an array, as TensorRT-LLM's guided decoder (XGrammar's builtin JSON grammar) takes it
@@ -200,7 +202,7 @@ def test_guide_type_and_guide_become_the_runtimes_guided_decoding():
 def test_whole_number_parameters(value, expected):
     """config.pbtxt's max_batch_size / prefill_chunk_size: ASCII digits >= 1 (a superscript two or an Arabic-Indic
     three are digits to str.isdigit, not to a user)."""
-    from dflash_trt.serve.triton import _whole_number
+    from dflash_trt.serve.triton_repository import _whole_number
 
     if expected == "error":
         with pytest.raises(ValueError, match="'prefill_chunk_size' must be a whole number >= 1"):
@@ -444,7 +446,7 @@ def test_guide_type_json_admits_an_array_as_tensorrt_llm(triton, smollm2_pipelin
     "[2025]"): the answer is the engine's own under an object-or-array schema, here an array (it was an object only,
     "{}", OpenAI's json_object)."""
     from dflash_trt.runtime.guided import GuidedDecoding
-    from dflash_trt.serve.triton import ANY_JSON_SCHEMA
+    from dflash_trt.serve.triton_tensors import ANY_JSON_SCHEMA
 
     prompt = "What is the year after 2024? Answer:"
     [ref] = smollm2_pipeline.generate([smollm2_pipeline.encode(prompt)],
@@ -503,7 +505,7 @@ def test_perf_metrics_place_the_request_on_the_wall_clock():
     """`perf_metrics`: the times from the arrival on (queue, then TTFT and the whole time from the prefill's start,
     in ns), the draft counts, and acceptance_rate 0 when nothing was drafted (as the TensorRT-LLM backend)."""
     from dflash_trt.runtime.stats import RequestMetrics
-    from dflash_trt.serve.triton import PERF_OUTPUTS, perf_metrics
+    from dflash_trt.serve.triton_tensors import PERF_OUTPUTS, perf_metrics
 
     m = RequestMetrics(prompt_tokens=9, completion_tokens=7, drafted_tokens=30, accepted_tokens=4, cached_tokens=5,
                        time_to_first_token_s=0.25, total_time_s=1.5)
@@ -529,7 +531,7 @@ def test_return_perf_metrics_gives_the_requests_draft_counts_times_and_cached_to
     import time
 
     from dflash_trt.api import load_pipeline
-    from dflash_trt.serve.triton import PERF_OUTPUTS
+    from dflash_trt.serve.triton_tensors import PERF_OUTPUTS
 
     prompt = "Zebra crossings in three sentences:"  # a first token no other request here starts with
     body = {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True}
@@ -687,7 +689,7 @@ def test_docs_list_exactly_the_declared_tensors(tmp_path):
     dims, in order), and the module docstring names each of them."""
     from pathlib import Path
 
-    import dflash_trt.serve.triton as triton_module
+    import dflash_trt.serve.triton_tensors as tensors_module
 
     text = (write_model_repository(tmp_path / "repo", "dflash") / "config.pbtxt").read_text()
     declared = {kind: re.findall(r'\{ name: "(\w+)" data_type: TYPE_(\w+) dims: \[ ([-0-9, ]+) \]',
@@ -699,14 +701,14 @@ def test_docs_list_exactly_the_declared_tensors(tmp_path):
         assert rows == [(n, t, d.strip()) for n, t, d in declared[kind]], kind
     assert len(declared["input"]) == len(INPUTS) and len(declared["output"]) == len(OUTPUTS)
     undocumented = [name for name, *_ in (*INPUTS, *OUTPUTS)
-                    if not re.search(rf"(?<![\w]){name}(?![\w])", triton_module.__doc__)]
+                    if not re.search(rf"(?<![\w]){name}(?![\w])", tensors_module.__doc__)]
     assert undocumented == []
 
 
 def test_token_counts_are_the_backends():
     """num_input_tokens: the prompt's; num_output_tokens: the response's own tokens, the prompt's too where its
     text_output starts with the prompt (the backend's output_ids hold them); each only where asked for."""
-    from dflash_trt.serve.triton import token_counts
+    from dflash_trt.serve.triton_tensors import token_counts
 
     assert token_counts(7, 3, False, True, True) == {"num_input_tokens": 7, "num_output_tokens": 3}
     assert token_counts(7, 3, True, False, True) == {"num_output_tokens": 10}
@@ -759,7 +761,7 @@ def test_unsupported_backend_inputs_pass_only_empty():
     import numpy as np
 
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.serve.triton import check_unsupported_inputs
+    from dflash_trt.serve.triton_tensors import check_unsupported_inputs
 
     check_unsupported_inputs({"lora_task_id": None, "lora_weights": np.zeros((1, 0, 0), np.float16),
                               "lora_config": np.zeros((1, 0, 3), np.int32), "draft_input_ids": np.zeros((1, 0)),
@@ -776,7 +778,7 @@ def test_unsupported_backend_inputs_pass_only_empty():
 
 def test_seed_is_random_seeds_newer_name():
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.serve.triton import renamed_input
+    from dflash_trt.serve.triton_tensors import renamed_input
 
     assert renamed_input("seed", None, "random_seed", None) is None
     assert renamed_input("seed", 7, "random_seed", None) == renamed_input("seed", None, "random_seed", 7) == 7
@@ -800,7 +802,7 @@ def test_seed_is_random_seeds_newer_name():
     ("", "", "bfloat16", True, ("cpu", "float32", None)),
 ])
 def test_auto_device_and_dtype(device, dtype, stored, cuda, expected):
-    from dflash_trt.serve.triton import auto_device_dtype
+    from dflash_trt.serve.triton_repository import auto_device_dtype
 
     assert auto_device_dtype(device, dtype, stored, cuda) == expected
 
