@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from dflash_trt.serve.triton_repository import (_whole_number, bool_parameter, check_parameters,
+from dflash_trt.serve.triton_repository import (whole_number_parameter, bool_parameter, check_parameters,
                                                 load_from_parameters, missing_inputs, prefix_cache_bytes)
 from dflash_trt.serve.triton_tensors import (DEFAULT_MAX_TOKENS, TENSOR_NEUTRAL, UNSUPPORTED, check_extra_fields,
                                              check_unsupported_inputs, embedding_bias, guided_decoding, min_tokens,
@@ -60,8 +60,8 @@ class TritonPythonModel:
         check_parameters(params)  # all of them before loading anything
         # a request without exclude_input_in_output takes this (tensorrtllm_backend's parameter; empty: false)
         self.exclude_input_default = bool_parameter(params, "exclude_input_in_output")
-        batch_size = _whole_number(params, "max_batch_size", 8)
-        chunk = _whole_number(params, "prefill_chunk_size", None)
+        batch_size = whole_number_parameter(params, "max_batch_size", 8)
+        chunk = whole_number_parameter(params, "prefill_chunk_size", None)
         self.pipe = load_from_parameters(params, Path(args["model_repository"]))
         for line in self.pipe.warnings:  # a bundle's altered files that the runtime does not load (into Triton's log)
             print(f"dflash-trt: warning: {line}", file=sys.stderr, flush=True)

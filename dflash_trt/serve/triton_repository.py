@@ -228,7 +228,7 @@ def load_from_parameters(params: dict[str, str], model_dir: Path):
                          device=device)
 
 
-def _whole_number(params: dict[str, str], key: str, default: int | None) -> int | None:
+def whole_number_parameter(params: dict[str, str], key: str, default: int | None) -> int | None:
     """Model parameter `key` as a whole number >= 1 (`default` when absent or empty).
 
     Raises:

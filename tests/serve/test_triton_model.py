@@ -202,13 +202,13 @@ def test_guide_type_and_guide_become_the_runtimes_guided_decoding():
 def test_whole_number_parameters(value, expected):
     """config.pbtxt's max_batch_size / prefill_chunk_size: ASCII digits >= 1 (a superscript two or an Arabic-Indic
     three are digits to str.isdigit, not to a user)."""
-    from dflash_trt.serve.triton_repository import _whole_number
+    from dflash_trt.serve.triton_repository import whole_number_parameter
 
     if expected == "error":
         with pytest.raises(ValueError, match="'prefill_chunk_size' must be a whole number >= 1"):
-            _whole_number({"prefill_chunk_size": value}, "prefill_chunk_size", None)
+            whole_number_parameter({"prefill_chunk_size": value}, "prefill_chunk_size", None)
     else:
-        assert _whole_number({"prefill_chunk_size": value}, "prefill_chunk_size", None) == expected
+        assert whole_number_parameter({"prefill_chunk_size": value}, "prefill_chunk_size", None) == expected
 
 
 def test_greedy_generate_is_the_targets_output(triton, smollm2_pipeline):
