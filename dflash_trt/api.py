@@ -261,6 +261,45 @@ def check_load_args(target, drafter, block_size, max_draft_len) -> None:
             raise ConfigError(f"{name} must be an integer or None, got {type(value).__name__} {value!r}")
 
 
+def check_tp_args(tp_size: int, device: str) -> None:
+    """Refuse a `tp_size` that is not an integer >= 1, and a device naming one GPU ("cuda:1") with tp_size > 1 (each
+    rank takes its LOCAL_RANK's GPU).
+
+    Raises:
+        ConfigError: naming the value and the fix.
+    """
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+    if tp_size > 1 and isinstance(device, str) and device.startswith("cuda:"):  # every rank would load onto that GPU
+        raise ConfigError(f"device {device!r} with tp_size {tp_size}: each rank uses the GPU of its LOCAL_RANK "
+                          "(torchrun's); give device 'cuda' (--device cuda), and choose the GPUs with "
+                          "CUDA_VISIBLE_DEVICES")
+
+
+def _load_target_rank(path: Path, tcfg: TargetConfig, torch_dtype: torch.dtype, device: str, fp8_matmul: str,
+                      tp_size: int):
+    """The target at `path`, whole (tp_size 1) or this process's rank's part of it (`shard_target`; FP8 and NVFP4
+    weights dequantized on load first, `tp_fp8_matmul`), with the same RNG on every rank.
+
+    Raises:
+        ConfigError: a tp_size the heads or the process group do not match; fp8_matmul "on" with tp_size > 1.
+    """
+    from dflash_trt.models.checkpoints import load_target
+
+    if tp_size == 1:
+        return load_target(path, torch_dtype, device, fp8_matmul=fp8_matmul)
+    from dflash_trt.runtime.tensor_parallel import (check_tp, process_group_rank, same_rng_on_every_rank,
+                                                    shard_target, tp_fp8_matmul)
+
+    check_tp(tp_size, tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.intermediate_size)
+    fp8_matmul = tp_fp8_matmul(fp8_matmul, tp_size)
+    rank = process_group_rank(tp_size)
+    model = load_target(path, torch_dtype, device, fp8_matmul=fp8_matmul)
+    shard_target(model, rank, tp_size)
+    same_rng_on_every_rank()
+    return model
+
+
 def load_pipeline(target: str | Path | None = None, drafter: str | Path | None = None, dtype: str = "float32",
                   block_size: int | None = None, load_drafter_model: bool = True,
                   sample_drafts: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
@@ -302,17 +341,12 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
+    from dflash_trt.models.checkpoints import check_device, load_drafter
     from dflash_trt.models.default import default_drafter_path, default_target_path, drafter_required
 
     check_load_args(target, drafter, block_size, max_draft_len)
     torch_dtype = parse_dtype(dtype)
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tp_size must be an integer >= 1, got {tp_size!r}")
-    if tp_size > 1 and isinstance(device, str) and device.startswith("cuda:"):  # every rank would load onto that GPU
-        raise ConfigError(f"device {device!r} with tp_size {tp_size}: each rank uses the GPU of its LOCAL_RANK "
-                          "(torchrun's); give device 'cuda' (--device cuda), and choose the GPUs with "
-                          "CUDA_VISIBLE_DEVICES")
+    check_tp_args(tp_size, device)
     check_device(device)  # these first: before a default model is converted or anything is built
     fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     target_path = Path(target) if target is not None else default_target_path()
@@ -331,19 +365,7 @@ def load_pipeline(target: str | Path | None = None, drafter: str | Path | None =
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     if fused_cuda:
         require_cuda_kernels(device)
-    rank = None
-    if tp_size != 1:
-        from dflash_trt.runtime.tensor_parallel import check_tp, process_group_rank, tp_fp8_matmul
-
-        check_tp(tp_size, tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.intermediate_size)
-        fp8_matmul = tp_fp8_matmul(fp8_matmul, tp_size)
-        rank = process_group_rank(tp_size)
-    model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
-    if rank is not None:
-        from dflash_trt.runtime.tensor_parallel import same_rng_on_every_rank, shard_target
-
-        shard_target(model, rank, tp_size)
-        same_rng_on_every_rank()
+    model = _load_target_rank(target_path, tcfg, torch_dtype, device, fp8_matmul, tp_size)
     proposer = None
     if drafter_path is not None:
         proposer = DFlashProposer(load_drafter(drafter_path, torch_dtype, device), model, block_size, sample_drafts,
@@ -361,7 +383,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
                 load_drafter_model: bool = True, max_draft_len: int | None = None, fp8_matmul: str = "auto",
                 device: str = "cpu", draft_confidence: float | str = "auto", cpu_kernels: str = "auto",
                 tree_topk: int | str = "auto", prompt_lookup: int | str = "auto",
-                max_concurrency: int | str | None = "auto", cuda_kernels: str = "off") -> Pipeline:
+                max_concurrency: int | str | None = "auto", cuda_kernels: str = "off", tp_size: int = 1) -> Pipeline:
     """Load a `dflash-trt build` bundle: verify its manifest (the sha256 of every file of the folders it loads;
     any other file altered or missing since the build, e.g. a tuned trtllm/serve.yaml, is named in the
     one line of the returned Pipeline's `warnings`), then load the target
@@ -377,7 +399,8 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
 
     `max_draft_len` defaults to the manifest's (the value in the bundle's serve.yaml) unless a
     `block_size` is given; then, as in `load_pipeline`, to block_size - 1. `draft_confidence`,
-    `tree_topk`, `prompt_lookup`, `max_concurrency` and `cuda_kernels`: as in `load_pipeline`.
+    `tree_topk`, `prompt_lookup`, `max_concurrency`, `cuda_kernels` and `tp_size` (the target split over the
+    process group's ranks, its FP8 / NVFP4 weights dequantized first): as in `load_pipeline`.
 
     Raises:
         BundleError: missing bundle or manifest, a manifest that is not what the build writes (edited: its models,
@@ -392,8 +415,9 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from dflash_trt.build.manifest import verified_bundle
-    from dflash_trt.models.checkpoints import check_device, load_drafter, load_target
+    from dflash_trt.models.checkpoints import check_device, load_drafter
 
+    check_tp_args(tp_size, device)
     check_device(device)
     fused_cuda = resolve_cuda_kernels(cuda_kernels, device)
     manifest, target_path, drafter_path, tokenizer_path, unloaded = verified_bundle(bundle)
@@ -406,7 +430,7 @@ def load_bundle(bundle: str | Path, dtype: str = "float32", block_size: int | No
     packed = resolve_cpu_kernels(cpu_kernels, device, torch_dtype)
     if fused_cuda:
         require_cuda_kernels(device)
-    model = load_target(target_path, torch_dtype, device, fp8_matmul=fp8_matmul)
+    model = _load_target_rank(target_path, tcfg, torch_dtype, device, fp8_matmul, tp_size)
     proposer = None
     if load_drafter_model:
         if max_draft_len is None and block_size is None:

@@ -96,7 +96,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
     describes, `dflash_trt.runtime.tensor_parallel.init_from_env`). The Pipeline's `warnings` go to stderr.
 
     Raises:
-        click.UsageError: --bundle with --target or --drafter; --tp-size > 1 with --bundle or outside torchrun.
+        click.UsageError: --bundle with --target or --drafter; --tp-size > 1 outside torchrun.
         CheckpointError, ConfigError (a --device torch cannot use, checked before --tp-size joins the process group),
         IncompatibleModelsError, BundleError: from `model_folder` and the loaders.
     """
@@ -111,12 +111,15 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         from dflash_trt.models.default import default_target_path
         from dflash_trt.runtime.tensor_parallel import check_tp, init_from_env
 
-        if bundle is not None:
-            raise click.UsageError("--tp-size with --bundle is not supported by dflash-trt's runtime (FP8 / NVFP4 "
-                                   "layers are not split): give the bundle's --target/--drafter folders, or serve it "
-                                   "with TensorRT-LLM (its trtllm/launch.sh)")
         # a split the target does not allow, before asking for a torchrun launch that would then fail on it
-        cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(), flag="--target")
+        if bundle is not None:
+            from dflash_trt.build.manifest import bundle_folder, load_manifest
+
+            cfg = TargetConfig.from_pretrained(bundle_folder(Path(bundle), load_manifest(bundle, verify=False),
+                                                             "models.target.path"))
+        else:
+            cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(),
+                                               flag="--target")
         check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, "--tp-size")
         check_device(options.get("device", "cpu"))  # before the process group's backend (NCCL) is asked of it
         if not init_from_env(options.get("device", "cpu")):
