@@ -1,8 +1,11 @@
-"""Text helpers: wording for messages and reports, and incremental detokenization for streaming."""
+"""Text helpers: wording for messages and reports, incremental detokenization for streaming, and a text that grows
+piece by piece (`GrowingText`)."""
 
 from __future__ import annotations
 
+import bisect
 import functools
+from array import array
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -31,6 +34,51 @@ def partial_suffix(text: str, tags) -> int:
     what a stream holds back while the text may still become a tag (a stop string, `<think>`, `<tool_call>`)."""
     return max((k for tag in tags for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])),
                default=0)
+
+
+class GrowingText:
+    """A text that only grows, kept as the pieces it grew by: `append` costs the piece's length, and `slice(a, b)`
+    O(log pieces + (b - a)), so a reader of a streamed answer that takes only what is new since an offset does work
+    linear in the answer's length. (A `str` grown by `self.text += piece`, or sliced from an old offset at every
+    delta, copies the whole text each time: quadratic, seconds for a 200k-character tool call argument.)
+
+    `str(text)` is the whole text (the pieces are joined once and kept joined until the next `append`: call it at
+    the end, not per delta); `len(text)` its length in characters.
+    """
+
+    def __init__(self, text: str = ""):
+        self._parts: list[str] = []
+        self._starts = array("q")  # where each piece starts in the text
+        self._len = 0
+        self.append(text)
+
+    def append(self, piece: str) -> None:
+        """Add `piece` at the end."""
+        if piece:
+            self._parts.append(piece)
+            self._starts.append(self._len)
+            self._len += len(piece)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def slice(self, a: int, b: int | None = None) -> str:
+        """`str(self)[a:b]` for 0 <= a (b None: to the end), joining only the pieces that hold it."""
+        b = self._len if b is None else min(b, self._len)
+        if a >= b:
+            return ""
+        i = bisect.bisect_right(self._starts, a) - 1
+        j = bisect.bisect_left(self._starts, b, lo=i + 1)
+        if j == i + 1:
+            start = self._starts[i]
+            return self._parts[i][a - start:b - start]
+        start = self._starts[i]
+        return "".join(self._parts[i:j])[a - start:b - start]
+
+    def __str__(self) -> str:
+        if len(self._parts) > 1:
+            self._parts, self._starts = ["".join(self._parts)], array("q", [0])
+        return self._parts[0] if self._parts else ""
 
 
 def text_to_stream(text: str, shown: str) -> str:

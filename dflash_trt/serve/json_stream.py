@@ -7,6 +7,9 @@ which stays an escape (`ensure_ascii=False` would write the character itself, wh
 response could not be sent). A token the text may still extend (a number, a literal, an escape) waits for the
 next text; a string's characters are written as they come. So the canonical text only ever grows, and the
 canonical text of a whole value is the concatenation of what was read piece by piece, however the text was cut.
+The canonical text is kept as its pieces (`dflash_trt.text.GrowingText`): a reader that takes what is new since an
+offset (`written`) does work linear in the value's length, as `read` does given only the text from `pos` on
+(`base`).
 
 It differs from Python's `json` in one way, to keep that property: a key repeated in one object (which Python
 reads as its last value, at its first place) is not JSON here (`NotJson`).
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import json
 import re
+
+from dflash_trt.text import GrowingText
 
 _WS = re.compile(r"[ \t\n\r]*")
 #: string characters written as they are (JSON's escapes are the only other characters a string may hold)
@@ -45,10 +50,11 @@ def _char(c: str) -> str:
 
 class JsonReader:
     """One JSON value of a growing text, from position `start` (whitespace before it is skipped): call `read` with
-    the whole text each time it grows.
+    the text each time it grows (the whole text, or the text from `pos` on with `base`).
 
     Attributes:
-        out: the canonical text of what was read whole (it only grows).
+        out: the canonical text of what was read whole (it only grows; a `str` joined on each call: while the text
+            grows, take parts with `written` and the length with `out_len`).
         pos: where reading goes on; once `done`, just after the value.
         done: whether the value is whole.
         members: when the value is an object, its members so far, each [key, start, end]: where the member's
@@ -56,21 +62,44 @@ class JsonReader:
     """
 
     def __init__(self, start: int = 0, object_only: bool = False):
-        self.out, self.pos, self.done, self.members = "", start, False, []
+        self._out, self.pos, self.done, self.members = GrowingText(), start, False, []
         self.object_only = object_only  # the value must be an object
         self._stack: list[set | None] = []  # the open objects (their keys) and arrays (None)
         self._expect = _VALUE
         self._string: str | None = None  # inside a string: "key" or "value"
         self._string_start = 0  # where the string's text starts in `out`
 
-    def read(self, text: str, final: bool = False) -> None:
-        """Read `text` (the whole text so far: what was read before plus more) on from `pos`, as far as it goes.
-        `final`: the text ends here (a number at its end is whole; a value left unfinished is an error).
+    @property
+    def out(self) -> str:
+        return str(self._out)
+
+    @property
+    def out_len(self) -> int:
+        """The length of `out` (without joining it)."""
+        return len(self._out)
+
+    def written(self, a: int, b: int | None = None) -> str:
+        """`out[a:b]` (0 <= a; b None: to the end), in time linear in its length."""
+        return self._out.slice(a, b)
+
+    def read(self, text: str, final: bool = False, base: int = 0) -> None:
+        """Read the text so far (what was read before plus more) on from `pos`, as far as it goes: `text` is the
+        text from position `base` on (`base` <= `pos`; 0: the whole text). `final`: the text ends here (a number at
+        its end is whole; a value left unfinished is an error).
 
         Raises:
             NotJson: at the first character that cannot go on as the value (`out` keeps what was read before it);
                 with `final`, also when the value is unfinished.
         """
+        if base > self.pos:
+            raise ValueError(f"the text given starts at {base}, after where reading goes on ({self.pos})")
+        self.pos -= base  # (reading only looks on from `pos`: positions in `text` while reading)
+        try:
+            self._read(text, final)
+        finally:
+            self.pos += base
+
+    def _read(self, text: str, final: bool) -> None:
         while not self.done:
             if self._string is not None:
                 if not self._read_string(text):
@@ -83,7 +112,7 @@ class JsonReader:
             raise NotJson("the text ended inside the value")
 
     def _write(self, canonical: str) -> None:
-        self.out += canonical
+        self._out.append(canonical)
 
     def _read_token(self, text: str, final: bool) -> bool:
         """Read the token at `pos` (not whitespace); False when the text may still extend it (wait for more)."""
@@ -117,7 +146,7 @@ class JsonReader:
             self.pos += 1
             self._expect = _VALUE
             if len(self._stack) == 1:
-                self.members[-1][1] = len(self.out)
+                self.members[-1][1] = len(self._out)
             return True
         # _NEXT: after an item
         if c == ",":
@@ -142,7 +171,7 @@ class JsonReader:
             return
         self._expect = _NEXT
         if len(self._stack) == 1 and self.members:
-            self.members[-1][2] = len(self.out)
+            self.members[-1][2] = len(self._out)
 
     def _read_number(self, text: str, final: bool) -> bool:
         end = _NUMBER_RUN.match(text, self.pos).end()
@@ -172,7 +201,7 @@ class JsonReader:
         raise NotJson(f"not a JSON value: {rest!r}")
 
     def _open_string(self, kind: str) -> bool:
-        self._string, self._string_start = kind, len(self.out)
+        self._string, self._string_start = kind, len(self._out)
         self._write('"')
         self.pos += 1
         return True
@@ -239,7 +268,7 @@ class JsonReader:
         if kind == "value":
             self._value_done()
             return
-        key = json.loads(self.out[self._string_start:])
+        key = json.loads(self._out.slice(self._string_start))
         keys = self._stack[-1]
         if key in keys:
             raise NotJson(f"the key {key!r:.40} twice in one object")

@@ -28,6 +28,10 @@ finish_reason (`finish_reason`) is "tool_calls" only when the answer stopped wit
 (its arguments valid JSON); when the last call went wrong it stays the engine's ("stop" / "length"), so a client
 knows the call is not usable (the Responses API marks its item "incomplete"). The stream's last chunk carries
 the same finish_reason as the message.
+
+Streamed, the work is linear in the answer's length: the text and each call's canonical arguments are kept as
+pieces (`dflash_trt.text.GrowingText`), each delta reads on only from where the last one stopped, and
+`CallReader.arguments(since)` hands out only the arguments written since what was sent.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import re
 import uuid
 
 from dflash_trt.serve.json_stream import JsonReader, NotJson
-from dflash_trt.text import partial_suffix
+from dflash_trt.text import GrowingText, partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: what Llama 3.1 writes before a call to a built-in tool (a special token: usually not in the decoded text)
@@ -83,12 +87,15 @@ class CallReader:
         self.keyed, self.names = keyed, names
         self.failed = False  # the text cannot go on as the object (or ended inside it)
         self._name_ok: bool | None = None  # whether the "name" member is a name (`_has_name`), once it is whole
+        self._whole: tuple[str | None] | None = None  # `_whole_arguments`, once the object is whole
+        self._opens = ""  # the first character of the arguments' value, once written
 
-    def read(self, text: str, final: bool) -> None:
-        """Read the text (all of it so far) on; `final`: it ends here."""
+    def read(self, text: str, final: bool, base: int = 0) -> None:
+        """Read the text so far on (`text`: the text from position `base` on, `base` <= `self.json.pos`); `final`:
+        it ends here."""
         if not self.failed:
             try:
-                self.json.read(text, final)
+                self.json.read(text, final, base)
             except NotJson:
                 self.failed = True
 
@@ -98,6 +105,12 @@ class CallReader:
     def _arguments_member(self):
         return next((m for m in self.json.members if m[0] in _ARGUMENT_KEYS), None)
 
+    def _arguments_open(self, args) -> str:
+        """The first character of the value of `args` (the arguments member), "" until it is written."""
+        if not self._opens and args[1] is not None:
+            self._opens = self.json.written(args[1], args[1] + 1)
+        return self._opens
+
     def _has_name(self) -> bool:
         """Whether the object has a "name" member whose value is a whole string, one a name can be (no lone
         surrogate: a response could not carry it; one of `names`, when given)."""
@@ -105,7 +118,7 @@ class CallReader:
             name = self._member("name")
             if name is None or name[2] is None:
                 return False
-            value = json.loads(self.json.out[name[1]:name[2]])
+            value = json.loads(self.json.written(name[1], name[2]))
             self._name_ok = isinstance(value, str) and not _SURROGATE.search(value) and (
                 self.names is None or value in self.names)
         return self._name_ok
@@ -134,19 +147,23 @@ class CallReader:
         if sum(m[0] in _ARGUMENT_KEYS for m in self.json.members) > 1:
             return True
         args = self._arguments_member()
-        start = args[1] if args is not None else None
-        return start is not None and len(self.json.out) > start and self.json.out[start] not in '{"n'
+        return args is not None and self._arguments_open(args) not in ('', '{', '"', 'n')
 
     def _whole_arguments(self) -> str | None:
         """The canonical text of the whole object's arguments ("{}" for none), or None when they are not an
         object's."""
-        args = self._arguments_member()
-        if args is None:
-            return "{}"
-        value = self.json.out[args[1]:args[2]]
-        if value[0] == '"':  # the arguments as JSON text
-            return _canonical_object(json.loads(value))
-        return "{}" if value == "null" else value
+        if self._whole is None:
+            args = self._arguments_member()
+            if args is None:
+                value = "{}"
+            else:
+                value = self.json.written(args[1], args[2])
+                if value[0] == '"':  # the arguments as JSON text
+                    value = _canonical_object(json.loads(value))
+                elif value == "null":
+                    value = "{}"
+            self._whole = (value,)  # (the object is whole: they stay so)
+        return self._whole[0]
 
     @property
     def state(self) -> str:
@@ -167,21 +184,23 @@ class CallReader:
     def name(self) -> str:
         """The call's name (once it is a call)."""
         name = self._member("name")
-        return json.loads(self.json.out[name[1]:name[2]])
+        return json.loads(self.json.written(name[1], name[2]))
 
-    def arguments(self) -> str:
-        """The arguments' canonical text as far as it is sure: whole once the call is, else the text of an object
-        being written without its last character (its closing brace once it is whole); "" before they begin, or
-        while they are JSON text or null (those come whole)."""
+    def arguments(self, since: int = 0) -> str:
+        """The arguments' canonical text as far as it is sure, from character `since` on (what was not sent yet;
+        it only grows, so the pieces join to the whole): whole once the call is, else the text of an object being
+        written without its last character (its closing brace once it is whole); "" before they begin, or while
+        they are JSON text or null (those come whole). Takes time in the length of what it returns (once whole, in
+        the arguments' length: once per call)."""
         if self.state == WHOLE:
-            return self._whole_arguments()
+            return self._whole_arguments()[since:]
         args = self._arguments_member()
         if args is None or args[1] is None:
             return ""
-        out, start, end = self.json.out, args[1], args[2]
-        if len(out) <= start or out[start] != "{":
+        start, end = args[1], args[2]
+        if self._arguments_open(args) != "{":
             return ""
-        return out[start:end - 1 if end is not None else len(out)]
+        return self.json.written(start + since, end - 1 if end is not None else self.json.out_len)
 
 
 class CallsReader:
@@ -195,7 +214,7 @@ class CallsReader:
         self.fmt, self.parallel = fmt, parallel
         self.keyed = fmt == "llama3_json"  # a call needs an arguments key (`CallReader`)
         self.names = frozenset(names) if names is not None and self.keyed else None
-        self.text, self.pos, self.final = "", 0, False
+        self.text, self.pos, self.final = GrowingText(), 0, False  # the answer so far (`text.slice(a, b)`)
         self.calls: list[CallReader] = []  # the calls (each a call: open, broken or whole)
         self.reading: CallReader | None = None  # the object being read (pending, or the open call)
         self.mode = "before"  # before the first call; "calls"; "content" (the whole answer is); "end" (no more calls)
@@ -205,7 +224,7 @@ class CallsReader:
 
     def feed(self, text: str, final: bool = False) -> None:
         """Read the answer's next piece of text; `final`: it is the last."""
-        self.text += text
+        self.text.append(text)
         self.final = final
         while self.mode in ("before", "calls"):
             if self.reading is None:
@@ -214,7 +233,7 @@ class CallsReader:
                     break
                 self.reading = CallReader(start, self.keyed, self.names)
             call = self.reading
-            call.read(self.text, final)
+            call.read(self.text.slice(call.json.pos), final, base=call.json.pos)  # the text not read yet
             state = call.state
             if state == PENDING:
                 break
@@ -238,23 +257,25 @@ class CallsReader:
     def _next_call(self) -> int | None:
         """Where the next call object starts (its "{", or for Hermes the text after `<tool_call>`), or None: not
         known yet, or (mode set) no more calls."""
-        text, first = self.text, not self.calls
+        first = not self.calls
         if self.fmt == "hermes":
-            i = text.find(OPEN, self._scan)
+            i = self.text.slice(self._scan).find(OPEN)  # (from where the last look stopped)
             if i < 0:
-                self._scan = max(self._scan, len(text) - len(OPEN) + 1)
+                self._scan = max(self._scan, len(self.text) - len(OPEN) + 1)
                 return None
+            i += self._scan
             if first:
                 self.opened = i
             return i + len(OPEN)
         pattern = ((_LLAMA3_START if first else _LLAMA3_NEXT) if self.fmt == "llama3_json"
                    else (_ARRAY_START if first else _ARRAY_NEXT))
-        m = pattern.match(text, self.pos)
+        text = self.text.slice(self.pos)  # the text after the last call (positions from `pos`)
+        m = pattern.match(text)
         end = m.end()
         if end == len(text):
             return None
         if text[end] == "{" and (self.fmt == "llama3_json" or m.group(1)):
-            return end
+            return self.pos + end
         if first and self.fmt == "llama3_json" and not m.group(1) and PYTHON_TAG.startswith(text[end:]):
             return None  # maybe the tag, cut
         self.mode = "content" if first else "end"
@@ -264,23 +285,26 @@ class CallsReader:
         """How much of the text is surely content (the content is `text[:content_end()]`): with calls (or while
         there may be), Hermes' text before the first `<tool_call>` (or a text end that may begin one) without its
         trailing whitespace, nothing in the other formats; without, once known, all of it."""
+        n = len(self.text)
         if self.mode == "content":
-            return len(self.text)
+            return n
         if self.fmt != "hermes":
             return 0
-        end = self.opened if self.opened is not None else len(self.text) - partial_suffix(self.text, (OPEN,))
+        end = self.opened if self.opened is not None else n - partial_suffix(self.text.slice(max(0, n - len(OPEN))),
+                                                                            (OPEN,))
         seen, stripped = self._stripped  # the end only grows: look back as far as the last end only (each character
         if end < seen:  # once, not the whole run of whitespace again at each delta)
             seen, stripped = 0, 0
-        i = end
-        while i > seen and self.text[i - 1].isspace():
+        new = self.text.slice(seen, end)
+        i = len(new)
+        while i > 0 and new[i - 1].isspace():
             i -= 1
-        self._stripped = (end, i if i > seen else stripped)
+        self._stripped = (end, seen + i if i > 0 else stripped)
         return self._stripped[1]
 
     def content(self) -> str | None:
         """The content as it stands: with calls, None when it is empty."""
-        content = self.text[:self.content_end()]
+        content = self.text.slice(0, self.content_end())
         return content or None if self.calls else content
 
     def answer(self) -> tuple[str | None, list[tuple[str, str]]]:
@@ -377,20 +401,20 @@ class ToolStream:
         reader, out = self.reader, {}
         end = reader.content_end()
         if end > self.sent:
-            out["content"] = reader.text[self.sent:end]
+            out["content"] = reader.text.slice(self.sent, end)
             self.sent = end
         calls = []
         for i in range(self.settled, len(reader.calls)):  # the calls before `settled` were sent whole
             call = reader.calls[i]
-            args = call.arguments()
             if i == len(self.ids):
+                args = call.arguments()
                 self.ids.append(call_id())
                 self.args_sent.append(len(args))
                 calls.append({"index": i, "id": self.ids[i], "type": "function",
                               "function": {"name": call.name, "arguments": args}})
-            elif len(args) > self.args_sent[i]:
-                calls.append({"index": i, "function": {"arguments": args[self.args_sent[i]:]}})
-                self.args_sent[i] = len(args)
+            elif args := call.arguments(self.args_sent[i]):  # only what is new (linear in the answer)
+                calls.append({"index": i, "function": {"arguments": args}})
+                self.args_sent[i] += len(args)
             if call is not reader.reading:  # whole or broken: its arguments are all sent
                 self.settled = i + 1
         if calls:
