@@ -44,7 +44,12 @@ class GrowingText:
 
     `str(text)` is the whole text (the pieces are joined once and kept joined until the next `append`: call it at
     the end, not per delta); `len(text)` its length in characters.
+
+    `GrowingText.copied` counts the characters all slices copied, the pieces joined for them included (what reading
+    costs: tests check that a stream's readers keep it linear in the text's length).
     """
+
+    copied = 0
 
     def __init__(self, text: str = ""):
         self._parts: list[str] = []
@@ -69,11 +74,13 @@ class GrowingText:
             return ""
         i = bisect.bisect_right(self._starts, a) - 1
         j = bisect.bisect_left(self._starts, b, lo=i + 1)
-        if j == i + 1:
-            start = self._starts[i]
-            return self._parts[i][a - start:b - start]
         start = self._starts[i]
-        return "".join(self._parts[i:j])[a - start:b - start]
+        if j == i + 1:
+            GrowingText.copied += b - a
+            return self._parts[i][a - start:b - start]
+        joined = "".join(self._parts[i:j])
+        GrowingText.copied += len(joined) + b - a
+        return joined[a - start:b - start]
 
     def __str__(self) -> str:
         if len(self._parts) > 1:
