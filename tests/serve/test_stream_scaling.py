@@ -64,4 +64,5 @@ def test_a_long_argument_streams_in_linear_work(fmt, head, tail):
         assert GrowingText.copied <= 16 * len(text), (n, GrowingText.copied)
     assert copied[1] <= 10.5 * copied[0], copied
     message, finish = calling.message(text, "stop")
-    assert message["tool_calls"][0]["function"]["arguments"] == '{"a": "' + "x" * 100_000 + '"}' and finish == "tool_calls"
+    assert finish == "tool_calls"
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"a": "' + "x" * 100_000 + '"}'
