@@ -48,38 +48,54 @@ def split_reasoning(text: str, at_start: bool) -> tuple[str, str]:
 
 def reasoning_token_count(token_ids: list[int], decode, at_start: bool) -> int:
     """How many of an answer's tokens are its reasoning (the Responses API's `usage.output_tokens_details.
-    reasoning_tokens`): from the token that begins `<think>` (the first token when `at_start`) to the one that
-    completes `</think>`, both included, or to the last token while the reasoning is not closed (cut by max_tokens);
-    0 when the answer has no reasoning. The split is `split_reasoning`'s, located in the tokens by decoding their
-    prefixes (a binary search: O(log n) decodes).
+    reasoning_tokens`): the tokens that hold the text between `<think>` and `</think>` (`split_reasoning`'s
+    reasoning), the tags' own tokens not counted; from the first token when the answer starts inside the reasoning
+    ("deepseek-r1" without `<think>`), to the last token while it is not closed (cut by max_tokens); 0 when the
+    answer has no reasoning or an empty one (`<think></think>`).
+
+    The tags are left out as vLLM counts them (`BaseThinkingReasoningParser.count_reasoning_tokens`, the tokens
+    strictly between the start and end tokens, vllm-project/vllm#14335) and as OpenAI means the field (the tokens
+    spent reasoning). trtllm-serve, which this server matches elsewhere, reports no reasoning_tokens at all
+    (tensorrt_llm/serve/postprocess_handlers.py builds its usage without completion_tokens_details), so vLLM's is
+    the number users compare against. With a tokenizer whose tags are single tokens (DeepSeek-R1, Qwen3) this is
+    exactly vLLM's count; where a tag is several tokens, a token holding both a tag's and the reasoning's
+    characters counts as reasoning.
 
     Args:
         token_ids: the answer's token ids.
         decode: token ids -> text (the target tokenizer's decode).
         at_start: as `split_reasoning`.
+    Returns:
+        the count; the tokens are located by decoding their prefixes (a binary search: O(log n) decodes).
     """
     n = len(token_ids)
+    if not n:
+        return 0
+    text = decode(token_ids)
+    if at_start:
+        begin = len(START) if text.startswith(START) else 0
+    else:
+        i = text.find(START)
+        if i < 0:
+            return 0
+        begin = i + len(START)
+    close = text.find(END, begin)
+    end = len(text) if close < 0 else close  # the reasoning is text[begin:end]
+    if end <= begin:
+        return 0
 
-    def first(holds) -> int | None:
-        """The fewest leading tokens whose text `holds` (a property that, once true, stays true), None if never."""
-        if not n or not holds(decode(token_ids)):
-            return None
+    def first(holds) -> int:
+        """The fewest leading tokens whose text `holds` (a property that, once true, stays true; true of all)."""
         lo, hi = 1, n
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if holds(decode(token_ids[:mid])) else (mid + 1, hi)
         return lo
 
-    if at_start:
-        begin, after = 0, 0
-    else:
-        k = first(lambda t: START in t)
-        if k is None:
-            return 0
-        i = decode(token_ids[:k]).index(START)
-        begin, after = first(lambda t: len(t) > i) - 1, i + len(START)  # the token holding the tag's first character
-    end = first(lambda t: END in t[after:])
-    return (n if end is None else end) - begin
+    # the reasoning's first character is in token first(len > begin) - 1, its last in token first(len >= end) - 1;
+    # from the first token when the answer starts inside it, to the last while it is not closed
+    last = n if close < 0 else first(lambda t: len(t) >= end)
+    return last - (1 if begin == 0 else first(lambda t: len(t) > begin)) + 1
 
 
 class ReasoningStream:

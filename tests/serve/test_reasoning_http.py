@@ -41,26 +41,41 @@ def test_split_reasoning(text, at_start, want):
     assert split_reasoning(text, at_start) == want
 
 
-@pytest.mark.parametrize("pieces, at_start, reasoning_piece", [
-    (["Hello ", "<think>\nplan it\n</think>", "\n\nParis."], False, 1),  # qwen3: the tags' tokens included
-    (["plan it\n</think>", "\n\nParis."], True, 0),  # deepseek-r1: from the first token
-    (["<think>\nplan</think>", "Paris."], True, 0),
-    (["Sure. ", "<think>\nstill planning"], False, 1),  # cut inside the reasoning: to the last token
-    (["still planning, cut"], True, 0),
-    (["Paris.", ""], False, None),  # no reasoning
-    (["plan</think>Paris."], False, None),  # qwen3 without <think>: all content
+@pytest.mark.parametrize("pieces, at_start, reasoning_pieces", [
+    (["Hello ", "<think>", "\nplan it\n", "</think>", "\n\nParis."], False, [2]),  # qwen3: the tags not counted
+    (["plan it\n", "</think>", "\n\nParis."], True, [0]),  # deepseek-r1: from the first token
+    (["<think>", "\nplan", " more", "</think>", "Paris."], True, [1, 2]),
+    (["Sure. ", "<think>", "\nstill planning"], False, [2]),  # cut inside the reasoning: to the last token
+    (["still planning, cut"], True, [0]),
+    (["<think>", "</think>", "Paris."], False, []),  # an empty reasoning
+    (["</think>", "Paris."], True, []),
+    (["Paris.", ""], False, []),  # no reasoning
+    (["plan</think>Paris."], False, []),  # qwen3 without <think>: all content
 ])
-def test_reasoning_token_count_is_the_reasoning_texts_tokens(smollm2_pipeline, pieces, at_start, reasoning_piece):
+def test_reasoning_token_count_is_the_reasoning_texts_tokens(smollm2_pipeline, pieces, at_start, reasoning_pieces):
     """`reasoning_token_count` (the Responses usage's reasoning_tokens) on token ids built piece by piece with the
-    real tokenizer: exactly the tokens of the piece holding the reasoning (its tags included)."""
+    real tokenizer: exactly the tokens of the pieces holding the reasoning, without the tags' tokens (as vLLM
+    counts; trtllm-serve reports none)."""
     from dflash_trt.serve.reasoning import reasoning_token_count
 
     tok = smollm2_pipeline.tokenizer
     parts = [tok.encode(p, add_special_tokens=False) for p in pieces]
     ids = [t for part in parts for t in part]
-    want = 0 if reasoning_piece is None else len(parts[reasoning_piece])
+    want = sum(len(parts[i]) for i in reasoning_pieces)
     assert reasoning_token_count(ids, smollm2_pipeline.decode, at_start) == want
     assert reasoning_token_count([], smollm2_pipeline.decode, at_start) == 0
+
+
+def test_reasoning_tokens_share_a_token_with_a_tag(smollm2_pipeline):
+    """Where one token holds both a tag's characters and the reasoning's (SmolLM2 splits the tags into "<", "think",
+    ">" and merges ">" with what follows), it counts as reasoning: the count is the tokens holding any of it."""
+    from dflash_trt.serve.reasoning import reasoning_token_count
+
+    tok, decode = smollm2_pipeline.tokenizer, smollm2_pipeline.decode
+    ids = tok.encode("a <think>>x></think>ok", add_special_tokens=False)  # the reasoning is ">x>"
+    assert [decode([i]) for i in ids] == ["a", " <", "think", ">>", "x", "></", "think", ">", "ok"]
+    assert reasoning_token_count(ids, decode, False) == 3  # ">>", "x", "></"
+    assert reasoning_token_count(ids[:5], decode, False) == 2  # cut after "x": ">>", "x"
 
 
 @pytest.mark.parametrize("text", ["<think>\nplan a < b\n</think>\n\nParis <3.", "plan</think>Paris.", "no tags <",
