@@ -211,9 +211,12 @@ class Pipeline:
         Raises:
             what `Engine.generate` and `encode` raise (InvalidRequestError: a prompt of no accepted kind, text
             holding a lone surrogate); InvalidRequestError for another keyword (a sampling setting such as
-            max_tokens=: it names SamplingParams).
+            max_tokens=: it names SamplingParams), and for both `params` and `sampling_params`.
         """
-        if "sampling_params" in unknown and params is None:
+        if "sampling_params" in unknown:
+            if params is not None:
+                raise InvalidRequestError("generate got both params and sampling_params (the same argument by two "
+                                          "names); give one")
             params = unknown.pop("sampling_params")
         if unknown:
             name = next(iter(unknown))

@@ -91,6 +91,9 @@ def test_pipeline_takes_conversations_and_vllms_sampling_params_keyword(smollm2_
     [a] = pipe.generate(["Hi"], sampling_params=params)
     [b] = pipe.generate(["Hi"], params)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 3
+    with pytest.raises(InvalidRequestError, match=r"^generate got both params and sampling_params \(the same argument "
+                                                  r"by two names\); give one$"):
+        pipe.generate(["Hi"], params, sampling_params=SamplingParams(max_tokens=5))
     with pytest.raises(InvalidRequestError, match=r"generate has no argument 'max_tokens'; give it in params: "
                                                   r"SamplingParams\(max_tokens=\.\.\.\)"):
         pipe.generate(["Hi"], max_tokens=4)
