@@ -88,12 +88,13 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
 
 
 def load_models(target: str | None, drafter: str | None, bundle: str | None, dtype: str, block_size: int | None,
-                drafting: bool, **options):
+                drafting: bool, tp_config: str | None = None, **options):
     """The Pipeline of --bundle, or of --target / --drafter (embedded defaults when None), as `generate` and
     `serve` load it; `drafting` False loads no drafter (mode "ar"); `options` go to `load_pipeline` /
     `load_bundle` as given (max_draft_len, fp8_matmul, device, draft_confidence, cpu_kernels, cuda_kernels, tree_topk,
     prompt_lookup, max_concurrency; tp_size for `load_pipeline` only: > 1 joins the process group torchrun
     describes, `dflash_trt.runtime.tensor_parallel.init_from_env`). The Pipeline's `warnings` go to stderr.
+    `tp_config`: the YAML file tp_size came from (serve --config's tensor_parallel_size), which the errors name.
 
     Raises:
         click.UsageError: --bundle with --target or --drafter; --tp-size > 1 outside torchrun.
@@ -102,8 +103,10 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
     """
     tp_size = options.get("tp_size", 1)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    named = "--tp-size" if tp_config is None else f"tensor_parallel_size (in {tp_config})"
+    given = f"--tp-size {tp_size}" if tp_config is None else f"tensor_parallel_size {tp_size} (in {tp_config})"
     if world > 1 and tp_size != world:
-        raise click.UsageError(f"this is one of {world} processes started by torchrun, but --tp-size is {tp_size}: "
+        raise click.UsageError(f"this is one of {world} processes started by torchrun, but {named} is {tp_size}: "
                                f"pass --tp-size {world} (or start one process)")
     if tp_size > 1:
         from dflash_trt.config import TargetConfig
@@ -120,11 +123,13 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         else:
             cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(),
                                                flag="--target")
-        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, "--tp-size")
+        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+                 named)
         check_device(options.get("device", "cpu"))  # before the process group's backend (NCCL) is asked of it
         if not init_from_env(options.get("device", "cpu")):
-            raise click.UsageError(f"--tp-size {tp_size} runs one process per rank: launch it with torchrun --nproc-per-node "
-                                   f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}")
+            one = "" if tp_config is None else " (or pass --tp-size 1 to serve in one process)"
+            raise click.UsageError(f"{given} runs one process per rank: launch it with torchrun --nproc-per-node "
+                                   f"{tp_size} $(which dflash-trt) ... --tp-size {tp_size}{one}")
     if bundle is not None:
         if target is not None or drafter is not None:
             raise click.UsageError("--bundle already holds the target and drafter; drop --target/--drafter")

@@ -194,7 +194,12 @@ def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len
     warn_draft_flags_unused(mode == "dflash", block_size, max_draft_len, draft_confidence, tree_topk, prompt_lookup,
                             max_concurrency)
     set_threads(threads)
-    pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", max_draft_len=max_draft_len,
+    tp_config = None  # the YAML that set tp_size, for the errors about it
+    if config is not None and click.get_current_context().get_parameter_source("tp_size") == \
+            click.core.ParameterSource.DEFAULT_MAP:
+        tp_config = config["path"]
+    pipe = load_models(target, drafter, bundle, dtype, block_size, mode == "dflash", tp_config=tp_config,
+                       max_draft_len=max_draft_len,
                        fp8_matmul=fp8_matmul, device=device, draft_confidence=draft_confidence,
                        cpu_kernels=cpu_kernels, cuda_kernels=cuda_kernels, tree_topk=tree_topk,
                        prompt_lookup=prompt_lookup, max_concurrency=max_concurrency,

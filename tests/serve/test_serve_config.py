@@ -193,6 +193,23 @@ def test_a_flag_that_disagrees_with_the_config_is_refused_before_the_models_load
     assert code == 2 and "Invalid value for '--config'" in err and "does not implement max_input_len" in err
 
 
+def test_a_tensor_parallel_size_from_the_config_is_named_as_its_key(monkeypatch, capsys, tmp_path):
+    """tensor_parallel_size 3 in the YAML, one process: the torchrun line names the key and the file (it said
+    "--tp-size 3", a flag the user had not given); 2 does not split the heads: named as the key too."""
+    path = write(tmp_path, bundle_config(tensor_parallel_size=3))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
+    assert (code, out) == (2, "") and " ".join(err.splitlines()[-1].split()) == (
+        f"error: tensor_parallel_size 3 (in {path}) runs one process per rank: launch it with torchrun "
+        "--nproc-per-node 3 $(which dflash-trt) ... --tp-size 3 (or pass --tp-size 1 to serve in one process) (see "
+        "'dflash-trt serve --help')"), err
+    path = write(tmp_path, bundle_config(tensor_parallel_size=2))
+    code, out, err = run_main(monkeypatch, capsys, "serve", "--config", str(path))
+    assert (code, out) == (1, "") and " ".join(err.splitlines()[-1].split()) == (
+        f"error: tensor_parallel_size (in {path}) 2 does not divide the target's attention heads (9), KV heads (3); "
+        f"use a tensor_parallel_size (in {path}) that divides them: 1, 3"), err
+
+
 @pytest.mark.parametrize("extra, message", [
     ({"max_seq_len": 1}, "max_seq_len is 1: 1 is not in the range x>=2. (serve's --max-seq-len)"),
     ({"max_batch_size": 1000}, "max_batch_size is 1000: 1000 is not in the range 1<=x<=256. (serve's --max-batch-size)"),
