@@ -458,7 +458,7 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
     from dflash_trt.training.datagen import load_shards
     from dflash_trt.training.export import export_drafter
     from dflash_trt.training.init import init_from_target
-    from dflash_trt.training.trainer import TrainConfig, reported_history, train
+    from dflash_trt.training.trainer import TrainConfig, check_resume_settings, reported_history, train
     from dflash_trt.training.vocab import coverage, d2t_offsets, top_tokens
 
     torch.set_num_threads(threads)
@@ -529,6 +529,11 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         source = ("" if target_layer_ids is not None else " (the --init drafter's)" if init_dir is not None
                   else " (the default, the flag not given)")
         _check_resume_layers(work, dcfg.target_layer_ids, source)
+    tc = TrainConfig(block_size=block_size, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, epochs=epochs,
+                     lr=lr, soft_weight=soft_weight, gamma=gamma, val_samples=val_samples, max_seq_len=max_seq_len, seed=seed,
+                     checkpoint_every=checkpoint_every, bf16_autocast=bf16_autocast, attention=attention)
+    if resume and not data_only:  # the flags and the sample count, before the data step (a long one on a real corpus)
+        check_resume_settings(work / "run", tc, len(prompts) if max_samples is None else min(max_samples, len(prompts)))
 
     path, model, tokenizer, stops = pipeline.load_target_and_tokenizer(target_path, device=device)
     if fine_tuned is not None and fine_tuned.target_copies:  # a speculators --init: made for this target?
@@ -583,9 +588,6 @@ def train_drafter(target, out, prompts_file, num_layers, block_size, max_seq_len
         first = [data.features[i] for i in some] if data.features is not None else data.online(some)[0]
         calib = torch.cat([f[:64].float() for f in first]).to(device)  # q/k scale calibration
         src_layers = init_from_target(drafter, model, None, calib)
-    tc = TrainConfig(block_size=block_size, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, epochs=epochs,
-                     lr=lr, soft_weight=soft_weight, gamma=gamma, val_samples=val_samples, max_seq_len=max_seq_len, seed=seed,
-                     checkpoint_every=checkpoint_every, bf16_autocast=bf16_autocast, attention=attention)
     try:
         state = train(drafter, data, tc, work / "run", resume=resume,
                       time_limit_s=time_limit_min * 60 if time_limit_min else None, max_steps=max_steps,

@@ -373,6 +373,41 @@ def validate(drafter: DFlashDrafter, data: TrainData, indices: list[int], cfg: T
 _FLAGS = {"anchors_per_seq": "--anchors", "bf16_autocast": "--bf16-autocast"}
 
 
+def settings_differences(checkpoint: dict, cfg: TrainConfig, num_samples: int) -> list[str]:
+    """How `cfg` and `num_samples` differ from the settings a training checkpoint (`checkpoint`, as read) was made
+    with: "FIELD (--flag) OLD -> NEW" per TrainConfig field, "samples OLD -> NEW"; [] when they agree. Fields added
+    after the checkpoint was written take their defaults."""
+    saved = {**asdict(TrainConfig()), **checkpoint["config"]}
+    differ = [f"{k}{_flag(k)} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
+    if checkpoint["num_samples"] != num_samples:
+        differ.append(f"samples {checkpoint['num_samples']} -> {num_samples}")
+    return differ
+
+
+def _other_settings(path: Path, differ: list[str]) -> DFlashError:
+    """The error for a resumed checkpoint at `path` made with other settings (`differ`, `settings_differences`)."""
+    return DFlashError(f"{path} was made with other training settings or data ({'; '.join(differ)}); resume with the "
+                       "settings it was started with, or remove it to start over")
+
+
+def check_resume_settings(run_dir: str | Path, cfg: TrainConfig, num_samples: int) -> None:
+    """Before the data is generated or loaded: refuse to resume the checkpoint in `run_dir` with training settings
+    `cfg` or a sample count (the prompts the data will hold: `--max-samples` or all of them) it was not made with,
+    as `train` would after the data step. Nothing to check without a checkpoint. Reads the checkpoint
+    memory-mapped (the weights are not loaded).
+
+    Raises:
+        DFlashError: naming each difference and the fix.
+    """
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file():
+        return
+    ck = read_torch(path, _damaged_checkpoint_fix(path), weights_only=False, mmap=True)
+    differ = settings_differences(ck, cfg, num_samples)
+    if differ:
+        raise _other_settings(path, differ)
+
+
 def _flag(field_name: str) -> str:
     """The train-drafter flag that sets TrainConfig field `field_name`, as " (--flag)"; "" if none does."""
     if field_name in _FLAGS:
@@ -515,11 +550,7 @@ def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path,
             raise DFlashError(f"{run} already holds a training checkpoint; pass --resume to continue it, "
                               "or remove the folder to start over")
         ck = read_torch(ckpt_path, _damaged_checkpoint_fix(ckpt_path), weights_only=False)
-        # fields added later take their defaults in older checkpoints
-        saved = {**asdict(TrainConfig()), **ck["config"]}
-        differ = [f"{k}{_flag(k)} {saved[k]} -> {v}" for k, v in asdict(cfg).items() if saved.get(k) != v]
-        if ck["num_samples"] != n:
-            differ.append(f"samples {ck['num_samples']} -> {n}")
+        differ = settings_differences(ck, cfg, n)
         saved_ids, own_ids = ck.get("target_layer_ids"), list(drafter.config.target_layer_ids)
         if saved_ids is not None and list(saved_ids) != own_ids:  # the same count keeps fc's shape
             differ.append(f"target layer ids (--target-layer-ids) {list(saved_ids)} -> {own_ids}")
@@ -532,8 +563,7 @@ def _train(drafter: DFlashDrafter, data: TrainData, cfg: TrainConfig, run: Path,
                                                  {k: tuple(v.shape) for k, v in drafter.state_dict().items()})
                    if saved_ids is None or "--target-layer-ids" not in d]
         if differ:
-            raise DFlashError(f"{ckpt_path} was made with other training settings or data ({'; '.join(differ)}); "
-                              "resume with the settings it was started with, or remove it to start over")
+            raise _other_settings(ckpt_path, differ)
         drafter.load_state_dict(ck["drafter"])
         opt.load_state_dict(ck["optimizer"])
         state = TrainState(**ck["state"])

@@ -570,6 +570,38 @@ def test_resume_with_another_mask_token_id_is_refused(tmp_path, target_with_toke
     assert res.exit_code == 0, res.output + repr(res.exception)
 
 
+def test_resume_with_other_flags_or_samples_is_refused_before_the_data_step(tmp_path, target_with_tokenizer,
+                                                                            monkeypatch):
+    """--resume with another --lr or --max-samples: refused naming each, before any data is generated or loaded
+    (--max-samples 12 generated the 4 new samples first, and --lr waited for the data too: a long wait on a real
+    corpus); the original flags still resume."""
+    import dflash_trt.training.pipeline
+
+    out, work = tmp_path / "d", tmp_path / "w"
+    args = ["--target", str(target_with_tokenizer), "--prompts", str(_prompts(tmp_path, 16)), "--work-dir", str(work),
+            "--out", str(out), "--num-layers", "1", "--block-size", "4", "--epochs", "2", "--max-new-tokens", "8",
+            "--target-layer-ids", "0,1", "--mask-token-id", str(MASK), "--init", "random", "--max-steps", "2",
+            "--max-samples", "8"]
+    res = _run(args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    real_build = dflash_trt.training.pipeline.build_data
+
+    def no_data_step(*a, **k):
+        raise AssertionError("the data step ran")
+
+    monkeypatch.setattr(dflash_trt.training.pipeline, "build_data", no_data_step)
+    res = _run([*args[:-1], "12", "--lr", "0.001", "--resume"])
+    assert res.exit_code == 1 and isinstance(res.exception, DFlashError), res.output + repr(res.exception)
+    assert str(res.exception) == (
+        f"{work / 'run' / 'checkpoint.pt'} was made with other training settings or data (lr (--lr) 0.0006 -> 0.001; "
+        "samples 8 -> 12); resume with the settings it was started with, or remove it to start over")
+    res = _run([*args[:-1], "100", "--resume"])  # more than the 16 prompts: all of them, 16
+    assert "samples 8 -> 16)" in str(res.exception), repr(res.exception)
+    monkeypatch.setattr(dflash_trt.training.pipeline, "build_data", real_build)
+    res = _run(args + ["--resume"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+
+
 def test_resume_from_another_init_is_refused(tmp_path, target_with_tokenizer):
     """--resume with another --init (random -> target): refused naming the flag and both (the weights would be the
     checkpoint's, but training.json recorded the new --init as the run's start, and the copy from the target ran
