@@ -417,6 +417,16 @@ class DFlashProposer:
         if sampled and not bool(((logits < float("inf")) | (logits == float("-inf"))).all()):
             raise DFlashError("the drafter produced non-finite draft probabilities (NaN or inf: overflow in this "
                               "dtype, or corrupt activations); try --dtype float32, or another drafter")
+        if sampled:
+            # a position where the row's logits processing leaves no draft token (a grammar whose next tokens all
+            # lie outside a reduced draft vocabulary) has no q to sample from: the row's drafts end before it (a
+            # function of the drafter's logits alone, as draft_confidence's cut: the output's distribution stays)
+            rows = list(sampled)
+            open_ = (~torch.isneginf(logits[rows]).all(-1)).cumprod(1).sum(1).tolist()
+            if min(open_) < m:
+                lengths = [k] * n if lengths is None else lengths
+                for r, o in zip(rows, open_):
+                    lengths[r] = min(lengths[r], o)
         for r, q in sampled.items():
             q = q[: k if lengths is None else lengths[r]]  # only the drafts the target will verify
             if q.shape[0]:
@@ -454,7 +464,8 @@ class DFlashProposer:
                 chain.probs[r] = sub.probs[j]
                 chain.lengths[r] = k if sub.lengths is None else sub.lengths[j]
         parents = chain_parents(n, k, logits.device)
-        top_p, top_i = torch.softmax(logits[tree_rows], -1).topk(self.tree_topk, -1)  # [t, m, topk]
+        # (a position whose processing leaves no draft token: probabilities 0, not NaN, so no path goes there)
+        top_p, top_i = torch.softmax(logits[tree_rows], -1).nan_to_num_(0.0).topk(self.tree_topk, -1)  # [t, m, topk]
         if self.draft_ids is not None:
             top_i = self.draft_ids[top_i]
         tokens = chain.tokens
