@@ -400,7 +400,8 @@ class DFlashProposer:
                       generators: list[torch.Generator | None], lookups: list[list[int]] | None = None) -> DraftBatch:
         """Chains of max_draft_len = k drafts per row from draft logits [n, m, V'] of its first m <= k
         positions (the others, out of draft_confidence's reach, are never verified): argmax (greedy
-        rows) or sampled from q, cut by draft_confidence; a sampling row with prompt-lookup
+        rows) or sampled from q, cut by draft_confidence (and a sampled chain before a position where the
+        row's logits processing leaves no draft token: q has none there); a sampling row with prompt-lookup
         candidates drafts those instead (q one-hot: speculative sampling accepts each with the
         target's probability p(x))."""
         n, m = logits.shape[:2]
