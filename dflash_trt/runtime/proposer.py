@@ -423,7 +423,7 @@ class DFlashProposer:
             # lie outside a reduced draft vocabulary) has no q to sample from: the row's drafts end before it (a
             # function of the drafter's logits alone, as draft_confidence's cut: the output's distribution stays)
             rows = list(sampled)
-            open_ = (~torch.isneginf(logits[rows]).all(-1)).cumprod(1).sum(1).tolist()
+            open_ = (~torch.isneginf(logits[rows]).all(-1)).to(torch.int64).cumprod(1).sum(1).tolist()
             if min(open_) < m:
                 lengths = [k] * n if lengths is None else lengths
                 for r, o in zip(rows, open_):
