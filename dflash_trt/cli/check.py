@@ -21,7 +21,8 @@ from dflash_trt.text import count
 def check(target, drafter, bundle):
     """Run every compatibility check (configs, both models' weights read from their safetensors headers, the
     drafter's weight values, tokenizers); print each problem with its fix. Warnings do not fail the check; a
-    passing check names the target and drafter folders it checked."""
+    passing check names the target and drafter folders it checked (and, with --bundle, that its files were
+    verified)."""
     from dflash_trt.cli.common import model_folder
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.errors import ConfigError
@@ -47,8 +48,10 @@ def check(target, drafter, bundle):
     if errors:
         click.echo(f"check failed: {count(errors, 'error')}, {count(len(findings) - errors, 'warning')}", err=True)
         sys.exit(1)
+    verified = (f"; bundle {bundle}: its target, drafter and tokenizer files match its manifest (sha256)"
+                if bundle is not None else "")
     click.echo(f"ok: the drafter fits the target ({count(len(findings), 'warning')}): target {target}, "
-               f"drafter {drafter}")
+               f"drafter {drafter}{verified}")
 
 
 def _bundle_models(bundle: str) -> tuple[str, str, list[str]]:

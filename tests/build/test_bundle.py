@@ -525,6 +525,7 @@ def test_check_takes_a_bundle_verifies_it_and_checks_its_models(bundle, monkeypa
     assert code == 0, err
     assert out.startswith("ok: the drafter fits the target") and f"target {bundle}/trtllm/target" in out
     assert f"drafter {bundle}/" in out
+    assert out.endswith(f"; bundle {bundle}: its target, drafter and tokenizer files match its manifest (sha256)\n")
     code, _, err = run_main(monkeypatch, capsys, "check", "--bundle", str(bundle), "--target", str(bundle))
     assert code == 2 and "--bundle already holds the target and drafter" in err
     config = bundle / "trtllm" / "target" / "config.json"
