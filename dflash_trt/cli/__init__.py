@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "serve": "dflash_trt.cli.serve:serve",
     "init-drafter": "dflash_trt.cli.init_drafter:init_drafter",
     "train-drafter": "dflash_trt.cli.train_drafter:train_drafter",
+    "triton": "dflash_trt.cli.triton:triton",
 }
 
 
@@ -63,7 +64,8 @@ def quiet_cuda_home_warning() -> None:
 @click.version_option(package_name="dflash-trt")
 @click.pass_context
 def cli(ctx):
-    """DFlash block-diffusion speculative decoding: generate, serve, bench, check, build, init-drafter, train-drafter."""
+    """DFlash block-diffusion speculative decoding: generate, serve, triton, bench, check, build, init-drafter,
+    train-drafter."""
     quiet_cuda_home_warning()
     if ctx.invoked_subcommand != "serve":  # serve stops on SIGTERM as on Ctrl-C already (uvicorn's handlers, its ranks')
         from dflash_trt.interrupts import terminate_as_interrupt
