@@ -65,7 +65,7 @@ def pytriton_dir() -> Path | None:
 def _install_hint() -> str:
     return (f"install it with `pip install --no-deps {PYTRITON}` (`make install` does), or serve the repository from "
             f"NVIDIA's Triton container ({CONTAINER}) with `tritonserver --model-repository DIR`, where the "
-            "container's Python must import dflash_trt (pip install dflash-trt there)")
+            "container's Python must import dflash_trt (pip install this package there)")
 
 
 def tritonserver_files() -> tuple[Path, Path, Path]:
