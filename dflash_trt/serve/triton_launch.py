@@ -236,7 +236,7 @@ class TritonServer:
         binary, _, _ = tritonserver_files()
         backends = backend_folder(work)
         env = server_env(stub_env(work / "stub-env"))
-        picks = iter(free_ports(3, "127.0.0.1" if host in ("0.0.0.0", "::") else host))
+        picks = iter(free_ports(3, "127.0.0.1" if host == "0.0.0.0" or ":" in host else host))
         self.http, self.grpc, self.metrics = (port or next(picks) for port in (http_port, grpc_port, metrics_port))
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.http}"

@@ -57,8 +57,8 @@ def test_triton_command_serves_the_repository_and_stops_on_ctrl_c(tmp_path, smol
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        serving = processes_naming(repo)
-        assert len(serving) >= 2, serving  # tritonserver and the model's stub
+        serving = [pid for pid in processes_naming(repo) if pid != proc.pid]
+        assert len(serving) >= 2, serving  # tritonserver and the model's stub, besides the command
         url = f"http://127.0.0.1:{http}"
         [line] = [x for x in log.read_text().splitlines() if x.startswith(READY)]
         assert line == (f"{READY}{url} (POST {url}/v2/models/dflash/generate), gRPC 127.0.0.1:{grpc}, metrics "
@@ -84,6 +84,31 @@ def test_triton_command_serves_the_repository_and_stops_on_ctrl_c(tmp_path, smol
     assert "Traceback" not in text
     assert "| exit_timeout                     | 3 " in text  # an argument passed on, over the command's own 5
     assert processes_naming(repo) == []
+
+
+@pytest.mark.slow
+def test_a_killed_command_leaves_no_server_behind(tmp_path):
+    """kill -9 runs no cleanup: tritonserver gets SIGTERM from the system when the command dies (its parent-death
+    signal) and stops with its models."""
+    repo = write_model_repository(tmp_path / "repo", "dflash", mode="ar").parent
+    log = tmp_path / "triton.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "triton", "--model-repository", str(repo),
+                                 "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while READY not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert len([pid for pid in processes_naming(repo) if pid != proc.pid]) >= 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while processes_naming(repo):
+        assert time.monotonic() < deadline, (processes_naming(repo), log.read_text()[-3000:])
+        time.sleep(0.5)
 
 
 def test_without_pytriton_one_line_names_what_to_install(monkeypatch, capsys, tmp_path):
