@@ -19,7 +19,8 @@ Bundle layout (docs/build.md):
     NAME/trtllm/serve.yaml       trtllm-serve --config; launch.sh; llm_api_example.py
     NAME/trtllm_checkpoint/      config.json (mapping, quantization), rank{N}.safetensors, build_engine.sh
     NAME/triton/dflash/          Triton model repository: the Python-backend model over this bundle
-                                 (`dflash_trt.serve.triton`; tritonserver --model-repository NAME/triton)
+                                 (`dflash_trt.serve.triton`; dflash-trt triton --model-repository NAME/triton, or
+                                 tritonserver --model-repository NAME/triton in a Triton container)
 """
 
 from __future__ import annotations

@@ -140,8 +140,11 @@ def bundle_readme(manifest: dict) -> str:
         "qwen3` for a Qwen3 target's tool calls and reasoning) or `python trtllm/llm_api_example.py`.",
         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
         "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
-        "- Triton Inference Server (Python backend; its Python must import dflash_trt): `tritonserver "
-        "--model-repository THIS_FOLDER/triton`, then `curl -X POST localhost:8000/v2/models/dflash/generate -d "
+        "- Triton Inference Server (Python backend; its Python must import dflash_trt): where dflash-trt is installed "
+        "with nvidia-pytriton (`make install`), `dflash-trt triton --model-repository THIS_FOLDER/triton` (it sets up "
+        "that wheel's tritonserver, whose binary alone finds no Python backend); in NVIDIA's Triton container "
+        "(nvcr.io/nvidia/tritonserver:YY.MM-py3, dflash-trt installed into its Python) `tritonserver "
+        "--model-repository THIS_FOLDER/triton`; then `curl -X POST localhost:8000/v2/models/dflash/generate -d "
         "'{\"text_input\": \"Hi\", \"apply_chat_template\": true, \"max_tokens\": 32}'` (the model runs "
         "dflash-trt's runtime on this bundle on one device: its parameters `device` / `dtype` in "
         "triton/dflash/config.pbtxt are auto, the GPU in bfloat16 where torch sees one when the model loads, else the "

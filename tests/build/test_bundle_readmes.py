@@ -71,6 +71,10 @@ def test_readmes_state_the_quantization_the_manifest_records(bundles):
     assert "- KV cache: **FP8**" in top and "- Drafter: **FP8**" in top
     assert "on a CPU dequantizes the FP8 weights once at load time" in top
     assert "trtllm/launch.sh" in top and "trtllm_checkpoint/build_engine.sh" in top
+    # Triton: the command that works where make installed nvidia-pytriton, and the container's
+    assert "`dflash-trt triton --model-repository THIS_FOLDER/triton`" in top
+    assert "in NVIDIA's Triton container (nvcr.io/nvidia/tritonserver:YY.MM-py3, dflash-trt installed into its " \
+        "Python) `tritonserver --model-repository THIS_FOLDER/triton`" in top
     assert "ModelOpt max calibration on 4 prompts (built-in corpus)" in top
     target = (fp8 / "trtllm/target/README.md").read_text()
     assert "- Target: **FP8**" in target and "on a CPU dequantizes the FP8 weights" in target
