@@ -5,8 +5,9 @@ has read whole: what `json.dumps(value, ensure_ascii=False)` writes for the valu
 ": " between items, strings re-escaped, numbers as Python writes them), but for a lone surrogate (`"\\ud800"`),
 which stays an escape (`ensure_ascii=False` would write the character itself, which UTF-8 cannot encode: the
 response could not be sent). A token the text may still extend (a number, a literal, an escape) waits for the
-next text; a string's characters are written as they come. So the canonical text only ever grows, and the
-canonical text of a whole value is the concatenation of what was read piece by piece, however the text was cut.
+next text (a number's characters so far are kept, so a long one is not read again from its start at each delta);
+a string's characters are written as they come. So the canonical text only ever grows, and the canonical text of a
+whole value is the concatenation of what was read piece by piece, however the text was cut.
 The canonical text is kept as its pieces (`dflash_trt.text.GrowingText`): a reader that takes what is new since an
 offset (`written`) does work linear in the value's length, as `read` does given only the text from `pos` on
 (`base`).
@@ -26,7 +27,7 @@ _WS = re.compile(r"[ \t\n\r]*")
 #: string characters written as they are (JSON's escapes are the only other characters a string may hold)
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]+')
 #: the characters a number may hold: a number is whole once a character outside them follows it
-_NUMBER_RUN = re.compile(r"[-+0-9.eE]+")
+_NUMBER_RUN = re.compile(r"[-+0-9.eE]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _HEX = re.compile(r"[0-9a-fA-F]*")
 #: the canonical text of each one-character escape
@@ -55,7 +56,8 @@ class JsonReader:
     Attributes:
         out: the canonical text of what was read whole (it only grows; a `str` joined on each call: while the text
             grows, take parts with `written` and the length with `out_len`).
-        pos: where reading goes on; once `done`, just after the value.
+        pos: where reading goes on (past the characters of a number not yet whole: they are kept); once `done`,
+            just after the value.
         done: whether the value is whole.
         members: when the value is an object, its members so far, each [key, start, end]: where the member's
             value starts and ends in `out` (None while unknown).
@@ -68,6 +70,7 @@ class JsonReader:
         self._expect = _VALUE
         self._string: str | None = None  # inside a string: "key" or "value"
         self._string_start = 0  # where the string's text starts in `out`
+        self._number: list[str] | None = None  # inside a number that may go on: its characters so far
 
     @property
     def out(self) -> str:
@@ -103,6 +106,10 @@ class JsonReader:
         while not self.done:
             if self._string is not None:
                 if not self._read_string(text):
+                    break
+                continue
+            if self._number is not None:  # (no whitespace skipped: it would end the number)
+                if not self._read_number(text, final):
                     break
                 continue
             self.pos = _WS.match(text, self.pos).end()
@@ -174,10 +181,17 @@ class JsonReader:
             self.members[-1][2] = len(self._out)
 
     def _read_number(self, text: str, final: bool) -> bool:
+        """Read the number at `pos` (or go on with the one begun); False when the text may still extend it: its
+        characters so far are kept and `pos` goes past them (each character read once)."""
         end = _NUMBER_RUN.match(text, self.pos).end()
         if end == len(text) and not final:
+            if self._number is None:
+                self._number = []
+            self._number.append(text[self.pos:end])
+            self.pos = end
             return False
-        token = text[self.pos:end]
+        token = "".join(self._number or ()) + text[self.pos:end]
+        self._number = None
         if not _NUMBER.fullmatch(token):
             raise NotJson(f"not a number: {token!r:.40}")
         try:  # Python's number text (1E2 is 100.0); too many digits, or a float beyond range: not read

@@ -30,7 +30,8 @@ knows the call is not usable (the Responses API marks its item "incomplete"). Th
 the same finish_reason as the message.
 
 Streamed, the work is linear in the answer's length: the text and each call's canonical arguments are kept as
-pieces (`dflash_trt.text.GrowingText`), each delta reads on only from where the last one stopped, and
+pieces (`dflash_trt.text.GrowingText`), each delta reads on only from where the last one stopped (past the digits of
+a number not yet whole, and the whitespace before a call in the formats without a tag), and
 `CallReader.arguments(since)` hands out only the arguments written since what was sent.
 """
 
@@ -57,6 +58,8 @@ _LLAMA3_START = re.compile(r"[ \t\n\r]*(<\|python_tag\|>)?[ \t\n\r]*")
 _LLAMA3_NEXT = re.compile(r"[ \t\n\r;]*")
 _ARRAY_START = re.compile(r"[ \t\n\r]*(\[[ \t\n\r]*)?")
 _ARRAY_NEXT = re.compile(r"[ \t\n\r]*(,[ \t\n\r]*)?")
+#: what may follow the mark ("[", ",", `<|python_tag|>`) of one of those before the call
+_AFTER_MARK = re.compile(r"[ \t\n\r]*")
 #: a lone surrogate (a JSON escape can write one): UTF-8 cannot carry it, so a name with one is not a function's
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -214,7 +217,11 @@ class CallsReader:
         self.fmt, self.parallel = fmt, parallel
         self.keyed = fmt == "llama3_json"  # a call needs an arguments key (`CallReader`)
         self.names = frozenset(names) if names is not None and self.keyed else None
-        self.text, self.pos, self.final = GrowingText(), 0, False  # the answer so far (`text.slice(a, b)`)
+        self.text, self.final = GrowingText(), False  # the answer so far (`text.slice(a, b)`)
+        # llama3_json, "required": where the text before the next call is read on from (past what was read of it: a
+        # long run of whitespace is read once, not again at each delta), and whether its mark ("[", ",",
+        # <|python_tag|>) was read
+        self.pos, self._marked = 0, False
         self.calls: list[CallReader] = []  # the calls (each a call: open, broken or whole)
         self.reading: CallReader | None = None  # the object being read (pending, or the open call)
         self.mode = "before"  # before the first call; "calls"; "content" (the whole answer is); "end" (no more calls)
@@ -251,6 +258,7 @@ class CallsReader:
                 self.mode = "end"
                 break
             self.pos = self._scan = call.json.pos
+            self._marked = False
         if final and self.mode in ("before", "calls"):
             self.mode = "content" if not self.calls else "end"
 
@@ -269,14 +277,19 @@ class CallsReader:
             return i + len(OPEN)
         pattern = ((_LLAMA3_START if first else _LLAMA3_NEXT) if self.fmt == "llama3_json"
                    else (_ARRAY_START if first else _ARRAY_NEXT))
-        text = self.text.slice(self.pos)  # the text after the last call (positions from `pos`)
+        if self._marked:
+            pattern = _AFTER_MARK
+        text = self.text.slice(self.pos)  # the text after the last call not read yet (positions from `pos`)
         m = pattern.match(text)
         end = m.end()
-        if end == len(text):
+        marked = self._marked or (pattern.groups > 0 and m.group(1) is not None)
+        if end == len(text):  # (its whitespace, and mark, read once: they only go on as the pattern does)
+            self.pos, self._marked = self.pos + end, marked
             return None
-        if text[end] == "{" and (self.fmt == "llama3_json" or m.group(1)):
+        if text[end] == "{" and (self.fmt == "llama3_json" or marked):
             return self.pos + end
-        if first and self.fmt == "llama3_json" and not m.group(1) and PYTHON_TAG.startswith(text[end:]):
+        if first and self.fmt == "llama3_json" and not marked and PYTHON_TAG.startswith(text[end:]):
+            self.pos += end  # (only the whitespace before: the tag is matched whole once it is)
             return None  # maybe the tag, cut
         self.mode = "content" if first else "end"
         return None
