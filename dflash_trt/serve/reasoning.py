@@ -14,7 +14,7 @@ A JSON answer (a json_schema / json_object `response_format`, a forced tool call
 of its strings is text. A regex or grammar answer holds reasoning only where it writes `<think>`, so it is read as
 "qwen3" reads answers (`dflash_trt.serve.chat.ChatAnswers`). Tool calls ("auto") are parsed from the content.
 Streamed, text that could begin a tag is held back until it is known, so the deltas of each field join to the
-non-streamed message's.
+non-streamed message's; each delta's text is looked at once (`ReasoningStream`: work linear in the answer's length).
 """
 
 from __future__ import annotations
@@ -100,23 +100,49 @@ def reasoning_token_count(token_ids: list[int], decode, at_start: bool) -> int:
 
 class ReasoningStream:
     """One streamed choice's split: `delta(text)` and `last(text)` give (reasoning delta, content delta); each
-    field's deltas join to `split_reasoning` of the whole answer."""
+    field's deltas join to `split_reasoning` of the whole answer, and each delta is what `split_reasoning` of the
+    text so far, without an end that may still become a tag (`partial_suffix`), adds to the last one's.
+
+    Work is linear in the answer's length: the text is not kept, only the end held back (a proper beginning of a
+    tag, under 9 characters) and where the split stands (before `<think>`, in the reasoning, after `</think>`), and
+    each delta's new text is searched once for the tag that ends the part it is in. (A tag never straddles the end
+    of what was sent: that end is held back while it may begin one.)"""
 
     def __init__(self, at_start: bool):
-        self.at_start, self.text, self.sent = at_start, "", ("", "")
+        self.held = ""  # the text not sent yet: what may still begin a tag
+        # where the text sent ends: "start" (deepseek-r1, nothing sent: a leading <think> is dropped), "before"
+        # (qwen3, no <think> yet: content), "reasoning" (after <think>, no </think> yet), "after" (content)
+        self.part = "start" if at_start else "before"
 
-    def _diff(self, upto: int) -> tuple[str, str]:
-        reasoning, content = split_reasoning(self.text[:upto], self.at_start)
-        out = (reasoning[len(self.sent[0]):], content[len(self.sent[1]):])
-        self.sent = (reasoning, content)
-        return out
+    def _split(self, new: str) -> tuple[str, str]:
+        """(reasoning, content) that `new`, the text after what was sent, adds to the split (`split_reasoning`)."""
+        reasoning, content = "", ""
+        if self.part == "start":
+            self.part = "reasoning"
+            if new.startswith(START):
+                new = new[len(START):]
+        if self.part == "before":
+            i = new.find(START)
+            if i < 0:
+                return "", new
+            content, new, self.part = new[:i], new[i + len(START):], "reasoning"
+        if self.part == "reasoning":
+            reasoning, tag, after = new.partition(END)
+            if not tag:
+                return reasoning, content
+            new, self.part = after, "after"
+        return reasoning, content + new
+
+    def _send(self, text: str, upto_end: bool) -> tuple[str, str]:
+        self.held += text
+        keep = 0 if upto_end or "<" not in self.held else partial_suffix(self.held, (START, END))  # (tags begin "<")
+        new, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return self._split(new) if new else ("", "")
 
     def delta(self, text: str) -> tuple[str, str]:
         """The reasoning and content to send for the choice's next text (a possible tag held back)."""
-        self.text += text
-        return self._diff(len(self.text) - partial_suffix(self.text, (START, END)))
+        return self._send(text, False)
 
     def last(self, text: str) -> tuple[str, str]:
         """The rest of the reasoning and content, at the choice's end."""
-        self.text += text
-        return self._diff(len(self.text))
+        return self._send(text, True)

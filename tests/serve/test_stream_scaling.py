@@ -1,16 +1,21 @@
-"""Streamed tool calls do work linear in the answer's length (`dflash_trt.serve.tool_stream`): a long argument
-string, a long number in the arguments, a long run of whitespace before a call, fed a character at a time, copy a
-few characters per character, not the whole run again at each delta (`dflash_trt.text.GrowingText`, whose slices
-the readers take, counts what they copy)."""
+"""Streamed chat answers do work linear in the answer's length: a long tool call argument string, a long number in
+the arguments, a long run of whitespace before a call (`dflash_trt.serve.tool_stream`), fed a character at a time,
+copy a few characters per character, not the whole run again at each delta (`dflash_trt.text.GrowingText`, whose
+slices the readers take, counts what they copy); a long reasoning (`dflash_trt.serve.reasoning`) allocates a few
+bytes per character (`tracemalloc` counts them), not the whole text again at each delta; and the deltas stay
+exactly what they were."""
 
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import pytest
 
+from dflash_trt.serve.chat import ChatAnswers
+from dflash_trt.serve.reasoning import END, START, ReasoningStream, split_reasoning
 from dflash_trt.serve.tools import ToolCalling
-from dflash_trt.text import GrowingText
+from dflash_trt.text import GrowingText, partial_suffix
 from tests.serve.test_tool_stream import check_joined
 
 TOOLS = ({"name": "f", "description": None, "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}},)
@@ -110,3 +115,124 @@ def test_a_long_number_or_whitespace_streams_in_linear_work(fmt, answer, run, ar
     assert finish == ("stop" if arguments == '{"a": ' else "tool_calls")
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
     assert calls == [("f", arguments)] * answer.count('"name"')
+
+
+def allocated(step, parts) -> int:
+    """The bytes `step(part)` allocates for each of `parts`, summed: each call's peak of Python's traced memory
+    (`tracemalloc`) above what was traced before it. What a delta copies counts in it, however the copy is made (a
+    `str` grown by `+=`, a slice, a split): a delta that copies the whole text so far adds the text's length."""
+    tracemalloc.start()
+    try:
+        total = 0
+        for part in parts:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            step(part)
+            total += tracemalloc.get_traced_memory()[1] - before
+        return total
+    finally:
+        tracemalloc.stop()
+
+
+class Joined:
+    """The reasoning, content and tool call arguments of a choice's chat deltas, joined; `opened`: how many deltas
+    had the role. Keeps the deltas' strings only (a list of deltas kept would add its dicts to what they allocate)."""
+
+    def __init__(self):
+        self.reasoning, self.content, self.arguments, self.opened = [], [], [], 0
+
+    def add(self, delta: dict | None) -> None:
+        if delta:
+            self.opened += "role" in delta
+            self.reasoning.append(delta.get("reasoning_content", ""))
+            self.content.append(delta.get("content") or "")
+            for call in delta.get("tool_calls", ()):
+                self.arguments.append(call["function"]["arguments"])
+
+    def __iter__(self):
+        return iter(("".join(self.reasoning), "".join(self.content), "".join(self.arguments), self.opened))
+
+
+#: (--reasoning-parser; the answer, "{n}" where the long runs go)
+REASONING = [
+    ("qwen3", "<think>{n}"),  # cut by max_tokens inside the reasoning
+    ("qwen3", "{n}<think>{n}</think>{n}"),
+    ("qwen3", "<think>{n}</think><{n}"),  # a "<" after: held back a delta, while it may begin a tag
+    ("deepseek-r1", "{n}</think>{n}"),
+    ("deepseek-r1", "<think>{n}"),
+]
+
+
+@pytest.mark.parametrize("parser, answer", REASONING, ids=[f"{p}-{a}" for p, a in REASONING])
+def test_a_long_reasoning_streams_in_linear_work(parser, answer):
+    """An answer with 5k, then 50k characters of reasoning (and of content around it), streamed a character per
+    delta through the reasoning split: the reasoning and content deltas join to the message's, and what the deltas
+    allocate is under 256 bytes per character (~65: the lists the test keeps them in), so 10 times the answer
+    allocates about 10 times as much (the split was made again over the whole text at every delta, which copied it
+    several times: ~n² bytes, ~2.7k per character for 5k characters).
+
+    A count of bytes and not a clock, for the reason `test_a_long_argument_streams_in_linear_work` gives; bytes
+    allocated and not `GrowingText.copied`, because the reasoning split keeps no text to slice (it holds back only
+    what may still begin a tag), so what it copies is counted however it copies."""
+    answers = ChatAnswers(None, parser, None)
+    allocs = []
+    for n in (5_000, 50_000):
+        text = answer.replace("{n}", "x" * n)
+        s, joined = answers.stream(), Joined()
+        joined.add(s.opening())
+        allocs.append(allocated(lambda c: joined.add(s.delta(c)), text))
+        joined.add(s.last("", "stop")[0])
+        message, _ = answers.message(text, "stop")
+        assert tuple(joined) == (message["reasoning_content"] or "", message["content"] or "", "", 1)
+        assert allocs[-1] <= 256 * len(text), (n, allocs[-1])
+    assert allocs[1] <= 10.5 * allocs[0], allocs
+
+
+def test_reasoning_then_a_long_call_streams_in_linear_work():
+    """Both at once (qwen3's reasoning split, then Hermes tool calls read from the content): 5k, then 50k characters
+    of reasoning, of content and of a call's argument, a character per delta: the deltas are the message's, and the
+    bytes the deltas allocate and the characters the tool reader copies are both bounded per character (the old
+    reasoning split allocated ~14k bytes per character here for 5k)."""
+    calling = ToolCalling(TOOLS, "auto", None, "hermes")
+    answers = ChatAnswers(calling, "qwen3", None)
+    allocs, copied = [], []
+    for n in (5_000, 50_000):
+        text = ("<think>" + "x" * n + "</think>\n" + " " * n + 'Sure. <tool_call>{"name": "f", "arguments": {"a": "'
+                + "y" * n + '"}}</tool_call>')
+        s, joined = answers.stream(), Joined()
+        joined.add(s.opening())
+        GrowingText.copied = 0
+        allocs.append(allocated(lambda c: joined.add(s.delta(c)), text[:-1]))
+        last, finish = s.last(text[-1], "stop")
+        joined.add(last)
+        copied.append(GrowingText.copied)
+        message, want_finish = answers.message(text, "stop")
+        assert finish == want_finish == "tool_calls"
+        assert tuple(joined) == (message["reasoning_content"], message["content"],
+                                 message["tool_calls"][0]["function"]["arguments"], 1)
+        assert tuple(joined)[:3] == ("x" * n, "\n" + " " * n + "Sure.", '{"a": "' + "y" * n + '"}')
+        # (the tool reader's work per delta, a tag looked for at the text's end, peaks at ~1k bytes: a constant)
+        assert allocs[-1] <= 2000 * len(text) and copied[-1] <= 32 * len(text), (n, allocs[-1], copied[-1])
+    assert allocs[1] <= 10.5 * allocs[0] and copied[1] <= 10.5 * copied[0], (allocs, copied)
+
+
+@pytest.mark.parametrize("at_start", [False, True], ids=["qwen3", "deepseek-r1"])
+def test_the_reasoning_split_sends_what_the_split_of_the_text_so_far_adds(at_start):
+    """Each delta of the reasoning split (which looks at each delta's text once) is exactly what `split_reasoning`
+    of the text so far, less an end that may still begin a tag, adds to the last delta's: answers made of tags,
+    pieces of tags and text, cut at random points (a fixed seed)."""
+    rng = random.Random(2)
+    atoms = ["<think>", "</think>", "<", "</", "<th", "</thin", "<think", "x", "> ", "\n"]
+    for _ in range(400):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 12)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8)))) if text else []
+        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])] or [""]
+        s, seen, sent = ReasoningStream(at_start), "", ("", "")
+        for i, part in enumerate(parts):
+            seen += part
+            last = i == len(parts) - 1
+            got = s.last(part) if last else s.delta(part)
+            now = split_reasoning(seen[:len(seen) - (0 if last else partial_suffix(seen, (START, END)))], at_start)
+            assert got == (now[0][len(sent[0]):], now[1][len(sent[1]):]), (text, parts, i)
+            sent = now
+        assert sent == split_reasoning(text, at_start)
