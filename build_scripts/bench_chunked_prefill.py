@@ -26,7 +26,7 @@ import torch
 from bench_inflight import LONG, Timed, write_result  # this folder's in-flight batching benchmark
 
 from dflash_trt.api import load_pipeline
-from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.serve.scheduler import Scheduler, StopText
 

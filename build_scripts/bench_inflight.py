@@ -33,7 +33,7 @@ import time
 import torch
 
 from dflash_trt.api import load_pipeline
-from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.serve.scheduler import Scheduler, Sequence, StopText
 

@@ -14,6 +14,12 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
+def short_repr(value) -> str:
+    """`repr(value)`, cut to 40 characters ("..." ending a longer one): a value named in an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def invalid_unicode(text: str, from_argv: bool = False) -> str | None:
     """Why `text` is not valid Unicode text that a tokenizer can take, or None when it is: a lone surrogate
     code point (U+D800-U+DFFF), e.g. from a JSON escape such as "\\ud800". `from_argv`: `text` is a

@@ -222,7 +222,7 @@ def serve(config, target, drafter, bundle, fp8_matmul, block_size, max_draft_len
         if dist.get_rank() != 0:  # a follower: runs rank 0's batch operations in lockstep, answers nothing itself
             import signal
 
-            from dflash_trt.runtime.engine import DecodeBatch
+            from dflash_trt.runtime.decode_batch import DecodeBatch
             from dflash_trt.serve.lockstep import follow
 
             # Ctrl-C reaches every rank, and torchrun passes the SIGTERM it gets (kill, docker stop, systemd) on to

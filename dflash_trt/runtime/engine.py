@@ -10,39 +10,36 @@ them. Autoregressive mode ("ar") is the same loop with no drafter
 and blocks of one token: the baseline every speedup is measured against.
 
 Requests of different lengths decode together with ragged acceptance; each request has its own
-RNG, so its output does not depend on what else is in the batch. `DecodeBatch` holds such a batch
-between steps, so that requests can join it while it runs (in-flight batching: the server's
-scheduler); `Engine.generate` is one batch run to its end.
+RNG, so its output does not depend on what else is in the batch. `Engine.generate` is one batch
+(`DecodeBatch`, `dflash_trt.runtime.decode_batch`) run to its end.
 """
 
 from __future__ import annotations
 
 import numbers
 import threading
-import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
 from dflash_trt.models.target import TargetModel
+from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, node_depths, tree_attention_mask
 from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
 from dflash_trt.runtime.guided import Grammars, GuidedLogits
 from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
 from dflash_trt.runtime.prefix_cache import PrefixCache, common_prefix_length
 from dflash_trt.runtime.profile import PhaseTimer
-from dflash_trt.runtime.prompt_lookup import NgramIndex
 from dflash_trt.runtime.proposer import DFlashProposer
+from dflash_trt.runtime.request import Request
 from dflash_trt.runtime.sampling import SamplingParams, generator_seed, greedy_tokens, probs_from_logits, sample
-from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
+from dflash_trt.runtime.stats import GenerationResult
 from dflash_trt.runtime.stop_text import StopText
 from dflash_trt.runtime.verifier import ChunkedProbs, lazy_greedy_accept, speculative_sample
-
-MODES = ("dflash", "ar")
+from dflash_trt.text import short_repr
 
 #: Lazy greedy verification (`lazy_greedy_accept`): a request whose draft position `lazy_logits`
 #: was accepted in more than this fraction of its verify steps so far computes all of its block's
@@ -65,109 +62,19 @@ def _token_id_lists(prompts) -> list[list[int]]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         ndim = getattr(prompts, "ndim", None)  # numpy array, torch tensor: one prompt, or a batch of equal lengths
         hint = {1: " (a single prompt? wrap it: [ids])", 2: " (one prompt per row? give list(prompts))"}.get(ndim, "")
-        raise InvalidRequestError(f"{how}; got {type(prompts).__name__} {_short(prompts)}{hint}")
+        raise InvalidRequestError(f"{how}; got {type(prompts).__name__} {short_repr(prompts)}{hint}")
     out = []
     for i, prompt in enumerate(prompts):
         if getattr(prompt, "ndim", None) == 1 and hasattr(prompt, "tolist"):  # numpy array, torch tensor
             prompt = prompt.tolist()
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
             one = " (a single prompt? wrap its ids: [ids])" if isinstance(prompt, numbers.Integral) else ""
-            raise InvalidRequestError(f"{how}; prompt {i} is {type(prompt).__name__} {_short(prompt)}{one}")
+            raise InvalidRequestError(f"{how}; prompt {i} is {type(prompt).__name__} {short_repr(prompt)}{one}")
         bad = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
         if bad is not None:
-            raise InvalidRequestError(f"{how}; prompt {i} holds {type(bad).__name__} {_short(bad)}")
+            raise InvalidRequestError(f"{how}; prompt {i} holds {type(bad).__name__} {short_repr(bad)}")
         out.append([int(t) for t in prompt])
     return out
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    stop_ids: frozenset[int]
-    context_len: int
-    generator: torch.Generator | None
-    out: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    start: int = 0  # absolute position of `out[-1]` = committed target KV length
-    metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    index: int = 0  # request id in its DecodeBatch (= prompt index for Engine.generate)
-    call_index: int = 0  # its prompt's index in the add() call that brought it (on_tokens' first argument)
-    on_tokens: Callable[[int, list[int]], str | None] | None = None
-    ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
-    t0: float = 0.0  # time.perf_counter() when its prefill began
-    first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
-    capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
-    logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
-    # params.prompt_logprobs set: one per prompt token read so far (None for the first)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
-    stop_text: StopText | None = None  # params.stop: its text so far, checked for the stop strings
-    stop_reason: int | str | None = None  # the stop token of params.stop_token_ids or the stop string that ended it
-    # the stop tokens a stop_reason names: params.stop_token_ids, less the target's EOS ids unless ignore_eos (an EOS
-    # ends an output with stop_reason None however it was asked for, as in vLLM and serve)
-    named_stops: frozenset[int] = frozenset()
-
-    def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
-        """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
-        row's `prefixes`: the drafts before it in the block), or `logits` as they are without any."""
-        if self.penalties is None:
-            return logits
-        scores = self.penalties.apply(logits, self.out, prefixes)
-        # bad words can ban every token left (with a grammar, min_tokens, a logit bias): the first row always
-        # chooses a token, so nothing allowed there is the request's dead end (argmax would emit a banned token 0)
-        if self.params.bad_words and bool(torch.isneginf(scores[0]).all()):
-            raise InvalidRequestError(f"bad_words ban every token this request may choose after {len(self.out)} "
-                                      "output tokens (with its grammar, min_tokens or logit bias); drop some bad words")
-        return scores
-
-    def draft_scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
-        """`scores` without the penalties: what its drafts follow (`LogitsPenalties.for_drafts`)."""
-        return self.penalties.apply(logits, self.out, prefixes, penalize=False)
-
-    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
-        """Append tokens in order (with their `logprobs` when the request asked for them), applying every
-        stop check to each (stop tokens, max_tokens, the context's end, then the stop strings); return how many
-        were taken."""
-        taken = len(tokens)
-        for n, tok in enumerate(tokens, 1):
-            self.out.append(tok)
-            if tok in self.stop_ids:
-                self.finish_reason = "stop"
-                if tok in self.named_stops:  # a token asked for; the target's EOS ids: None
-                    self.stop_reason = tok
-            elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
-                self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
-            if self.finish_reason:
-                taken = n
-                break
-        if self.stop_text is not None and self.stop_text.add(tokens[:taken]) == "stop":
-            # a stop string: the output ends with the token that completed it (several may have come at once)
-            extra = len(self.out) - self.stop_text.used
-            if extra:
-                del self.out[-extra:]
-                taken -= extra
-            self.finish_reason, self.stop_reason = "stop", self.stop_text.matched
-        if self.logprobs is not None:
-            self.logprobs.extend(logprobs[:taken])
-        if self.on_tokens is not None:
-            args: tuple = (self.call_index, tokens[:taken])
-            if self.prompt_logprobs is not None and len(self.out) == taken:  # its first call: the prompt's too
-                args += (None if self.logprobs is None else logprobs[:taken], self.prompt_logprobs)
-            elif self.logprobs is not None:
-                args += (logprobs[:taken],)
-            reason = self.on_tokens(*args)
-            if reason is not None and not isinstance(reason, str):  # True / 1 became the finish_reason
-                raise InvalidRequestError(f"on_tokens returned {_short(reason)} ({type(reason).__name__}): return None "
-                                          "to go on, or a finish reason string (e.g. 'stop') to end the request")
-            if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
-                self.finish_reason = reason
-        return taken
 
 
 #: padding tokens a prefill row with a cached prefix may get to share a forward with longer ones (`Engine._forwards`):
@@ -244,7 +151,7 @@ class Engine:
         own = self.target.config.max_position_embeddings
         return own if self.max_seq_len is None else min(own, self.max_seq_len)
 
-    def _make_request(self, prompt: list[int], params: SamplingParams, index: int = 0) -> _Request:
+    def _make_request(self, prompt: list[int], params: SamplingParams, index: int = 0) -> Request:
         vocab = self.target.config.vocab_size
         if not prompt:
             raise InvalidRequestError(f"empty prompt (prompt {index}): give at least one token")
@@ -294,7 +201,7 @@ class Engine:
                                   "stop_token_ids")
             stop_text = StopText(self.detokenize, params.stop, min_tokens=params.min_tokens)
         penalties = LogitsPenalties(params, prompt, stop_ids, guided) if params.processes_logits else None
-        return _Request(list(prompt), params, stop_ids, self.context_len, gen,
+        return Request(list(prompt), params, stop_ids, self.context_len, gen,
                         logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties,
                         stop_text=stop_text, named_stops=frozenset(params.stop_token_ids or ()).difference(
@@ -346,7 +253,7 @@ class Engine:
         for name, fn, args in (("on_tokens", on_tokens, "prompt_index, token_ids, ..."),
                                ("on_finished", on_finished, "prompt_index, result")):
             if fn is not None and not callable(fn):  # before any work, not a TypeError after the prefill
-                raise InvalidRequestError(f"{name} must be a function ({args}) or None, got {_short(fn)} "
+                raise InvalidRequestError(f"{name} must be a function ({args}) or None, got {short_repr(fn)} "
                                           f"({type(fn).__name__})")
         batch = DecodeBatch(self, mode)
         reqs = self._requests(prompts, params)
@@ -373,8 +280,8 @@ class Engine:
                 self._generating = None
         return [done[i] for i in ids]
 
-    def _requests(self, prompts, params) -> list[_Request]:
-        """Validated `_Request`s of `generate`'s prompts and params (nothing is run)."""
+    def _requests(self, prompts, params) -> list[Request]:
+        """Validated `Request`s of `generate`'s prompts and params (nothing is run)."""
         prompts = _token_id_lists(prompts)
         params = SamplingParams() if params is None else params  # [] is 0 params, not the default
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -391,7 +298,7 @@ class Engine:
             return self.proposer.feature_layer_ids
         return tuple(self.feature_sink.layer_ids) if self.feature_sink is not None else ()
 
-    def _prefill(self, reqs: list[_Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
+    def _prefill(self, reqs: list[Request], cache, mode: str, begin: int = 0, chunk: int | None = None) -> int:
         """Prefill the next prompt positions of `reqs` (cache row j holds reqs[j]) over the rows that have some
         left (one row per distinct prompt: rows repeating one get copies). Row j reads its prompt from position
         c_j + begin on, `chunk` positions (None: all it has left), where c_j is its `metrics.cached_tokens`: the
@@ -452,7 +359,7 @@ class Engine:
         self._emit_first(reqs, list(range(len(reqs))), cache)
         return end
 
-    def _shared_in_call(self, reqs: list[_Request], act: list[int], skip: list[int]) -> dict[int, tuple[int, int]]:
+    def _shared_in_call(self, reqs: list[Request], act: list[int], skip: list[int]) -> dict[int, tuple[int, int]]:
         """With a prefix cache (the user's consent to reused K/V): rows of one whole prefill (`act`, in order) whose
         prompts share at least PAD_TOKENS more tokens with an earlier row's than their cached prefix holds (a
         system prompt, few-shot examples, read by several requests at once): {row: (that earlier row, the tokens
@@ -494,7 +401,7 @@ class Engine:
                 out.append([j])
         return [part for part in out if part]
 
-    def _prefill_forward(self, reqs: list[_Request], part: list[int], cache, mode: str, skip: list[int], begin: int,
+    def _prefill_forward(self, reqs: list[Request], part: list[int], cache, mode: str, skip: list[int], begin: int,
                          reads: dict[int, int], copies: dict[int, int]) -> None:
         """One target forward of `_prefill`: rows `part` read reads[j] prompt tokens from position skip[j] + begin
         (padded to the longest), their K/V and drafter context written, their first token's logits kept when
@@ -534,14 +441,14 @@ class Engine:
             if reqs[j].prompt_logprobs is not None:  # (such rows reuse no prefix: skip[j] == 0)
                 self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(begin + reads[j], len(reqs[j].prompt) - 1))
 
-    def _emit_first(self, reqs: list[_Request], rows: list[int], cache) -> None:
+    def _emit_first(self, reqs: list[Request], rows: list[int], cache) -> None:
         """Choose and emit the first token of each request reqs[j], j in `rows`, whose prompt is read (from
         its `first_logits`), and commit its prompt in cache row j. Every row's token is chosen before any is
         emitted: a row whose sampling fails fails the call before any other row's caller has been sent a
         token (so the others can be rerun)."""
         sel = [reqs[j] for j in rows]
         logits = torch.stack([r.first_logits for r in sel])  # raw: what logprobs report
-        scores = logits  # what the tokens are chosen from (each request's logits processing, `_Request.scores`)
+        scores = logits  # what the tokens are chosen from (each request's logits processing, `Request.scores`)
         if any(r.penalties is not None for r in sel):
             scores = torch.cat([r.scores(logits[i : i + 1], [[]]) for i, r in enumerate(sel)])
         argmax = greedy_tokens(scores).tolist()  # one device sync for all of them
@@ -555,7 +462,7 @@ class Engine:
             cache.set_length(j, len(r.prompt))
             r.emit([toks[i]], lps[i])
 
-    def _prompt_logprobs(self, r: _Request, hidden: torch.Tensor, begin: int, stop: int) -> None:
+    def _prompt_logprobs(self, r: Request, hidden: torch.Tensor, begin: int, stop: int) -> None:
         """Append to r.prompt_logprobs those of prompt tokens begin + 1 .. stop, from the final-normed hidden
         states [t, H] of a prefill chunk starting at position `begin` (position p predicts token p + 1), the
         lm_head computed PROMPT_LOGITS_ROWS positions at a time (a whole long prompt's logits would not fit)."""
@@ -564,7 +471,7 @@ class Engine:
             logits = self.target.compute_logits(hidden[lo - begin : hi - begin])
             r.prompt_logprobs.extend(token_logprobs(logits, r.prompt[lo + 1 : hi + 1], r.params.prompt_logprobs))
 
-    def _step(self, batch: list[_Request], cache, mode: str, block: int) -> None:
+    def _step(self, batch: list[Request], cache, mode: str, block: int) -> None:
         """One decode step of every request of `batch` (cache row j holds batch[j]): draft, one target
         forward, accept, KV injection."""
         rows = None  # the caches hold exactly the active requests, in order
@@ -623,7 +530,7 @@ class Engine:
                     features = features.gather(1, kept_nodes[..., None].expand(-1, -1, features.shape[-1]))
                 self.proposer.add_context(features, positions, rows)
 
-    def _lookups(self, batch: list[_Request]) -> list[list[int]] | None:
+    def _lookups(self, batch: list[Request]) -> list[list[int]] | None:
         """Per row, the prompt-lookup candidates after its last token (at most
         `DFlashProposer.prompt_lookup`; [] where none matched), or None when prompt lookup is off."""
         num = self.proposer.prompt_lookup
@@ -635,7 +542,7 @@ class Engine:
             out.append(r.ngrams.lookup(num))
         return out
 
-    def _accept(self, batch: list[_Request], lens: list[int], tokens: torch.Tensor, drafts, hidden: torch.Tensor,
+    def _accept(self, batch: list[Request], lens: list[int], tokens: torch.Tensor, drafts, hidden: torch.Tensor,
                 cache, mode: str, tree: torch.Tensor | None = None) -> torch.Tensor | None:
         """Verify one step's drafts (greedy or speculative sampling) from the target's final-normed
         hidden states [n, step, H], emit each row's accepted drafts + one target token, update its
@@ -705,7 +612,7 @@ class Engine:
                 kept_nodes[j, 1 : len(path) + 1] = torch.tensor(path, device=dev)
         return kept_nodes
 
-    def _logprobs(self, batch: list[_Request], verdict: dict, paths: dict[int, list[int]],
+    def _logprobs(self, batch: list[Request], verdict: dict, paths: dict[int, list[int]],
                   emitted: dict[int, list[int]], hidden: torch.Tensor,
                   memo: StepLogits) -> dict[int, list[TokenLogprob]]:
         """The `TokenLogprob`s of the tokens each row asking for logprobs emits this step (`emitted[j]`: its
@@ -725,12 +632,12 @@ class Engine:
                 logits[j] = part
         return {j: token_logprobs(logits[j], emitted[j], batch[j].params.logprobs) for j in rows}
 
-    def _sampling_probs(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
+    def _sampling_probs(self, rows: list[int], batch: list[Request], lens: list[int], tokens: torch.Tensor,
                         hidden: torch.Tensor, memo: StepLogits) -> dict[int, ChunkedProbs]:
         """The target's p [lens[j] + 1, V] of each sampling row j in `rows` from the step's tokens [n, step]
         and final-normed hidden states [n, step, H], as `ChunkedProbs`: the first `_first_logits` positions
         of every row in one lm_head product, a row's later positions only if speculative sampling reads
-        them; each position's logits processed with its own history (`_Request.scores`). The raw logits
+        them; each position's logits processed with its own history (`Request.scores`). The raw logits
         computed go to `memo`."""
         first = [self._first_logits(batch[j], lens[j], hidden.shape[1]) for j in rows]
         logits = self.target.compute_logits(torch.cat([hidden[j, :f] for j, f in zip(rows, first)]))
@@ -750,7 +657,7 @@ class Engine:
             at += f
         return out
 
-    def _verify_greedy(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
+    def _verify_greedy(self, rows: list[int], batch: list[Request], lens: list[int], tokens: torch.Tensor,
                        hidden: torch.Tensor, memo: StepLogits) -> tuple[list[int], list[int]]:
         """Greedy verdicts (accepted, next_token) of batch rows `rows`, given the step's tokens
         [n, step], final-normed target hidden states [n, step, H] and each row's number of drafts
@@ -770,7 +677,7 @@ class Engine:
 
         return lazy_greedy_accept(drafts, hidden[idx], self.target.compute_logits, first, keep)
 
-    def _verify_greedy_trees(self, rows: list[int], batch: list[_Request], lens: list[int], tokens: torch.Tensor,
+    def _verify_greedy_trees(self, rows: list[int], batch: list[Request], lens: list[int], tokens: torch.Tensor,
                              tree: torch.Tensor, hidden: torch.Tensor,
                              memo: StepLogits) -> tuple[list[int], list[int], dict[int, list[int]]]:
         """Greedy verdicts of draft trees (`greedy_tree_accept`) of batch rows `rows`: accepted
@@ -802,7 +709,7 @@ class Engine:
             paths[j] = path
         return accepted, nxt, paths
 
-    def _first_logits(self, r: _Request, num_drafts: int, step: int) -> int:
+    def _first_logits(self, r: Request, num_drafts: int, step: int) -> int:
         """How many block positions request r's greedy verification computes logits for up front
         (the others only if its drafts all match there): 1 without drafts; `lazy_logits` while
         its drafts rarely get that far (LAZY_MAX_ACCEPT_RATE); else all it verifies in one product."""
@@ -814,379 +721,3 @@ class Engine:
             return step
         rate = m.accepted_per_position[c - 1] / m.verify_steps if m.verify_steps and m.accepted_per_position else 0.0
         return c if rate <= LAZY_MAX_ACCEPT_RATE else step
-
-
-@dataclass
-class StepStats:
-    """One iteration of a `DecodeBatch` (the prefill work since the previous one, then one decode step:
-    one target forward over its requests), for iteration stats.
-
-    requests: requests in the decode step; requests_with_drafts: those that verified drafts in it;
-    drafted_tokens / accepted_tokens: drafts verified / accepted, summed over them; emitted_tokens:
-    tokens the step added to their outputs (accepted drafts + one target token each, fewer where a
-    request stopped); context_requests / context_tokens: requests whose prompts were (partly)
-    prefilled in this iteration and the prompt tokens read (a chunk of each with chunked prefill;
-    TensorRT-LLM's numContextRequests / numCtxTokens); scheduled_requests: distinct requests in either
-    (one whose last chunk and first decode step share the iteration counts once); active_requests:
-    the requests in the batch in this iteration, decoded or still waiting for (the rest of) their prompt
-    (TensorRT-LLM's numActiveRequests, context and generation phases both); seconds: its wall time (the
-    decode step and the prefill work it reports: a chunk read within `step`, or the whole prefills `add`
-    did since the previous iteration, as TensorRT-LLM's iteration latency covers its context phase);
-    completed_requests: the requests that finished since the previous iteration's stats (in this decode step, at
-    their first token, or aborted; TensorRT-LLM's numCompletedRequests)."""
-
-    requests: int = 0
-    requests_with_drafts: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0
-    seconds: float = 0.0
-    context_requests: int = 0
-    context_tokens: int = 0
-    scheduled_requests: int = 0
-    active_requests: int = 0
-    completed_requests: int = 0
-
-
-class PrefillFailed(DFlashError):
-    """A chunk of a chunked prefill failed inside `DecodeBatch.step`: the requests `request_ids` (added
-    together) were dropped from the batch, which goes on; `error` is what the prefill raised (for their
-    callers; adding them again one at a time finds which one fails)."""
-
-    def __init__(self, request_ids: list[int], error: BaseException):
-        super().__init__(f"prefill of requests {request_ids} failed: {error}")
-        self.request_ids, self.error = request_ids, error
-
-
-@dataclass
-class _Prefill:
-    """Requests added together, prefilled into their own caches before their rows join the batch."""
-
-    reqs: list[_Request]
-    cache: object  # KVCache of their target rows
-    drafter_cache: object  # the drafter's context cache of their rows (mode "dflash"), or None
-    next: int = 0  # where the next chunk starts: an offset into each prompt's part left to read (past its cached prefix)
-
-
-class DecodeBatch:
-    """Requests decoding together, to which new requests can be added between steps (in-flight
-    batching, as TensorRT-LLM's batch manager does): `add` prefills the new requests on their own
-    and appends their rows to the batch's target KV cache and drafter context cache; `step` runs one
-    decode step (draft -> verify -> commit, `Engine.generate`'s step) of every unfinished request.
-    A request's output does not depend on what else is in the batch or when it joined (each has its
-    own RNG; greedy rows are computed independently), except that more requests than the proposer's
-    `max_concurrency` make the step autoregressive (same greedy tokens, other samples).
-
-    Chunked prefill (`prefill_chunk`, TensorRT-LLM's `enable_chunked_prefill`): `add` only queues the
-    new requests; each `step` first prefills the next `prefill_chunk` prompt positions of the requests
-    added earliest (one add call's requests at a time, in order), then decodes the running ones, so a
-    long prompt joining the batch delays each running stream by one chunk's forward per step instead
-    of its whole prefill. Once its prompt is read, a request emits its first token and joins the
-    decode step of that same `step`, also while longer prompts added with it are still being read. The
-    chunks go through the same causal attention over the KV cache as one prefill does; only the matrix
-    shapes differ, so logits may differ from an unchunked prefill in their last bits (greedy tokens only
-    where two are that close).
-
-    Prefix caching (the engine's `prefix_cache`): each request is prefilled from the end of the longest prefix
-    its prompt shares with a kept sequence (its rows get those positions' target K/V and drafter context from the
-    cache; of the requests of one `add` call, those without a cached prefix share one forward per chunk as before,
-    the others forwards of similar lengths, `Engine._forwards`); a request's prompt is kept once read, its prompt
-    and output once it ends (`dflash_trt.runtime.prefix_cache`; same caveat on last bits as chunks).
-
-    `Engine.generate` is `add` once, then `step` until nothing is live. One thread uses a batch at a
-    time, and one batch an engine at a time (the drafter's context cache is swapped in per call).
-
-    Args:
-        engine: the Engine.
-        mode: "dflash" or "ar".
-        prefill_chunk: prompt positions prefilled per step (>= 1), or None: a whole prefill in `add`.
-    Raises:
-        InvalidRequestError: an unknown mode, a prefill_chunk < 1. DFlashError: mode "dflash" without a drafter.
-    """
-
-    def __init__(self, engine: Engine, mode: str = "dflash", prefill_chunk: int | None = None):
-        if mode not in MODES:
-            raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "dflash" and engine.proposer is None:
-            raise DFlashError("mode 'dflash' needs a drafter; load one or use mode 'ar'")
-        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
-                                          or prefill_chunk < 1):
-            raise InvalidRequestError(f"prefill_chunk must be a whole number of tokens >= 1 (or None: no chunking), "
-                                      f"got {prefill_chunk!r}")
-        self.engine, self.mode, self.prefill_chunk = engine, mode, prefill_chunk
-        self.block = engine.proposer.block_size if mode == "dflash" else 1
-        #: unfinished requests, and finished ones until the next step drops them: cache row j holds live[j]
-        self.live: list[_Request] = []
-        self.cache = None
-        self._drafter_cache = None
-        self._prefilling: list[_Prefill] = []  # added, prompts not fully read yet (chunked prefill), in order
-        self._added: list[_Request] = []  # every request not yet returned by take_finished
-        self._next_id = 0
-        self._context = [0, 0, set(), 0.0]  # since the last step's stats: requests / prompt tokens prefilled, their ids,
-        # and the seconds `add` spent prefilling (a whole prefill; chunks are read within `step`)
-        # finished requests taken (`take_finished`) and not yet counted in a StepStats' completed_requests, less those
-        # counted there and not taken yet (`_completed`)
-        self._uncounted = 0
-
-    @property
-    def active(self) -> int:
-        """Requests not finished yet (those still being prefilled too)."""
-        return sum(1 for r in self.live if not r.finish_reason) + sum(len(g.reqs) for g in self._prefilling)
-
-    def add(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
-            on_tokens: Callable[[int, list[int]], str | None] | None = None) -> list[int]:
-        """Add new requests to the batch: prefill them now (each has emitted its first token on return),
-        or, with chunked prefill, queue them for the next steps to prefill.
-
-        Args / errors as `Engine.generate` (prompts: n lists of token ids; params: one SamplingParams
-        or one per prompt; on_tokens(k, new_ids) -> finish reason or None, where k is the prompt's
-        index in THIS call, at every later step too). A request that fails to prefill (bad request,
-        non-finite logits) raises here and leaves the batch as it was (with chunked prefill, a bad
-        request raises here and a failing prefill in `step`, as `PrefillFailed`).
-        Returns:
-            the n request ids (unique in this batch, increasing: 0, 1, ... in the order added), as
-            `take_finished` names them.
-        """
-        reqs = self.engine._requests(prompts, params)
-        return self._add(reqs, on_tokens) if reqs else []
-
-    def _add(self, reqs: list[_Request], on_tokens) -> list[int]:
-        eng, mode = self.engine, self.mode
-        ids = list(range(self._next_id, self._next_id + len(reqs)))
-        t0 = time.perf_counter()
-        for k, (i, r) in enumerate(zip(ids, reqs)):
-            r.index, r.call_index, r.on_tokens, r.t0 = i, k, on_tokens, t0
-        for r in reqs:  # KV slots it can write: its prompt, its tokens (up to the context), one block past them
-            r.capacity = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
-        hits = self._prefix_hits(reqs)
-        capacity = max(r.capacity for r in reqs)
-        cache = eng.target.new_cache(len(reqs), capacity)
-        drafter_cache = None
-        if mode == "dflash":
-            eng.proposer.reset(len(reqs), capacity)  # a context cache for the new rows
-            drafter_cache = eng.proposer.cache
-            for r in reqs:  # one count per draft position, also for a request that ends before any verify step
-                r.metrics.accepted_per_position = [0] * eng.proposer.max_draft_len
-                r.metrics.drafted_per_position = [0] * eng.proposer.max_draft_len
-            if eng.proposer.prompt_lookup:
-                for r in reqs:
-                    r.ngrams = NgramIndex(r.prompt)
-        self._reuse_prefixes(reqs, hits, cache, drafter_cache)
-        group = _Prefill(reqs, cache, drafter_cache)
-        if self.prefill_chunk is None:
-            self._advance(group)  # raises before anything changed here
-            self._context[3] += time.perf_counter() - t0  # the next iteration's latency includes it
-        else:
-            self._prefilling.append(group)
-        self._added.extend(reqs)
-        self._next_id += len(reqs)
-        return ids
-
-    def _caches_prefixes(self, r: _Request) -> bool:
-        return (self.engine.prefix_cache is not None and r.params.prompt_logprobs is None
-                and self.engine.feature_sink is None)
-
-    def _prefix_hits(self, reqs: list[_Request]) -> list[tuple[int, object]]:
-        """Per request, (the length of the longest prefix of its prompt the prefix cache holds, that `PrefixEntry`),
-        or (0, None): no prefix cache, no match, or a request that reuses none (`_caches_prefixes`); the length
-        becomes its `metrics.cached_tokens`: where its prefill starts."""
-        pc = self.engine.prefix_cache
-        hits = [pc.match(r.prompt, self.mode == "dflash") if self._caches_prefixes(r) else (0, None) for r in reqs]
-        for r, (n, _) in zip(reqs, hits):
-            r.metrics.cached_tokens = n
-        return hits
-
-    def _reuse_prefixes(self, reqs: list[_Request], hits: list[tuple[int, object]], cache, drafter_cache) -> None:
-        """Write each request's cached prefix (`_prefix_hits`) to its new cache rows (the target's K/V and the
-        drafter's context), and count the lookups."""
-        pc = self.engine.prefix_cache
-        for j, (r, (n, entry)) in enumerate(zip(reqs, hits)):
-            if n:
-                cache.import_row(j, entry.target_parts)
-                if drafter_cache is not None:
-                    drafter_cache.import_row(j, entry.drafter_parts)
-            if self._caches_prefixes(r):
-                pc.record(len(r.prompt), n)
-
-    def _keep_prefix(self, r: _Request, row: int, cache, drafter_cache) -> None:
-        """With a prefix cache: store the K/V of what `r` (cache row `row`) has read, its prompt and output up to
-        the position its target K/V and (DFlash) drafter context are written for."""
-        eng = self.engine
-        if not self._caches_prefixes(r):
-            return
-        tokens = (r.prompt + r.out)[: r.start]  # the target's K/V: positions [0, start)
-        if drafter_cache is not None:  # the drafter's context is written up to where the row could draft
-            tokens = tokens[: max(len(r.prompt), eng.proposer.max_position - self.block)]
-        n = len(tokens)
-        eng.prefix_cache.store(tokens, cache.read_row(row, n),  # views: the tree copies only what it lacks
-                               None if drafter_cache is None else drafter_cache.read_row(row, n))
-
-    def _advance(self, group: _Prefill) -> bool:
-        """Prefill the next chunk of `group` (all of it without chunking); once its prompts are read,
-        its rows join the batch. Returns whether they did."""
-        eng = self.engine
-        if self.mode == "dflash":
-            eng.proposer.cache = group.drafter_cache
-        begin = group.next
-        with eng._phase("prefill"):
-            group.next = eng._prefill(group.reqs, group.cache, self.mode, begin, self.prefill_chunk)
-        lens = [len(r.prompt) - r.metrics.cached_tokens for r in group.reqs]  # what each had to read
-        self._context[0] += sum(1 for n in lens if n > begin)
-        self._context[1] += sum(min(n, group.next) - begin for n in lens if n > begin)
-        self._context[2].update(r.index for r, n in zip(group.reqs, lens) if n > begin)
-        if group.next >= max(lens):
-            self._join(group.reqs, group.cache, group.drafter_cache)
-            return True
-        # chunked: requests whose prompts are read join now, without waiting for the longer ones of their group
-        done = [j for j, n in enumerate(lens) if begin < n <= group.next]
-        if done:
-            eng._emit_first(group.reqs, done, group.cache)
-            rest = [j for j in range(len(lens)) if j not in done]
-            # each part keeps only the slots its own requests can write (the batch's caches grow no further)
-            cap_done = max(group.reqs[j].capacity for j in done)
-            cap_rest = max(group.reqs[j].capacity for j in rest)
-            part = group.cache.take_rows(done, cap_done)
-            group.cache.keep_rows(rest, cap_rest)
-            drafter_part = None
-            if group.drafter_cache is not None:
-                drafter_part = group.drafter_cache.take_rows(done, cap_done)
-                group.drafter_cache.keep_rows(rest, cap_rest)
-            self._join([group.reqs[j] for j in done], part, drafter_part)
-            group.reqs = [group.reqs[j] for j in rest]
-        return False
-
-    def _join(self, reqs: list[_Request], cache, drafter_cache) -> None:
-        """Requests whose prompts are read (first token emitted) join the running batch with their cache rows."""
-        for j, r in enumerate(reqs):  # its prompt, for requests arriving while it is decoded
-            self._keep_prefix(r, j, cache, drafter_cache)
-        ttft = time.perf_counter() - reqs[0].t0
-        for r in reqs:
-            r.metrics.time_to_first_token_s = ttft
-            r.metrics.prompt_tokens = len(r.prompt)
-            if r.finish_reason:
-                r.metrics.total_time_s = ttft
-        if self.cache is None:
-            self.cache, self._drafter_cache = cache, drafter_cache
-        else:
-            self.cache.append_rows(cache)
-            if drafter_cache is not None:
-                self._drafter_cache.append_rows(drafter_cache)
-        self.live.extend(reqs)
-
-    def step(self) -> StepStats:
-        """One iteration: with chunked prefill, the next chunk of the earliest requests still being
-        prefilled (they join at once when their prompts are read), then one decode step of every
-        unfinished request (none: no decode). Finished requests' cache rows are dropped first, and the
-        slots only they needed (one copy of the buffers, not a gather per layer per step).
-
-        Raises:
-            PrefillFailed: the chunk failed; its requests were dropped, the batch is as before this call.
-            DFlashError: non-finite target logits; whatever an `on_tokens` callback raises. The batch
-            is then in an undefined state: drop it.
-        """
-        eng, mode = self.engine, self.mode
-        t = time.perf_counter()
-        if self._prefilling:
-            group = self._prefilling[0]
-            try:
-                joined = self._advance(group)
-            except Exception as exc:  # noqa: BLE001 - handed to the caller with the requests it concerns
-                self._prefilling.pop(0)
-                self._added = [r for r in self._added if all(r is not q for q in group.reqs)]
-                raise PrefillFailed([r.index for r in group.reqs], exc) from exc
-            if joined:
-                self._prefilling.pop(0)
-        if any(r.finish_reason for r in self.live):
-            keep = [j for j, r in enumerate(self.live) if not r.finish_reason]
-            capacity = max((self.live[j].capacity for j in keep), default=0)  # what requests that left needed is freed
-            self.cache.keep_rows(keep, capacity)
-            if self._drafter_cache is not None:
-                self._drafter_cache.keep_rows(keep, capacity)
-            self.live = [self.live[j] for j in keep]
-        context, self._context = self._context, [0, 0, set(), 0.0]
-        # in this iteration: decoded, read (ending at their first token too), or waiting for their next chunk
-        active = len({r.index for r in self.live} | context[2] | {r.index for g in self._prefilling for r in g.reqs})
-        if not self.live:
-            return StepStats(seconds=time.perf_counter() - t + context[3], context_requests=context[0],
-                             context_tokens=context[1], scheduled_requests=context[0], active_requests=active,
-                             completed_requests=self._completed())
-        before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
-        if mode == "dflash":
-            eng.proposer.cache = self._drafter_cache
-        eng._step(self.live, self.cache, mode, self.block)
-        if eng.phase_timer is not None:
-            eng.phase_timer.steps += 1
-        if eng.prefix_cache is not None:
-            for j, r in enumerate(self.live):  # what a request that ended read: for the next turn of its conversation
-                if r.finish_reason:
-                    self._keep_prefix(r, j, self.cache, self._drafter_cache)
-        now = time.perf_counter()
-        for r in self.live:
-            if r.finish_reason:
-                r.metrics.total_time_s = now - r.t0
-        return StepStats(len(self.live),
-                         sum(1 for r, b in zip(self.live, before) if r.metrics.drafted_tokens > b[0]),
-                         sum(r.metrics.drafted_tokens - b[0] for r, b in zip(self.live, before)),
-                         sum(r.metrics.accepted_tokens - b[1] for r, b in zip(self.live, before)),
-                         sum(len(r.out) - b[2] for r, b in zip(self.live, before)), now - t + context[3], context[0],
-                         context[1],
-                         context[0] + sum(1 for r in self.live if r.index not in context[2]),
-                         active, self._completed())
-
-    def _completed(self) -> int:
-        """The requests finished since the last StepStats (taken already or not); from now on they count as
-        counted."""
-        waiting = sum(1 for r in self._added if r.finish_reason)  # counted now, taken later
-        done, self._uncounted = self._uncounted + waiting, -waiting
-        return done
-
-    def flush_stats(self) -> StepStats | None:
-        """The prefill work done since the last `step` (requests and prompt tokens read by `add`) and the requests
-        finished since (at their first token, or aborted while waiting for their prompts), as a StepStats without a
-        decode step, or None when there was neither; it then counts as reported. For a batch
-        dropped without another step (its requests all ended at their first token), so its prompts still
-        appear in the iteration stats."""
-        context, self._context = self._context, [0, 0, set(), 0.0]
-        completed = self._completed()
-        if not context[0] and not completed:
-            return None
-        return StepStats(seconds=context[3], context_requests=context[0], context_tokens=context[1],
-                         scheduled_requests=context[0], active_requests=context[0], completed_requests=completed)
-
-    def abort_prefill(self, request_ids) -> int:
-        """End the requests among `request_ids` whose prompts are still waiting to be read (chunked prefill)
-        now, with finish_reason "abort" and no tokens: their rows leave their add call's prefill (a call left
-        with none leaves the queue unread). Their metrics count the prompt tokens read so far. Other ids are
-        ignored. Returns how many requests ended; `take_finished` has them."""
-        ids = set(request_ids)
-        keep, ended = [], 0
-        for group in self._prefilling:
-            rows = [j for j, r in enumerate(group.reqs) if r.index not in ids]
-            for r in group.reqs:
-                if r.index in ids:
-                    r.finish_reason = "abort"
-                    r.metrics.prompt_tokens = min(len(r.prompt), r.metrics.cached_tokens + group.next)
-                    ended += 1
-            if rows:
-                if len(rows) < len(group.reqs):
-                    group.cache.keep_rows(rows)
-                    if group.drafter_cache is not None:
-                        group.drafter_cache.keep_rows(rows)
-                    group.reqs = [group.reqs[j] for j in rows]
-                keep.append(group)
-        self._prefilling = keep
-        return ended
-
-    def take_finished(self) -> list[tuple[int, GenerationResult]]:
-        """(request id, GenerationResult) of the requests finished since the last call, in the order added."""
-        done, self._added = ([r for r in self._added if r.finish_reason],
-                             [r for r in self._added if not r.finish_reason])
-        self._uncounted += len(done)
-        out = []
-        for r in done:
-            r.metrics.completion_tokens = len(r.out)
-            # with stop strings, the text cut before the one that ended it (OpenAI's); else the caller decodes
-            text = None if r.stop_text is None else r.stop_text.text
-            out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, text=text, logprobs=r.logprobs,
-                                                  prompt_logprobs=r.prompt_logprobs, stop_reason=r.stop_reason)))
-        return out

@@ -307,7 +307,7 @@ class DFlashProposer:
                 (or argmax when `sample_drafts` is False).
             lookups: per row, prompt-lookup candidates for block positions 1, 2, ... (target ids,
                 at most `prompt_lookup` of them; [] for none), or None.
-            processing: per row, None or its request's logits processing (`_Request.scores`: logits [m, V]
+            processing: per row, None or its request's logits processing (`Request.scores`: logits [m, V]
                 and one history prefix per row -> processed logits), which the row's drafts then follow
                 (`_processed`); None for none.
         """

@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from starlette.requests import Request
 
 from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, PromptTooLongError
-from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.serve.chat import ChatAnswers
 from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.protocol import (UNSUPPORTED, ChatCompletionRequest, CompletionRequest, check_request_nesting,

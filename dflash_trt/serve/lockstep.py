@@ -3,7 +3,7 @@
 Under `torchrun ... dflash-trt serve --tp-size N` each rank holds its slice of the target
 (`dflash_trt.runtime.tensor_parallel`), whose forward passes are collectives: every rank must run the
 same prefills and decode steps. Rank 0 serves HTTP; its scheduler's in-flight batches
-(`dflash_trt.runtime.engine.DecodeBatch`) come from `leader(open_batch)`, which broadcasts each operation
+(`dflash_trt.runtime.decode_batch.DecodeBatch`) come from `leader(open_batch)`, which broadcasts each operation
 before running it: a new batch, the sequences added to it (prompts, and sampling parameters with a seed
 drawn on rank 0 where the request gave none), each decode step, the requests aborted before their
 prompts were read (chunked prefill), and, at every `on_tokens` call, the

@@ -90,7 +90,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from dflash_trt.runtime.engine import StepStats
+from dflash_trt.runtime.decode_batch import StepStats
 from dflash_trt.runtime.stats import GenerationResult
 
 #: GET /metrics' `timestamp` (TensorRT-LLM's PyExecutor writes its IterationStats.timestamp so: local time)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash_trt.runtime.engine import PrefillFailed, StepStats
+from dflash_trt.runtime.decode_batch import PrefillFailed, StepStats
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.runtime.stop_text import StopText
@@ -128,7 +128,7 @@ class Scheduler:
     """In-flight batching of queued sequences on one thread.
 
     Args:
-        open_batch: callable() -> a new, empty `dflash_trt.runtime.engine.DecodeBatch` (or an object with
+        open_batch: callable() -> a new, empty `dflash_trt.runtime.decode_batch.DecodeBatch` (or an object with
             its `add`, `step`, `take_finished` and `active`: `dflash_trt.serve.lockstep.leader`).
         max_batch_size: sequences in the batch at most (>= 1).
         in_flight: True: waiting sequences join the running batch between decode steps; False: static

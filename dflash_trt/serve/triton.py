@@ -47,7 +47,7 @@ class TritonPythonModel:
     `dflash_trt.serve.triton_tensors`, its parameters: `dflash_trt.serve.triton_repository`."""
 
     def initialize(self, args: dict) -> None:
-        from dflash_trt.runtime.engine import DecodeBatch
+        from dflash_trt.runtime.decode_batch import DecodeBatch
         from dflash_trt.serve.scheduler import Scheduler
 
         config = json.loads(args["model_config"])

@@ -90,7 +90,7 @@ def check_parameters(params: dict[str, str]) -> None:
     import re
 
     from dflash_trt.api import DTYPES
-    from dflash_trt.runtime.engine import MODES
+    from dflash_trt.runtime.decode_batch import MODES
 
     unknown = sorted(set(params) - set(PARAMETERS) - set(BACKEND_PARAMETERS))
     if unknown:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_trt.runtime.engine import DecodeBatch, Engine
+from dflash_trt.runtime.decode_batch import DecodeBatch
+from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stop_text import StopText

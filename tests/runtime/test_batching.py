@@ -69,7 +69,7 @@ def test_take_rows_copies_rows_and_leaves_the_cache_as_it_was():
 def test_requests_joining_a_running_batch(engine, mode, temperature):
     """In-flight batching: requests added between steps of a DecodeBatch (longer prompts and more
     tokens than the rows already there: the caches grow) decode exactly as they do alone."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (4, 30, 2, 7, 12)]
@@ -101,7 +101,7 @@ def test_requests_joining_a_running_batch(engine, mode, temperature):
 
 def test_a_failed_add_leaves_the_batch_running(engine):
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     sp = SamplingParams(max_tokens=8, ignore_eos=True)
     alone = engine.generate([[5, 6, 7]], sp)[0].token_ids
@@ -134,7 +134,7 @@ def test_a_row_failing_at_prefill_sends_no_token_of_any_row(engine, monkeypatch)
     """The first tokens of every new row are chosen before any is emitted: when one row's sampling fails
     (NaN probabilities), no caller has been sent a token, so the server can rerun the others alone."""
     import dflash_trt.runtime.engine as engine_module
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     def failing(probs, generator):
         raise RuntimeError("probability tensor contains either inf, nan or element < 0")
@@ -156,7 +156,7 @@ def test_chunked_prefill_decodes_as_a_whole_prefill(engine, mode, temperature, c
     step (a row whose prompt ended leaves the later chunks) and decode exactly as alone with one whole
     prefill; the running requests decode one step per chunk meanwhile; the iteration stats count each
     prompt token once."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (4, 30, 2, 7, 12, 1)]
@@ -202,7 +202,7 @@ def test_a_short_prompt_does_not_wait_for_a_long_one_added_with_it(engine, mode,
     """Chunked prefill, one add call with prompts of 3, 40 and 9 tokens (chunks of 4): each request emits
     its first token in the step that reads its prompt's end and decodes from the next step on, while the
     40-token prompt is still being read; every output equals the request alone."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 95, (n,), generator=g).tolist() for n in (3, 40, 9)]
@@ -232,7 +232,7 @@ def test_a_failed_chunk_drops_only_its_requests(engine, monkeypatch):
     """A chunked prefill that fails inside step() raises PrefillFailed naming the requests added together,
     which leave the batch without having sent a token; the running request goes on to its own output."""
     import dflash_trt.runtime.engine as engine_module
-    from dflash_trt.runtime.engine import DecodeBatch, PrefillFailed
+    from dflash_trt.runtime.decode_batch import DecodeBatch, PrefillFailed
 
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = engine.generate([[5, 6, 7]], sp)[0].token_ids
@@ -263,7 +263,7 @@ def test_a_failed_chunk_drops_only_its_requests(engine, monkeypatch):
 @pytest.mark.parametrize("chunk", [0, -3, True, 2.5, "4"])
 def test_prefill_chunk_must_be_a_whole_number(engine, chunk):
     from dflash_trt.errors import InvalidRequestError
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     with pytest.raises(InvalidRequestError, match="prefill_chunk must be a whole number of tokens >= 1"):
         DecodeBatch(engine, prefill_chunk=chunk)
@@ -273,7 +273,7 @@ def test_abort_prefill_ends_requests_before_their_prompts_are_read(engine):
     """Chunked prefill: requests whose prompts are still waiting to be read end at once with "abort" and no
     tokens (a client gone, Ctrl-C): their rows leave their add call's prefill, which goes on for the others;
     their metrics count the prompt tokens read so far."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
     a, b, c = list(range(3, 43)), list(range(5, 25)), list(range(7, 37))
@@ -297,7 +297,7 @@ def test_abort_prefill_ends_requests_before_their_prompts_are_read(engine):
 def test_the_caches_shrink_to_what_the_requests_left_need(engine, mode):
     """When the request needing the most KV slots leaves, the batch's target and drafter caches keep only
     the slots the others can still write (prompt + max_tokens + a block + 1 each); outputs are unchanged."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     prompts, budgets = [list(range(3, 63)), [7, 8, 9]], [6, 30]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in budgets]
@@ -334,7 +334,7 @@ def test_keep_rows_refuses_to_cut_a_rows_committed_slots():
 def test_identical_prompts_are_read_once(engine, mode, chunk, monkeypatch):
     """Rows with the same prompt (a request's n choices) are prefilled by one row's forward, the others get
     copies of its K/V, drafter context and first-token logits; every output equals its request alone."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     p, q = [11, 12, 13, 14, 15, 16, 17, 18, 19], [40, 41, 42, 43, 44]
     prompts = [p, q, p, p]
@@ -360,7 +360,7 @@ def test_an_iterations_latency_includes_the_prefill_it_reports(engine, monkeypat
     `flush_stats` when no step follows; an iteration without prefill does not carry it again."""
     import time
 
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     real = engine._prefill
 
@@ -385,7 +385,7 @@ def test_each_finished_request_is_counted_complete_in_exactly_one_iteration(engi
     """StepStats.completed_requests (TensorRT-LLM's numCompletedRequests): requests ending in a decode step (in the
     step that ends them), at their first token (in the next iteration, or `flush_stats`), aborted while their prompt
     waits for a chunk, each once, whether their results are taken at once (the server does) or later."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     batch = DecodeBatch(engine, "ar", prefill_chunk=4)
     taken = []

@@ -9,7 +9,8 @@ import torch
 from dflash_trt.config import TargetConfig
 from dflash_trt.errors import InvalidRequestError
 from dflash_trt.models.checkpoints import init_drafter, load_drafter, load_target, new_drafter_config
-from dflash_trt.runtime.engine import DecodeBatch, Engine
+from dflash_trt.runtime.decode_batch import DecodeBatch
+from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.logprobs import MAX_LOGPROBS, token_logprobs
 from dflash_trt.runtime.proposer import DFlashProposer
 from dflash_trt.runtime.sampling import SamplingParams

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trt.runtime.engine import DecodeBatch
+from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.runtime.kv_cache import KVCache
 from dflash_trt.runtime.prefix_cache import PrefixCache
 from dflash_trt.runtime.sampling import SamplingParams

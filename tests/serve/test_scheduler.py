@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dflash_trt.errors import InvalidRequestError
-from dflash_trt.runtime.engine import PrefillFailed
+from dflash_trt.runtime.decode_batch import PrefillFailed
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult, RequestMetrics
 from dflash_trt.runtime.stop_text import StopText
@@ -315,7 +315,7 @@ def test_a_sequence_aborted_before_its_first_token_records_no_latency():
 def test_the_iteration_gauges_appear_once_measured_and_acceptance_length_only_when_speculative():
     """Before any iteration no iteration gauge is exported (no value is measured yet); an autoregressive server
     (speculative False) exports no acceptance length; a speculative one exports the iteration's."""
-    from dflash_trt.runtime.engine import StepStats
+    from dflash_trt.runtime.decode_batch import StepStats
     from dflash_trt.serve.metrics import ServerMetrics
 
     def names(m):
@@ -477,7 +477,7 @@ def tiny_engine(tmp_path):
 def test_a_batch_that_ends_at_its_first_tokens_still_reports_its_prompts(tmp_path):
     """Requests that all end at their first token (max_tokens 1) leave the batch before any decode step: the
     prompts read still make one iteration entry (no decode requests), so the stats count every prompt."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     engine = tiny_engine(tmp_path)
     steps, done = [], []
@@ -493,7 +493,7 @@ def test_a_batch_that_ends_at_its_first_tokens_still_reports_its_prompts(tmp_pat
 def test_a_result_goes_out_after_the_iterations_that_made_it(tmp_path):
     """A step's iteration stats are recorded before the results it finished are handed out (a client that has
     its answer finds the steps that made it in GET /metrics), and `idle` holds once all of it is done."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     engine = tiny_engine(tmp_path)
     steps, seen = [], []
@@ -512,7 +512,7 @@ def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, c
     its batch at the next step (with chunked prefill, its prompt read over the next steps) and finishes
     while the long one still runs (static batching: it waits for the long one); both outputs equal their
     requests decoded alone either way."""
-    from dflash_trt.runtime.engine import DecodeBatch
+    from dflash_trt.runtime.decode_batch import DecodeBatch
 
     engine = tiny_engine(tmp_path)
     long_p, short_p = [5, 9, 13, 17], [40, 41]

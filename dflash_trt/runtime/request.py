@@ -1,0 +1,106 @@
+"""A request's state while it decodes: its output, metrics and stop checks, and its logits processing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from dflash_trt.errors import InvalidRequestError
+from dflash_trt.runtime.logprobs import TokenLogprob
+from dflash_trt.runtime.penalties import LogitsPenalties
+from dflash_trt.runtime.prompt_lookup import NgramIndex
+from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.stats import RequestMetrics
+from dflash_trt.runtime.stop_text import StopText
+from dflash_trt.text import short_repr
+
+
+@dataclass
+class Request:
+    """One request of a decode batch: its prompt, sampling params and output so far, its logits processing
+    (`scores`, `draft_scores`) and its stop checks (`emit`). Made by `Engine._make_request`; the engine
+    (`dflash_trt.runtime.engine`) and `DecodeBatch` (`dflash_trt.runtime.decode_batch`) update it."""
+
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    context_len: int
+    generator: torch.Generator | None
+    out: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    start: int = 0  # absolute position of `out[-1]` = committed target KV length
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    index: int = 0  # request id in its DecodeBatch (= prompt index for Engine.generate)
+    call_index: int = 0  # its prompt's index in the add() call that brought it (on_tokens' first argument)
+    on_tokens: Callable[[int, list[int]], str | None] | None = None
+    ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
+    t0: float = 0.0  # time.perf_counter() when its prefill began
+    first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
+    capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
+    logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
+    # params.prompt_logprobs set: one per prompt token read so far (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    penalties: LogitsPenalties | None = None  # params.processes_logits: its logit bias, penalties, min_tokens
+    stop_text: StopText | None = None  # params.stop: its text so far, checked for the stop strings
+    stop_reason: int | str | None = None  # the stop token of params.stop_token_ids or the stop string that ended it
+    # the stop tokens a stop_reason names: params.stop_token_ids, less the target's EOS ids unless ignore_eos (an EOS
+    # ends an output with stop_reason None however it was asked for, as in vLLM and serve)
+    named_stops: frozenset[int] = frozenset()
+
+    def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
+        row's `prefixes`: the drafts before it in the block), or `logits` as they are without any."""
+        if self.penalties is None:
+            return logits
+        scores = self.penalties.apply(logits, self.out, prefixes)
+        # bad words can ban every token left (with a grammar, min_tokens, a logit bias): the first row always
+        # chooses a token, so nothing allowed there is the request's dead end (argmax would emit a banned token 0)
+        if self.params.bad_words and bool(torch.isneginf(scores[0]).all()):
+            raise InvalidRequestError(f"bad_words ban every token this request may choose after {len(self.out)} "
+                                      "output tokens (with its grammar, min_tokens or logit bias); drop some bad words")
+        return scores
+
+    def draft_scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """`scores` without the penalties: what its drafts follow (`LogitsPenalties.for_drafts`)."""
+        return self.penalties.apply(logits, self.out, prefixes, penalize=False)
+
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
+        """Append tokens in order (with their `logprobs` when the request asked for them), applying every
+        stop check to each (stop tokens, max_tokens, the context's end, then the stop strings); return how many
+        were taken."""
+        taken = len(tokens)
+        for n, tok in enumerate(tokens, 1):
+            self.out.append(tok)
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+                if tok in self.named_stops:  # a token asked for; the target's EOS ids: None
+                    self.stop_reason = tok
+            elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
+                self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
+            if self.finish_reason:
+                taken = n
+                break
+        if self.stop_text is not None and self.stop_text.add(tokens[:taken]) == "stop":
+            # a stop string: the output ends with the token that completed it (several may have come at once)
+            extra = len(self.out) - self.stop_text.used
+            if extra:
+                del self.out[-extra:]
+                taken -= extra
+            self.finish_reason, self.stop_reason = "stop", self.stop_text.matched
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs[:taken])
+        if self.on_tokens is not None:
+            args: tuple = (self.call_index, tokens[:taken])
+            if self.prompt_logprobs is not None and len(self.out) == taken:  # its first call: the prompt's too
+                args += (None if self.logprobs is None else logprobs[:taken], self.prompt_logprobs)
+            elif self.logprobs is not None:
+                args += (logprobs[:taken],)
+            reason = self.on_tokens(*args)
+            if reason is not None and not isinstance(reason, str):  # True / 1 became the finish_reason
+                raise InvalidRequestError(f"on_tokens returned {short_repr(reason)} ({type(reason).__name__}): return "
+                                          "None to go on, or a finish reason string (e.g. 'stop') to end the request")
+            if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
+                self.finish_reason = reason
+        return taken
