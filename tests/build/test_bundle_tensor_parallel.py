@@ -5,28 +5,20 @@ It was refused ("FP8 / NVFP4 layers are not split"), even for a bundle with no q
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from dflash_trt.runtime.sampling import SamplingParams
-from tests.serve.test_openai_server import free_port
+from tests.runtime.test_tensor_parallel import torchrun_generate
 
 
 @pytest.mark.slow
 def test_generate_a_bundle_at_tp3_under_torchrun_gives_the_one_process_tokens(tiny_bundle_fp8_tp3):
     from dflash_trt.api import load_bundle
 
-    beside = Path(sys.executable).parent / "dflash-trt"
-    exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
     prompt = "def add(a, b):"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
-                           str(free_port()), exe, "generate", "--bundle", str(tiny_bundle_fp8_tp3), "--tp-size", "3",
-                           "--prompt", prompt, "--max-tokens", "12", "--mode", "ar", "--json", "--threads", "1"],
-                          capture_output=True, text=True, timeout=600)
+    proc = torchrun_generate(3, "--bundle", str(tiny_bundle_fp8_tp3), "--tp-size", "3", "--prompt", prompt,
+                             "--max-tokens", "12", "--mode", "ar")
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # rank 0 alone prints

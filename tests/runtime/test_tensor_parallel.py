@@ -95,22 +95,29 @@ def test_tp3_smollm2_with_the_default_drafter(tmp_path, smollm2_path, smollm2_pi
     assert all(pipe.decode(ids).lstrip().startswith("{") for ids in ranks[0]["guided"])
 
 
-@pytest.mark.slow
-def test_generate_tp3_under_torchrun_prints_once(smollm2_pipeline):
+def torchrun_generate(nproc: int, *args: str):
+    """`dflash-trt generate ARGS --json --threads 1` under torchrun with `nproc` processes (a free master port);
+    returns the finished process (its stdout and stderr captured as text)."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
-    from dflash_trt.runtime.sampling import SamplingParams
     from tests.serve.test_openai_server import free_port
 
     beside = Path(sys.executable).parent / "dflash-trt"
     exe = str(beside) if beside.is_file() else shutil.which("dflash-trt")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                           "--master-port", str(free_port()), exe, "generate", *args, "--json", "--threads", "1"],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_generate_tp3_under_torchrun_prints_once(smollm2_pipeline):
+    from dflash_trt.runtime.sampling import SamplingParams
+
     question = "What is the capital of France? Answer in one sentence."
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
-                           str(free_port()), exe, "generate", "--tp-size", "3", "--chat", question, "--max-tokens", "24",
-                           "--json", "--threads", "1"], capture_output=True, text=True, timeout=600)
+    proc = torchrun_generate(3, "--tp-size", "3", "--chat", question, "--max-tokens", "24")
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # rank 0 alone prints
