@@ -7,10 +7,12 @@ anything loads.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -85,6 +87,27 @@ def model_folder(option: str, path: str | None, what: str = "model") -> str | No
         raise CheckpointError(f"{option} {path}: no config.json in this folder; give the {what} folder (a Hugging Face "
                               "checkpoint folder holding config.json and its safetensors)")
     return path
+
+
+def check_port(host: str, port: int, flag: str = "--port") -> None:
+    """Raises click.UsageError when `host`:`port` cannot be bound (in use, or not an address of this
+    machine), before the models load; the message names the port's option `flag`."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise click.UsageError(f"--host {host}: not an address or name this machine resolves ({exc.strerror}); "
+                               "give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise click.UsageError(f"--host {host} is not an address of this machine ({exc.strerror}); give one of "
+                                       "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+            raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another {flag} (or stop "
+                                   "the server that holds it)") from None
 
 
 def load_models(target: str | None, drafter: str | None, bundle: str | None, dtype: str, block_size: int | None,

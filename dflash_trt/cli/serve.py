@@ -3,35 +3,12 @@ DFlash runtime (`dflash_trt.serve`)."""
 
 from __future__ import annotations
 
-import errno
-import socket
 import sys
 from pathlib import Path
 
 import click
 
-from dflash_trt.cli.common import model_options, prefix_cache_options, tp_size_option
-
-
-def check_port(host: str, port: int) -> None:
-    """Raises click.UsageError when `host`:`port` cannot be bound (in use, or not an address of this
-    machine), before the models load."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise click.UsageError(f"--host {host}: not an address or name this machine resolves ({exc.strerror}); "
-                               "give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise click.UsageError(f"--host {host} is not an address of this machine ({exc.strerror}); give one of "
-                                       "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
-            raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port (or stop "
-                                   "the server that holds it)") from None
+from dflash_trt.cli.common import check_port, model_options, prefix_cache_options, tp_size_option
 
 
 def _check_config_flags(config: dict, given: dict) -> None:

@@ -29,9 +29,15 @@ def triton(repo, host, http_port, grpc_port, metrics_port, tritonserver_args):
     Python backend set up: the binary alone finds no backend. Other arguments go on to tritonserver (e.g.
     --exit-on-error=false --log-verbose=1; a flag given again overrides ours). Ctrl-C or SIGTERM stops it.
     In NVIDIA's Triton container the command is `tritonserver --model-repository DIR`."""
+    from dflash_trt.cli.common import check_port
     from dflash_trt.interrupts import exit_stopped
     from dflash_trt.serve.triton_launch import TritonServer, work_dir
 
+    # a port in use would be found by tritonserver only after the model loads, and the ready check would be answered
+    # by the server that holds it: refused now, naming the option
+    for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        if port:
+            check_port(host, port, flag)
     server = None
     try:
         server = TritonServer(repo, work_dir(), host=host, http_port=http_port, grpc_port=grpc_port,

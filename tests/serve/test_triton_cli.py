@@ -116,7 +116,8 @@ def test_without_pytriton_one_line_names_what_to_install(monkeypatch, capsys, tm
     exit 1, one line naming the pip command and NVIDIA's container, no traceback."""
     repo = write_model_repository(tmp_path / "repo", "dflash").parent
     monkeypatch.setitem(sys.modules, "pytriton", None)
-    code, out, err = run_main(monkeypatch, capsys, "triton", "--model-repository", str(repo))
+    code, out, err = run_main(monkeypatch, capsys, "triton", "--model-repository", str(repo), "--http-port", "0",
+                              "--grpc-port", "0", "--metrics-port", "0")
     assert code == 1 and out == "" and err.count("\n") == 1, err
     assert err.startswith("error: tritonserver not found: nvidia-pytriton, which carries it, is not installed; "
                           "install it with `pip install --no-deps nvidia-pytriton==0.7.0` (`make install` does), or "
@@ -127,3 +128,23 @@ def test_without_pytriton_one_line_names_what_to_install(monkeypatch, capsys, tm
 def test_a_missing_repository_is_a_usage_error(monkeypatch, capsys, tmp_path):
     code, out, err = run_main(monkeypatch, capsys, "triton", "--model-repository", str(tmp_path / "nope"))
     assert code == 2 and err.count("\n") == 1 and "'--model-repository': Directory" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port", "--metrics-port"])
+def test_a_port_in_use_is_refused_before_tritonserver_starts(monkeypatch, capsys, tmp_path, flag):
+    """A port another server holds: a usage error naming its option, before anything starts (tritonserver found it
+    only after loading the model, and the ready check was answered by the server holding the HTTP port, so the
+    command said "Triton ready" and then died)."""
+    import socket
+
+    repo = write_model_repository(tmp_path / "repo", "dflash").parent
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        ports = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", flag: str(port)}
+        code, out, err = run_main(monkeypatch, capsys, "triton", "--model-repository", str(repo),
+                                  *[x for item in ports.items() for x in item])
+    assert (code, out) == (2, ""), err
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: Address already in use; pick another {flag} (or "
+                          "stop the server that holds it)"), err
