@@ -307,10 +307,10 @@ def check_extra_fields(extra: dict, eos_token_ids) -> None:
         parts.append(f"unknown field(s) {sorted(bad)}: this model's inputs are {known} (a typo, or a TensorRT-LLM "
                      "ensemble input this model does not implement); remove or correct them")
     for key in sorted(other):
-        neutral = ("one of the target's EOS ids " + ", ".join(map(str, eos_token_ids)) if key == "end_id" else
+        neutral = (f"the target's EOS id ({' or '.join(map(str, eos_token_ids))})" if key == "end_id" else
                    " or ".join(json.dumps(v) for v in ENSEMBLE_NEUTRAL[key]))
         parts.append(f"{key} {json.dumps(extra[key])} asks for {NEUTRAL_ASKS[key]}, which this model does not do; "
-                     f"send {neutral} or leave {key} out")
+                     f"send {neutral}, or leave {key} out")
     if parts:
         raise InvalidRequestError("; ".join(parts))
 

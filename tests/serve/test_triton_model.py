@@ -109,15 +109,15 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
     with pytest.raises(InvalidRequestError, match=r"unknown field\(s\) \['temprature'\]: this model's inputs are "):
         check_extra_fields({"temprature": 0.9}, eos_token_ids=(2,))
     for extra, words in (({"beam_width": 2}, "beam_width 2 asks for beam search (this model decodes one sequence per "
-                                             "request), which this model does not do; send 1 or leave beam_width out"),
+                                             "request), which this model does not do; send 1, or leave beam_width out"),
                          ({"beam_width": True}, "beam_width true asks for beam search"),
                          ({"end_id": 5}, "end_id 5 asks for an end token other than the target's EOS, which this model "
-                                         "does not do; send one of the target's EOS ids 2 or leave end_id out"),
+                                         "does not do; send the target's EOS id (2), or leave end_id out"),
                          ({"num_return_sequences": 2}, "num_return_sequences 2 asks for several sequences per request"),
                          ({"length_penalty": 1.2}, "length_penalty 1.2 asks for beam search's length penalty"),
                          ({"stop": True}, "stop true asks for cancelling the request with its request id (close the "
                                           "stream or cancel the gRPC call instead), which this model does not do; send "
-                                          "false or leave stop out"),
+                                          "false, or leave stop out"),
                          ({"runtime_top_p_decay": 0.9}, "runtime_top_p_decay 0.9 asks for top-p decay")):
         with pytest.raises(InvalidRequestError) as info:
             check_extra_fields(extra, eos_token_ids=(2,))
