@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-import dflash_trt.runtime.engine as engine_mod
+import dflash_trt.runtime.decode_batch as decode_batch_mod
 from dflash_trt.errors import ConfigError
 from dflash_trt.runtime.draft_tree import add_path, build_tree
 from dflash_trt.runtime.engine import Engine
@@ -166,7 +166,7 @@ def test_sampling_with_copied_drafts_keeps_the_targets_distribution(tiny, monkey
     target's probability, so the output keeps the target's distribution (chi-square over all 6**3
     three-token sequences; 1-2-gram matches so that a 6-token vocabulary matches often)."""
     target, drafter = tiny
-    monkeypatch.setattr(engine_mod, "NgramIndex", functools.partial(NgramIndex, max_n=2, min_n=1))
+    monkeypatch.setattr(decode_batch_mod, "NgramIndex", functools.partial(NgramIndex, max_n=2, min_n=1))
     proposer = DFlashProposer(drafter, target, prompt_lookup=2)
     seen = record_drafts(proposer)
     p, rate = pvalue(Engine(target, proposer), CASES[0])

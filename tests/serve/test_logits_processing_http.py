@@ -110,7 +110,7 @@ def test_min_p_1_keeps_only_the_top_token(client, smollm2_pipeline):
 
 BAD = [
     ("chat/completions", {"messages": QUESTION, "presence_penalty": 3}, "presence_penalty",
-     "presence_penalty must be in [-2, 2] (0 = off), got 3.0"),
+     "presence_penalty must be in [-2, 2] (OpenAI's range), got 3.0"),
     ("chat/completions", {"messages": QUESTION, "frequency_penalty": "1"}, "frequency_penalty",
      "frequency_penalty: Input should be a valid number"),
     ("chat/completions", {"messages": QUESTION, "repetition_penalty": 0}, "repetition_penalty",
