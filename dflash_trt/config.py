@@ -1,6 +1,6 @@
 """Frozen model configs for targets and DFlash drafters, built from Hugging Face config.json.
 
-`TargetConfig` covers the Llama and Qwen3 decoder families; `DrafterConfig` the DFlash drafter
+`TargetConfig` covers the Llama, Mistral, Qwen2 (Qwen2.5) and Qwen3 decoder families; `DrafterConfig` the DFlash drafter
 checkpoint format of z-lab/dflash and NVIDIA ModelOpt (DFlash paper, arXiv 2602.06036, sec. 3).
 Both are immutable: tensor parallelism and quantization never edit a config in place.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dflash_trt.errors import ConfigError
 
-SUPPORTED_TARGET_TYPES = ("llama", "qwen3")
+SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 #: a drafter layer's attention: non-causal over context + block, or causal and windowed
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -139,12 +139,54 @@ def _rope_from_hf(cfg: dict, where: str = "target config.json") -> tuple[float, 
     return theta, scaling
 
 
+def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int | None, tuple[str, ...]]:
+    """(sliding_window, layer_types) of a target's config.json: the window W (a query at position p sees the
+    keys at positions p - W + 1 .. p) and which layers it applies to ("sliding_attention"; () = none).
+
+    transformers' semantics (5.x, models/{qwen2,qwen3,mistral}/configuration_*.py and modeling_*.py):
+    - qwen2 / qwen3: a window only with `use_sliding_window: true` (`sliding_window` is dropped otherwise);
+      `layer_types` when config.json has it, else layers i >= `max_window_layers` slide;
+    - mistral: `sliding_window` (null: none) on every layer (`layer_types` is ignored, as MistralModel does);
+    - llama: none.
+
+    Raises:
+        ConfigError: a field of the wrong type, `layer_types` of the wrong length or with unknown entries, or a
+            layer marked "sliding_attention" without a window (transformers refuses it too).
+    """
+    if model_type == "mistral":
+        window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1)
+        return window, ("sliding_attention",) * layers if window is not None else ()
+    if model_type not in ("qwen2", "qwen3"):
+        return None, ()
+    use = _bool(cfg.get("use_sliding_window"), "use_sliding_window", where, False)
+    window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1) if use else None
+    raw = cfg.get("layer_types")
+    if raw is None:
+        first = _int(cfg.get("max_window_layers"), "max_window_layers", where, 28, minimum=0)
+        types = tuple("sliding_attention" if window is not None and i >= first else "full_attention"
+                      for i in range(layers))
+    else:
+        if not isinstance(raw, (list, tuple)) or len(raw) != layers or any(t not in LAYER_TYPES for t in raw):
+            raise ConfigError(f"{where}: 'layer_types' must list one of {', '.join(LAYER_TYPES)} per layer "
+                              f"({layers} entries), got {raw!r}; fix it there or remove it")
+        types = tuple(raw)
+    if window is None and "sliding_attention" in types:
+        raise ConfigError(f"{where}: 'layer_types' marks layer {types.index('sliding_attention')} "
+                          "'sliding_attention' but no window is set (use_sliding_window false or sliding_window "
+                          "null); set use_sliding_window true and sliding_window, or make those layers "
+                          "'full_attention'")
+    return window, types if "sliding_attention" in types else ()
+
+
 @dataclass(frozen=True)
 class TargetConfig:
-    """Shape and numerics of a Llama / Qwen3 decoder-only target.
+    """Shape and numerics of a Llama / Mistral / Qwen2 / Qwen3 decoder-only target.
 
     `head_dim` defaults to hidden_size // num_attention_heads (Llama) when config.json omits it.
     `qk_norm` is True for Qwen3 (per-head RMSNorm on q and k before RoPE).
+    `attention_bias`: biases on q/k/v/o (Llama's flag); `qkv_bias`: biases on q/k/v only (Qwen2, whose
+    o_proj has none). `sliding_window` W and `layer_types`: the layers marked "sliding_attention" attend
+    to the last W positions only (query position p: keys p - W + 1 .. p); () = every layer full.
     """
 
     model_type: str
@@ -163,6 +205,9 @@ class TargetConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    qkv_bias: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     architectures: tuple[str, ...] = ()
@@ -170,6 +215,10 @@ class TargetConfig:
     @property
     def num_kv_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer` (positions a query sees, itself included), None: full."""
+        return self.sliding_window if self.layer_types and self.layer_types[layer] == "sliding_attention" else None
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, flag: str | None = None, source: str | None = None) -> "TargetConfig":
@@ -191,7 +240,8 @@ class TargetConfig:
                               + _swap_hint(flag, "the target model's folder"))
         if model_type is None:
             raise ConfigError(f"{where} has no model_type: it is not a Hugging Face model's config.json; give the "
-                              f"folder of a Hugging Face model (Llama or Qwen3) as {flag or '--target'}")
+                              "folder of a Hugging Face model (Llama, Mistral, Qwen2 or Qwen3) as "
+                              f"{flag or '--target'}")
         if model_type not in SUPPORTED_TARGET_TYPES:
             raise ConfigError(
                 f"target model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_TARGET_TYPES)}"
@@ -205,6 +255,8 @@ class TargetConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
         kv_heads = size("num_key_value_heads", heads)
+        window, layer_types = _target_windows(cfg, model_type, size("num_hidden_layers"), where)
+        fixed_bias = model_type in ("qwen2", "mistral")
         if heads % kv_heads:
             raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         return cls(
@@ -221,9 +273,13 @@ class TargetConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             tie_word_embeddings=_bool(cfg.get("tie_word_embeddings"), "tie_word_embeddings", where, False),
-            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False),
-            mlp_bias=_bool(cfg.get("mlp_bias"), "mlp_bias", where, False),
+            # Qwen2 (q/k/v biases, `qkv_bias`) and Mistral have fixed biases: transformers ignores these flags there
+            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False) and not fixed_bias,
+            mlp_bias=_bool(cfg.get("mlp_bias"), "mlp_bias", where, False) and not fixed_bias,
             qk_norm=model_type == "qwen3",
+            qkv_bias=model_type == "qwen2",
+            sliding_window=window if layer_types else None,
+            layer_types=layer_types,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
             architectures=tuple(cfg.get("architectures") or ()),

@@ -13,15 +13,18 @@ torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "2")))
 
 def tiny_hf_config(model_type: str = "llama", vocab: int = 96, layers: int = 4, **overrides):
     """A transformers config for a tiny random model (hidden 64, 4 heads / 2 KV heads)."""
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     common.update(overrides)
-    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[model_type]
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen2": Qwen2Config, "mistral": MistralConfig}[model_type]
+    if model_type == "mistral":
+        common.setdefault("sliding_window", None)  # MistralConfig's default is 4096; a window is asked for by name
     cfg = cls(**common)
-    cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen3ForCausalLM"]
+    cfg.architectures = [{"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                          "mistral": "MistralForCausalLM"}[model_type]]
     return cfg
 
 

@@ -239,16 +239,18 @@ class AttentionProjections(nn.Module):
     """q/k/v/o projections (HF names) and optional per-head q_norm/k_norm of a GQA attention layer.
 
     q_proj: hidden -> heads * head_dim; k_proj, v_proj: hidden -> kv_heads * head_dim;
-    o_proj: heads * head_dim -> hidden.
+    o_proj: heads * head_dim -> hidden. `bias`: biases on q/k/v, and on o_proj unless `o_bias` says otherwise
+    (Qwen2: q/k/v biased, o_proj not).
     """
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, qk_norm: bool, eps: float,
+                 o_bias: bool | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias if o_bias is None else o_bias)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.scale = head_dim**-0.5

@@ -1,4 +1,4 @@
-"""The target model: a compact Llama / Qwen3 decoder with a position-addressed KV cache.
+"""The target model: a compact Llama / Mistral / Qwen2 / Qwen3 decoder with a position-addressed KV cache.
 
 Module and parameter names mirror Hugging Face (`model.layers.N.self_attn.q_proj.weight`, ...) so a
 HF safetensors checkpoint loads by name (see `dflash_trt.models.loading`).
@@ -7,6 +7,12 @@ Target features for the drafter: id l is the OUTPUT of decoder layer l, i.e. HF
 `output_hidden_states[l + 1]` (hidden_states[0] is the embedding output). For the LAST layer HF
 returns the output after the final RMSNorm, and z-lab's reference (`extract_context_feature`) feeds
 exactly that tensor to the drafter; so does this model: id num_layers - 1 gives the normed output.
+
+Sliding-window layers (Mistral; Qwen2 / Qwen3 with `use_sliding_window`; `TargetConfig.layer_window`) keep
+every key in the cache and mask those W or more positions behind the query (transformers'
+`sliding_window_overlay`: key position > query position - W), in prefill, decode and verify alike; a rollback
+only moves the cache length, as for full layers. The mask compares positions, not slots: a draft tree's node
+sits at slot start + i but at position start + its depth.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from dflash_trt.runtime.kv_cache import KVCache
 
 class TargetAttention(AttentionProjections):
     """Grouped-query self-attention of target layer `layer_idx` over its KV cache (HF `self_attn.` keys:
-    q/k/v/o_proj, and q_norm/k_norm for Qwen3)."""
+    q/k/v/o_proj, and q_norm/k_norm for Qwen3). `window`: the layer's sliding window (None: full)."""
 
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                         cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps)
+                         cfg.attention_bias or cfg.qkv_bias, cfg.qk_norm, cfg.rms_norm_eps, o_bias=cfg.attention_bias)
         self.layer_idx = layer_idx
+        self.window = cfg.layer_window(layer_idx)
 
     def forward(self, x, rope, slots, mask, cache: KVCache, rows, kv_len):
         """x [n, t, hidden] (input_layernorm'd) of t new tokens; rope (cos, sin) [n, t, head_dim] of their
@@ -96,7 +103,8 @@ class TargetOutput:
 
 
 class TargetModel(nn.Module):
-    """A Llama / Qwen3 causal LM (`LlamaForCausalLM`, `Qwen3ForCausalLM` layouts)."""
+    """A Llama / Mistral / Qwen2 / Qwen3 causal LM (`LlamaForCausalLM`, `MistralForCausalLM`,
+    `Qwen2ForCausalLM`, `Qwen3ForCausalLM` layouts)."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
@@ -163,7 +171,8 @@ class TargetModel(nn.Module):
                 tree (`dflash_trt.runtime.draft_tree`) writes its nodes to consecutive slots while
                 siblings share a position.
             attn_mask: bool [n, 1, t, kv_len] (True = attend), or None: causal by position. A draft
-                tree passes its ancestor mask (`tree_attention_mask`).
+                tree passes its ancestor mask (`tree_attention_mask`). Sliding-window layers also mask
+                the keys W or more positions behind each query (`window_mask`).
         Returns:
             TargetOutput with logits [n, k or t, vocab] float32 and hidden [n, t, hidden].
         """
@@ -176,10 +185,15 @@ class TargetModel(nn.Module):
             else:
                 attn_mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
         slots = positions if slots is None else slots
+        window = self.config.sliding_window
+        # (a query at position p < W sees every key: no mask to build)
+        windowed = (window_mask(attn_mask, positions, slots, kv_len, window)
+                    if window is not None and int(positions.max()) >= window else None)
         wanted = {lid: None for lid in feature_layer_ids}
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, slots, attn_mask, cache, rows, kv_len)
+            mask = attn_mask if windowed is None or layer.self_attn.window is None else windowed
+            x = layer(x, rope, slots, mask, cache, rows, kv_len)
             if i in wanted and i != last:
                 wanted[i] = x
         x = self.model.norm(x)
@@ -192,3 +206,22 @@ class TargetModel(nn.Module):
         if logits_index is not None:
             x = torch.gather(x, 1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         return TargetOutput(self.compute_logits(x), features, hidden)
+
+
+def window_mask(mask: torch.Tensor | str, positions: torch.Tensor, slots: torch.Tensor, kv_len: int,
+                window: int) -> torch.Tensor:
+    """`mask` (bool [n, 1, t, kv_len], True = attend, or `CAUSAL`) narrowed to a sliding window of `window`
+    positions: query position p keeps only the keys at positions > p - window (transformers'
+    `sliding_window_overlay`), so p - window + 1 .. p with the causal mask.
+
+    A key's position is its slot's for the committed context (slot s holds position s) and, for the slots
+    written by this forward (`slots` [n, t] int64), the position of the token written there (`positions`
+    [n, t] int64): a draft tree's node at slot start + i holds position start + its depth. Returns bool
+    [n, 1, t, kv_len].
+    """
+    n = positions.shape[0]
+    key_pos = torch.arange(kv_len, device=positions.device)
+    if isinstance(mask, str):  # CAUSAL: a prefill from position 0, slot == position
+        mask = key_pos[None, None, None, :] <= positions[:, None, :, None]
+    key_pos = key_pos.expand(n, kv_len).scatter(1, slots, positions)
+    return mask & (key_pos[:, None, None, :] > positions[:, None, :, None] - window)
