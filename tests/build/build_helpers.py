@@ -14,13 +14,15 @@ QWEN3_TINY = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rop
 
 
 def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overrides):
-    """A random tiny LlamaForCausalLM or Qwen3ForCausalLM (+ SmolLM2 tokenizer files) saved in `folder`."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    """A random tiny LlamaForCausalLM, Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM (+ SmolLM2 tokenizer
+    files) saved in `folder`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     torch.manual_seed(seed)
-    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[model_type]
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen2": Qwen2Config, "mistral": MistralConfig}[model_type]
     cfg = cls(**{**TINY, **overrides})
-    cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen3ForCausalLM"]
+    cfg.architectures = [{"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                          "mistral": "MistralForCausalLM"}[model_type]]
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -55,6 +55,23 @@ def test_tp2_qwen3_ranks_agree_and_match_one_process(tmp_path, tiny_qwen3):
     torch.testing.assert_close(torch.tensor(ranks[0]["logits"]), ref_logits, rtol=0, atol=1e-4)
 
 
+def test_tp2_qwen2_with_biases_and_a_sliding_window_matches_one_process(tmp_path, smollm2_path):
+    """Qwen2's q/k/v biases split with their heads (o_proj has none), and its last two layers slide (a window of 4
+    positions, shorter than prompt + answer): every rank decodes what one process does."""
+    from tests.build.build_helpers import QWEN3_TINY, write_tiny_drafter, write_tiny_target
+
+    target = write_tiny_target(tmp_path / "target", smollm2_path, model_type="qwen2", use_sliding_window=True,
+                               sliding_window=4, max_window_layers=2, **QWEN3_TINY)
+    pair = target, write_tiny_drafter(tmp_path / "drafter", target)
+    prompts = [[1, 520, 3011, 44, 7, 9, 8], [9, 8, 7]]
+    ranks = run_tp(tmp_path, 2, *pair, prompts, 10)
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["kv_heads"] == 1 and ranks[0]["dflash"] == ranks[0]["ar"]
+    ref_tokens, ref_logits = reference(*pair, prompts, 10)
+    assert ranks[0]["ar"][0] == ref_tokens
+    torch.testing.assert_close(torch.tensor(ranks[0]["logits"]), ref_logits, rtol=0, atol=1e-4)
+
+
 def test_tp_size_that_does_not_divide_is_refused(tiny_qwen3):
     from dflash_trt.api import load_pipeline
 
