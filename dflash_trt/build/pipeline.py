@@ -112,6 +112,7 @@ def preflight(opts: BuildOptions) -> dict:
     """
     from dflash_trt.build.quantize import DRAFTER_QUANT_FORMATS, import_modelopt, modelopt_config
     from dflash_trt.build.sharding import ShardSpec, check_divisible
+    from dflash_trt.build.trtllm import check_trtllm_target
     from dflash_trt.compat import ERROR, check_checkpoints
     from dflash_trt.config import DrafterConfig, TargetConfig
 
@@ -136,6 +137,7 @@ def preflight(opts: BuildOptions) -> dict:
     for flag, folder in (("--target", opts.target), ("--drafter", opts.drafter)):
         check_unquantized(flag, folder)
     target = TargetConfig.from_pretrained(opts.target)
+    check_trtllm_target(target)  # a sliding window TensorRT-LLM's checkpoints cannot carry
     drafter = DrafterConfig.from_pretrained(opts.drafter)
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")

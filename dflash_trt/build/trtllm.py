@@ -15,9 +15,11 @@ TensorRT-LLM's per-rank checkpoint (config.json with `mapping` and `quantization
 made by ModelOpt's `export_tensorrt_llm_checkpoint` at tp 1 and split with `dflash_trt.build.sharding`,
 plus `build_engine.sh` with the `trtllm-build` command. Those versions have no DFlash: the engine is
 built in `draft_tokens_external` mode, i.e. it verifies drafts that an external drafter supplies.
-Llama targets export with ModelOpt's decoder type `llama` (TensorRT-LLM's LLaMAForCausalLM), Qwen3
-targets with `qwen` (TensorRT-LLM's QWenForCausalLM with `qwen_type: qwen3`, which adds per-head
-RMSNorm on q and k: `attention.q_layernorm` / `attention.k_layernorm`). Without `tensorrt_llm`
+Llama and Mistral targets export with ModelOpt's decoder type `llama` (TensorRT-LLM's LLaMAForCausalLM,
+which its MODEL_MAP also gives "MistralForCausalLM"), Qwen3 and Qwen2 targets with `qwen` (TensorRT-LLM's
+QWenForCausalLM with `qwen_type: qwen3`, which adds per-head RMSNorm on q and k: `attention.q_layernorm` /
+`attention.k_layernorm`; or `qwen_type: qwen2`, whose fused `attention.qkv` has a bias and `attention.dense`
+none). Targets with sliding-window layers are refused (`check_trtllm_target`). Without `tensorrt_llm`
 installed, ModelOpt 0.47 writes config.json by hand and leaves out fields TensorRT-LLM reads
 (`trtllm_config_fields` adds them).
 """
@@ -36,7 +38,7 @@ import yaml
 from dflash_trt.build.schema import validate_llm_args
 from dflash_trt.build.sharding import ShardSpec, check_divisible, merge_state_dicts, split_state_dict, tensors_equal
 from dflash_trt.config import TargetConfig
-from dflash_trt.errors import BuildError
+from dflash_trt.errors import BuildError, ConfigError
 from dflash_trt.text import count
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -268,7 +270,31 @@ trtllm-build --checkpoint_dir "$checkpoint" --output_dir "$out" \\
 #: architecture is a key of TensorRT-LLM's `tensorrt_llm.models.MODEL_MAP`; "Qwen3ForCausalLM" (mapped to
 #: QWenForCausalLM since TensorRT-LLM PR #5650, July 2025) is also what its own convert_checkpoint.py writes,
 #: and fails loudly on a version without Qwen3 engine support instead of building a Qwen2 graph.
-TRTLLM_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen", "Qwen3ForCausalLM")}
+TRTLLM_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen", "Qwen3ForCausalLM"),
+                        "qwen2": ("qwen", "Qwen2ForCausalLM"), "mistral": ("llama", "MistralForCausalLM")}
+
+
+def check_trtllm_target(target: TargetConfig) -> None:
+    """Refuse a target whose TensorRT-LLM checkpoints would not compute what it computes.
+
+    Sliding-window layers (Mistral's `sliding_window`, Qwen2's `use_sliding_window`): TensorRT-LLM's per-rank
+    checkpoint config has no window field (the engine's window is a runtime setting, `max_attention_window_size`),
+    and its PyTorch-backend Qwen2 attention (tensorrt_llm/_torch/models/modeling_qwen.py, QwenAttention) passes no
+    window, so both would attend over every key where the target masks old ones.
+
+    Raises:
+        ConfigError: naming the field and the fixes.
+    """
+    if target.layer_types:
+        field, off = ("sliding_window", "null") if target.model_type == "mistral" else ("use_sliding_window", "false")
+        window, n = target.sliding_window, target.layer_types.count("sliding_attention")
+        raise ConfigError(f"the target attends through a sliding window of {window} positions on {n} of "
+                          f"{target.num_hidden_layers} layers (config.json's {field}), which TensorRT-LLM's "
+                          "checkpoints cannot carry (the engine flow's config has no window field; TensorRT-LLM's "
+                          "PyTorch Qwen2 model attends over every key): run this target with dflash-trt generate / "
+                          f"serve, which apply the window exactly, or, if every prompt + answer fits in {window} "
+                          f"tokens (the window then masks nothing), build from a copy whose config.json sets {field} "
+                          f"{off}")
 
 
 def trtllm_config_fields(target: TargetConfig) -> dict:
@@ -288,16 +314,22 @@ def trtllm_config_fields(target: TargetConfig) -> dict:
     if target.rope_scaling:
         scaling = {**target.rope_scaling, "type": target.rope_scaling["rope_type"]}  # HF configs used either key
     fields = {"architecture": TRTLLM_ARCHITECTURES[target.model_type][1], "rotary_base": target.rope_theta,
-              "rotary_scaling": scaling, "attn_bias": target.attention_bias, "mlp_bias": target.mlp_bias}
+              "rotary_scaling": scaling, "attn_bias": target.attention_bias or target.qkv_bias,
+              "mlp_bias": target.mlp_bias}
     if target.model_type == "qwen3":
         # qk_layernorm is PretrainedConfig's generic flag; QWen itself keys on qwen_type
         fields.update(qwen_type="qwen3", qk_layernorm=True, seq_length=8192, use_logn_attn=False)
+    if target.model_type == "qwen2":
+        # QWenConfig.from_hugging_face for qwen2: attn_bias True (QWenDecoderLayer: Attention(bias=attn_bias,
+        # dense_bias=False), i.e. biases on the fused qkv only, as HF's q/k/v_proj), no qk norm
+        fields.update(qwen_type="qwen2", seq_length=8192, use_logn_attn=False)
     return fields
 
 
 def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_draft_len: int,
                              max_seq_len: int, max_batch_size: int = 8) -> dict:
-    """Write TensorRT-LLM's per-rank checkpoint of the (possibly quantized) Llama or Qwen3 `model` to `out`.
+    """Write TensorRT-LLM's per-rank checkpoint of the (possibly quantized) Llama, Mistral, Qwen2 or Qwen3 `model` to
+    `out`.
 
     ModelOpt exports it unsharded (a deep copy of `model`, so `model` itself is untouched) and
     `trtllm_config_fields` completes its config.json; the tp-way split uses `dflash_trt.build.sharding`,
@@ -305,8 +337,9 @@ def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_
     Returns:
         The checkpoint's config.json (with `mapping` and `quantization`).
     Raises:
-        BuildError: the model is neither a Llama nor a Qwen3 decoder (the decoder types wired up here),
+        BuildError: the model is not a Llama, Mistral, Qwen2 or Qwen3 decoder (the decoder types wired up here),
             or reassembling the shards does not give back the unsharded tensors.
+        ConfigError: a target with sliding-window layers (`check_trtllm_target`).
     """
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from safetensors.torch import load_file, save_file
@@ -315,6 +348,7 @@ def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_
     if model_type not in TRTLLM_ARCHITECTURES:
         raise BuildError(f"the TensorRT-LLM per-rank checkpoint is wired up for {', '.join(TRTLLM_ARCHITECTURES)} "
                          f"targets only, got model_type {model_type!r}; use the trtllm/ folder (PyTorch backend)")
+    check_trtllm_target(TargetConfig.from_hf_config(model.config))
     full_dir = scratch / "trtllm_checkpoint_tp1"
     with warnings.catch_warnings():
         # Two misleading ModelOpt 0.47 warnings: without tensorrt_llm installed it "cannot export the

@@ -106,12 +106,13 @@ def test_rope_fields_come_from_rope_parameters():
 
 
 def test_other_decoders_are_refused_by_name(tmp_path):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, GemmaConfig
 
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
+    cfg = GemmaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     model = AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(BuildError, match="wired up for llama, qwen3 targets only, got model_type 'qwen2'"):
+    with pytest.raises(BuildError, match="wired up for llama, qwen3, qwen2, mistral targets only, got model_type "
+                                         "'gemma'"):
         export_trtllm_checkpoint(model, tmp_path / "out", 1, tmp_path, max_draft_len=3, max_seq_len=64)
     assert not (tmp_path / "out").exists()
 
