@@ -1,4 +1,4 @@
-"""Tensor-parallel split rules for TensorRT-LLM's per-rank Llama / Qwen3 checkpoint, and their inverse.
+"""Tensor-parallel split rules for TensorRT-LLM's per-rank Llama / Mistral / Qwen2 / Qwen3 checkpoint, and inverse.
 
 TensorRT-LLM's checkpoint (`config.json` + `rank{r}.safetensors`, the input of `trtllm-build`) names
 Llama and Qwen3 weights `transformer.vocab_embedding`, `transformer.layers.N.attention.{qkv,dense}`,

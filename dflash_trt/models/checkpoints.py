@@ -1,6 +1,6 @@
 """Load targets and drafters from checkpoint folders; write fresh (untrained) drafters.
 
-`load_target` reads a HF Llama / Qwen3 safetensors folder; `load_drafter` a z-lab / ModelOpt
+`load_target` reads a HF Llama / Mistral / Qwen2 / Qwen3 safetensors folder; `load_drafter` a z-lab / ModelOpt
 DFlash drafter folder (z-lab/dflash's format, also ModelOpt's export). Both are strict (see `loading.load_strict`).
 """
 
