@@ -48,6 +48,9 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel, source_layers:
                      calibration_features: torch.Tensor | None = None) -> list[int]:
     """Copy target decoder layers into `drafter` in place; returns the source layer ids used.
 
+    Weights and norms only: a drafter has no q/k/v biases (z-lab's format, `attention_bias` false), so a Qwen2
+    target's are left out and its copied layers start near, not at, the target's (training starts from there).
+
     Args:
         calibration_features: [N, fc_in] target features of some tokens (float), used to set
             q_norm / k_norm to the target's mean per-head q / k RMS; None leaves them at 1.
