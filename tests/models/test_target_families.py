@@ -198,3 +198,33 @@ def test_mistral_bias_flags_are_ignored_as_transformers_does(tmp_path):
     cfg = TargetConfig.from_pretrained(write_config(tmp_path, model_type="mistral", attention_bias=True,
                                                     mlp_bias=True, sliding_window=None))
     assert not (cfg.attention_bias or cfg.mlp_bias or cfg.qkv_bias) and cfg.layer_types == ()
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_prefix_cache_hits_on_a_windowed_target_give_the_same_tokens(windowed, tmp_path, chunk):
+    """Prompts sharing a 30-token prefix (6 windows of 5) read it from the prefix cache, one at a time and then
+    together, in DFlash (draft trees) and AR mode, with and without chunked prefill: the same tokens as AR
+    without a cache."""
+    from dflash_trt.runtime.decode_batch import DecodeBatch
+    from dflash_trt.runtime.prefix_cache import PrefixCache
+
+    _, _, folder, ours = windowed
+    dcfg = new_drafter_config(TargetConfig.from_pretrained(folder), 1, 8, 95, [1, 3])
+    drafter = load_drafter(init_drafter(dcfg, tmp_path / "drafter", seed=2))
+    base = prompt(30, seed=7)[0].tolist()
+    prompts = [base + prompt(k, seed=k)[0].tolist() for k in (3, 9, 1)] + [base[:12] + [5, 6, 7]]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    ar = [Engine(ours).generate([p], params, "ar")[0].token_ids for p in prompts]
+    for mode in ("ar", "dflash"):
+        engine = Engine(ours, DFlashProposer(drafter, ours, tree_topk=3, prompt_lookup=4))
+        engine.prefix_cache = PrefixCache(1 << 30)
+        got = []
+        for group in [[p] for p in prompts] + [prompts]:
+            batch = DecodeBatch(engine, mode, chunk)
+            batch.add(group, [params] * len(group))
+            while batch.active:
+                batch.step()
+            got.append([r.token_ids for _, r in sorted(batch.take_finished())])
+        assert got == [[a] for a in ar] + [ar], mode
+        # one at a time: the 30 shared tokens twice, then 12; together: each whole prompt but its last token
+        assert engine.prefix_cache.hit_tokens == (30 + 30 + 12) + (32 + 38 + 30 + 14)
