@@ -1,6 +1,6 @@
 """Frozen model configs for targets and DFlash drafters, built from Hugging Face config.json.
 
-`TargetConfig` covers the Llama, Mistral, Qwen2 (Qwen2.5) and Qwen3 decoder families; `DrafterConfig` the DFlash drafter
+`TargetConfig` covers the Llama, Mistral, Qwen2 (Qwen2.5), Qwen3 and Qwen3-MoE decoder families; `DrafterConfig` the DFlash drafter
 checkpoint format of z-lab/dflash and NVIDIA ModelOpt (DFlash paper, arXiv 2602.06036, sec. 3).
 Both are immutable: tensor parallelism and quantization never edit a config in place.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dflash_trt.errors import ConfigError
 
-SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 #: a drafter layer's attention: non-causal over context + block, or causal and windowed
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -147,6 +147,7 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
     - qwen2 / qwen3: a window only with `use_sliding_window: true` (`sliding_window` is dropped otherwise);
       `layer_types` when config.json has it, else layers i >= `max_window_layers` slide;
     - mistral: `sliding_window` (null: none) on every layer (`layer_types` is ignored, as MistralModel does);
+    - qwen3_moe: with `use_sliding_window: true`, `sliding_window` on every layer (Qwen3MoeModel's one mask);
     - llama: none.
 
     Raises:
@@ -155,6 +156,10 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
     """
     if model_type == "mistral":
         window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1)
+        return window, ("sliding_attention",) * layers if window is not None else ()
+    if model_type == "qwen3_moe":  # Qwen3MoeModel: one mask for every layer, windowed when sliding_window is set
+        use = _bool(cfg.get("use_sliding_window"), "use_sliding_window", where, False)
+        window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1) if use else None
         return window, ("sliding_attention",) * layers if window is not None else ()
     if model_type not in ("qwen2", "qwen3"):
         return None, ()
@@ -178,9 +183,54 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
     return window, types if "sliding_attention" in types else ()
 
 
+#: transformers' Qwen3MoeConfig defaults for the fields a qwen3_moe config.json may leave out
+QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                      "norm_topk_prob": False, "decoder_sparse_step": 1}
+
+
+def _moe_fields(cfg: dict, model_type: str, where: str) -> dict:
+    """The TargetConfig mixture-of-experts fields of a config.json dict: those of Qwen3MoeConfig for model_type
+    "qwen3_moe" (absent ones at its defaults, `QWEN3_MOE_DEFAULTS`; the expert count as `num_experts`, or
+    `num_local_experts`, the name transformers 5 writes), none for other families.
+
+    Raises:
+        ConfigError: a field of the wrong type or range, top-k above the expert count, or an mlp_only_layers
+            entry that is not a layer index (named, with the valid range).
+    """
+    if model_type != "qwen3_moe":
+        return {}
+    d = QWEN3_MOE_DEFAULTS
+    key = "num_experts" if cfg.get("num_experts") is not None or cfg.get("num_local_experts") is None \
+        else "num_local_experts"
+    experts = _int(cfg.get(key), key, where, d["num_experts"], minimum=0)
+    top_k = _int(cfg.get("num_experts_per_tok"), "num_experts_per_tok", where, d["num_experts_per_tok"], minimum=1)
+    if experts and top_k > experts:
+        raise ConfigError(f"{where}: 'num_experts_per_tok' {top_k} is more than the {experts} experts ('{key}'); each "
+                          "token is routed to at most every expert: fix it there")
+    layers = _int(cfg.get("num_hidden_layers"), "num_hidden_layers", where, minimum=1)
+    raw = cfg.get("mlp_only_layers")
+    if raw is not None and not isinstance(raw, (list, tuple)):
+        raise ConfigError(f"{where}: 'mlp_only_layers' must be a list of layer indices (e.g. [0, 1]), got {raw!r}; "
+                          "fix it there")
+    dense = tuple(_int(i, "mlp_only_layers", where, minimum=0) for i in raw or ())
+    if any(i >= layers for i in dense):
+        raise ConfigError(f"{where}: 'mlp_only_layers' {list(dense)} names a layer beyond the {layers} decoder layers "
+                          f"(indices 0 to {layers - 1}); fix it there")
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": _int(cfg.get("moe_intermediate_size"), "moe_intermediate_size", where,
+                                      d["moe_intermediate_size"], minimum=1),
+        "norm_topk_prob": _bool(cfg.get("norm_topk_prob"), "norm_topk_prob", where, d["norm_topk_prob"]),
+        "decoder_sparse_step": _int(cfg.get("decoder_sparse_step"), "decoder_sparse_step", where,
+                                    d["decoder_sparse_step"], minimum=1),
+        "mlp_only_layers": dense,
+    }
+
+
 @dataclass(frozen=True)
 class TargetConfig:
-    """Shape and numerics of a Llama / Mistral / Qwen2 / Qwen3 decoder-only target.
+    """Shape and numerics of a Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE decoder-only target.
 
     `head_dim` defaults to hidden_size // num_attention_heads (Llama) when config.json omits it.
     `qk_norm` is True for Qwen3 (per-head RMSNorm on q and k before RoPE).
@@ -211,6 +261,28 @@ class TargetConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     architectures: tuple[str, ...] = ()
+    #: Qwen3-MoE (`qwen3_moe`; transformers' Qwen3MoeConfig names): routed experts per sparse layer (0: none,
+    #: every layer dense), experts per token (top-k), each expert's MLP width, whether the top-k routing weights
+    #: are renormalized to sum to 1, and which layers are sparse (`is_sparse_layer`). Unused by other families.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse_layer(self, layer_idx: int) -> bool:
+        """Whether decoder layer `layer_idx` (0-based) has a sparse mixture-of-experts MLP
+        (`dflash_trt.models.moe.SparseMoeBlock`) rather than a dense one of `intermediate_size`: a layer not
+        in `mlp_only_layers` whose (layer_idx + 1) is a multiple of `decoder_sparse_step` (transformers'
+        Qwen3MoeDecoderLayer), in a config with experts."""
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any decoder layer is a sparse mixture-of-experts layer."""
+        return any(self.is_sparse_layer(i) for i in range(self.num_hidden_layers))
 
     @property
     def num_kv_groups(self) -> int:
@@ -276,13 +348,14 @@ class TargetConfig:
             # Qwen2 (q/k/v biases, `qkv_bias`) and Mistral have fixed biases: transformers ignores these flags there
             attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False) and not fixed_bias,
             mlp_bias=_bool(cfg.get("mlp_bias"), "mlp_bias", where, False) and not fixed_bias,
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             qkv_bias=model_type == "qwen2",
             sliding_window=window if layer_types else None,
             layer_types=layer_types,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
             architectures=tuple(cfg.get("architectures") or ()),
+            **_moe_fields(cfg, model_type, where),
         )
 
     @classmethod

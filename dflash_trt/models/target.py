@@ -1,4 +1,4 @@
-"""The target model: a compact Llama / Mistral / Qwen2 / Qwen3 decoder with a position-addressed KV cache.
+"""The target model: a compact Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE decoder with a position-addressed KV cache.
 
 Module and parameter names mirror Hugging Face (`model.layers.N.self_attn.q_proj.weight`, ...) so a
 HF safetensors checkpoint loads by name (see `dflash_trt.models.loading`).
@@ -33,6 +33,7 @@ from dflash_trt.models.layers import (
     attention,
     head_matmul,
 )
+from dflash_trt.models.moe import SparseMoeBlock
 from dflash_trt.runtime.kv_cache import KVCache
 
 
@@ -71,7 +72,8 @@ class TargetDecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__()
         self.self_attn = TargetAttention(cfg, layer_idx)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp = (SparseMoeBlock(cfg) if cfg.is_sparse_layer(layer_idx)  # Qwen3-MoE's sparse layers
+                    else SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
