@@ -147,7 +147,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
             cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(),
                                                flag="--target")
         check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-                 named)
+                 named, expert_intermediate=cfg.moe_intermediate_size if cfg.is_moe else 0)
         check_device(options.get("device", "cpu"))  # before the process group's backend (NCCL) is asked of it
         if not init_from_env(options.get("device", "cpu")):
             one = "" if tp_config is None else " (or pass --tp-size 1 to serve in one process)"

@@ -4,7 +4,9 @@ Megatron-style, the same split `dflash-trt build` writes for TensorRT-LLM (`dfla
 in every decoder layer q/k/v_proj and gate/up_proj are column-parallel (rank r holds heads
 [r * heads / tp, (r + 1) * heads / tp) and the same slice of the KV heads and of the MLP's intermediate
 features), o_proj and down_proj row-parallel: each rank multiplies its slice of the inputs and the
-partial outputs are summed over the ranks. The embedding, norms, lm_head and the drafter are
+partial outputs are summed over the ranks. A mixture-of-experts layer (Qwen3-MoE) splits every expert the
+same way and sums once per layer (`dflash_trt.models.moe.SparseMoeBlock.shard_experts`); its router is
+replicated. The embedding, norms, lm_head and the drafter are
 replicated: every rank runs the same decode loop on the same tokens (SPMD) and reaches the same
 decisions, so rank 0 alone reports the output.
 
@@ -46,15 +48,23 @@ class RowParallelLinear(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        part = self.linear(x).contiguous()
-        parts = [torch.empty_like(part) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(parts, part, group=self.group)
-        out = parts[0]
-        for p in parts[1:]:
-            out = out + p
+        out = sum_over_ranks(self.linear(x), self.group)
         return out if self.bias is None else out + self.bias
+
+
+def sum_over_ranks(part: torch.Tensor, group=None) -> torch.Tensor:
+    """The sum of every rank's `part` (the same shape on each), added in rank order: all_gather, then a
+    fixed-order sum, so the result has the same bits on every rank and for every tensor size (see the module
+    docstring). Used by `RowParallelLinear` and the mixture-of-experts block (`dflash_trt.models.moe`)."""
+    import torch.distributed as dist
+
+    part = part.contiguous()
+    parts = [torch.empty_like(part) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, part, group=group)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
 
 
 def _rows(linear: nn.Linear, start: int, stop: int) -> nn.Linear:
@@ -77,13 +87,16 @@ def _columns(linear: nn.Linear, start: int, stop: int, group) -> RowParallelLine
     return RowParallelLinear(part, linear.bias, group)
 
 
-def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int, name: str = "tp_size") -> None:
-    """Raises ConfigError when the target's heads, KV heads or MLP width do not split into tp_size equal parts;
-    the message calls the value `name` (the CLI's `--tp-size`)."""
-    bad = [f"{what} ({n})" for what, n in (("attention heads", heads), ("KV heads", kv_heads),
-                                           ("MLP intermediate features", intermediate)) if n % tp_size]
+def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int, name: str = "tp_size",
+             expert_intermediate: int = 0) -> None:
+    """Raises ConfigError when the target's heads, KV heads, MLP width or, for a mixture-of-experts target,
+    its experts' MLP width (`expert_intermediate`, Qwen3-MoE's moe_intermediate_size; 0: none) do not split into
+    tp_size equal parts; the message calls the value `name` (the CLI's `--tp-size`)."""
+    widths = (("attention heads", heads), ("KV heads", kv_heads), ("MLP intermediate features", intermediate),
+              ("expert MLP intermediate features", expert_intermediate))
+    bad = [f"{what} ({n})" for what, n in widths if n and n % tp_size]
     if bad:
-        ok = [d for d in range(1, heads + 1) if heads % d == 0 and kv_heads % d == 0 and intermediate % d == 0]
+        ok = [d for d in range(1, heads + 1) if all(n % d == 0 for _, n in widths)]
         raise ConfigError(f"{name} {tp_size} does not divide the target's {', '.join(bad)}; use a {name} that "
                           f"divides them: {', '.join(map(str, ok))}")
 
@@ -112,17 +125,24 @@ def shard_target(model, rank: int, tp_size: int, group=None) -> None:
     Raises:
         ConfigError: tp_size does not divide the heads, KV heads or intermediate features (`check_tp`).
     """
+    from dflash_trt.models.moe import SparseMoeBlock
+
     cfg = model.config
-    check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)
+    check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+             expert_intermediate=cfg.moe_intermediate_size if cfg.is_moe else 0)
     hq, hkv = cfg.num_attention_heads // tp_size, cfg.num_key_value_heads // tp_size
     d, inter = cfg.head_dim, cfg.intermediate_size // tp_size
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
+        if isinstance(mlp, SparseMoeBlock):  # every expert split along its intermediate features
+            mlp.shard_experts(rank, tp_size, group)
         attn.q_proj = _rows(attn.q_proj, rank * hq * d, (rank + 1) * hq * d)
         attn.k_proj = _rows(attn.k_proj, rank * hkv * d, (rank + 1) * hkv * d)
         attn.v_proj = _rows(attn.v_proj, rank * hkv * d, (rank + 1) * hkv * d)
         attn.o_proj = _columns(attn.o_proj, rank * hq * d, (rank + 1) * hq * d, group)
         attn.num_heads, attn.num_kv_heads = hq, hkv
+        if isinstance(mlp, SparseMoeBlock):
+            continue
         mlp.gate_proj = _rows(mlp.gate_proj, rank * inter, (rank + 1) * inter)
         mlp.up_proj = _rows(mlp.up_proj, rank * inter, (rank + 1) * inter)
         mlp.down_proj = _columns(mlp.down_proj, rank * inter, (rank + 1) * inter, group)
