@@ -1,0 +1,107 @@
+"""A Qwen3-MoE target through the product: `dflash-trt init-drafter`, `check`, `generate`, `serve` (real HTTP, the
+real `openai` client) and `train-drafter` (its default --init target copying the target's layers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_main
+from tests.models.qwen3_moe_helpers import make_moe_model
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tmp_path_factory, smollm2_path):
+    """(target, drafter): a tiny Qwen3-MoE target with SmolLM2's tokenizer, and the drafter `dflash-trt
+    init-drafter` writes for it."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+
+    root = tmp_path_factory.mktemp("moe-cli")
+    _, target = make_moe_model(root / "target", tokenizer_from=smollm2_path, vocab_size=49152)
+    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target), "--out", str(root / "drafter"),
+                                   "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
+                                   "--mask-token-id", "16"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return target, root / "drafter"
+
+
+def test_check_accepts_a_moe_target_and_names_a_missing_expert(monkeypatch, capsys, moe_pair, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target, drafter = moe_pair
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(drafter))
+    assert code == 0, err
+    assert out.startswith("ok: the drafter fits the target (1 warning)") and "untrained" in err
+    broken = tmp_path / "broken"
+    shutil.copytree(target, broken)
+    tensors = load_file(broken / "model.safetensors")
+    del tensors["model.layers.3.mlp.experts.5.gate_proj.weight"]
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(broken), "--drafter", str(drafter))
+    assert code == 1
+    assert "error: target weights: model.layers.3.mlp.experts.5.gate_proj.weight [32, 64] is missing from" in err
+
+
+def test_generate_dflash_gives_the_autoregressive_tokens(monkeypatch, capsys, moe_pair):
+    target, drafter = moe_pair
+    common = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "def fibonacci(n):",
+              "--max-tokens", "16", "--min-tokens", "16", "--json", "--threads", "1"]
+    code, out, err = run_main(monkeypatch, capsys, *common, "--prompt-lookup", "3", "--draft-confidence", "0")
+    assert code == 0, err
+    spec = json.loads(out)
+    code, out, err = run_main(monkeypatch, capsys, *common, "--mode", "ar")
+    assert code == 0, err
+    assert spec["token_ids"] == json.loads(out)["token_ids"] and len(spec["token_ids"]) == 16
+    assert spec["metrics"]["verify_steps"] > 0
+
+
+def test_serve_answers_with_the_targets_greedy_tokens(moe_pair):
+    from openai import OpenAI
+
+    from dflash_trt.api import load_pipeline
+    from tests.serve.test_openai_server import MODEL, ar_tokens, live_server
+
+    pipe = load_pipeline(*map(str, moe_pair), "float32")
+    with live_server(pipe) as (base, _app):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = client.completions.create(model=MODEL, prompt="The history of", max_tokens=12, temperature=0,
+                                      extra_body={"min_tokens": 12})
+    want, _ = ar_tokens(pipe, pipe.encode("The history of"), 12)
+    assert r.choices[0].text == pipe.decode(want) and r.usage.completion_tokens == len(want) == 12
+
+
+def test_train_drafter_with_init_target_copies_the_attention_of_sparse_layers(tmp_path, moe_pair):
+    """--init target (the default) on a MoE target: each drafter layer takes its source layer's attention and norms;
+    the experts have no dense copy, so the drafter's MLP starts with a zero down_proj."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.models.drafter import DFlashDrafter
+    from dflash_trt.training.init import init_from_target
+
+    target, _ = moe_pair
+    model = load_target(target)
+    drafter = DFlashDrafter(load_drafter(moe_pair[1]).config)
+    assert init_from_target(drafter, model) == [3]  # the top layer, a sparse one
+    layer, source = drafter.layers[0], model.model.layers[3]
+    assert torch.equal(layer.self_attn.q_proj.weight, source.self_attn.q_proj.weight)
+    assert torch.equal(layer.post_attention_layernorm.weight, source.post_attention_layernorm.weight)
+    assert not layer.mlp.down_proj.weight.any() and layer.mlp.gate_proj.weight.any()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):", "The sky is", "One two")))
+    out = tmp_path / "trained"
+    res = CliRunner().invoke(cli, ["train-drafter", "--target", str(target), "--out", str(out), "--prompts",
+                                   str(prompts), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
+                                   "--max-new-tokens", "8", "--mask-token-id", "16", "--anchors", "2",
+                                   "--max-steps", "2", "--draft-vocab-size", "64"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((out / "training.json").read_text())
+    assert info["steps"] == 2 and info["data"]["samples"] == 3 and info["init"]["mode"] == "target"
+    assert load_drafter(out).layers[0].mlp.down_proj.weight.any()  # trained from zero
