@@ -105,7 +105,8 @@ def preflight(opts: BuildOptions) -> dict:
     folders of builds of --out that did not finish (`stale_builds`: never removed here, one may still run).
 
     Returns:
-        {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str]}.
+        {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str], "engine_checkpoint": bool (whether
+        trtllm_checkpoint/ is written: not for a mixture-of-experts target, `trtllm.engine_checkpoint_refusal`)}.
     Raises:
         ConfigError: a bad option, an already-quantized --target or --drafter (`check_unquantized`), a bad --out;
             IncompatibleModelsError: `check` found errors (all listed).
@@ -142,6 +143,11 @@ def preflight(opts: BuildOptions) -> dict:
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
     check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
     warnings = [f.message for f in findings if f.level != ERROR]
+    from dflash_trt.build.trtllm import engine_checkpoint_refusal
+
+    no_engine_checkpoint = engine_checkpoint_refusal(target)  # Qwen3-MoE: the PyTorch backend's files only
+    if no_engine_checkpoint is not None:
+        warnings.append(no_engine_checkpoint)
     engines = opts.out.resolve()
     engines = engines.with_name(engines.name + ".engine")  # build_engine.sh's default OUTPUT_DIR
     if engines.exists():
@@ -155,7 +161,7 @@ def preflight(opts: BuildOptions) -> dict:
         warnings.append(f"{count(len(stale), 'unfinished build folder')} beside --out ({', '.join(map(str, stale))}): "
                         "left by a build that was killed, or in use by one still running; if no build of "
                         f"{opts.out} is running, remove {'it' if len(stale) == 1 else 'them'}")
-    return {"target": target, "drafter": drafter, "warnings": warnings}
+    return {"target": target, "drafter": drafter, "warnings": warnings, "engine_checkpoint": no_engine_checkpoint is None}
 
 
 def check_paths(opts: BuildOptions) -> None:
@@ -419,10 +425,13 @@ def plan(opts: BuildOptions, pre: dict, calib_count: int | None = None) -> list[
     created = check_out(opts)
     if created is not None:
         publish += f" (creating the folder {created})"
+    engine = (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
+              f"({count(t.num_attention_heads // opts.tp_size, 'head')}, {count(kv_per_rank, 'KV head')} per rank)"
+              " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)")
+    if not pre.get("engine_checkpoint", True):
+        engine = f"skip trtllm_checkpoint/: not written for a mixture-of-experts target ({t.model_type}; see the warning)"
     steps += [
-        (f"export trtllm_checkpoint/: TensorRT-LLM per-rank {t.model_type} checkpoint, tp {opts.tp_size} "
-         f"({count(t.num_attention_heads // opts.tp_size, 'head')}, {count(kv_per_rank, 'KV head')} per rank)"
-         " + build_engine.sh (trtllm-build, TensorRT-LLM 1.2.x - 1.3.0rc20)"),
+        engine,
         "export trtllm/target/: unified HF checkpoint + tokenizer",
         (f"drafter{'' if given is not None else ' -> trtllm/drafter/'}: {drafter_how} ({d.num_hidden_layers} layers, "
          f"block {d.block_size}, "
@@ -596,6 +605,8 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
         return f"({len(state['calib'])} calibration prompts)" if state["calib"] else "(no quantization)"
 
     def export_checkpoint():
+        if not pre.get("engine_checkpoint", True):
+            return f"(skipped: a mixture-of-experts target, {tcfg.model_type}; see the warning)"
         cfg = trtllm.export_trtllm_checkpoint(state["model"], root / "trtllm_checkpoint", opts.tp_size, root,
                                               dcfg.block_size - 1, tcfg.max_position_embeddings, opts.max_batch_size)
         state["trt_quant"] = cfg.get("quantization")
@@ -691,7 +702,7 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
             "serve_config": "trtllm/serve.yaml",
             "serve_config_check": state.get("serve_check"),
             "triton_model_repository": TRITON_REPO,
-            "trtllm_checkpoint": "trtllm_checkpoint",
+            "trtllm_checkpoint": "trtllm_checkpoint" if pre.get("engine_checkpoint", True) else None,
             "tools": tool_versions(),
         }
         # the READMEs say what the manifest records (quantization included) and are hashed with the rest

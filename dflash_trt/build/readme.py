@@ -138,8 +138,11 @@ def bundle_readme(manifest: dict) -> str:
         f"- TensorRT-LLM >= 1.3.0rc (PyTorch backend, DFlash), on {count(tp, 'GPU')}: `trtllm/launch.sh` (trtllm-serve "
         "./target --config serve.yaml; its arguments go on to trtllm-serve, e.g. `--tool_parser qwen3 --reasoning_parser "
         "qwen3` for a Qwen3 target's tool calls and reasoning) or `python trtllm/llm_api_example.py`.",
-        "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
-        "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder).",
+        ("- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines, no DFlash: it verifies drafts supplied from outside): "
+         "`trtllm_checkpoint/build_engine.sh [OUTPUT_DIR]` (default: THIS_FOLDER.engine, beside this folder)."
+         if manifest.get("trtllm_checkpoint") else
+         "- TensorRT-LLM 1.2.x - 1.3.0rc20 (TensorRT engines): none; this bundle has no trtllm_checkpoint/ (not "
+         "written for a mixture-of-experts target)."),
         "- Triton Inference Server (Python backend; its Python must import dflash_trt): where dflash-trt is installed "
         "with nvidia-pytriton (`make install`), `dflash-trt triton --model-repository THIS_FOLDER/triton` (it sets up "
         "that wheel's tritonserver, whose binary alone finds no Python backend); in NVIDIA's Triton container "
@@ -169,9 +172,10 @@ def bundle_readme(manifest: dict) -> str:
         "- trtllm/serve.yaml, launch.sh, llm_api_example.py: serving with TensorRT-LLM.",
         "- triton/dflash/: config.pbtxt and 1/model.py, the Triton model (parameter `bundle`: this folder, `../..` "
         "from the model's folder).",
-        f"- trtllm_checkpoint/: the target as TensorRT-LLM's per-rank checkpoint ({count(tp, 'rank file')}) and "
-        "build_engine.sh.",
     ]
+    if manifest.get("trtllm_checkpoint"):
+        lines.append(f"- trtllm_checkpoint/: the target as TensorRT-LLM's per-rank checkpoint ({count(tp, 'rank file')}) "
+                     "and build_engine.sh.")
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,8 @@ Llama and Mistral targets export with ModelOpt's decoder type `llama` (TensorRT-
 which its MODEL_MAP also gives "MistralForCausalLM"), Qwen3 and Qwen2 targets with `qwen` (TensorRT-LLM's
 QWenForCausalLM with `qwen_type: qwen3`, which adds per-head RMSNorm on q and k: `attention.q_layernorm` /
 `attention.k_layernorm`; or `qwen_type: qwen2`, whose fused `attention.qkv` has a bias and `attention.dense`
-none). Targets with sliding-window layers are refused (`check_trtllm_target`). Without `tensorrt_llm`
+none). Targets with sliding-window layers are refused (`check_trtllm_target`); a mixture-of-experts target
+(Qwen3-MoE) gets no trtllm_checkpoint/ (`engine_checkpoint_refusal`). Without `tensorrt_llm`
 installed, ModelOpt 0.47 writes config.json by hand and leaves out fields TensorRT-LLM reads
 (`trtllm_config_fields` adds them).
 """
@@ -297,6 +298,19 @@ def check_trtllm_target(target: TargetConfig) -> None:
                           f"{off}")
 
 
+def engine_checkpoint_refusal(target: TargetConfig) -> str | None:
+    """Why `dflash-trt build` writes no trtllm_checkpoint/ for `target`, naming what serves the bundle instead, or
+    None when it writes one. A mixture-of-experts target (Qwen3-MoE) gets none: the engine flow's MoE checkpoint
+    (TensorRT-LLM's `moe` config section and its expert tensor layout, split per rank) is not wired up or checked
+    here. TensorRT-LLM's PyTorch backend loads the HF checkpoint in trtllm/target/ (its Qwen3MoeForCausalLM)."""
+    if not target.is_moe:
+        return None
+    return (f"trtllm_checkpoint/ (TensorRT-LLM's per-rank checkpoint for the TensorRT engine flow, 1.2.x - 1.3.0rc20) "
+            f"is not written for a mixture-of-experts target ({target.model_type}, {target.num_experts} experts): its "
+            "MoE layout is not supported by dflash-trt build. The bundle serves with TensorRT-LLM's PyTorch backend "
+            "(trtllm/launch.sh, llm_api_example.py), dflash-trt (generate / serve --bundle) and Triton")
+
+
 def trtllm_config_fields(target: TargetConfig) -> dict:
     """config.json fields that TensorRT-LLM's model config reads and ModelOpt 0.47 leaves out or gets wrong.
 
@@ -345,6 +359,9 @@ def export_trtllm_checkpoint(model, out: Path, tp_size: int, scratch: Path, max_
     from safetensors.torch import load_file, save_file
 
     model_type = getattr(model.config, "model_type", "?")
+    refusal = engine_checkpoint_refusal(TargetConfig.from_hf_config(model.config)) if model_type == "qwen3_moe" else None
+    if refusal is not None:
+        raise BuildError(refusal)
     if model_type not in TRTLLM_ARCHITECTURES:
         raise BuildError(f"the TensorRT-LLM per-rank checkpoint is wired up for {', '.join(TRTLLM_ARCHITECTURES)} "
                          f"targets only, got model_type {model_type!r}; use the trtllm/ folder (PyTorch backend)")
