@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_trt.errors import BuildError
-from tests.build.build_helpers import assert_greedy_dflash_equals_ar, build_bundle
+from tests.build.build_helpers import assert_greedy_dflash_equals_ar
 from tests.models.qwen3_moe_helpers import make_moe_model, write_moe_drafter
 
 
@@ -24,12 +24,11 @@ def moe_pair(tmp_path_factory, smollm2_path):
 @pytest.mark.parametrize("quant, tolerance", [("fp8", 1 / 16), ("nvfp4", 1 / 5)])
 def test_a_quantized_moe_bundle_serves_with_the_pytorch_backend_files_only(tmp_path, moe_pair, quant, tolerance):
     from dflash_trt.api import load_bundle
+    from dflash_trt.build.pipeline import BuildOptions, run_build
     from dflash_trt.models.checkpoints import _read_weights
     from dflash_trt.models.loading import read_tensors
 
     lines: list[str] = []
-    from dflash_trt.build.pipeline import BuildOptions, run_build
-
     out = tmp_path / f"moe-{quant}"
     run_build(BuildOptions(target=moe_pair[0], drafter=moe_pair[1], out=out, quant=quant, tp_size=2, calib_size=4),
               log=lines.append)
