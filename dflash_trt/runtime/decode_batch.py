@@ -193,7 +193,7 @@ class DecodeBatch:
 
     def _caches_prefixes(self, r: Request) -> bool:
         return (self.engine.prefix_cache is not None and r.params.prompt_logprobs is None
-                and self.engine.feature_sink is None)
+                and not r.params.return_context_logits and self.engine.feature_sink is None)
 
     def _prefix_hits(self, reqs: list[Request]) -> list[tuple[int, object]]:
         """Per request, (the length of the longest prefix of its prompt the prefix cache holds, that `PrefixEntry`),
@@ -397,5 +397,16 @@ class DecodeBatch:
             # with stop strings, the text cut before the one that ended it (OpenAI's); else the caller decodes
             text = None if r.stop_text is None else r.stop_text.text
             out.append((r.index, GenerationResult(r.out, r.finish_reason, r.metrics, text=text, logprobs=r.logprobs,
-                                                  prompt_logprobs=r.prompt_logprobs, stop_reason=r.stop_reason)))
+                                                  prompt_logprobs=r.prompt_logprobs, stop_reason=r.stop_reason,
+                                                  context_logits=_joined(r.context_logits),
+                                                  generation_logits=_joined(r.generation_logits))))
         return out
+
+
+def _joined(parts: list | None):
+    """A request's logits pieces ([t, V] tensors, in order) as one [T, V] tensor; None where it asked for none."""
+    if parts is None:
+        return None
+    import torch
+
+    return torch.cat(parts) if parts else torch.zeros(0, 0)

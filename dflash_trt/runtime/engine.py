@@ -28,7 +28,7 @@ from dflash_trt.errors import ConfigError, DFlashError, InvalidRequestError, Pro
 from dflash_trt.models.target import TargetModel
 from dflash_trt.runtime.decode_batch import DecodeBatch
 from dflash_trt.runtime.draft_tree import chain_parents, greedy_tree_accept, node_depths, tree_attention_mask
-from dflash_trt.runtime.logprobs import StepLogits, TokenLogprob, token_logprobs
+from dflash_trt.runtime.logprobs import StepLogits, token_logprobs
 from dflash_trt.runtime.guided import Grammars, GuidedLogits
 from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_prefixes
 from dflash_trt.runtime.prefix_cache import PrefixCache, common_prefix_length
@@ -172,9 +172,10 @@ class Engine:
         beyond = [t for t, _ in params.logit_bias or () if t >= vocab]
         if beyond:
             raise InvalidRequestError(f"logit_bias names token {beyond[0]}, outside the vocabulary [0, {vocab})")
-        beyond = [t for word in params.bad_words or () for t in word if t >= vocab]
-        if beyond:
-            raise InvalidRequestError(f"bad_words holds token {beyond[0]}, outside the vocabulary [0, {vocab})")
+        for name in ("bad_words", "stop_token_sequences"):
+            beyond = [t for word in getattr(params, name) or () for t in word if t >= vocab]
+            if beyond:
+                raise InvalidRequestError(f"{name} holds token {beyond[0]}, outside the vocabulary [0, {vocab})")
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
@@ -205,7 +206,9 @@ class Engine:
                         logprobs=None if params.logprobs is None else [],
                         prompt_logprobs=None if params.prompt_logprobs is None else [None], penalties=penalties,
                         stop_text=stop_text, named_stops=frozenset(params.stop_token_ids or ()).difference(
-                            () if params.ignore_eos else self.eos_token_ids))
+                            () if params.ignore_eos else self.eos_token_ids),
+                        context_logits=[] if params.return_context_logits else None,
+                        generation_logits=[] if params.return_generation_logits else None)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -322,7 +325,8 @@ class Engine:
         # forward, the others get copies of its K/V, drafter context and logits (and prompt logprobs: rows
         # that ask for a different number of them are read apart). They reuse the same cached prefix.
         first: dict[tuple, int] = {}
-        source = {j: first.setdefault((tuple(reqs[j].prompt), reqs[j].params.prompt_logprobs), j) for j in act}
+        source = {j: first.setdefault((tuple(reqs[j].prompt), reqs[j].params.prompt_logprobs,
+                                       reqs[j].params.return_context_logits), j) for j in act}
         copies = [j for j in act if source[j] != j]
         act = [j for j in act if source[j] == j]
         reads = {j: min(lens[j], end) - begin for j in act}  # prompt tokens each row reads in this chunk
@@ -354,6 +358,8 @@ class Engine:
             reqs[j].first_logits = reqs[source[j]].first_logits
             if reqs[j].prompt_logprobs is not None:
                 reqs[j].prompt_logprobs = list(reqs[source[j]].prompt_logprobs)
+            if reqs[j].context_logits is not None:
+                reqs[j].context_logits = list(reqs[source[j]].context_logits)
         if end < longest:
             return end
         self._emit_first(reqs, list(range(len(reqs))), cache)
@@ -365,8 +371,8 @@ class Engine:
         system prompt, few-shot examples, read by several requests at once): {row: (that earlier row, the tokens
         shared, at most all but the row's last)}. Those rows are read after the others, from the end of the shared
         part, which is copied from that row (so requests arriving together reuse each other's prefix as later
-        ones reuse the cache's); their `metrics.cached_tokens` counts it. Not for rows asking for prompt logprobs,
-        nor under a feature sink (every position is read then)."""
+        ones reuse the cache's); their `metrics.cached_tokens` counts it. Not for rows asking for prompt logprobs or
+        context logits, nor under a feature sink (every position is read then)."""
         if self.prefix_cache is None or self.feature_sink is not None:
             return {}
         leaders: list[int] = []
@@ -374,7 +380,7 @@ class Engine:
         for j in act:
             prompt = reqs[j].prompt
             best, lead = 0, None
-            if reqs[j].params.prompt_logprobs is None:
+            if reqs[j].params.prompt_logprobs is None and not reqs[j].params.return_context_logits:
                 for i in leaders:
                     if reqs[i].prompt[0] == prompt[0]:
                         n = min(common_prefix_length(reqs[i].prompt, prompt), len(prompt) - 1)
@@ -440,6 +446,10 @@ class Engine:
                 reqs[j].first_logits = out.logits[i, 0]
             if reqs[j].prompt_logprobs is not None:  # (such rows reuse no prefix: skip[j] == 0)
                 self._prompt_logprobs(reqs[j], out.hidden[i], begin, min(begin + reads[j], len(reqs[j].prompt) - 1))
+            if reqs[j].context_logits is not None:  # (nor do these)
+                for lo in range(0, reads[j], PROMPT_LOGITS_ROWS):
+                    rows_ = out.hidden[i, lo : min(reads[j], lo + PROMPT_LOGITS_ROWS)]
+                    reqs[j].context_logits.append(self.target.compute_logits(rows_).float().cpu())
 
     def _emit_first(self, reqs: list[Request], rows: list[int], cache) -> None:
         """Choose and emit the first token of each request reqs[j], j in `rows`, whose prompt is read (from
@@ -460,7 +470,7 @@ class Engine:
             r.first_logits = None
             r.start = len(r.prompt)
             cache.set_length(j, len(r.prompt))
-            r.emit([toks[i]], lps[i])
+            r.emit([toks[i]], lps[i], logits[i : i + 1])
 
     def _prompt_logprobs(self, r: Request, hidden: torch.Tensor, begin: int, stop: int) -> None:
         """Append to r.prompt_logprobs those of prompt tokens begin + 1 .. stop, from the final-normed hidden
@@ -557,7 +567,7 @@ class Engine:
         sampled = [j for j, r in enumerate(batch) if not r.params.greedy]
         paths: dict[int, list[int]] = {}
         # the verifier's logits of the rows asking for logprobs, which those reuse
-        memo = StepLogits({j for j, r in enumerate(batch) if r.logprobs is not None})
+        memo = StepLogits({j for j, r in enumerate(batch) if r.logprobs is not None or r.generation_logits is not None})
         if tree is None:
             # a chain of a request with logits processing is verified as a tree whose nodes are its positions
             plain = [j for j in greedy if batch[j].penalties is None]
@@ -582,14 +592,16 @@ class Engine:
             acc, nxt = verdict[j]
             path = paths.get(j)
             emitted[j] = (token_rows[j][1 : acc + 1] if path is None else [token_rows[j][i] for i in path]) + [nxt]
-        lps = self._logprobs(batch, verdict, paths, emitted, hidden, memo)
+        emitted_logits = self._emitted_logits(batch, verdict, paths, hidden, memo)
+        lps = {j: token_logprobs(emitted_logits[j], emitted[j], batch[j].params.logprobs)
+               for j in emitted_logits if batch[j].logprobs is not None}
         # a tree's drafted position is its node's depth (the chain's: its index); host lists, as `node_depths`
         depths = node_depths(tree).tolist() if tree is not None and mode == "dflash" else None
         for j, r in enumerate(batch):
             kj = lens[j]
             acc, nxt = verdict[j]
             path = paths.get(j)
-            taken = r.emit(emitted[j], lps.get(j))
+            taken = r.emit(emitted[j], lps.get(j), emitted_logits.get(j))
             m = r.metrics
             m.verify_steps += 1
             m.drafted_tokens += kj
@@ -612,15 +624,14 @@ class Engine:
                 kept_nodes[j, 1 : len(path) + 1] = torch.tensor(path, device=dev)
         return kept_nodes
 
-    def _logprobs(self, batch: list[Request], verdict: dict, paths: dict[int, list[int]],
-                  emitted: dict[int, list[int]], hidden: torch.Tensor,
-                  memo: StepLogits) -> dict[int, list[TokenLogprob]]:
-        """The `TokenLogprob`s of the tokens each row asking for logprobs emits this step (`emitted[j]`: its
-        accepted drafts and the target's token), from the target's logits at the nodes they were predicted
-        at: block positions 0 .. accepted for a chain, the root and the accepted path for a tree. Those
-        logits are the verifier's own (`memo`); a row whose nodes the verifier did not all compute gets
-        them from one lm_head product over such rows."""
-        rows = [j for j, r in enumerate(batch) if r.logprobs is not None]
+    def _emitted_logits(self, batch: list[Request], verdict: dict, paths: dict[int, list[int]], hidden: torch.Tensor,
+                        memo: StepLogits) -> dict[int, torch.Tensor]:
+        """The raw target logits [emitted, V] of the tokens each row asking for logprobs or generation logits emits
+        this step (its accepted drafts and the target's token), at the nodes they were predicted at: block
+        positions 0 .. accepted for a chain, the root and the accepted path for a tree. Those logits are the
+        verifier's own (`memo`); a row whose nodes the verifier did not all compute gets them from one lm_head
+        product over such rows."""
+        rows = [j for j, r in enumerate(batch) if r.logprobs is not None or r.generation_logits is not None]
         if not rows:
             return {}
         nodes = {j: [0] + paths[j] if j in paths else list(range(verdict[j][0] + 1)) for j in rows}
@@ -630,7 +641,7 @@ class Engine:
             fresh = self.target.compute_logits(torch.cat([hidden[j, nodes[j]] for j in missing]))
             for j, part in zip(missing, fresh.split([len(nodes[j]) for j in missing])):
                 logits[j] = part
-        return {j: token_logprobs(logits[j], emitted[j], batch[j].params.logprobs) for j in rows}
+        return logits
 
     def _sampling_probs(self, rows: list[int], batch: list[Request], lens: list[int], tokens: torch.Tensor,
                         hidden: torch.Tensor, memo: StepLogits) -> dict[int, ChunkedProbs]:

@@ -48,6 +48,10 @@ class Request:
     # the stop tokens a stop_reason names: params.stop_token_ids, less the target's EOS ids unless ignore_eos (an EOS
     # ends an output with stop_reason None however it was asked for, as in vLLM and serve)
     named_stops: frozenset[int] = frozenset()
+    # params.return_context_logits: [t, V] float32 CPU tensors of the prompt positions read so far, in order
+    context_logits: list[torch.Tensor] | None = None
+    # params.return_generation_logits: [t, V] float32 CPU tensors, one row per token of `out`, in order
+    generation_logits: list[torch.Tensor] | None = None
 
     def scores(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
         """What the request decides from: `logits` [m, V] after its logits processing (`penalties`, with each
@@ -66,10 +70,12 @@ class Request:
         """`scores` without the penalties: what its drafts follow (`LogitsPenalties.for_drafts`)."""
         return self.penalties.apply(logits, self.out, prefixes, penalize=False)
 
-    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
-        """Append tokens in order (with their `logprobs` when the request asked for them), applying every
-        stop check to each (stop tokens, max_tokens, the context's end, then the stop strings); return how many
-        were taken."""
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None,
+             logits: torch.Tensor | None = None) -> int:
+        """Append tokens in order (with their `logprobs` when the request asked for them, and their raw logits
+        [len(tokens), V], the rows they were chosen from, when it asked for generation logits), applying every
+        stop check to each (stop tokens, stop token sequences, max_tokens, the context's end, then the stop
+        strings); return how many were taken."""
         taken = len(tokens)
         for n, tok in enumerate(tokens, 1):
             self.out.append(tok)
@@ -77,6 +83,8 @@ class Request:
                 self.finish_reason = "stop"
                 if tok in self.named_stops:  # a token asked for; the target's EOS ids: None
                     self.stop_reason = tok
+            elif self.params.stop_token_sequences and self._ends_stop_sequence():
+                self.finish_reason = "stop"  # TensorRT-LLM's stop words: the sequence's tokens stay in the output
             elif len(self.out) >= self.params.max_tokens or len(self.prompt) + len(self.out) >= self.context_len:
                 self.finish_reason = "length"  # max_tokens, or the target's context is full (OpenAI's one value)
             if self.finish_reason:
@@ -91,6 +99,8 @@ class Request:
             self.finish_reason, self.stop_reason = "stop", self.stop_text.matched
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:taken])
+        if self.generation_logits is not None:
+            self.generation_logits.append(logits[:taken].float().cpu())
         if self.on_tokens is not None:
             args: tuple = (self.call_index, tokens[:taken])
             if self.prompt_logprobs is not None and len(self.out) == taken:  # its first call: the prompt's too
@@ -104,3 +114,16 @@ class Request:
             if reason and not self.finish_reason:  # the caller ends the request (a stop string, a client gone)
                 self.finish_reason = reason
         return taken
+
+    def _ends_stop_sequence(self) -> bool:
+        """Whether the prompt and the output so far end with one of `params.stop_token_sequences` (TensorRT-LLM's
+        stop criterion reads the whole sequence: a stop sequence may begin in the prompt)."""
+        k = len(self.out)
+        for seq in self.params.stop_token_sequences:
+            n = len(seq)
+            if n <= k:
+                if tuple(self.out[k - n:]) == seq:
+                    return True
+            elif n - k <= len(self.prompt) and tuple(self.prompt[len(self.prompt) - (n - k):]) + tuple(self.out) == seq:
+                return True
+        return False

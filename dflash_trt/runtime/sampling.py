@@ -54,7 +54,18 @@ class SamplingParams:
     with the token that completes the first one to appear in its text, and the result's text ends before it
     (`dflash_trt.runtime.stop_text.StopText`; with min_tokens, a string completed within the first min_tokens
     tokens does not count). Needs the target's tokenizer: `Pipeline.generate` (`dflash_trt.api`) has it.
-    Stored as a tuple.
+    Stored as a tuple. stop_token_sequences: token id sequences that end the output (TensorRT-LLM's stop words list,
+    what its Triton backend's preprocessing makes of `stop_words`): after each token, the output ends, that token
+    included, when the prompt and the output so far end with one of them (the sequence may begin in the prompt,
+    as TensorRT-LLM's stop criterion reads the whole sequence); min_tokens does not hold them back (TensorRT-LLM's
+    min_tokens holds back only the end token); stored as a sorted tuple of tuples, at most
+    `dflash_trt.runtime.penalties.MAX_BAD_WORDS`.
+
+    return_context_logits / return_generation_logits (TensorRT-LLM's names): the result carries the target's raw
+    float32 logits (before any logits processing) at every prompt position ([prompt tokens, V]: position p's
+    predict token p + 1, the last one the first output token; a request asking for them reads its whole prompt,
+    reusing no cached prefix) / at the position each output token was chosen from ([output tokens, V]: the verify
+    pass's own logits, the same in DFlash and autoregressive decoding up to float rounding).
 
     Every field is type-checked (InvalidRequestError naming it; bool is not a number); a keyword of another
     library's SamplingParams that this one has not (`n`, `best_of`, HF's `max_new_tokens`, TensorRT-LLM's
@@ -81,6 +92,9 @@ class SamplingParams:
     prompt_ignore_length: int | None = None
     bad_words: tuple[tuple[int, ...], ...] | None = None
     stop: tuple[str, ...] | None = None
+    stop_token_sequences: tuple[tuple[int, ...], ...] | None = None
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
 
     def __post_init__(self):
         """Checks every field's type and range (InvalidRequestError naming the field, the value and what is
@@ -137,6 +151,11 @@ class SamplingParams:
             set_(self, "bad_words", _bad_words(self.bad_words) or None)
         if self.stop is not None:
             set_(self, "stop", _stop_strings(self.stop) or None)
+        if self.stop_token_sequences is not None:
+            set_(self, "stop_token_sequences", _bad_words(self.stop_token_sequences, "stop_token_sequences") or None)
+        for name in ("return_context_logits", "return_generation_logits"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.guided is not None:
             if not isinstance(self.guided, GuidedDecoding):
                 raise InvalidRequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
@@ -182,7 +201,7 @@ OTHER_LIBRARIES_NAMES = {
     "eos_token_id": "use stop_token_ids=[id] (the target's EOS ids stop an output already)",
     "pad_id": "no padding here: each result holds its own token ids",
     "pad_token_id": "no padding here: each result holds its own token ids",
-    "stop_words": "use stop (strings) or stop_token_ids",
+    "stop_words": "use stop (strings), stop_token_ids, or stop_token_sequences (token id sequences)",
     "stop_strings": "use stop (a string or a list of strings)",
     "stop_sequences": "use stop (a string or a list of strings)",
     "include_stop_str_in_output": "not supported: the text ends before the stop string (OpenAI's behaviour); the "
@@ -333,19 +352,24 @@ def _stop_strings(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def _bad_words(value) -> tuple[tuple[int, ...], ...]:
-    """bad_words as a sorted tuple of distinct non-empty tuples of token ids (ints >= 0), else InvalidRequestError."""
+def _bad_words(value, field: str = "bad_words") -> tuple[tuple[int, ...], ...]:
+    """bad_words (or stop_token_sequences, `field`) as a sorted tuple of distinct non-empty tuples of token ids
+    (ints >= 0), at most MAX_BAD_WORDS of them, else InvalidRequestError naming `field`."""
+    from dflash_trt.runtime.penalties import MAX_BAD_WORDS
+
     allowed = "a list of token id sequences (non-empty lists of integers >= 0), or None"
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise InvalidRequestError(f"bad_words must be {allowed}, got {value!r} ({type(value).__name__})")
+        raise InvalidRequestError(f"{field} must be {allowed}, got {value!r} ({type(value).__name__})")
     out = set()
     for word in value:
         if isinstance(word, (str, bytes, Mapping)) or not isinstance(word, Iterable):
-            raise InvalidRequestError(f"bad_words must be {allowed}; {word!r} is not a sequence of token ids")
+            raise InvalidRequestError(f"{field} must be {allowed}; {word!r} is not a sequence of token ids")
         ids = tuple(word)
         if not ids or any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0 for t in ids):
-            raise InvalidRequestError(f"bad_words must be {allowed}; {word!r} is not one")
+            raise InvalidRequestError(f"{field} must be {allowed}; {word!r} is not one")
         out.add(tuple(int(t) for t in ids))
+    if len(out) > MAX_BAD_WORDS:
+        raise InvalidRequestError(f"{field} holds {len(out)} sequences; give at most {MAX_BAD_WORDS}")
     return tuple(sorted(out))
 
 

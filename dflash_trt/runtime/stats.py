@@ -87,7 +87,9 @@ class GenerationResult:
     one that ended it, whose last token ends token_ids); None from `Engine.generate` otherwise. stop_reason (vLLM's
     and TensorRT-LLM's): the stop string (`SamplingParams.stop`) or the token of `SamplingParams.stop_token_ids`
     that ended the output; None when it ended otherwise, at the target's EOS ids included (given in stop_token_ids too,
-    unless ignore_eos).
+    unless ignore_eos). context_logits / generation_logits: None, or (SamplingParams.return_context_logits /
+    return_generation_logits set) the target's raw float32 logits on the CPU, [prompt tokens, V] at every prompt
+    position / [len(token_ids), V] at the position each output token was chosen from (TensorRT-LLM's names).
     """
 
     token_ids: list[int]
@@ -97,3 +99,5 @@ class GenerationResult:
     logprobs: list | None = None
     prompt_logprobs: list | None = None
     stop_reason: int | str | None = None
+    context_logits: object | None = None  # torch.Tensor [prompt tokens, V] float32
+    generation_logits: object | None = None  # torch.Tensor [len(token_ids), V] float32

@@ -368,6 +368,8 @@ class Scheduler:
                 r.token_ids = r.token_ids[: s.text.used]
                 if r.logprobs is not None:
                     r.logprobs = r.logprobs[: s.text.used]
+                if r.generation_logits is not None:
+                    r.generation_logits = r.generation_logits[: s.text.used]
                 r.metrics.completion_tokens = len(r.token_ids)  # as `usage` counts them, and the metrics
             else:
                 r.text = final_text(s.text.decode(r.token_ids), r.finish_reason)
