@@ -35,8 +35,9 @@ from pathlib import Path
 from dflash_trt.serve.triton_repository import (whole_number_parameter, bool_parameter, check_parameters,
                                                 load_from_parameters, missing_inputs, prefix_cache_bytes)
 from dflash_trt.serve.triton_tensors import (DEFAULT_MAX_TOKENS, TENSOR_NEUTRAL, UNSUPPORTED, check_extra_fields,
-                                             check_unsupported_inputs, embedding_bias, guided_decoding, min_tokens,
-                                             perf_metrics, renamed_input, token_counts, utf8_text)
+                                             check_unsupported_inputs, embedding_bias, guided_decoding, logits_outputs,
+                                             min_tokens, perf_metrics, renamed_input, token_counts, utf8_text,
+                                             word_token_ids)
 
 #: how often the model asks Triton whether a request in progress was cancelled (seconds)
 CANCEL_POLL_S = 0.5
@@ -119,8 +120,7 @@ class TritonPythonModel:
         import numpy as np
 
         from dflash_trt.errors import ConfigError, InvalidRequestError
-        from dflash_trt.runtime.penalties import bad_word_ids
-        from dflash_trt.serve.protocol import check_stops, fit_context
+        from dflash_trt.serve.protocol import fit_context
         from dflash_trt.runtime.stop_text import StopText
         from dflash_trt.serve.scheduler import Sequence
 
@@ -151,7 +151,6 @@ class TritonPythonModel:
             texts = (utf8_text(w, name) for w in vector(name) or ())
             return tuple(t for t in texts if t)
 
-        stops = check_stops(words("stop_words"), "stop_words")
         with self._tokenizer_lock:
             if bool(scalar("apply_chat_template", False)):
                 if not getattr(self.pipe.tokenizer, "chat_template", None):
@@ -161,7 +160,10 @@ class TritonPythonModel:
                 ids = self.pipe.encode(text)
             bias = embedding_bias(vector("embedding_bias_words"), vector("embedding_bias_weights"),
                                   lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
-            bad = bad_word_ids(words("bad_words"), lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
+            # as the backend's preprocessing tokenizes them (`word_token_ids`): the runtime stops where the prompt and
+            # output end with a stop word's tokens (kept in the output), and bans each bad word's last token after the rest
+            stop_ids, bad = [word_token_ids(words(name), lambda word: self.pipe.tokenizer.encode(
+                word, add_special_tokens=False)) for name in ("stop_words", "bad_words")]
         from dflash_trt.runtime.sampling import SamplingParams
 
         seed = renamed_input("seed", scalar("seed", None), "random_seed", scalar("random_seed", None))
@@ -180,6 +182,9 @@ class TritonPythonModel:
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
                                 min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)),
                                 min_p=float(scalar("min_p", 0.0)), logit_bias=bias, bad_words=bad or None,
+                                stop_token_sequences=stop_ids or None,
+                                return_context_logits=bool(scalar("return_context_logits", False)),
+                                return_generation_logits=bool(scalar("return_generation_logits", False)),
                                 guided=guided_decoding(scalar("guided_decoding_guide_type", None),
                                                        scalar("guided_decoding_guide", None)))
         if params.guided is not None:  # compiled here (cached), not on the generation thread
@@ -232,9 +237,8 @@ class TritonPythonModel:
             if result is None:  # cancelled before it ran
                 sender.send(flags=final)
                 return
+            # a stop word's tokens are the output's last ones (the runtime keeps them, as the backend's executor does)
             out = seq.text.rest(result.finish_reason) if stream else result.text
-            if result.finish_reason == "stop" and isinstance(result.stop_reason, str):
-                out += result.stop_reason  # the stop word stays in the output, as the TensorRT-LLM backend's
             if with_input:
                 out = self._decode(ids) + out
             tensors = [text_tensor("text_output", out), text_tensor("finish_reason", result.finish_reason),
@@ -243,12 +247,16 @@ class TritonPythonModel:
             if result.logprobs is not None:
                 tensors += log_prob_tensors(seq.rest_logprobs(result))
                 tensors.append(number("cum_log_probs", sum(lp.logprob for lp in result.logprobs), np.float32))
+            # streamed too: in this last response (the backend sends context_logits in every response and each
+            # response's slice of generation_logits)
+            tensors += [pb_utils.Tensor(name, value) for name, value in
+                        logits_outputs(result.context_logits, result.generation_logits).items()]
             if perf:
                 tensors += [number(name, value, dtype) for name, (value, dtype)
                             in perf_metrics(result.metrics, seq.queue_time_s, arrival_ns).items()]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
-        seq = Sequence(ids, params, StopText(self._decode, stops, min_tokens=params.min_tokens),
+        seq = Sequence(ids, params, StopText(self._decode, min_tokens=params.min_tokens),
                        on_text if stream else None, on_done, arrival=arrival)
         return seq, stream
 

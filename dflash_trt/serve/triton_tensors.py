@@ -21,17 +21,21 @@ temperature FP32 [1] (default 0 = greedy: exactly the target's own output); top_
 INT32 [1]; seed UINT64 [1] (`random_seed`, its older name in the TensorRT-LLM backend's ensemble, is the same
 input: give one, or both equal; as the OpenAI server's `seed`: the same request alone gives the same
 sample again; on a CPU, one decoded while other requests share the batch need not, as a batch of several
-decodes without drafting there, `max_concurrency`); stream BOOL [1]; stop_words STRING [-1] (stop strings, at
-most 4; an empty one means none, as in the TensorRT-LLM backend; the output ends at the first one and keeps it,
-streamed or not, as the TensorRT-LLM backend's text_output does: its executor keeps the stop word's tokens in the
-output and its postprocessing decodes them; the OpenAI server, `dflash_trt.serve.app`, cuts before it, as OpenAI
-does; matched on the text, not on tokens as TensorRT-LLM matches, so the output ends with the stop string even
-where it ends inside a token); apply_chat_template BOOL
+decodes without drafting there, `max_concurrency`); stream BOOL [1]; stop_words STRING [-1] (an empty one means
+none, as in the TensorRT-LLM backend; matched on token ids as the backend matches them: its preprocessing model
+tokenizes each word as written, without special tokens and without a space before it (`word_token_ids`), and its
+runtime ends the output after the token with which the prompt and output end with one of those sequences, which
+may begin in the prompt, whatever min_tokens says (`SamplingParams.stop_token_sequences`); the output keeps the
+stop word's tokens, streamed or not, as the backend's executor keeps them and its postprocessing decodes them. So
+"of Fr" does not stop "... of France": its tokens as written ("of", " Fr") are not the output's (" of", " France");
+send the words as they appear after the text before them, " of France". The OpenAI server, `dflash_trt.serve.app`,
+matches its `stop` strings on the text and cuts before them, as OpenAI does); apply_chat_template BOOL
 [1] (wrap text_input as one user message in the target's chat template); return_log_probs BOOL [1]
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
 frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), bad_words STRING
-[-1] (the TensorRT-LLM backend's: words the output never holds, each as written and after a space,
-`dflash_trt.runtime.penalties.bad_word_ids`; an empty one means none), min_tokens
+[-1] (the TensorRT-LLM backend's: token sequences the output never holds, each word tokenized as the backend's
+preprocessing does it, as written (`word_token_ids`: "Paris" does not ban " Paris"); an empty one means none),
+min_tokens
 INT32 [1] (default 0: no stop token or stop word ends the output before that many tokens; `min_length` INT32 [1],
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
@@ -42,9 +46,9 @@ backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). Th
 model does anyway pass only at the values that ask for that (`ENSEMBLE_NEUTRAL`, as tensors or /generate JSON keys,
 `TENSOR_NEUTRAL`; another value is an error naming it and what it asks for, `NEUTRAL_ASKS`): beam_width INT32 [1] (1),
 num_return_sequences INT32 [1] (1), end_id INT32 [1] (one of the target's EOS ids), pad_id INT32 [1] (any),
-length_penalty FP32 [1] (1), return_context_logits and return_generation_logits BOOL [1] (false), prompt_vocab_size
-INT32 [1] and prompt_table_extra_id UINT64 [1] (any: the backend uses them only with a prompt table), and the
-tensorrt_llm model's stop BOOL [1] (false; true cancels the request with its id there), early_stopping BOOL [1] and
+length_penalty FP32 [1] (1), prompt_vocab_size INT32 [1] and prompt_table_extra_id UINT64 [1] (any: the backend uses
+them only with a prompt table), the tensorrt_llm_bls model's num_draft_tokens INT32 [1] (0: none asked of its draft
+model) and use_draft_logits BOOL [1] (false), and the tensorrt_llm model's early_stopping BOOL [1] and
 beam_search_diversity_rate FP32 [1] (any: beam search's), runtime_top_p_decay FP32 [1] (1: no decay),
 runtime_top_p_min FP32 [1] and runtime_top_p_reset_ids INT32 [1] (any: they act only with a decay).
 The backend's inputs for what this model does not do are declared, and pass only empty (no element, or empty
@@ -52,7 +56,10 @@ strings), so that a client sending a value gets an error naming it and what it a
 answer to an undeclared input names no reason): lora_task_id UINT64 [1], lora_weights FP16 [-1, -1], lora_config
 INT32 [-1, 3]: LoRA adapters; prompt_embedding_table FP16 [-1, -1]: prompt tuning; draft_input_ids INT32 [-1],
 draft_logits FP32 [-1, -1], draft_acceptance_threshold FP32 [1]: drafts from outside (this model drafts with its
-own drafter); decoder_text_input STRING [1]: encoder-decoder targets; the tensorrt_llm model's encoder_input_features
+own drafter); decoder_text_input STRING [1]: encoder-decoder targets; the tensorrt_llm_bls model's image_input FP16
+[-1, 3, -1, -1], image_bytes_input and video_bytes_input UINT8 [-1, -1, -1, -1], image_url_input STRING [1]:
+multimodal targets (with num_draft_tokens and use_draft_logits above, every input of that BLS model is declared, so
+its clients' requests are answered here too); the tensorrt_llm model's encoder_input_features
 FP16 [-1, -1], encoder_output_lengths INT32 [1], cross_attention_mask BOOL [-1, -1], skip_cross_attn_blocks BOOL [1],
 mrope_rotary_cos_sin FP32 [-1], mrope_position_deltas INT64 [1]: encoder-decoder and multimodal targets;
 context_phase_params UINT8 [-1]: disaggregated serving; retention_token_range_starts, retention_token_range_ends,
@@ -84,7 +91,18 @@ INT32 [1], cached_tokens INT32 [1] (prompt tokens whose K/V came from the prefix
 backend's kv_cache_alloc_new_blocks, kv_cache_reused_blocks and kv_cache_alloc_total_blocks INT32 [1] with a block of
 one token (this cache keeps tokens, not blocks). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
-that leaves no room in the context, `max_tokens` beyond it, more than 4 stop words.
+that leaves no room in the context, `max_tokens` beyond it.
+return_context_logits and return_generation_logits BOOL [1] (default false) add context_logits FP32 [-1, -1] and
+generation_logits FP32 [-1, -1, -1] to the last response, the target's raw float32 logits (`logits_outputs`, with
+the tensorrt_llm model's shapes: [1, prompt tokens, V] at every prompt position; [1, 1, output tokens, V], each output
+token's row the logits it was chosen from, as the verify pass computed them): V floats a position (49,152 for
+SmolLM2), so a long prompt's context_logits is large, as in the backend; a request asking for context_logits reads
+its whole prompt (no cached prefix). Streamed, both come in the last response (the backend sends context_logits in
+every response and each response's slice of generation_logits).
+The ensemble has no `stop` input (the tensorrt_llm model's BOOL that cancels a request by id): Triton's /generate
+takes a JSON "stop" as a request parameter, so "stop": [...] gets Triton's 400 "parameter 'stop' has invalid type",
+as the ensemble's /generate answers it; false passes, true is refused (`NEUTRAL_ASKS`), a string is told to go in
+stop_words (the ensemble ignores it).
 Triton's JSON frontend converts the values before the model sees them: a `max_tokens` beyond INT32 wraps
 (4294967297 arrives as 1), a value of the wrong JSON type is its 500 parse error, and `"stream": true`
 sent to `/generate` (not `/generate_stream`) is answered 200 with an error body.
@@ -129,13 +147,17 @@ INPUTS = (
     ("end_id", "TYPE_INT32", [1], True),
     ("pad_id", "TYPE_INT32", [1], True),
     ("length_penalty", "TYPE_FP32", [1], True),
-    ("return_context_logits", "TYPE_BOOL", [1], True),
-    ("return_generation_logits", "TYPE_BOOL", [1], True),
     ("prompt_vocab_size", "TYPE_INT32", [1], True),
     ("prompt_table_extra_id", "TYPE_UINT64", [1], True),
-    # the tensorrt_llm model's sampling inputs that the ensemble does not pass on: beam search's, top-p decay's, and
-    # `stop` (a request that cancels the one with its request id)
-    ("stop", "TYPE_BOOL", [1], True),
+    # the target's logits (`logits_outputs`): context_logits / generation_logits
+    ("return_context_logits", "TYPE_BOOL", [1], True),
+    ("return_generation_logits", "TYPE_BOOL", [1], True),
+    # the tensorrt_llm_bls model's draft-model inputs (its speculative decoding with a separate draft model)
+    ("num_draft_tokens", "TYPE_INT32", [1], True),
+    ("use_draft_logits", "TYPE_BOOL", [1], True),
+    # the tensorrt_llm model's sampling inputs that the ensemble does not pass on: beam search's and top-p decay's
+    # (not its `stop`, a request that cancels the one with its request id: the ensemble has no such input, and
+    # Triton's /generate then takes a JSON "stop" as a request parameter, `check_extra_fields`)
     ("early_stopping", "TYPE_BOOL", [1], True),
     ("beam_search_diversity_rate", "TYPE_FP32", [1], True),
     ("runtime_top_p_decay", "TYPE_FP32", [1], True),
@@ -150,6 +172,11 @@ INPUTS = (
     ("prompt_embedding_table", "TYPE_FP16", [-1, -1], True),
     ("draft_input_ids", "TYPE_INT32", [-1], True),
     ("decoder_text_input", "TYPE_STRING", [1], True),
+    # the tensorrt_llm_bls model's images and videos (multimodal targets)
+    ("image_input", "TYPE_FP16", [-1, 3, -1, -1], True),
+    ("image_bytes_input", "TYPE_UINT8", [-1, -1, -1, -1], True),
+    ("image_url_input", "TYPE_STRING", [1], True),
+    ("video_bytes_input", "TYPE_UINT8", [-1, -1, -1, -1], True),
     # the tensorrt_llm model's (its config.pbtxt; the ensemble does not have them): drafts from outside, encoder /
     # multimodal inputs, disaggregated serving, KV cache retention, lookahead decoding
     ("draft_logits", "TYPE_FP32", [-1, -1], True),
@@ -187,8 +214,8 @@ INPUTS = (
     ("prompt_table_extra_ids", "TYPE_UINT64", [-1], True),
 )
 #: the inputs above taken only at a neutral value (`check_extra_fields`), as tensors or /generate JSON keys
-TENSOR_NEUTRAL = ("beam_width", "num_return_sequences", "end_id", "pad_id", "length_penalty", "return_context_logits",
-                  "return_generation_logits", "prompt_vocab_size", "prompt_table_extra_id", "stop", "early_stopping",
+TENSOR_NEUTRAL = ("beam_width", "num_return_sequences", "end_id", "pad_id", "length_penalty", "prompt_vocab_size",
+                  "prompt_table_extra_id", "num_draft_tokens", "use_draft_logits", "early_stopping",
                   "beam_search_diversity_rate", "runtime_top_p_decay", "runtime_top_p_min", "runtime_top_p_reset_ids")
 #: the tensorrt_llm model's token-level inputs -> the ensemble input this model takes instead (`UNSUPPORTED`)
 TOKEN_LEVEL = {"input_ids": "text_input", "input_lengths": "text_input", "request_output_len": "max_tokens",
@@ -204,6 +231,8 @@ UNSUPPORTED = {"lora_task_id": "LoRA adapters", "lora_weights": "LoRA adapters",
                "prompt_embedding_table": "prompt tuning (a prompt embedding table)",
                "draft_input_ids": "drafts from outside (this model drafts with its own drafter)",
                "decoder_text_input": "encoder-decoder targets (a decoder prompt)",
+               **{name: "multimodal targets (the tensorrt_llm_bls model's images and videos)" for name in (
+                   "image_input", "image_bytes_input", "image_url_input", "video_bytes_input")},
                "draft_logits": "drafts from outside (this model drafts with its own drafter)",
                "draft_acceptance_threshold": "drafts from outside (this model drafts with its own drafter)",
                **{name: "encoder-decoder and multimodal targets" for name in (
@@ -224,6 +253,9 @@ OUTPUTS = (
     ("acceptance_length", "TYPE_FP32", [1]),
     ("output_log_probs", "TYPE_FP32", [-1]),
     ("cum_log_probs", "TYPE_FP32", [1]),
+    # return_context_logits / return_generation_logits (`logits_outputs`)
+    ("context_logits", "TYPE_FP32", [-1, -1]),
+    ("generation_logits", "TYPE_FP32", [-1, -1, -1]),
     ("arrival_time_ns", "TYPE_INT64", [1]),
     ("first_scheduled_time_ns", "TYPE_INT64", [1]),
     ("first_token_time_ns", "TYPE_INT64", [1]),
@@ -257,15 +289,17 @@ MAX_REQUEST_BATCH = 1
 #: inputs of the TensorRT-LLM backend's ensemble that this model does not have, with the values that ask for what
 #: it does anyway (None: any value); `end_id` is checked against the target's
 #: EOS ids; `id` is the request id of Triton's JSON requests
-ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "beam_width": (1,), "num_return_sequences": (1,),
-                    "return_context_logits": (False,), "return_generation_logits": (False,), "length_penalty": (1,),
+ENSEMBLE_NEUTRAL = {"id": None, "pad_id": None, "beam_width": (1,), "num_return_sequences": (1,), "length_penalty": (1,),
                     # the backend's executor ignores it ("prompt_vocab_size is unused by executor", its model.py)
                     "prompt_vocab_size": None,
                     # its prompt table's id (multimodal KV cache reuse): used only with a prompt_embedding_table, which
                     # is refused unless empty (`UNSUPPORTED`)
                     "prompt_table_extra_id": None,
-                    # a request that cancels the one with its request id (the backend's `stop` true)
+                    # the tensorrt_llm model's request that cancels the one with its request id (`stop` true); not an
+                    # input here (nor of the ensemble), so Triton's /generate hands a JSON "stop" over as a parameter
                     "stop": (False,),
+                    # the tensorrt_llm_bls model's draft model: 0 draft tokens (none asked of it), no draft logits
+                    "num_draft_tokens": (0,), "use_draft_logits": (False,),
                     # beam search's, with beam_width 1 without effect
                     "early_stopping": None, "beam_search_diversity_rate": None,
                     # top-p decay: off at 1 (TensorRT-LLM's default); the floor and the reset ids act only with a decay
@@ -276,9 +310,11 @@ NEUTRAL_ASKS = {"beam_width": "beam search (this model decodes one sequence per 
                                         "runtime)",
                 "end_id": "an end token other than the target's EOS",
                 "length_penalty": "beam search's length penalty",
-                "return_context_logits": "the prompt's logits (context_logits)",
-                "return_generation_logits": "the output's logits (generation_logits)",
                 "stop": "cancelling the request with its request id (close the stream or cancel the gRPC call instead)",
+                "num_draft_tokens": "draft tokens from the tensorrt_llm_bls model's draft model (this model drafts "
+                                    "with its own drafter)",
+                "use_draft_logits": "the tensorrt_llm_bls model's draft-model logits (this model drafts with its own "
+                                    "drafter)",
                 "runtime_top_p_decay": "top-p decay"}
 
 
@@ -295,6 +331,10 @@ def check_extra_fields(extra: dict, eos_token_ids) -> None:
     from dflash_trt.errors import InvalidRequestError
 
     bad, other = [], []
+    if isinstance(extra.get("stop"), str):  # OpenAI's stop strings, sent as this model's stop_words
+        raise InvalidRequestError(f"stop {json.dumps(extra['stop'])}: this model's stop strings are stop_words (a "
+                                  'list of strings: {"stop_words": [...]}, as the TensorRT-LLM backend\'s ensemble '
+                                  "takes them); stop is the tensorrt_llm model's cancel flag (false or left out)")
     for key, value in extra.items():
         if key == "end_id" and not isinstance(value, bool) and value in tuple(eos_token_ids):
             continue
@@ -529,3 +569,31 @@ def utf8_text(value, name: str) -> str:
         return value.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequestError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); send it as UTF-8") from None
+
+
+def word_token_ids(words, encode) -> tuple[tuple[int, ...], ...]:
+    """The token id sequences of `words` as the TensorRT-LLM backend's preprocessing model makes them of its
+    stop_words / bad_words inputs (its `_to_word_list_format`): each word tokenized as written (`encode(word)`:
+    no special tokens, no space added before it), a word of no tokens left out.
+
+    Args:
+        words: the words (str). encode: text -> token ids (the target tokenizer's, add_special_tokens=False).
+    Returns:
+        the sequences, in order (for `SamplingParams.stop_token_sequences` / `bad_words`).
+    """
+    return tuple(ids for ids in (tuple(encode(w)) for w in words) if ids)
+
+
+def logits_outputs(context_logits, generation_logits) -> dict:
+    """The `context_logits` / `generation_logits` outputs of a finished request, as the TensorRT-LLM backend's
+    tensorrt_llm model sends them (its `convert_response`: a batch dimension first, generation logits per beam):
+    {name: float32 numpy array}: context_logits [1, prompt tokens, V], generation_logits [1, 1, output tokens, V]
+    (each output token's row: the logits it was chosen from). Each only where the request asked for it
+    (`GenerationResult.context_logits` / `generation_logits` not None) and it holds a token (Triton's JSON has no
+    empty arrays)."""
+    out = {}
+    if context_logits is not None and context_logits.numel():
+        out["context_logits"] = context_logits.float().numpy()[None]
+    if generation_logits is not None and generation_logits.numel():
+        out["generation_logits"] = generation_logits.float().numpy()[None, None]
+    return out

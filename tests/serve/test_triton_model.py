@@ -105,7 +105,8 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
                         "length_penalty": 1.0}, eos_token_ids=(2,))
     check_extra_fields({"prompt_table_extra_id": 9, "stop": False, "early_stopping": True,
                         "beam_search_diversity_rate": 0.5, "runtime_top_p_decay": 1.0, "runtime_top_p_min": 0.1,
-                        "runtime_top_p_reset_ids": 3}, eos_token_ids=(2,))
+                        "runtime_top_p_reset_ids": 3, "num_draft_tokens": 0, "use_draft_logits": False},
+                       eos_token_ids=(2,))
     with pytest.raises(InvalidRequestError, match=r"unknown field\(s\) \['temprature'\]: this model's inputs are "):
         check_extra_fields({"temprature": 0.9}, eos_token_ids=(2,))
     for extra, words in (({"beam_width": 2}, "beam_width 2 asks for beam search (this model decodes one sequence per "
@@ -118,10 +119,19 @@ def test_ensemble_inputs_at_their_defaults_pass_and_other_fields_are_refused():
                          ({"stop": True}, "stop true asks for cancelling the request with its request id (close the "
                                           "stream or cancel the gRPC call instead), which this model does not do; send "
                                           "false, or leave stop out"),
-                         ({"runtime_top_p_decay": 0.9}, "runtime_top_p_decay 0.9 asks for top-p decay")):
+                         ({"runtime_top_p_decay": 0.9}, "runtime_top_p_decay 0.9 asks for top-p decay"),
+                         ({"num_draft_tokens": 4}, "num_draft_tokens 4 asks for draft tokens from the tensorrt_llm_bls "
+                                                   "model's draft model (this model drafts with its own drafter), which "
+                                                   "this model does not do; send 0, or leave num_draft_tokens out"),
+                         ({"use_draft_logits": True}, "use_draft_logits true asks for the tensorrt_llm_bls model's "
+                                                      "draft-model logits")):
         with pytest.raises(InvalidRequestError) as info:
             check_extra_fields(extra, eos_token_ids=(2,))
         assert words in str(info.value) and "unknown" not in str(info.value), str(info.value)
+    with pytest.raises(InvalidRequestError) as info:  # OpenAI's stop strings: this model's are stop_words
+        check_extra_fields({"stop": "France"}, eos_token_ids=(2,))
+    assert str(info.value).startswith('stop "France": this model\'s stop strings are stop_words (a list of strings: '
+                                      '{"stop_words": [...]}')
     with pytest.raises(InvalidRequestError) as info:  # one error naming each
         check_extra_fields({"temprature": 0.9, "beam_width": 4}, eos_token_ids=(2,))
     assert "unknown field(s) ['temprature']" in str(info.value) and "; beam_width 4 asks for beam search" in str(info.value)
@@ -228,7 +238,9 @@ def test_greedy_generate_is_the_targets_output(triton, smollm2_pipeline):
 def test_stream_adds_up_to_the_whole_answer_and_stop_words_end_it(triton):
     """Streamed deltas join into the whole answer; a stop word ends the output and stays in it, streamed or not, as
     the TensorRT-LLM backend returns it (its executor keeps the stop word's tokens; its postprocessing decodes them),
-    where the OpenAI server cuts before it (test_openai_server.py)."""
+    where the OpenAI server cuts before it (test_openai_server.py). Matched on its tokens as written, as the backend's
+    preprocessing tokenizes it: "of Fr" (tokens "of", " Fr") does not stop "... of France" (" of", " France"),
+    " of France" does."""
     body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 40}
     _, whole = generate(triton, body)
     status, events = generate(triton, {**body, "stream": True}, stream=True)
@@ -236,8 +248,10 @@ def test_stream_adds_up_to_the_whole_answer_and_stop_words_end_it(triton):
     assert "".join(e["text_output"] for e in events) == whole["text_output"]
     assert events[-1]["finish_reason"] == whole["finish_reason"]
     assert all("finish_reason" not in e for e in events[:-1])
-    stop = "of Fr"
-    assert stop in whole["text_output"]
+    assert "of Fr" in whole["text_output"]
+    _, text_only = generate(triton, {**body, "stop_words": ["of Fr"]})
+    assert text_only["text_output"] == whole["text_output"] and text_only["finish_reason"] == whole["finish_reason"]
+    stop = " of France"
     kept = whole["text_output"][: whole["text_output"].index(stop) + len(stop)]
     _, cut = generate(triton, {**body, "stop_words": [stop, "never said"]})
     assert cut["text_output"] == kept and cut["finish_reason"] == "stop"
@@ -253,7 +267,6 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
              ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
              ({"text_input": ""}, "text_input is empty"),
              ({"text_input": "hello " * 9000}, "shorten it to at most 8191"),
-             ({"text_input": "hi", "stop_words": ["a", "b", "c", "d", "e"]}, "at most 4"),
              ({"text_input": "hi", "temprature": 0.9}, "unknown field(s) ['temprature']: this model's inputs are "
                                                        "text_input, max_tokens"),
              ({"text_input": "hi", "max_tokens": 9000}, "max_tokens is 9000: 9001 > the target's context of 8192 "
@@ -403,17 +416,19 @@ def test_min_p_and_embedding_bias_give_the_engines_tokens(triton, smollm2_pipeli
 @pytest.mark.slow
 def test_bad_words_give_the_engines_tokens(triton, smollm2_pipeline):
     """The TensorRT-LLM backend's bad_words (STRING [-1]): the answer is the engine's own with those words' token
-    sequences banned (`bad_word_ids`); "" means none, as the backend's example request sends it."""
-    from dflash_trt.runtime.penalties import bad_word_ids
-
+    sequences banned, each tokenized as written as the backend's preprocessing does (`word_token_ids`); "" means none,
+    as the backend's example request sends it."""
     ids = smollm2_pipeline.encode_chat(QUESTION)
     body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 16}
-    bad = bad_word_ids(["Paris", "capital of"], lambda w: smollm2_pipeline.tokenizer.encode(w, add_special_tokens=False))
+    words = [" Paris", " capital of"]  # as written: the words' tokens after a space, as they appear in the answer
+    bad = [smollm2_pipeline.tokenizer.encode(w, add_special_tokens=False) for w in words]
     [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, bad_words=bad), mode="ar")
     [plain] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16), mode="ar")
-    assert "Paris" in plain.text and "Paris" not in ref.text
-    status, out = generate(triton, {**body, "bad_words": ["Paris", "capital of"]})
+    assert " Paris" in plain.text and " Paris" not in ref.text
+    status, out = generate(triton, {**body, "bad_words": words})
     assert status == 200 and out["text_output"] == ref.text, out
+    status, out = generate(triton, {**body, "bad_words": ["Paris"]})  # "Paris" as written is not " Paris"
+    assert status == 200 and out["text_output"] == plain.text, out
     status, out = generate(triton, {**body, "bad_words": ""})
     assert status == 200 and out["text_output"] == plain.text, out
 
@@ -774,6 +789,79 @@ def test_unsupported_backend_inputs_pass_only_empty():
                                "leave lora_task_id, draft_input_ids out, or send them empty")
     with pytest.raises(InvalidRequestError, match="decoder_text_input: encoder-decoder targets"):
         check_unsupported_inputs({"decoder_text_input": np.array([[b"hi"]], dtype=object)})
+
+
+def test_words_are_tokenized_as_the_backends_preprocessing_does(smollm2_pipeline):
+    """stop_words / bad_words: each word's tokens as written, without special tokens or an added space (the backend's
+    `_to_word_list_format`), a word of no tokens left out; an image of the BLS model is refused by name."""
+    import numpy as np
+
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.serve.triton_tensors import check_unsupported_inputs, word_token_ids
+
+    tok = smollm2_pipeline.tokenizer
+
+    def encode(word):
+        return tok.encode(word, add_special_tokens=False)
+
+    assert word_token_ids(["of Fr", " of France", ""], encode) == (tuple(encode("of Fr")), tuple(encode(" of France")))
+    assert encode("of Fr")[0] != encode(" of France")[0]  # "of" is not " of": "of Fr" cannot stop "... of France"
+    check_unsupported_inputs({"image_url_input": np.array([[b""]], dtype=object),
+                              "image_bytes_input": np.zeros((1, 0, 0, 0, 0), np.uint8)})
+    with pytest.raises(InvalidRequestError, match=re.escape("image_url_input: multimodal targets (the tensorrt_llm_bls "
+                                                            "model's images and videos)")):
+        check_unsupported_inputs({"image_url_input": np.array([[b"http://x/cat.png"]], dtype=object)})
+
+
+def test_logits_outputs_have_the_backends_shapes():
+    import torch
+
+    from dflash_trt.serve.triton_tensors import logits_outputs
+
+    out = logits_outputs(torch.ones(5, 7), torch.zeros(3, 7))
+    assert out["context_logits"].shape == (1, 5, 7) and out["generation_logits"].shape == (1, 1, 3, 7)
+    assert out["context_logits"].dtype == out["generation_logits"].dtype == "float32"
+    assert logits_outputs(None, None) == {} and logits_outputs(None, torch.zeros(0, 0)) == {}
+
+
+@pytest.mark.slow
+def test_logits_stop_and_bls_inputs_over_http(triton, smollm2_pipeline):
+    """return_context_logits / return_generation_logits: the target's logits, those of one forward over the prompt
+    and the output (the engine's own prefill of them, float32), whole or streamed (in the last response);
+    "stop": [...] gets Triton's own 400 as the ensemble's /generate does ("stop" is no input of either), a string
+    is told to go in stop_words; the BLS model's num_draft_tokens 0 passes."""
+    import numpy as np
+    import torch
+
+    prompt = "def fibonacci(n):"
+    ids = smollm2_pipeline.encode(prompt)
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=6, return_context_logits=True), mode="ar")
+    [full] = smollm2_pipeline.generate([ids + ref.token_ids], SamplingParams(max_tokens=1, return_context_logits=True),
+                                       mode="ar")
+    reference = full.context_logits  # [prompt + output, V]: one forward over both
+    n = len(ids)
+    body = {"text_input": prompt, "max_tokens": 6, "return_context_logits": True, "return_generation_logits": True,
+            "num_draft_tokens": 0, "use_draft_logits": False}
+    status, out = generate(triton, body)
+    assert status == 200 and out["text_output"] == ref.text, out
+    context, generation = np.array(out["context_logits"], np.float32), np.array(out["generation_logits"], np.float32)
+    assert context.shape == (1, n, reference.shape[1]) and generation.shape == (1, 1, 6, reference.shape[1])
+    torch.testing.assert_close(torch.from_numpy(context[0]), reference[:n], atol=2e-3, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(generation[0, 0]), reference[n - 1 : -1], atol=2e-3, rtol=0)
+    status, events = generate(triton, {**body, "stream": True}, stream=True)
+    assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
+    assert all("generation_logits" not in e for e in events[:-1])
+    torch.testing.assert_close(torch.tensor(events[-1]["generation_logits"])[0, 0], torch.from_numpy(generation[0, 0]),
+                               atol=2e-3, rtol=0)
+    _, plain = generate(triton, {"text_input": prompt, "max_tokens": 2})
+    assert "context_logits" not in plain and "generation_logits" not in plain
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 2, "stop": ["\n"]})
+    assert status == 400 and out["error"] == ("parameter 'stop' has invalid type. It should be either 'int', 'bool', "
+                                              "or 'string'."), out
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 2, "stop": "\n"})
+    assert status == 400 and "this model's stop strings are stop_words" in out["error"], out
+    status, out = generate(triton, {"text_input": prompt, "max_tokens": 2, "num_draft_tokens": 3})
+    assert status == 400 and "num_draft_tokens 3 asks for draft tokens" in out["error"], out
 
 
 def test_seed_is_random_seeds_newer_name():
