@@ -844,15 +844,19 @@ def test_logits_stop_and_bls_inputs_over_http(triton, smollm2_pipeline):
             "num_draft_tokens": 0, "use_draft_logits": False}
     status, out = generate(triton, body)
     assert status == 200 and out["text_output"] == ref.text, out
+    # Triton's generate endpoint gives a tensor's values flat (the shapes, [1, n, V] and [1, 1, 6, V], go to gRPC
+    # clients: test_logits_outputs_have_the_backends_shapes)
+    vocab = reference.shape[1]
     context, generation = np.array(out["context_logits"], np.float32), np.array(out["generation_logits"], np.float32)
-    assert context.shape == (1, n, reference.shape[1]) and generation.shape == (1, 1, 6, reference.shape[1])
+    assert context.shape == (n * vocab,) and generation.shape == (6 * vocab,)
+    context, generation = context.reshape(1, n, vocab), generation.reshape(1, 1, 6, vocab)
     torch.testing.assert_close(torch.from_numpy(context[0]), reference[:n], atol=2e-3, rtol=0)
     torch.testing.assert_close(torch.from_numpy(generation[0, 0]), reference[n - 1 : -1], atol=2e-3, rtol=0)
     status, events = generate(triton, {**body, "stream": True}, stream=True)
     assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
     assert all("generation_logits" not in e for e in events[:-1])
-    torch.testing.assert_close(torch.tensor(events[-1]["generation_logits"])[0, 0], torch.from_numpy(generation[0, 0]),
-                               atol=2e-3, rtol=0)
+    torch.testing.assert_close(torch.tensor(events[-1]["generation_logits"]).reshape(6, vocab),
+                               torch.from_numpy(generation[0, 0]), atol=2e-3, rtol=0)
     _, plain = generate(triton, {"text_input": prompt, "max_tokens": 2})
     assert "context_logits" not in plain and "generation_logits" not in plain
     status, out = generate(triton, {"text_input": prompt, "max_tokens": 2, "stop": ["\n"]})
