@@ -291,11 +291,10 @@ def _load_target_rank(path: Path, tcfg: TargetConfig, torch_dtype: torch.dtype, 
 
     if tp_size == 1:
         return load_target(path, torch_dtype, device, fp8_matmul=fp8_matmul)
-    from dflash_trt.runtime.tensor_parallel import (check_tp, process_group_rank, same_rng_on_every_rank,
+    from dflash_trt.runtime.tensor_parallel import (check_target_tp, process_group_rank, same_rng_on_every_rank,
                                                     shard_target, tp_fp8_matmul)
 
-    check_tp(tp_size, tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.intermediate_size,
-             expert_intermediate=tcfg.moe_intermediate_size if tcfg.is_moe else 0)
+    check_target_tp(tcfg, tp_size)
     fp8_matmul = tp_fp8_matmul(fp8_matmul, tp_size)
     rank = process_group_rank(tp_size)
     model = load_target(path, torch_dtype, device, fp8_matmul=fp8_matmul)

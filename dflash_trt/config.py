@@ -285,6 +285,14 @@ class TargetConfig:
         return any(self.is_sparse_layer(i) for i in range(self.num_hidden_layers))
 
     @property
+    def dense_intermediate_size(self) -> int:
+        """`intermediate_size` where some decoder layer has a dense MLP, else 0 (a mixture-of-experts target
+        whose every layer is sparse, e.g. Qwen3-30B-A3B, never uses that width): the width tensor parallelism
+        must split."""
+        dense = any(not self.is_sparse_layer(i) for i in range(self.num_hidden_layers))
+        return self.intermediate_size if dense else 0
+
+    @property
     def num_kv_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 

@@ -141,7 +141,8 @@ def preflight(opts: BuildOptions) -> dict:
     check_trtllm_target(target)  # a sliding window TensorRT-LLM's checkpoints cannot carry
     drafter = DrafterConfig.from_pretrained(opts.drafter)
     spec = ShardSpec(opts.tp_size, target.num_attention_heads, target.num_key_value_heads, target.head_dim)
-    check_divisible(spec, target.vocab_size, target.intermediate_size, target.hidden_size, nvfp4=opts.quant == "nvfp4")
+    check_divisible(spec, target.vocab_size, target.dense_intermediate_size, target.hidden_size,
+                    nvfp4=opts.quant == "nvfp4")
     warnings = [f.message for f in findings if f.level != ERROR]
     from dflash_trt.build.trtllm import engine_checkpoint_refusal
 

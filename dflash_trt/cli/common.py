@@ -135,7 +135,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         from dflash_trt.config import TargetConfig
         from dflash_trt.models.checkpoints import check_device
         from dflash_trt.models.default import default_target_path
-        from dflash_trt.runtime.tensor_parallel import check_tp, init_from_env
+        from dflash_trt.runtime.tensor_parallel import check_target_tp, init_from_env
 
         # a split the target does not allow, before asking for a torchrun launch that would then fail on it
         if bundle is not None:
@@ -146,8 +146,7 @@ def load_models(target: str | None, drafter: str | None, bundle: str | None, dty
         else:
             cfg = TargetConfig.from_pretrained(model_folder("--target", target) or default_target_path(),
                                                flag="--target")
-        check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-                 named, expert_intermediate=cfg.moe_intermediate_size if cfg.is_moe else 0)
+        check_target_tp(cfg, tp_size, named)
         check_device(options.get("device", "cpu"))  # before the process group's backend (NCCL) is asked of it
         if not init_from_env(options.get("device", "cpu")):
             one = "" if tp_config is None else " (or pass --tp-size 1 to serve in one process)"

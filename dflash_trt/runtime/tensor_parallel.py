@@ -101,6 +101,18 @@ def check_tp(tp_size: int, heads: int, kv_heads: int, intermediate: int, name: s
                           f"divides them: {', '.join(map(str, ok))}")
 
 
+def check_target_tp(cfg, tp_size: int, name: str = "tp_size") -> None:
+    """`check_tp` for a target's config (`dflash_trt.config.TargetConfig`): its heads, KV heads, the dense MLP
+    width where some layer is dense (`TargetConfig.dense_intermediate_size`) and, for a mixture-of-experts
+    target, its experts' width.
+
+    Raises:
+        ConfigError: as `check_tp`.
+    """
+    check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dense_intermediate_size, name,
+             expert_intermediate=cfg.moe_intermediate_size if cfg.is_moe else 0)
+
+
 def tp_fp8_matmul(fp8_matmul: str, tp_size: int) -> str:
     """The `fp8_matmul` mode (`dflash_trt.models.fp8`) to load a target split over tp_size > 1 ranks with:
     `shard_target` splits nn.Linear layers only, not FP8 (W8A8) ones, so "auto" becomes "off" (an FP8
@@ -128,8 +140,7 @@ def shard_target(model, rank: int, tp_size: int, group=None) -> None:
     from dflash_trt.models.moe import SparseMoeBlock
 
     cfg = model.config
-    check_tp(tp_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-             expert_intermediate=cfg.moe_intermediate_size if cfg.is_moe else 0)
+    check_target_tp(cfg, tp_size)
     hq, hkv = cfg.num_attention_heads // tp_size, cfg.num_key_value_heads // tp_size
     d, inter = cfg.head_dim, cfg.intermediate_size // tp_size
     for layer in model.model.layers:

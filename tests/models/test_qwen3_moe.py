@@ -129,6 +129,29 @@ def test_config_fields_defaults_and_the_transformers_5_expert_count_name():
     assert qwen3.num_experts == 0 and not qwen3.is_moe  # other families: no MoE fields read
 
 
+def test_tensor_parallel_splits_the_dense_width_only_where_a_layer_is_dense():
+    """Qwen3-30B-A3B's layers are all sparse: its intermediate_size (a width no layer uses) need not divide
+    tp_size; one dense layer (mlp_only_layers) makes it count."""
+    from dflash_trt.build.sharding import ShardSpec, check_divisible
+    from dflash_trt.runtime.tensor_parallel import check_target_tp
+
+    base = {"model_type": "qwen3_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 66,
+            "moe_intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4}
+    sparse = TargetConfig.from_hf_config(base)
+    assert sparse.dense_intermediate_size == 0
+    check_target_tp(sparse, 4)
+    check_divisible(ShardSpec(4, 4, 4, 16), 96, sparse.dense_intermediate_size, 64)
+    mixed = TargetConfig.from_hf_config({**base, "mlp_only_layers": [2]})
+    assert mixed.dense_intermediate_size == 66
+    with pytest.raises(ConfigError, match=r"^tp_size 4 does not divide the target's MLP intermediate features \(66\); "
+                                          r"use a tp_size that divides them: 1, 2$"):
+        check_target_tp(mixed, 4)
+    with pytest.raises(ConfigError, match=r"intermediate size 66 is not divisible by tp 4"):
+        check_divisible(ShardSpec(4, 4, 4, 16), 96, mixed.dense_intermediate_size, 64)
+    with pytest.raises(ConfigError, match=r"expert MLP intermediate features \(32\)"):
+        check_target_tp(sparse, 3)
+
+
 @pytest.mark.parametrize("change, words", [
     ({"num_experts": "8"}, r"'num_experts' must be an integer, got '8'"),
     ({"num_experts": -1}, r"'num_experts' must be at least 0, got -1"),
