@@ -62,6 +62,9 @@ def target_lines(manifest: dict) -> list[str]:
     lines = [f"- Target: **{name}**: {how}"]
     if q["target"] != "none":
         kept = ", ".join(["embeddings", "norms", *_excluded(manifest)])
+        if q.get("trtllm_checkpoint") is None:  # no per-rank checkpoint (a MoE target): the HF export's own list
+            kept += (", and the modules trtllm/target/config.json's `quantization_config.ignore` lists (lm_head; a "
+                     "mixture-of-experts target's routers, `mlp.gate`)")
         gpus = f" {TARGET_GPUS[q['target']]}." if q["target"] in TARGET_GPUS else ""
         lines.append(f"  Quantized: the Linear layers of the decoder (attention q/k/v/o projections, MLP); kept in "
                      f"bfloat16: {kept}.{gpus}")

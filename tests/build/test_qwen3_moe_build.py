@@ -41,10 +41,12 @@ def test_a_quantized_moe_bundle_serves_with_the_pytorch_backend_files_only(tmp_p
     assert manifest["trtllm_checkpoint"] is None and manifest["quantization"]["target"] == quant
     readme = (out / "README.md").read_text()
     assert "this bundle has no trtllm_checkpoint/" in readme and "build_engine.sh" not in readme
+    assert ("kept in bfloat16: embeddings, norms, and the modules trtllm/target/config.json's "
+            "`quantization_config.ignore` lists (lm_head; a mixture-of-experts target's routers, `mlp.gate`)") in readme
     hf = out / "trtllm" / "target"
     cfg = json.loads((hf / "config.json").read_text())
     assert cfg["model_type"] == "qwen3_moe" and cfg["quantization_config"]["quant_algo"] == quant.upper()
-    assert "model.layers.0.mlp.gate" in cfg["quantization_config"]["ignore"]  # routers stay unquantized
+    assert {"lm_head", "model.layers.0.mlp.gate"} <= set(cfg["quantization_config"]["ignore"])  # routers unquantized
     stored = read_tensors(hf)
     assert stored["model.layers.2.mlp.experts.7.down_proj.weight"].dtype == (torch.float8_e4m3fn if quant == "fp8"
                                                                              else torch.uint8)
