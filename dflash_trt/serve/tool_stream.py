@@ -31,8 +31,9 @@ the same finish_reason as the message.
 
 Streamed, the work is linear in the answer's length: the text and each call's canonical arguments are kept as
 pieces (`dflash_trt.text.GrowingText`), each delta reads on only from where the last one stopped (past the digits of
-a number not yet whole, and the whitespace before a call in the formats without a tag), and
-`CallReader.arguments(since)` hands out only the arguments written since what was sent.
+a number not yet whole, and the whitespace before a call in the formats without a tag), a call's state looks at
+each of its object's members once (however many keys it has), and `CallReader.arguments(since)` hands out only the
+arguments written since what was sent.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ class CallReader:
         self._name_ok: bool | None = None  # whether the "name" member is a name (`_has_name`), once it is whole
         self._whole: tuple[str | None] | None = None  # `_whole_arguments`, once the object is whole
         self._opens = ""  # the first character of the arguments' value, once written
+        # the members looked at so far (`_look`): how many, the "name" one, the first arguments one, how many of
+        # those (a state reads them from here, not by a scan of every member at each delta: linear in the object)
+        self._seen, self._name, self._args, self._n_args = 0, None, None, 0
 
     def read(self, text: str, final: bool, base: int = 0) -> None:
         """Read the text so far on (`text`: the text from position `base` on, `base` <= `self.json.pos`); `final`:
@@ -102,11 +106,27 @@ class CallReader:
             except NotJson:
                 self.failed = True
 
-    def _member(self, key: str):
-        return next((m for m in self.json.members if m[0] == key), None)
+    def _look(self) -> None:
+        """Note the members read since the last look (each member once): the "name" one (a key is in an object
+        once), the first arguments one and how many there are. A member is a list the reader fills in as its value
+        is read (`JsonReader.members`), so the ones noted stay current."""
+        members = self.json.members
+        for m in members[self._seen:] if self._seen < len(members) else ():
+            if m[0] == "name":
+                self._name = m
+            elif m[0] in _ARGUMENT_KEYS:
+                self._n_args += 1
+                if self._args is None:
+                    self._args = m
+        self._seen = len(members)
+
+    def _name_member(self):
+        self._look()
+        return self._name
 
     def _arguments_member(self):
-        return next((m for m in self.json.members if m[0] in _ARGUMENT_KEYS), None)
+        self._look()
+        return self._args
 
     def _arguments_open(self, args) -> str:
         """The first character of the value of `args` (the arguments member), "" until it is written."""
@@ -118,7 +138,7 @@ class CallReader:
         """Whether the object has a "name" member whose value is a whole string, one a name can be (no lone
         surrogate: a response could not carry it; one of `names`, when given)."""
         if self._name_ok is None:
-            name = self._member("name")
+            name = self._name_member()
             if name is None or name[2] is None:
                 return False
             value = json.loads(self.json.written(name[1], name[2]))
@@ -147,9 +167,9 @@ class CallReader:
     def _spoilt(self) -> bool:
         """Whether what was read already keeps the object from being a call: both argument keys, or arguments
         that are not an object, JSON text or null."""
-        if sum(m[0] in _ARGUMENT_KEYS for m in self.json.members) > 1:
-            return True
         args = self._arguments_member()
+        if self._n_args > 1:
+            return True
         return args is not None and self._arguments_open(args) not in ('', '{', '"', 'n')
 
     def _whole_arguments(self) -> str | None:
@@ -186,7 +206,7 @@ class CallReader:
     @property
     def name(self) -> str:
         """The call's name (once it is a call)."""
-        name = self._member("name")
+        name = self._name_member()
         return json.loads(self.json.written(name[1], name[2]))
 
     def arguments(self, since: int = 0) -> str:

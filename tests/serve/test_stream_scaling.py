@@ -8,6 +8,7 @@ exactly what they were."""
 from __future__ import annotations
 
 import random
+import sys
 import tracemalloc
 
 import pytest
@@ -115,6 +116,57 @@ def test_a_long_number_or_whitespace_streams_in_linear_work(fmt, answer, run, ar
     assert finish == ("stop" if arguments == '{"a": ' else "tool_calls")
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
     assert calls == [("f", arguments)] * answer.count('"name"')
+
+
+def python_calls(step) -> int:
+    """How many Python function calls and generator resumes `step()` makes, C functions' calls included (what
+    `sys.setprofile` sees): a count of the work a scan does in Python, which copies and allocates nothing (a
+    generator over a list), so neither `GrowingText.copied` nor `tracemalloc` sees it. Exact and the same on any
+    machine."""
+    n = 0
+
+    def profile(frame, event, arg):
+        nonlocal n
+        n += event in ("call", "c_call")
+
+    old = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(old)
+    return n
+
+
+#: (tool_choice "required" or the --tool-parser's format under "auto"; the answer, "{keys}" where the run of keys
+#: goes): a call object with many top-level keys besides its name and arguments (ignored), after them or before
+CALL_KEYS = [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "x"}{keys}}</tool_call>'),
+    ("hermes", '<tool_call>{"k": 0{keys}, "name": "f", "arguments": {"a": "x"}}</tool_call>'),
+    ("llama3_json", '{"name": "f", "parameters": {"a": "x"}{keys}}'),
+    ("required", '[{"name": "f", "parameters": {"a": "x"}{keys}}]'),
+]
+
+
+@pytest.mark.parametrize("fmt, answer", CALL_KEYS, ids=[f"{f}-{a[:16]}" for f, a in CALL_KEYS])
+def test_a_call_with_many_keys_streams_in_linear_work(fmt, answer):
+    """A call object with 500, then 1,000 top-level keys, streamed 4 characters per delta (about a token each):
+    the deltas join to the message, and the Python calls made (`python_calls`) are under 60 per character (~30), so
+    twice the keys make about twice the calls. (The call's state scanned every member read so far, several times,
+    at each delta: ~n², 160 calls per character already at 500 keys, 47 s for 8,000 keys a character per delta. Keys
+    before the name kept the call pending, which never scanned: that layout is here so it stays so.)"""
+    calling = ToolCalling(TOOLS, "required" if fmt == "required" else "auto", None, "hermes" if fmt == "required"
+                          else fmt)
+    calls = []
+    for n in (500, 1_000):
+        text = answer.replace("{keys}", "".join(f', "k{i}": {i}' for i in range(1, n + 1)))
+        parts = [text[i:i + 4] for i in range(0, len(text), 4)]
+        calls.append(python_calls(lambda: check_joined(calling, text, parts, "stop")))
+        assert calls[-1] <= 60 * len(text), (n, calls[-1])
+    assert calls[1] <= 2.2 * calls[0], calls
+    message, finish = calling.message(text, "stop")
+    assert finish == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("f", '{"a": "x"}')]
 
 
 def allocated(step, parts) -> int:
