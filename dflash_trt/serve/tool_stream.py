@@ -31,7 +31,8 @@ the same finish_reason as the message.
 
 Streamed, the work is linear in the answer's length: the text and each call's canonical arguments are kept as
 pieces (`dflash_trt.text.GrowingText`), each delta reads on only from where the last one stopped (past the digits of
-a number not yet whole, and the whitespace before a call in the formats without a tag), a call's state looks at
+a number not yet whole, and the whitespace before a call in the formats without a tag; Hermes' tag looked for only
+from the text's last "<"; an empty delta, every delta of a reasoning, not read at all), a call's state looks at
 each of its object's members once (however many keys it has), and `CallReader.arguments(since)` hands out only the
 arguments written since what was sent.
 """
@@ -43,7 +44,7 @@ import re
 import uuid
 
 from dflash_trt.serve.json_stream import JsonReader, NotJson
-from dflash_trt.text import GrowingText, partial_suffix
+from dflash_trt.text import GrowingText
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: what Llama 3.1 writes before a call to a built-in tool (a special token: usually not in the decoded text)
@@ -248,9 +249,12 @@ class CallsReader:
         self.opened: int | None = None  # hermes: where the first <tool_call> is
         self._scan = 0  # hermes: where to look for the next <tool_call>
         self._stripped = (0, 0)  # hermes: (an end, that end without the whitespace before it): `content_end`'s memo
+        self._last_lt = -1  # hermes: where the text's last "<" is (-1: none), which a <tool_call> must begin at
 
     def feed(self, text: str, final: bool = False) -> None:
         """Read the answer's next piece of text; `final`: it is the last."""
+        if self.fmt == "hermes" and (i := text.rfind("<")) >= 0:
+            self._last_lt = len(self.text) + i
         self.text.append(text)
         self.final = final
         while self.mode in ("before", "calls"):
@@ -287,6 +291,9 @@ class CallsReader:
         known yet, or (mode set) no more calls."""
         first = not self.calls
         if self.fmt == "hermes":
+            if self._last_lt < self._scan:  # no "<" since where the last look stopped: no tag begins there
+                self._scan = len(self.text)
+                return None
             i = self.text.slice(self._scan).find(OPEN)  # (from where the last look stopped)
             if i < 0:
                 self._scan = max(self._scan, len(self.text) - len(OPEN) + 1)
@@ -323,8 +330,7 @@ class CallsReader:
             return n
         if self.fmt != "hermes":
             return 0
-        end = self.opened if self.opened is not None else n - partial_suffix(self.text.slice(max(0, n - len(OPEN))),
-                                                                            (OPEN,))
+        end = self.opened if self.opened is not None else n - self._partial_open()
         seen, stripped = self._stripped  # the end only grows: look back as far as the last end only (each character
         if end < seen:  # once, not the whole run of whitespace again at each delta)
             seen, stripped = 0, 0
@@ -334,6 +340,16 @@ class CallsReader:
             i -= 1
         self._stripped = (end, seen + i if i > 0 else stripped)
         return self._stripped[1]
+
+    def _partial_open(self) -> int:
+        """Hermes: the length of the text's longest end that is a proper beginning of `<tool_call>` (what
+        `partial_suffix(text, (OPEN,))` says), in time independent of the text and its pieces: such an end begins at
+        the text's last "<" (the tag's only one is its first character), so there is none when that is too far back.
+        """
+        k = len(self.text) - self._last_lt
+        if self._last_lt < 0 or k >= len(OPEN):
+            return 0
+        return k if OPEN.startswith(self.text.slice(self._last_lt)) else 0
 
     def content(self) -> str | None:
         """The content as it stands: with calls, None when it is empty."""
@@ -412,8 +428,10 @@ class ToolStream:
         """The chat delta to send for the choice's next text (may be {}: all held back)."""
         if self.calling.choice == "function":
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        if not text:  # (nothing new to read: during reasoning, every delta; no work at all, not a reader's look)
+            return {}
         if self.reader is None:
-            return {"content": text} if text else {}
+            return {"content": text}
         self.reader.feed(text)
         return self._news()
 

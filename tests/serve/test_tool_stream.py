@@ -38,6 +38,9 @@ TOOLS = tuple({**t["function"], "description": t["function"].get("description")}
     # not a call before its name is whole: the first makes the answer content, a later one ends the calls
     ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": 3}</tool_call>', []),
     ("I use <tool_call> tags", "I use <tool_call> tags", []),
+    # a "<" that begins no tag, or a tag's beginning cut, right before one (the tag is looked for from the last "<")
+    ('1 < 2 <<tool_<tool_call>{"name": "f"}</tool_call>', "1 < 2 <<tool_", [("f", "{}")]),
+    ("a <tool_cal", "a <tool_cal", []),
     ('x <tool_call>{"nam": "f"}</tool_call> <tool_call>{"name": "g"}</tool_call>',
      'x <tool_call>{"nam": "f"}</tool_call> <tool_call>{"name": "g"}</tool_call>', []),
     ('A <tool_call>{"name": "f"}</tool_call>\n<tool_call>{"na', "A", [("f", "{}")]),
@@ -194,6 +197,7 @@ CASES = [
     ("hermes", 'I will look it up <tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>',
      "stop"),
     ("hermes", "The <tool weather is < nice <tool_cal", "length"),
+    ("hermes", '1 < 2 <<tool_<tool_call>{"name": "get_time"}</tool_call>', "stop"),  # "<"s right before the tag
     ("hermes", 'Two calls:<tool_call>{"name": "get_time"}</tool_call>\n<tool_call>{"name": "get_weather", '
                '"arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>', "stop"),
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "S\\"ão \\u00e9 \\ud83d\\ude00 P\\\\aulo", '
