@@ -319,9 +319,12 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     def choice_metrics(seq: Sequence, result) -> dict:
         return {**result.metrics.to_dict(), "queue_time_s": seq.queue_time_s}
 
-    def usage(prompts: list[list[int]], results) -> dict:
+    def usage(prompts: list[list[int]], results, answers: ChatAnswers | None = None) -> dict:
         """OpenAI's usage of `prompts` and their choices' `results` (n per prompt, in order); with prefix caching,
-        `prompt_tokens_details.cached_tokens`: per prompt, the tokens all of its choices reused."""
+        `prompt_tokens_details.cached_tokens`: per prompt, the tokens all of its choices reused; for a chat request
+        (`answers`) on a server with a --reasoning-parser, `completion_tokens_details.reasoning_tokens`: the
+        choices' reasoning tokens (`ChatAnswers.reasoning_tokens`, as the Responses usage counts them; vLLM reports
+        it only with a reasoning parser too, and trtllm-serve not at all)."""
         prompt_tokens = sum(len(p) for p in prompts)
         completion = sum(len(r.token_ids) for r in results)
         out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
@@ -329,9 +332,12 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             n = len(results) // len(prompts)
             cached = sum(min(r.metrics.cached_tokens for r in results[p * n : (p + 1) * n]) for p in range(len(prompts)))
             out["prompt_tokens_details"] = {"cached_tokens": cached}
+        if answers is not None and answers.parser is not None:
+            out["completion_tokens_details"] = {
+                "reasoning_tokens": sum(answers.reasoning_tokens(r.token_ids, decode) for r in results)}
         return out
 
-    async def stream(req, seqs, events, prompts, chunk, path, first_delta=None, opening=None):
+    async def stream(req, seqs, events, prompts, chunk, path, first_delta=None, opening=None, answers=None):
         """Server-sent events: per choice an opening chunk, text deltas, a closing chunk with finish_reason;
         then (stream_options.include_usage) a usage chunk; then [DONE]. `chunk(index, text, finish,
         include_usage, logprobs)` builds one (logprobs: the TokenLogprobs it carries, or None). The opening
@@ -344,7 +350,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         With `stream_options.continuous_usage_stats` (and include_usage, as vLLM and trtllm-serve read it) every
         choice chunk carries `usage` so far: its prompt's tokens and the tokens the choice has generated when the
         chunk was made (text held back for a possible stop string included; the closing chunk: the choice's
-        `usage.completion_tokens`)."""
+        `usage.completion_tokens`). `answers`: a chat request's (the usage chunk's reasoning tokens: `usage`)."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         unopened = set(range(len(seqs)) if opening is not None else ())
@@ -399,7 +405,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 yield sse(last, len(result.token_ids))
             else:
                 if include_usage:
-                    yield sse({**chunk(0, "", None, False, None), "choices": [], "usage": usage(prompts, results)})
+                    yield sse({**chunk(0, "", None, False, None), "choices": [], "usage": usage(prompts, results, answers)})
             yield "data: [DONE]\n\n"
         finally:
             for s in seqs:
@@ -633,7 +639,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                 return out
 
             return StreamingResponse(stream(req, seqs, events, [ids], chunk, request.url.path,
-                                            {"role": "assistant", "content": ""}),
+                                            {"role": "assistant", "content": ""}, answers=answers),
                                      media_type="text/event-stream")
         results = await collect(seqs, events, request)
         replies = [answers.message(r.text, r.finish_reason) for r in results]
@@ -642,7 +648,7 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
                              "logprobs": None if r.logprobs is None else formatter.chat(r.logprobs),
                              "finish_reason": finish, "stop_reason": r.stop_reason, "metrics": choice_metrics(s, r)}
                             for i, (s, r, (message, finish)) in enumerate(zip(seqs, results, replies))],
-                "usage": usage([ids], results)}
+                "usage": usage([ids], results, answers)}
 
     stored = ResponseStore()
 

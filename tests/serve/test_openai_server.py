@@ -98,6 +98,7 @@ def test_chat_greedy_is_the_targets_output(client, smollm2_pipeline):
     assert choice.message.content == smollm2_pipeline.decode(ref)
     assert choice.finish_reason == reason
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), len(ref), len(ids) + len(ref))
+    assert r.usage.completion_tokens_details is None  # (reasoning_tokens only with a --reasoning-parser)
     assert r.model == MODEL and r.object == "chat.completion" and r.id.startswith("chatcmpl-")
     m = choice.model_extra["metrics"]
     assert m["completion_tokens"] == len(ref) and m["drafted_tokens"] > 0  # speculative, not the ar path

@@ -231,3 +231,33 @@ def test_streams_with_usage(thinking):
             assert (reasoning or None, content or None, finish) == (
                 whole.choices[0].message.reasoning_content, whole.choices[0].message.content,
                 whole.choices[0].finish_reason)
+
+
+def test_chat_usage_counts_the_reasoning_tokens(thinking):
+    """With a --reasoning-parser, chat's usage has completion_tokens_details.reasoning_tokens (as OpenAI's and vLLM's,
+    the Responses usage's count: `reasoning_token_count`), summed over the choices, in the streamed usage chunk
+    too: deepseek-r1 reads an answer without </think> as all reasoning, the regex answer has it between its tags
+    (read as qwen3 reads), and a JSON answer (never split) has none."""
+    from dflash_trt.serve.reasoning import reasoning_token_count
+
+    client, _, pipe = thinking
+    _, plain = runtime_answer(pipe, ASK, None, 16)
+    _, tagged = runtime_answer(pipe, ASK, GuidedDecoding(regex=THINK), 64)
+    want = reasoning_token_count(tagged.token_ids, pipe.decode, at_start=False)
+    assert 0 < want < len(tagged.token_ids) - 3
+    schema = {"type": "object", "properties": {"q": {"enum": ["<think>x</think>"]}}, "required": ["q"]}
+    for kwargs, tokens, reasoning in (
+            ({"max_tokens": 16}, len(plain.token_ids), len(plain.token_ids)),
+            ({"max_tokens": 16, "n": 2}, 2 * len(plain.token_ids), 2 * len(plain.token_ids)),
+            ({"max_tokens": 64, "extra_body": {"response_format": {"type": "regex", "regex": THINK}}},
+             len(tagged.token_ids), want),
+            ({"max_tokens": 32, "response_format": {"type": "json_schema", "json_schema": {"name": "q",
+                                                                                           "schema": schema}}},
+             None, 0)):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, **kwargs)
+        assert tokens is None or r.usage.completion_tokens == tokens
+        assert r.usage.completion_tokens_details.reasoning_tokens == reasoning, kwargs
+        chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}, **kwargs))
+        assert chunks[-1].choices == [] and chunks[-1].usage == r.usage
+        assert all(c.usage is None for c in chunks[:-1])
