@@ -11,11 +11,13 @@ class DFlashError(Exception):
     Args:
         param: the request field the error is about, when a server request's field caused it (the `param` of
             OpenAI's error body); None when the message says it, or when no single field did.
+        code: the `code` of OpenAI's error body, where the server gives one (the Responses endpoint's
+            "invalid_value" for a value outside a field's enum), else None.
     """
 
-    def __init__(self, *args, param: str | None = None):
+    def __init__(self, *args, param: str | None = None, code: str | None = None):
         super().__init__(*args)
-        self.param = param
+        self.param, self.code = param, code
 
 
 class CheckpointError(DFlashError):

@@ -93,7 +93,7 @@ def _status_of(exc: BaseException) -> tuple[int, dict]:
     if isinstance(exc, ResponseNotFound):
         return 404, error_body(str(exc), code="response_not_found", param=exc.param)
     if isinstance(exc, (InvalidRequestError, ConfigError, PromptTooLongError)):
-        return 400, error_body(str(exc), param=exc.param or param_of(str(exc)))
+        return 400, error_body(str(exc), param=exc.param or param_of(str(exc)), code=getattr(exc, "code", None))
     return 500, error_body(f"generation failed: {exc}", kind="server_error")
 
 
@@ -185,8 +185,9 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
         loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x not in ("body", "query", "path")]
         if errors and errors[0].get("type") == "json_invalid":
             loc = []  # its loc is the character position, not a field
-        return JSONResponse(error_body(validation_message(errors, request.url.path), param=loc[0] if loc else None),
-                            status_code=400)
+        code = responses_error_code(errors[0]) if errors and loc and request.url.path == "/v1/responses" else None
+        return JSONResponse(error_body(validation_message(errors, request.url.path), param=loc[0] if loc else None,
+                                       code=code), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):  # 404 / 405 / an unparsable body: OpenAI's body too
@@ -917,6 +918,25 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+#: pydantic error types -> the `code` OpenAI's Responses endpoint gives for the same mistake (an unknown field, a
+#: value outside an enum, a required field left out); any other type of a wrong-typed value is "invalid_type"
+_RESPONSES_CODES = {"extra_forbidden": "unknown_parameter", "literal_error": "invalid_value", "enum": "invalid_value",
+                    "missing": "missing_required_parameter"}
+
+
+def responses_error_code(error: dict) -> str | None:
+    """The `code` of the 400 for a /v1/responses body field that fails validation (pydantic's `error`), as OpenAI's
+    Responses endpoint gives it: "unknown_parameter", "invalid_value" (a string outside an enum),
+    "missing_required_parameter", or "invalid_type" for a value of the wrong type (pydantic's "..._type" errors, and a union none of whose members
+    took it); None for another check's failure (its message says what)."""
+    kind = error.get("type", "")
+    if kind == "literal_error" and not isinstance(error.get("input"), str):
+        return "invalid_type"  # (an enum's values are strings)
+    if kind in _RESPONSES_CODES:
+        return _RESPONSES_CODES[kind]
+    return "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") or kind == "union_tag_invalid" else None
 
 
 def validation_message(errors: list[dict], path: str = "/v1/chat/completions") -> str:

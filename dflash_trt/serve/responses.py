@@ -17,7 +17,7 @@ not valid JSON, where chat's finish_reason is not "tool_calls"), the others "com
 `response.output_item.added` ... `response.output_item.done` with its text or arguments as deltas, then
 `response.completed` (or `response.incomplete` when `max_output_tokens` cut the answer, its `incomplete_details`
 saying so, or when its last item is a function call that went wrong, `incomplete_details.reason` null: none of
-OpenAI's reasons is why; `response.failed` when the server's shutdown cut it, its `error` saying so) carrying the
+OpenAI's reasons is why (trtllm-serve and vLLM say "completed" there, which tells a client the call is usable); `response.failed` when the server's shutdown cut it, its `error` saying so) carrying the
 whole Response, equal to the one a non-streamed request gets.
 
 Conversation state: a response is stored (`store`, default true) in the server's memory (`ResponseStore`, the
@@ -36,7 +36,10 @@ Not served, each refused with a 400 naming the field: built-in tools (web search
 "auto"`, `conversation`, `prompt` templates, `max_tool_calls`. Accepted and echoed without effect: `reasoning`
 (`effort`: the target thinks as its chat template makes it; Qwen3's switch is `chat_template_kwargs`), `metadata`,
 `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`, `text.verbosity`, `include:
-["reasoning.encrypted_content"]` (reasoning items carry their text in the clear). `usage.output_tokens_details.
+["reasoning.encrypted_content"]` (reasoning items carry their text in the clear). The fields are typed as OpenAI
+types them: a value of another type, outside an enum (`truncation`, `service_tier`, `tool_choice`'s strings,
+`include`), or an unknown field is a 400 with OpenAI's `code` ("invalid_type", "invalid_value", "unknown_parameter":
+`dflash_trt.serve.app.responses_error_code`), before any "not served" refusal. `usage.output_tokens_details.
 reasoning_tokens` counts the output tokens of the reasoning (`--reasoning-parser`; 0 without one).
 """
 
@@ -67,6 +70,13 @@ _FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: `include` values served: logprobs on output text; encrypted reasoning (accepted: reasoning comes in the clear)
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INCLUDES = (LOGPROBS_INCLUDE, "reasoning.encrypted_content")
+#: every `include` value OpenAI takes (the openai client's `ResponseIncludable`): one outside them is an invalid value,
+#: one of the others is refused as not served
+OPENAI_INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                   "message.input_image.image_url", "computer_call_output.output.image_url",
+                   "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
+#: tool_choice's string values
+TOOL_CHOICES = ("none", "auto", "required")
 #: chat request field -> the Responses field it came from (an error about one names the other)
 FIELD_NAMES = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                "response_format": "text.format", "messages": "input"}
@@ -112,6 +122,14 @@ class TextConfig(BaseModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
+class StreamOptions(BaseModel):
+    """`stream_options` (OpenAI's `ResponseCreateParams.StreamOptions`): `include_obfuscation` is accepted and has no
+    effect (events carry no obfuscation padding)."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_obfuscation: StrictBool | None = None
+
+
 class ResponsesRequest(BaseModel):
     """POST /v1/responses: OpenAI's fields (types checked strictly, unknown fields refused, as on the other
     endpoints), plus the sampling extensions vLLM's Responses endpoint takes (`top_k`, `seed`) and
@@ -141,19 +159,28 @@ class ResponsesRequest(BaseModel):
     # echoed, no effect on the answer
     metadata: dict[str, StrictStr] | None = None
     user: StrictStr | None = None
-    service_tier: Any = None
-    prompt_cache_key: Any = None
-    safety_identifier: Any = None
-    stream_options: Any = None
-    # refused unless left at their "off" value (`unsupported`)
-    truncation: Any = None
-    background: Any = None
-    conversation: Any = None
-    prompt: Any = None
-    max_tool_calls: Any = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    stream_options: StreamOptions | None = None
+    # refused unless left at their "off" value (`unsupported`); typed as OpenAI's, so a value of another type or
+    # outside the enum is the 400 OpenAI gives (invalid_type / invalid_value), not "not supported"
+    truncation: Literal["auto", "disabled"] | None = None
+    background: StrictBool | None = None
+    conversation: StrictStr | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    max_tool_calls: int | None = Field(default=None, strict=True)
 
     def unsupported(self) -> None:
         """Raises InvalidRequestError naming the first field asking for what this server does not do."""
+        if isinstance(self.tool_choice, str) and self.tool_choice not in TOOL_CHOICES:
+            raise InvalidRequestError(f"Invalid value: {self.tool_choice!r:.60}. Supported values are: 'none', 'auto' "
+                                      "and 'required' (or {\"type\": \"function\", \"name\": ...})",
+                                      param="tool_choice", code="invalid_value")
+        bad = next((x for x in self.include or () if x not in OPENAI_INCLUDES), None)
+        if bad is not None:
+            raise InvalidRequestError(f"Invalid value: {bad!r:.60}. Supported values of include are: "
+                                      f"{', '.join(map(repr, OPENAI_INCLUDES))}", param="include", code="invalid_value")
         refuse_unless_off(self, UNSUPPORTED, HINTS)
         bad = next((x for x in self.include or () if x not in INCLUDES), None)
         if bad is not None:
@@ -578,7 +605,10 @@ def response_object(rid: str, created_at: int, model: str, req: ResponsesRequest
            "text": {"format": {"type": "text"}, **(req.text.model_dump(exclude_none=True) if req.text is not None else {})},
            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
            "top_logprobs": req.top_logprobs, "top_p": 1.0 if req.top_p is None else req.top_p,
-           "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
+           "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {},
+           # (the tier that served it, as OpenAI's: "default" for "auto"; no tier changes anything here)
+           "service_tier": "default" if req.service_tier in (None, "auto") else req.service_tier,
+           "prompt_cache_key": req.prompt_cache_key, "safety_identifier": req.safety_identifier}
     if metrics is not None:
         out["metrics"] = metrics
     return out

@@ -529,3 +529,46 @@ def test_events_join_to_the_whole_output(parser, text, finish, kinds):
         Response.model_validate(final)  # OpenAI's own type accepts it
         assert (final["error"] is None) == (finish != "abort")
         assert final["output"][-1]["status"] == ("completed" if finish == "stop" and not broken else "incomplete")
+
+
+@pytest.mark.parametrize("fields, param, code, words", [
+    ({"truncation": "sometimes"}, "truncation", "invalid_value", "'auto' or 'disabled'"),
+    ({"truncation": 1}, "truncation", "invalid_type", "'auto' or 'disabled'"),
+    ({"service_tier": "fastest"}, "service_tier", "invalid_value", "'priority'"),
+    ({"tool_choice": "always"}, "tool_choice", "invalid_value", "Invalid value: 'always'"),
+    ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice", "invalid_value", "'none', 'auto' and 'required'"),
+    ({"include": ["output_text.logprobs"]}, "include", "invalid_value", "Invalid value: 'output_text.logprobs'"),
+    ({"service_tier": 1}, "service_tier", "invalid_type", "service_tier"),
+    ({"prompt_cache_key": 7}, "prompt_cache_key", "invalid_type", "valid string"),
+    ({"safety_identifier": ["u1"]}, "safety_identifier", "invalid_type", "valid string"),
+    ({"background": "no"}, "background", "invalid_type", "valid boolean"),
+    ({"max_tool_calls": "2"}, "max_tool_calls", "invalid_type", "valid integer"),
+    ({"conversation": 5}, "conversation", "invalid_type", "conversation"),
+    ({"temperature": "hot"}, "temperature", "invalid_type", "valid number"),
+    ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options", "unknown_parameter",
+     "include_usage"),
+    ({"stream": True, "stream_options": "yes"}, "stream_options", "invalid_type", "stream_options"),
+    ({"max_output_token": 5}, "max_output_token", "unknown_parameter", "did you mean max_output_tokens?"),
+    # OpenAI's values, which this server does not serve: refused naming the field, without an OpenAI code
+    ({"truncation": "auto"}, "truncation", None, "not supported by this server"),
+    ({"include": ["file_search_call.results"]}, "include", None, "does not return"),
+])
+def test_fields_openai_refuses_are_refused_as_openai_does(served, fields, param, code, words):
+    """Request fields OpenAI's Responses endpoint refuses (a value of the wrong type, outside the field's enum,
+    an unknown field), through the real openai client: a 400 with OpenAI's error type, param and code
+    (invalid_type, invalid_value, unknown_parameter); they were taken silently (service_tier, prompt_cache_key,
+    safety_identifier, stream_options) or refused as "not supported" when they were merely wrong (truncation,
+    background, max_tool_calls, conversation), and tool_choice "always" was told it needs tools. The server
+    keeps serving."""
+    import openai
+
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, extra_body=fields)
+    e = caught.value
+    assert (e.status_code, e.type, e.param, e.code) == (400, "invalid_request_error", param, code), e.body
+    assert words in e.message
+    assert client.responses.create(model=MODEL, input="Hi", max_output_tokens=2).usage.output_tokens == 2
+    ok = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, service_tier="flex", truncation="disabled",
+                                 prompt_cache_key="k", safety_identifier="u", background=False)
+    assert (ok.service_tier, ok.truncation, ok.prompt_cache_key, ok.safety_identifier) == ("flex", "disabled", "k", "u")
