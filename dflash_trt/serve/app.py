@@ -5,7 +5,7 @@
 - `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (OpenAI's
   Responses API, answered by the chat pipeline: `dflash_trt.serve.responses`);
 - `GET /health` (200 once the model is loaded; 503 once the generation thread has stopped), `GET /health_generate` (200 "Generation health check OK" after a
-  one-token generation, 500 "Generation health check failed: ..." when it fails, as trtllm-serve's; text),
+  one-token generation, 500 "Generation health check failed: ..." when it fails, as trtllm-serve's, without a Content-Type),
   `GET /version`;
 - `GET /metrics` (iteration stats, JSON), `GET /perf_metrics` (per-request metrics, JSON) and
   `GET /prometheus/metrics` (Prometheus text): `dflash_trt.serve.metrics`.
@@ -153,9 +153,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
 
         open_batch = leader(open_batch)
     scheduler = Scheduler(open_batch, max_batch_size, lambda stats: metrics.iteration(stats),
-                          lambda s, r: None if s.internal else metrics.finished(r, s.queue_time_s, s.arrival,
-                                                                                 (s.first_iter, s.last_iter)),
-                          lambda s: None if s.internal else metrics.cancelled_in_queue(s.queue_time_s))
+                          lambda s, r: metrics.finished(r, s.queue_time_s, s.arrival, (s.first_iter, s.last_iter)),
+                          lambda s: metrics.cancelled_in_queue(s.queue_time_s))
     metrics = ServerMetrics(model_name, lambda: scheduler.running, lambda: scheduler.waiting,
                             prefix_cache=(lambda: pipe.engine.prefix_cache) if pipe.engine.prefix_cache is not None else None,
                             perf_metrics_max_requests=perf_metrics_max_requests, max_batch_size=max_batch_size,
@@ -422,24 +421,32 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
     @app.get("/health_generate")
     async def health_generate():
         from dflash_trt.runtime.sampling import SamplingParams
+        from dflash_trt.training.prompts import encode_prompt
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
-        # internal: left out of the request metrics (trtllm-serve's probe is a chat request "hi" it counts as one; a
-        # probe every few seconds would fill the latency histograms and success counts with one-token requests)
-        seq = Sequence([0], SamplingParams(max_tokens=1), StopText(decode), lambda d: None,
-                       lambda r, e: loop.call_soon_threadsafe(done.set_result, (r, e)), internal=True)
+
+        def probe_prompt() -> list[int]:  # trtllm-serve's probe: the chat request "hi", greedy, one token
+            with tokenizer_lock:
+                if getattr(pipe.tokenizer, "chat_template", None):
+                    return encode_prompt(pipe.tokenizer, [{"role": "user", "content": "hi"}])
+                return pipe.encode("hi")
+
+        # counted in the request metrics and iteration stats as any request, as trtllm-serve counts its probe (a
+        # chat request through its chat endpoint)
+        seq = Sequence(await asyncio.to_thread(probe_prompt), SamplingParams(max_tokens=1), StopText(decode),
+                       lambda d: None, lambda r, e: loop.call_soon_threadsafe(done.set_result, (r, e)))
         scheduler.submit([seq])
         result, error = await done
-        # trtllm-serve's answers: 200 "Generation health check OK", or 500 "Generation health check failed: ..."
-        # (its status and text). It sends them with no Content-Type at all; these name text/plain (RFC 9110: content
-        # should carry its type), which changes nothing for a probe reading the status or the text.
+        # trtllm-serve's answers, sent as it sends them: 200 "Generation health check OK", or 500 "Generation health
+        # check failed: ..." (its status and text), with no Content-Type header (Starlette's Response without a
+        # media type)
         if error is not None:
             logger.error("dflash-trt: GET /health_generate: the one-token generation failed", exc_info=error)
-            return PlainTextResponse(f"Generation health check failed: {error}", status_code=500)
+            return Response(f"Generation health check failed: {error}", status_code=500)
         if result.finish_reason == "abort":
-            return PlainTextResponse("Generation health check failed: the server is shutting down", status_code=500)
-        return PlainTextResponse("Generation health check OK")
+            return Response("Generation health check failed: the server is shutting down", status_code=500)
+        return Response("Generation health check OK")
 
     @app.get("/version")
     async def version():

@@ -77,7 +77,8 @@ client left) counts in `trtllm_request_success_total{finished_reason="cancelled"
 iteration's `numCompletedRequests` (nor `trtllm_num_requests_completed_total`): it never joined a batch. TensorRT-LLM's
 PyExecutor does the same with a request cancelled in its waiting queue: it is removed from the queue, and only
 requests in the active batch are finished (FinishReason CANCELLED) and counted as completed in an iteration. And a
-`/health_generate` probe is decoded in the batch, so it counts in the iterations, but in none of the request metrics.
+`/health_generate` probe is a request like any other (counted in the iterations and the request metrics), as
+trtllm-serve's probe is a chat request through its chat endpoint.
 """
 
 from __future__ import annotations

@@ -43,8 +43,7 @@ class Sequence:
     error)` once, with the GenerationResult (its `text` the final text, stop strings applied, its
     `logprobs` cut there too) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
-    still queued ends with it and no tokens). `internal`: a server probe (/health_generate), left out of
-    the request metrics. `score_only` (max_tokens 0 with echo): the token generated to read the prompt is
+    still queued ends with it and no tokens). `score_only` (max_tokens 0 with echo): the token generated to read the prompt is
     dropped from the result and its metrics (no text, no tokens, finish_reason "length"). `prompt_logprobs`
     (params.prompt_logprobs set): the prompt's `TokenLogprob`s, set with its first tokens (before the
     `on_text` call that carries them, so a stream can send the prompt's logprobs ahead of its tokens).
@@ -59,7 +58,6 @@ class Sequence:
     queue_time_s: float = 0.0
     sent_text: bool = False  # text went to the client: the sequence cannot be rerun from the start
     cancelled: bool = False
-    internal: bool = False
     score_only: bool = False  # max_tokens 0 with echo: the one token generated is dropped from the result
     logprobs: list = field(default_factory=list)  # TokenLogprobs received (params.logprobs set)
     logprobs_sent: int = 0  # how many of them went out with a delta
