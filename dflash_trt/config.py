@@ -1,6 +1,6 @@
 """Frozen model configs for targets and DFlash drafters, built from Hugging Face config.json.
 
-`TargetConfig` covers the Llama, Mistral, Qwen2 (Qwen2.5), Qwen3 and Qwen3-MoE decoder families; `DrafterConfig` the DFlash drafter
+`TargetConfig` covers the Llama, Mistral, Qwen2 (Qwen2.5), Qwen3, Qwen3-MoE and gpt-oss decoder families; `DrafterConfig` the DFlash drafter
 checkpoint format of z-lab/dflash and NVIDIA ModelOpt (DFlash paper, arXiv 2602.06036, sec. 3).
 Both are immutable: tensor parallelism and quantization never edit a config in place.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dflash_trt.errors import ConfigError
 
-SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen2", "mistral")
+SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen2", "mistral", "gpt_oss")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 #: a drafter layer's attention: non-causal over context + block, or causal and windowed
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -148,6 +148,8 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
       `layer_types` when config.json has it, else layers i >= `max_window_layers` slide;
     - mistral: `sliding_window` (null: none) on every layer (`layer_types` is ignored, as MistralModel does);
     - qwen3_moe: with `use_sliding_window: true`, `sliding_window` on every layer (Qwen3MoeModel's one mask);
+    - gpt_oss: `sliding_window` (default 128) on the layers `layer_types` marks, by default the even ones
+      (0, 2, ...; GptOssConfig's alternation);
     - llama: none.
 
     Raises:
@@ -161,12 +163,18 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
         use = _bool(cfg.get("use_sliding_window"), "use_sliding_window", where, False)
         window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1) if use else None
         return window, ("sliding_attention",) * layers if window is not None else ()
-    if model_type not in ("qwen2", "qwen3"):
+    if model_type not in ("qwen2", "qwen3", "gpt_oss"):
         return None, ()
-    use = _bool(cfg.get("use_sliding_window"), "use_sliding_window", where, False)
-    window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1) if use else None
+    if model_type == "gpt_oss":  # GptOssConfig: always windowed, sliding and full layers alternating by default
+        window = _int(cfg.get("sliding_window", 128), "sliding_window", where, None, minimum=1)
+    else:
+        use = _bool(cfg.get("use_sliding_window"), "use_sliding_window", where, False)
+        window = _int(cfg.get("sliding_window"), "sliding_window", where, None, minimum=1) if use else None
     raw = cfg.get("layer_types")
-    if raw is None:
+    if raw is None and model_type == "gpt_oss":
+        types = tuple("sliding_attention" if i % 2 == 0 and window is not None else "full_attention"
+                      for i in range(layers))
+    elif raw is None:
         first = _int(cfg.get("max_window_layers"), "max_window_layers", where, 28, minimum=0)
         types = tuple("sliding_attention" if window is not None and i >= first else "full_attention"
                       for i in range(layers))
@@ -186,6 +194,9 @@ def _target_windows(cfg: dict, model_type: str, layers: int, where: str) -> tupl
 #: transformers' Qwen3MoeConfig defaults for the fields a qwen3_moe config.json may leave out
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "norm_topk_prob": False, "decoder_sparse_step": 1}
+#: transformers' GptOssConfig defaults (num_local_experts, num_experts_per_tok) and the clamp of its SwiGLU
+#: (`swiglu_limit`, openai/gpt-oss-20b's config.json; transformers' GptOssExperts.limit)
+GPT_OSS_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0}
 
 
 def _moe_fields(cfg: dict, model_type: str, where: str) -> dict:
@@ -197,6 +208,19 @@ def _moe_fields(cfg: dict, model_type: str, where: str) -> dict:
         ConfigError: a field of the wrong type or range, top-k above the expert count, or an mlp_only_layers
             entry that is not a layer index (named, with the valid range).
     """
+    if model_type == "gpt_oss":  # every layer sparse, experts as wide as intermediate_size, top-k softmax
+        d = GPT_OSS_DEFAULTS
+        experts = _int(cfg.get("num_local_experts", cfg.get("num_experts")), "num_local_experts", where,
+                       d["num_experts"], minimum=1)
+        top_k = _int(cfg.get("num_experts_per_tok"), "num_experts_per_tok", where, d["num_experts_per_tok"], minimum=1)
+        if top_k > experts:
+            raise ConfigError(f"{where}: 'num_experts_per_tok' {top_k} is more than the {experts} experts "
+                              "('num_local_experts'); each token is routed to at most every expert: fix it there")
+        return {"num_experts": experts, "num_experts_per_tok": top_k,
+                "moe_intermediate_size": _int(cfg.get("intermediate_size"), "intermediate_size", where, minimum=1),
+                "norm_topk_prob": True, "attention_sinks": True,
+                "swiglu_limit": _float(cfg.get("swiglu_limit"), "swiglu_limit", where, d["swiglu_limit"],
+                                       positive=True)}
     if model_type != "qwen3_moe":
         return {}
     d = QWEN3_MOE_DEFAULTS
@@ -230,7 +254,7 @@ def _moe_fields(cfg: dict, model_type: str, where: str) -> dict:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    """Shape and numerics of a Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE decoder-only target.
+    """Shape and numerics of a Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss decoder-only target.
 
     `head_dim` defaults to hidden_size // num_attention_heads (Llama) when config.json omits it.
     `qk_norm` is True for Qwen3 (per-head RMSNorm on q and k before RoPE).
@@ -270,6 +294,11 @@ class TargetConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    #: gpt-oss (`gpt_oss`): a learned attention sink per head (`self_attn.sinks`, one more logit in each
+    #: softmax denominator) and the clamp of its experts' SwiGLU (`swiglu_limit`); every layer sparse, routed by
+    #: a softmax over the top-k router logits (`dflash_trt.models.moe.GptOssMoeBlock`). Unused by other families.
+    attention_sinks: bool = False
+    swiglu_limit: float = 0.0
 
     def is_sparse_layer(self, layer_idx: int) -> bool:
         """Whether decoder layer `layer_idx` (0-based) has a sparse mixture-of-experts MLP
@@ -320,7 +349,7 @@ class TargetConfig:
                               + _swap_hint(flag, "the target model's folder"))
         if model_type is None:
             raise ConfigError(f"{where} has no model_type: it is not a Hugging Face model's config.json; give the "
-                              "folder of a Hugging Face model (Llama, Mistral, Qwen2 or Qwen3) as "
+                              "folder of a Hugging Face model (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE or gpt-oss) as "
                               f"{flag or '--target'}")
         if model_type not in SUPPORTED_TARGET_TYPES:
             raise ConfigError(
@@ -337,6 +366,7 @@ class TargetConfig:
         kv_heads = size("num_key_value_heads", heads)
         window, layer_types = _target_windows(cfg, model_type, size("num_hidden_layers"), where)
         fixed_bias = model_type in ("qwen2", "mistral")
+        gpt_oss = model_type == "gpt_oss"  # GptOssConfig's defaults: biased attention, eps 1e-5, theta 150000
         if heads % kv_heads:
             raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         return cls(
@@ -349,12 +379,12 @@ class TargetConfig:
             num_key_value_heads=kv_heads,
             head_dim=size("head_dim", hidden // heads),
             max_position_embeddings=size("max_position_embeddings", 2048),
-            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-6, positive=True),
+            rms_norm_eps=_float(cfg.get("rms_norm_eps"), "rms_norm_eps", where, 1e-5 if gpt_oss else 1e-6, positive=True),
             rope_theta=theta,
             rope_scaling=scaling,
             tie_word_embeddings=_bool(cfg.get("tie_word_embeddings"), "tie_word_embeddings", where, False),
             # Qwen2 (q/k/v biases, `qkv_bias`) and Mistral have fixed biases: transformers ignores these flags there
-            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, False) and not fixed_bias,
+            attention_bias=_bool(cfg.get("attention_bias"), "attention_bias", where, gpt_oss) and not fixed_bias,
             mlp_bias=_bool(cfg.get("mlp_bias"), "mlp_bias", where, False) and not fixed_bias,
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             qkv_bias=model_type == "qwen2",

@@ -163,6 +163,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return out.transpose(1, 2).reshape(b, t, h * d)
 
 
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str | None,
+                   scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention with a learned sink per query head (gpt-oss, transformers' GptOssAttention):
+    head h's softmax over its scores q.k * scale has one more logit, sinks[h], in its denominator, whose
+    probability is dropped; a query can so put less than all its weight on the keys.
+
+    Shapes and `mask` as `attention` (q [b, hq, tq, d], k/v [b, hkv, tk, d]; sinks [hq], any float dtype).
+    The scores are formed explicitly (SDPA has no sink term): [b, hq, tq, tk] in q's dtype, the softmax in
+    float32. Returns [b, tq, hq * d] in v's dtype.
+    """
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    g = hq // hkv  # query head h reads K/V head h // g: its scores are row block h % g of KV head h // g
+    scores = (q.reshape(b, hkv, g * tq, d) @ k.transpose(-1, -2)).view(b, hq, tq, tk).float() * scale
+    if isinstance(mask, str):  # CAUSAL
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()[None, None]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(1, hq, 1, 1).expand(b, hq, tq, 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :tk].to(v.dtype)
+    out = probs.reshape(b, hkv, g * tq, tk) @ v  # [b, hkv, g * tq, d]
+    return out.view(b, hq, tq, d).transpose(1, 2).reshape(b, tq, hq * d)
+
+
 @dataclass(frozen=True)
 class BlockLayout:
     """Query rows grouped in blocks for `block_attention` (drafter training: many blocks in one pass).

@@ -1,4 +1,5 @@
-"""The target model: a compact Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE decoder with a position-addressed KV cache.
+"""The target model: a compact Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss decoder with a position-addressed
+KV cache.
 
 Module and parameter names mirror Hugging Face (`model.layers.N.self_attn.q_proj.weight`, ...) so a
 HF safetensors checkpoint loads by name (see `dflash_trt.models.loading`).
@@ -8,7 +9,8 @@ Target features for the drafter: id l is the OUTPUT of decoder layer l, i.e. HF
 returns the output after the final RMSNorm, and z-lab's reference (`extract_context_feature`) feeds
 exactly that tensor to the drafter; so does this model: id num_layers - 1 gives the normed output.
 
-Sliding-window layers (Mistral; Qwen2 / Qwen3 with `use_sliding_window`; `TargetConfig.layer_window`) keep
+Sliding-window layers (Mistral; Qwen2 / Qwen3 with `use_sliding_window`; gpt-oss's alternate layers;
+`TargetConfig.layer_window`) keep
 every key in the cache and mask those W or more positions behind the query (transformers'
 `sliding_window_overlay`: key position > query position - W), in prefill, decode and verify alike; a rollback
 only moves the cache length, as for full layers. The mask compares positions, not slots: a draft tree's node
@@ -32,20 +34,23 @@ from dflash_trt.models.layers import (
     apply_rope,
     attention,
     head_matmul,
+    sink_attention,
 )
-from dflash_trt.models.moe import SparseMoeBlock
+from dflash_trt.models.moe import GptOssMoeBlock, SparseMoeBlock
 from dflash_trt.runtime.kv_cache import KVCache
 
 
 class TargetAttention(AttentionProjections):
     """Grouped-query self-attention of target layer `layer_idx` over its KV cache (HF `self_attn.` keys:
-    q/k/v/o_proj, and q_norm/k_norm for Qwen3). `window`: the layer's sliding window (None: full)."""
+    q/k/v/o_proj, q_norm/k_norm for Qwen3, `sinks` [heads] for gpt-oss: `dflash_trt.models.layers.sink_attention`).
+    `window`: the layer's sliding window (None: full)."""
 
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                          cfg.attention_bias or cfg.qkv_bias, cfg.qk_norm, cfg.rms_norm_eps, o_bias=cfg.attention_bias)
         self.layer_idx = layer_idx
         self.window = cfg.layer_window(layer_idx)
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_attention_heads)) if cfg.attention_sinks else None
 
     def forward(self, x, rope, slots, mask, cache: KVCache, rows, kv_len):
         """x [n, t, hidden] (input_layernorm'd) of t new tokens; rope (cos, sin) [n, t, head_dim] of their
@@ -63,6 +68,8 @@ class TargetAttention(AttentionProjections):
         k = apply_rope(k.transpose(1, 2), cos, sin)
         cache.write(self.layer_idx, rows, slots, k, v.transpose(1, 2))
         k_all, v_all = cache.read(self.layer_idx, rows, kv_len)
+        if self.sinks is not None:  # gpt-oss
+            return self.o_proj(sink_attention(q, k_all, v_all, mask, self.scale, self.sinks))
         return self.o_proj(attention(q, k_all, v_all, mask, self.scale))
 
 
@@ -72,8 +79,11 @@ class TargetDecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig, layer_idx: int):
         super().__init__()
         self.self_attn = TargetAttention(cfg, layer_idx)
-        self.mlp = (SparseMoeBlock(cfg) if cfg.is_sparse_layer(layer_idx)  # Qwen3-MoE's sparse layers
-                    else SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
+        if cfg.model_type == "gpt_oss":  # every layer sparse: routed experts with biases, clamped SwiGLU
+            self.mlp = GptOssMoeBlock(cfg)
+        else:
+            self.mlp = (SparseMoeBlock(cfg) if cfg.is_sparse_layer(layer_idx)  # Qwen3-MoE's sparse layers
+                        else SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -105,8 +115,8 @@ class TargetOutput:
 
 
 class TargetModel(nn.Module):
-    """A Llama / Mistral / Qwen2 / Qwen3 causal LM (`LlamaForCausalLM`, `MistralForCausalLM`,
-    `Qwen2ForCausalLM`, `Qwen3ForCausalLM` layouts)."""
+    """A Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss causal LM (`LlamaForCausalLM`, `MistralForCausalLM`,
+    `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM` layouts)."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()

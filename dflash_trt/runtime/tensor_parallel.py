@@ -4,9 +4,9 @@ Megatron-style, the same split `dflash-trt build` writes for TensorRT-LLM (`dfla
 in every decoder layer q/k/v_proj and gate/up_proj are column-parallel (rank r holds heads
 [r * heads / tp, (r + 1) * heads / tp) and the same slice of the KV heads and of the MLP's intermediate
 features), o_proj and down_proj row-parallel: each rank multiplies its slice of the inputs and the
-partial outputs are summed over the ranks. A mixture-of-experts layer (Qwen3-MoE) splits every expert the
-same way and sums once per layer (`dflash_trt.models.moe.SparseMoeBlock.shard_experts`); its router is
-replicated. The embedding, norms, lm_head and the drafter are
+partial outputs are summed over the ranks. A mixture-of-experts layer (Qwen3-MoE, gpt-oss) splits every
+expert the same way and sums once per layer (`shard_experts` of `dflash_trt.models.moe.SparseMoeBlock` /
+`GptOssMoeBlock`); its router is replicated. gpt-oss's attention sinks are split with their heads. The embedding, norms, lm_head and the drafter are
 replicated: every rank runs the same decode loop on the same tokens (SPMD) and reaches the same
 decisions, so rank 0 alone reports the output.
 
@@ -137,7 +137,7 @@ def shard_target(model, rank: int, tp_size: int, group=None) -> None:
     Raises:
         ConfigError: tp_size does not divide the heads, KV heads or intermediate features (`check_tp`).
     """
-    from dflash_trt.models.moe import SparseMoeBlock
+    from dflash_trt.models.moe import MoeBlock
 
     cfg = model.config
     check_target_tp(cfg, tp_size)
@@ -145,14 +145,16 @@ def shard_target(model, rank: int, tp_size: int, group=None) -> None:
     d, inter = cfg.head_dim, cfg.intermediate_size // tp_size
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if isinstance(mlp, SparseMoeBlock):  # every expert split along its intermediate features
+        if isinstance(mlp, MoeBlock):  # every expert split along its intermediate features
             mlp.shard_experts(rank, tp_size, group)
         attn.q_proj = _rows(attn.q_proj, rank * hq * d, (rank + 1) * hq * d)
         attn.k_proj = _rows(attn.k_proj, rank * hkv * d, (rank + 1) * hkv * d)
         attn.v_proj = _rows(attn.v_proj, rank * hkv * d, (rank + 1) * hkv * d)
         attn.o_proj = _columns(attn.o_proj, rank * hq * d, (rank + 1) * hq * d, group)
         attn.num_heads, attn.num_kv_heads = hq, hkv
-        if isinstance(mlp, SparseMoeBlock):
+        if attn.sinks is not None:  # gpt-oss: one sink per query head, with its head
+            attn.sinks = nn.Parameter(attn.sinks.detach()[rank * hq:(rank + 1) * hq].clone(), requires_grad=False)
+        if isinstance(mlp, MoeBlock):
             continue
         mlp.gate_proj = _rows(mlp.gate_proj, rank * inter, (rank + 1) * inter)
         mlp.up_proj = _rows(mlp.up_proj, rank * inter, (rank + 1) * inter)

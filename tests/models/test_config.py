@@ -35,7 +35,7 @@ def test_unsupported_configs_are_named():
         TargetConfig.from_hf_config({"model_type": "gpt2"})
     with pytest.raises(ConfigError, match=r"target config.json has no model_type: it is not a Hugging Face model's "
                                           r"config.json; give the folder of a Hugging Face model \(Llama, Mistral, "
-                                          r"Qwen2 or Qwen3\) as "
+                                          r"Qwen2, Qwen3, Qwen3-MoE or gpt-oss\) as "
                                           r"--target"):
         TargetConfig.from_hf_config({"hidden_size": 8})
     with pytest.raises(ConfigError, match="rope scaling type 'longrope'"):

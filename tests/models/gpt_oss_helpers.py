@@ -1,0 +1,40 @@
+"""Tiny random gpt-oss targets for the tests (transformers' GptOssConfig / GptOssForCausalLM, saved with
+save_pretrained), importable by a unique name from any test folder."""
+
+from __future__ import annotations
+
+import torch
+
+#: 4 layers alternating sliding (window 5: prompts of 20+ tokens span several) / full, 8 experts of width 32, top-2, YaRN RoPE as openai/gpt-oss-20b
+#: sets it (truncate false); tp 2 divides heads, KV heads and the experts
+GPT_OSS_TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=5,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                    tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128})
+
+
+def make_gpt_oss_model(folder, seed: int = 0, **overrides):
+    """A random tiny GptOssForCausalLM (GPT_OSS_TINY with `overrides`) saved in `folder` (float32), eager
+    attention and experts (transformers' reference paths). Weights are drawn wider than HF's init (normal(0,
+    0.15); gate_up_proj normal(0, 0.5), sinks normal(0, 1)) so logits, routing, the SwiGLU clamp and the sinks
+    all matter. Returns (hf_model in eval mode, folder)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = GptOssConfig(**{**GPT_OSS_TINY, **overrides})
+    cfg.architectures = ["GptOssForCausalLM"]
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
+    model = GptOssForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0, 1)
+            elif name.endswith("gate_up_proj"):  # pre-activations of a few units: the SwiGLU clamp at 7 bites
+                p.normal_(0, 0.5)
+            elif "norm" not in name:
+                p.normal_(0, 0.15)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model, folder
