@@ -223,6 +223,19 @@ _WEIGHT_FIXES = {
 }
 
 
+def _mxfp4_shapes(found: dict[str, tuple[list[int], str]]) -> dict[str, tuple[list[int], str]]:
+    """`found` (`_header_shapes`) with each MXFP4 pair `X_blocks` [E, out, G, 16] + `X_scales` [E, out, G] replaced
+    by the tensor loading gives (`dflash_trt.models.dequant.unpack_mxfp4`): `X` [E, G * 32, out]. A lone half stays
+    as it is (unexpected: loading names it)."""
+    out = dict(found)
+    for key, (shape, _) in found.items():
+        base = key[: -len("_blocks")]
+        if key.endswith("_blocks") and base + "_scales" in found and len(shape) == 4:
+            del out[key], out[base + "_scales"]
+            out[base] = ([shape[0], shape[2] * shape[3] * 2, shape[1]], "MXFP4")
+    return out
+
+
 def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: str,
                            ignore: tuple[str, ...] = (), found: dict[str, tuple[list[int], str]] | None = None) -> list[str]:
     """What the strict load (`loading.load_strict`) would refuse in a checkpoint's weights, read from the
@@ -244,6 +257,8 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
 
     missing_fix, shape_fix = _WEIGHT_FIXES[what]
     found = _header_shapes(folder) if found is None else found
+    if quant_algo(folder) == "MXFP4":  # gpt-oss: X_blocks [E, out, G, 16] + X_scales load as X [E, G * 32, out]
+        found = _mxfp4_shapes(found)
     problems = []
     # the scales loading consumes (`checkpoints._read_weights`): every quantization scale of a
     # ModelOpt FP8 / NVFP4 checkpoint, only the KV-cache scales of an unquantized one with an FP8 KV cache

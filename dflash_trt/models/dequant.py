@@ -1,4 +1,4 @@
-"""Read ModelOpt unified HF checkpoints (FP8, NVFP4) back into plain floating-point tensors.
+"""Read ModelOpt unified HF checkpoints (FP8, NVFP4) and MXFP4 ones (gpt-oss) back into plain floating-point tensors.
 
 By default on the CPU a quantized bundle is dequantized once at load time into the model dtype: the
 weights the runtime multiplies with are exactly the values the quantized checkpoint encodes (what
@@ -15,6 +15,14 @@ Tensor layout written by `modelopt.torch.export.export_hf_checkpoint` (ModelOpt 
          `X.weight_scale` float8_e4m3fn [out, in / 16] (per block of 16); `X.weight_scale_2` float32 []
          (global); `X.input_scale` float32 []. Value = e2m1(code) * weight_scale.float() * weight_scale_2.
 - KV cache (FP8): `X.k_scale` / `X.v_scale` float32 [] on attention modules (not needed on CPU).
+
+MXFP4 (OCP Microscaling FP4; openai/gpt-oss-20b's experts, config.json `quantization_config.quant_method`
+"mxfp4", read by transformers' integrations/mxfp4.py), per fused expert tensor `X` (gate_up_proj, down_proj,
+[E, in, out] as the model holds it): `X_blocks` uint8 [E, out, in / 32, 16], two E2M1 codes per byte (low nibble
+= even element), groups of 32 along `in`; `X_scales` uint8 [E, out, in / 32], E8M0 exponents (bias 127).
+Value = e2m1(code) * 2^(scale - 127), then [E, out, in] -> [E, in, out]. Everything else (attention, router,
+embeddings, the expert biases: `modules_to_not_convert`) is stored unquantized. Dequantized once on load, to the
+compute dtype; never written.
 """
 
 from __future__ import annotations
@@ -35,12 +43,15 @@ SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale"
 def quant_algo(folder: str | Path) -> str | None:
     """The ModelOpt `quant_algo` of a checkpoint folder ("FP8", "NVFP4", ...) or None when unquantized.
 
-    Read from config.json `quantization_config.quant_algo` (or hf_quant_config.json).
+    Read from config.json `quantization_config.quant_algo` (or hf_quant_config.json); "MXFP4" for a
+    `quant_method: "mxfp4"` checkpoint (gpt-oss; not ModelOpt's).
     """
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
     q = cfg.get("quantization_config") or {}
     algo = q.get("quant_algo")
+    if algo is None and str(q.get("quant_method", "")).lower() == "mxfp4":
+        return "MXFP4"
     if algo is None and (folder / "hf_quant_config.json").is_file():
         algo = json.loads((folder / "hf_quant_config.json").read_text()).get("quantization", {}).get("quant_algo")
     return algo
@@ -66,6 +77,33 @@ def unpack_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, global_scale: 
     return (values * scale[..., None]).reshape(out, cols).to(dtype)
 
 
+#: the suffixes of an MXFP4 tensor's codes and exponents (`X_blocks`, `X_scales` -> `X`)
+MXFP4_SUFFIXES = ("_blocks", "_scales")
+
+
+def unpack_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """MXFP4 -> float: blocks uint8 [E, out, G, 16], scales uint8 [E, out, G] (see the module docstring) ->
+    [E, G * 32, out] in `dtype` (the fused expert layout, transposed as transformers' `convert_moe_packed_tensors`
+    does). Exact in float32 and bfloat16 for the exponents real checkpoints hold.
+
+    Raises:
+        CheckpointError: dtypes or shapes that do not fit (named).
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise CheckpointError(f"MXFP4 blocks and scales must be uint8 (packed E2M1 pairs, E8M0 exponents), got "
+                              f"{blocks.dtype} and {scales.dtype}")
+    if blocks.dim() != 4 or blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise CheckpointError(f"MXFP4 blocks of shape {list(blocks.shape)} and scales of shape {list(scales.shape)} "
+                              "do not fit: blocks [experts, out, groups, 16], scales [experts, out, groups]")
+    table = E2M1_VALUES.to(blocks.device)
+    out = torch.empty(blocks.shape[0], blocks.shape[2] * 32, blocks.shape[1], dtype=dtype, device=blocks.device)
+    for e in range(blocks.shape[0]):  # one expert at a time: the int64 codes of all would take 16 bytes a weight
+        codes = torch.stack([blocks[e] & 0x0F, blocks[e] >> 4], dim=-1).long()  # [out, G, 16, 2]: even, odd
+        values = torch.ldexp(table[codes].flatten(-2), scales[e].to(torch.int32)[..., None] - 127)  # [out, G, 32]
+        out[e] = values.flatten(-2).t()
+    return out
+
+
 def dequantize_tensors(tensors: dict[str, torch.Tensor], algo: str | None,
                        dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Turn a unified checkpoint's tensors into plain ones: quantized `X.weight` -> float `X.weight`,
@@ -73,14 +111,25 @@ def dequantize_tensors(tensors: dict[str, torch.Tensor], algo: str | None,
 
     Args:
         tensors: {name: tensor} as read from the checkpoint's safetensors.
-        algo: "FP8", "NVFP4" or None (then only the cast happens).
+        algo: "FP8", "NVFP4", "MXFP4" (`X_blocks` + `X_scales` -> `X`, `unpack_mxfp4`) or None (then only the
+            cast happens).
     Raises:
         CheckpointError: an unsupported quant_algo, or a quantized weight without its scales.
     """
-    if algo not in (None, "FP8", "NVFP4"):
-        raise CheckpointError(f"quant_algo {algo!r} is not supported by the dflash-trt runtime (FP8 and NVFP4 are)")
+    if algo not in (None, "FP8", "NVFP4", "MXFP4"):
+        raise CheckpointError(f"quant_algo {algo!r} is not supported by the dflash-trt runtime (FP8, NVFP4 and "
+                              "MXFP4 are)")
     out = {}
     for name, t in tensors.items():
+        if algo == "MXFP4" and name.endswith(MXFP4_SUFFIXES):
+            base = name[: -len("_blocks")]  # both suffixes are 7 characters
+            blocks, scales = tensors.get(base + "_blocks"), tensors.get(base + "_scales")
+            if blocks is None or scales is None:
+                have, lack = (name, base + "_scales") if blocks is not None else (name, base + "_blocks")
+                raise CheckpointError(f"MXFP4 tensor {have} has no {lack}; the checkpoint is incomplete")
+            if name.endswith("_blocks"):
+                out[base] = unpack_mxfp4(blocks, scales, dtype)
+            continue
         if name.endswith(SCALE_SUFFIXES):
             continue
         if name.endswith(".weight") and t.dtype in (torch.float8_e4m3fn, torch.uint8):

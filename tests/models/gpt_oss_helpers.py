@@ -38,3 +38,42 @@ def make_gpt_oss_model(folder, seed: int = 0, **overrides):
                 p.normal_(0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
     return model, folder
+
+
+def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused expert tensor w [E, in, out] (in a multiple of 32) rounded to MXFP4, in the layout of
+    openai/gpt-oss-20b's checkpoint: (blocks uint8 [E, out, in / 32, 16], scales uint8 [E, out, in / 32]). Each
+    group of 32 takes the exponent 2^e with e = ceil(log2(amax / 6)), each value the nearest E2M1 magnitude."""
+    from dflash_trt.models.dequant import E2M1_VALUES
+
+    groups = w.float().transpose(1, 2).reshape(w.shape[0], w.shape[2], w.shape[1] // 32, 32)
+    amax = groups.abs().amax(-1).clamp_min(1e-30)
+    exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.ldexp(torch.ones_like(exp), exp.int())[..., None]
+    magnitudes = E2M1_VALUES[:8]
+    codes = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1) + 8 * (scaled < 0)
+    codes = codes.to(torch.uint8).view(*codes.shape[:-1], 16, 2)
+    return codes[..., 0] | (codes[..., 1] << 4), (exp + 127).to(torch.uint8)
+
+
+def write_mxfp4_copy(folder, out):
+    """The checkpoint in `folder` with its experts' gate_up_proj / down_proj stored as MXFP4 (`pack_mxfp4`) and
+    config.json's quantization_config as openai/gpt-oss-20b's, written to `out`. Returns out."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    tensors = load_file(folder / "model.safetensors")
+    for key in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        tensors[key + "_blocks"], tensors[key + "_scales"] = pack_mxfp4(tensors.pop(key))
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    for name in ("generation_config.json",):
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, out / name)
+    return out
