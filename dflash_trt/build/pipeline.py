@@ -108,7 +108,8 @@ def preflight(opts: BuildOptions) -> dict:
         {"target": TargetConfig, "drafter": DrafterConfig, "warnings": [str], "engine_checkpoint": bool (whether
         trtllm_checkpoint/ is written: not for a mixture-of-experts target, `trtllm.engine_checkpoint_refusal`)}.
     Raises:
-        ConfigError: a bad option, an already-quantized --target or --drafter (`check_unquantized`), a bad --out;
+        ConfigError: a bad option, an already-quantized --target or --drafter (`check_unquantized`), a bad --out, a
+            target family build does not write (`trtllm.refuse_unbuilt_family`: gpt-oss);
             IncompatibleModelsError: `check` found errors (all listed).
     """
     from dflash_trt.build.quantize import DRAFTER_QUANT_FORMATS, import_modelopt, modelopt_config
@@ -118,6 +119,9 @@ def preflight(opts: BuildOptions) -> dict:
     from dflash_trt.config import DrafterConfig, TargetConfig
 
     check_paths(opts)
+    from dflash_trt.build.trtllm import refuse_unbuilt_family
+
+    refuse_unbuilt_family(opts.target)  # gpt-oss: generate / serve run it, build writes nothing
     if opts.drafter_quant not in DRAFTER_QUANT_FORMATS:
         raise ConfigError(f"--drafter-quant must be one of {', '.join(DRAFTER_QUANT_FORMATS)}, got {opts.drafter_quant!r}")
     if opts.calib_size < 1:

@@ -275,6 +275,34 @@ TRTLLM_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen"
                         "qwen2": ("qwen", "Qwen2ForCausalLM"), "mistral": ("llama", "MistralForCausalLM")}
 
 
+#: target families `dflash-trt build` refuses, with why (`refuse_unbuilt_family`)
+UNBUILT_FAMILIES = {
+    "gpt_oss": "its attention sinks, biased router and fused MXFP4 experts have no ModelOpt quantization and "
+               "TensorRT-LLM export checked by dflash-trt, so no bundle is written for it",
+}
+
+
+def refuse_unbuilt_family(target_folder) -> None:
+    """Refuse a --target of a family `dflash-trt build` does not write bundles for (`UNBUILT_FAMILIES`: gpt-oss),
+    naming what runs it instead. A folder whose config.json cannot be read passes (`dflash-trt check` names that).
+
+    Raises:
+        ConfigError: the target's model_type is one of `UNBUILT_FAMILIES`.
+    """
+    from dflash_trt.config import read_config_json
+    from dflash_trt.errors import CheckpointError
+
+    try:
+        model_type = read_config_json(target_folder).get("model_type")
+    except CheckpointError:
+        return
+    why = UNBUILT_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if why is not None:
+        raise ConfigError(f"dflash-trt build does not take a {model_type} target ({target_folder}): {why}. Run it with "
+                          f"dflash-trt generate / serve / bench --target {target_folder} (the runtime loads it, MXFP4 "
+                          "experts dequantized on load, with --tp-size for several GPUs)")
+
+
 def check_trtllm_target(target: TargetConfig) -> None:
     """Refuse a target whose TensorRT-LLM checkpoints would not compute what it computes.
 

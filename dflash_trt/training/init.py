@@ -11,9 +11,10 @@ copy behaves like the original from the first step:
 - `q_norm` / `k_norm` (Qwen3-style per-head RMSNorm; a Llama target has none) get the mean per-head
   RMS of the target's own q / k on the given features, so attention logits keep their scale;
 - the final `norm` is the target's final norm (its lm_head follows);
-- a sparse mixture-of-experts source layer (Qwen3-MoE) has no dense MLP to copy: the drafter layer's
-  MLP keeps its initial gate/up_proj and a zero down_proj, so the copy starts as the target layer's
-  attention alone and training grows its MLP.
+- a sparse mixture-of-experts source layer (Qwen3-MoE, gpt-oss) has no dense MLP to copy: the drafter
+  layer's MLP keeps its initial gate/up_proj and a zero down_proj, so the copy starts as the target layer's
+  attention alone and training grows its MLP. A gpt-oss layer's attention sinks and biases have no place in
+  the drafter (z-lab's format): its copy starts near, not at, the target's attention.
 Random weights (`init_drafter`) remain available (`init="random"`).
 """
 
@@ -23,7 +24,7 @@ import torch
 
 from dflash_trt.errors import ConfigError
 from dflash_trt.models.drafter import DFlashDrafter
-from dflash_trt.models.moe import SparseMoeBlock
+from dflash_trt.models.moe import MoeBlock
 from dflash_trt.models.target import TargetModel
 
 
@@ -72,7 +73,7 @@ def init_from_target(drafter: DFlashDrafter, target: TargetModel, source_layers:
         tl = tlayers[si]
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             _copy_shape_checked(getattr(dl.self_attn, name).weight, getattr(tl.self_attn, name).weight, name)
-        if isinstance(tl.mlp, SparseMoeBlock):  # no dense copy of experts: the MLP branch starts silent
+        if isinstance(tl.mlp, MoeBlock):  # no dense copy of experts: the MLP branch starts silent
             dl.mlp.down_proj.weight.zero_()
         else:
             for name in ("gate_proj", "up_proj", "down_proj"):

@@ -3,6 +3,8 @@ save_pretrained), importable by a unique name from any test folder."""
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 
 #: 4 layers alternating sliding (window 5: prompts of 20+ tokens span several) / full, 8 experts of width 32, top-2, YaRN RoPE as openai/gpt-oss-20b
@@ -15,11 +17,12 @@ GPT_OSS_TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=32, num_hid
                                      "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128})
 
 
-def make_gpt_oss_model(folder, seed: int = 0, **overrides):
+def make_gpt_oss_model(folder, seed: int = 0, tokenizer_from=None, **overrides):
     """A random tiny GptOssForCausalLM (GPT_OSS_TINY with `overrides`) saved in `folder` (float32), eager
     attention and experts (transformers' reference paths). Weights are drawn wider than HF's init (normal(0,
     0.15); gate_up_proj normal(0, 0.5), sinks normal(0, 1)) so logits, routing, the SwiGLU clamp and the sinks
-    all matter. Returns (hf_model in eval mode, folder)."""
+    all matter. `tokenizer_from`: a model folder whose tokenizer files are copied beside it (e.g. SmolLM2's: then
+    give its vocab_size). Returns (hf_model in eval mode, folder)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     torch.manual_seed(seed)
@@ -37,6 +40,10 @@ def make_gpt_oss_model(folder, seed: int = 0, **overrides):
             elif "norm" not in name:
                 p.normal_(0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            if (tokenizer_from / name).is_file():
+                shutil.copy2(tokenizer_from / name, folder / name)
     return model, folder
 
 
@@ -60,7 +67,6 @@ def write_mxfp4_copy(folder, out):
     """The checkpoint in `folder` with its experts' gate_up_proj / down_proj stored as MXFP4 (`pack_mxfp4`) and
     config.json's quantization_config as openai/gpt-oss-20b's, written to `out`. Returns out."""
     import json
-    import shutil
 
     from safetensors.torch import load_file, save_file
 
@@ -77,3 +83,14 @@ def write_mxfp4_copy(folder, out):
         if (folder / name).is_file():
             shutil.copy2(folder / name, out / name)
     return out
+
+
+def write_gpt_oss_drafter(folder, target_folder, **changes):
+    """An untrained 1-layer block-4 drafter (`init_drafter`) for the target in `target_folder`, reading target
+    layers 1 and 2."""
+    from dflash_trt.config import TargetConfig
+    from dflash_trt.models.checkpoints import init_drafter, new_drafter_config
+
+    cfg = new_drafter_config(TargetConfig.from_pretrained(target_folder), num_layers=1, block_size=4,
+                             mask_token_id=16, target_layer_ids=[1, 2])
+    return init_drafter(cfg.replace(**changes), folder, seed=1)

@@ -1,0 +1,109 @@
+"""A gpt-oss target through the product: `dflash-trt init-drafter`, `check`, `generate`, `serve` (real HTTP, the real
+`openai` client), `train-drafter` (its default --init target) and `build` (refused, naming what runs it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_main
+from tests.models.gpt_oss_helpers import make_gpt_oss_model, write_mxfp4_copy
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_pair(tmp_path_factory, smollm2_path):
+    """(target, drafter): a tiny gpt-oss target with SmolLM2's tokenizer, stored in MXFP4 as openai/gpt-oss-20b
+    is, and the drafter `dflash-trt init-drafter` writes for it."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+
+    root = tmp_path_factory.mktemp("gpt-oss-cli")
+    _, plain = make_gpt_oss_model(root / "plain", tokenizer_from=smollm2_path, vocab_size=49152)
+    target = write_mxfp4_copy(plain, root / "target")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (target / name).write_bytes((plain / name).read_bytes())
+    res = CliRunner().invoke(cli, ["init-drafter", "--target", str(target), "--out", str(root / "drafter"),
+                                   "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
+                                   "--mask-token-id", "16"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return target, root / "drafter"
+
+
+def test_check_accepts_an_mxfp4_gpt_oss_target(monkeypatch, capsys, gpt_oss_pair):
+    target, drafter = gpt_oss_pair
+    code, out, err = run_main(monkeypatch, capsys, "check", "--target", str(target), "--drafter", str(drafter))
+    assert code == 0, err
+    assert out.startswith("ok: the drafter fits the target (1 warning)") and "untrained" in err
+
+
+def test_generate_dflash_gives_the_autoregressive_tokens(monkeypatch, capsys, gpt_oss_pair):
+    target, drafter = gpt_oss_pair
+    common = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "def fibonacci(n):",
+              "--max-tokens", "16", "--min-tokens", "16", "--json", "--threads", "1"]
+    code, out, err = run_main(monkeypatch, capsys, *common, "--prompt-lookup", "3", "--draft-confidence", "0")
+    assert code == 0, err
+    spec = json.loads(out)
+    code, out, err = run_main(monkeypatch, capsys, *common, "--mode", "ar")
+    assert code == 0, err
+    assert spec["token_ids"] == json.loads(out)["token_ids"] and len(spec["token_ids"]) == 16
+    assert spec["metrics"]["verify_steps"] > 0
+
+
+def test_serve_answers_with_the_targets_greedy_tokens(gpt_oss_pair):
+    from openai import OpenAI
+
+    from dflash_trt.api import load_pipeline
+    from tests.serve.test_openai_server import MODEL, ar_tokens, live_server
+
+    pipe = load_pipeline(*map(str, gpt_oss_pair), "float32")
+    with live_server(pipe) as (base, _app):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = client.completions.create(model=MODEL, prompt="The history of", max_tokens=12, temperature=0,
+                                      extra_body={"min_tokens": 12})
+    want, _ = ar_tokens(pipe, pipe.encode("The history of"), 12)
+    assert r.choices[0].text == pipe.decode(want) and r.usage.completion_tokens == len(want) == 12
+
+
+def test_train_drafter_with_init_target_copies_the_attention(tmp_path, gpt_oss_pair):
+    """--init target (the default): each drafter layer takes its source layer's attention weights and norms (not
+    its biases or sinks: the drafter has none); the experts have no dense copy, so its MLP starts with a zero
+    down_proj."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+    from dflash_trt.models.checkpoints import load_drafter, load_target
+    from dflash_trt.models.drafter import DFlashDrafter
+    from dflash_trt.training.init import init_from_target
+
+    target, drafter_folder = gpt_oss_pair
+    model = load_target(target)
+    drafter = DFlashDrafter(load_drafter(drafter_folder).config)
+    assert init_from_target(drafter, model) == [3]
+    layer, source = drafter.layers[0], model.model.layers[3]
+    assert torch.equal(layer.self_attn.o_proj.weight, source.self_attn.o_proj.weight)
+    assert torch.equal(layer.input_layernorm.weight, source.input_layernorm.weight)
+    assert not layer.mlp.down_proj.weight.any() and layer.mlp.gate_proj.weight.any()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):", "The sky is", "One two")))
+    out = tmp_path / "trained"
+    res = CliRunner().invoke(cli, ["train-drafter", "--target", str(target), "--out", str(out), "--prompts",
+                                   str(prompts), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
+                                   "--max-new-tokens", "8", "--mask-token-id", "16", "--anchors", "2",
+                                   "--max-steps", "2", "--draft-vocab-size", "64"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    info = json.loads((out / "training.json").read_text())
+    assert info["steps"] == 2 and info["data"]["samples"] == 3 and info["init"]["mode"] == "target"
+    assert load_drafter(out).layers[0].mlp.down_proj.weight.any()  # trained from zero
+
+
+def test_build_refuses_a_gpt_oss_target_naming_what_runs_it(monkeypatch, capsys, gpt_oss_pair, tmp_path):
+    target, drafter = gpt_oss_pair
+    code, out, err = run_main(monkeypatch, capsys, "build", "--target", str(target), "--drafter", str(drafter),
+                              "--out", str(tmp_path / "bundle"))
+    assert code != 0
+    assert f"dflash-trt build does not take a gpt_oss target ({target})" in err
+    assert "dflash-trt generate / serve / bench" in err and err.count("\n") <= 2, err
+    assert not (tmp_path / "bundle").exists()
