@@ -30,6 +30,7 @@ from dflash_trt.runtime.engine import Engine
 from dflash_trt.runtime.proposer import DFlashProposer, check_draft_len, check_prompt_lookup
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.stats import GenerationResult
+from dflash_trt.text import short_repr
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -197,7 +198,8 @@ class Pipeline:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: str | list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 mode: str = "dflash", on_tokens=None, on_finished=None, **unknown) -> list[GenerationResult]:
+                 mode: str = "dflash", on_tokens=None, on_finished=None, on_text=None,
+                 **unknown) -> list[GenerationResult]:
         """Engine.generate plus detokenized `text` on each result (cut before the stop string that ended it,
         for a request with `SamplingParams.stop`); `on_finished(prompt_index, result)` gets each result with its
         text, as its request ends.
@@ -206,13 +208,29 @@ class Pipeline:
         as `encode` does: no chat template, as vLLM's and TensorRT-LLM's `LLM.generate` take text); a single
         str is one prompt.
 
+        `on_text(prompt_index, delta)`: streamed text, as the OpenAI server streams it
+        (`dflash_trt.runtime.stop_text.StopText`): `delta` (a non-empty str) is the text that prompt's new tokens
+        complete, decoded incrementally: a multi-byte character split over tokens comes whole, once its last
+        byte is there, and text that may begin a stop string of the request is held back until it does not, so
+        the stop string itself is never sent. A prompt's deltas joined are exactly its result's `text` (the
+        last one, what was held back, comes just before `on_finished` gets the result). `on_tokens` (token ids,
+        logprobs) may be given beside it.
+
         `sampling_params=` (vLLM's and TensorRT-LLM's name) is taken for `params`.
+
+        Calls run one at a time on a pipeline (see `Engine.generate`); a call blocks its thread until the batch
+        ends, callbacks included, which run on that thread (from asyncio: `await asyncio.to_thread(pipe.generate,
+        ...)`, README's Python API).
 
         Raises:
             what `Engine.generate` and `encode` raise (InvalidRequestError: a prompt of no accepted kind, text
-            holding a lone surrogate); InvalidRequestError for another keyword (a sampling setting such as
-            max_tokens=: it names SamplingParams), and for both `params` and `sampling_params`.
+            holding a lone surrogate, a callback that is not callable or cannot take the arguments it would get);
+            InvalidRequestError for another keyword (a sampling setting such as max_tokens=: it names
+            SamplingParams), and for both `params` and `sampling_params`.
         """
+        from dflash_trt.runtime.request import check_arity, check_callbacks
+        from dflash_trt.runtime.stop_text import StopText
+
         if "sampling_params" in unknown:
             if params is not None:
                 raise InvalidRequestError("generate got both params and sampling_params (the same argument by two "
@@ -221,20 +239,49 @@ class Pipeline:
         if unknown:
             name = next(iter(unknown))
             fix = (f"give it in params: SamplingParams({name}=...)" if name in SamplingParams.__dataclass_fields__
-                   else "its arguments are prompts, params (SamplingParams), mode, on_tokens and on_finished")
+                   else "its arguments are prompts, params (SamplingParams), mode, on_tokens, on_finished and on_text")
             raise InvalidRequestError(f"generate has no argument {name!r}; {fix}")
         if isinstance(prompts, str):
             prompts = [prompts]
         if isinstance(prompts, (list, tuple)) and any(isinstance(p, str) for p in prompts):
             prompts = [self.encode(p) if isinstance(p, str) else p for p in prompts]
+        plist = params if isinstance(params, (list, tuple)) else [SamplingParams() if params is None else params]
+        check_callbacks(on_tokens, on_finished, plist)  # here: the engine sees the wrappers below
+        if on_text is not None:
+            if not callable(on_text):
+                raise InvalidRequestError(f"on_text must be a function (prompt_index, delta) or None, got "
+                                          f"{short_repr(on_text)} ({type(on_text).__name__})")
+            check_arity("on_text", on_text, {2: ""}, ("prompt_index", "delta"))
+        streams: dict[int, StopText] = {}  # on_text: each prompt's text so far, what was sent
+
+        user_on_tokens = on_tokens
+
+        def on_tokens_with_text(i: int, ids: list[int], *rest):
+            reason = user_on_tokens(i, ids, *rest) if user_on_tokens is not None else None
+            text = streams.get(i)
+            if text is None:  # the engine checked params (a list of the prompts' length) before any tokens
+                p = params[i] if isinstance(params, (list, tuple)) else plist[0]
+                text = streams[i] = StopText(self._detokenize, p.stop or (), min_tokens=p.min_tokens)
+            text.add(ids)
+            delta = text.delta()
+            if delta:
+                on_text(i, delta)
+            return reason
+
         if on_finished is not None and not callable(on_finished):
             on_finished_with_text = on_finished  # the engine refuses it, naming it
         else:
             def on_finished_with_text(i: int, r: GenerationResult) -> None:
                 if r.text is None:  # the engine set the text of requests with stop strings
                     r.text = self.decode(r.token_ids)
+                if on_text is not None:  # what was held back: a character or a stop string's beginning
+                    sent = streams[i].sent if i in streams else ""
+                    if len(r.text) > len(sent) and r.text.startswith(sent):
+                        on_text(i, r.text[len(sent):])
                 if on_finished is not None:
                     on_finished(i, r)
+        if on_text is not None and (on_tokens is None or callable(on_tokens)):  # else the engine refuses on_tokens
+            on_tokens = on_tokens_with_text
         return self.engine.generate(prompts, params, mode, on_tokens, on_finished_with_text)
 
     def _detokenize(self, ids: list[int]) -> str:

@@ -34,7 +34,7 @@ from dflash_trt.runtime.penalties import LogitsPenalties, chain_prefixes, tree_p
 from dflash_trt.runtime.prefix_cache import PrefixCache, common_prefix_length
 from dflash_trt.runtime.profile import PhaseTimer
 from dflash_trt.runtime.proposer import DFlashProposer
-from dflash_trt.runtime.request import Request
+from dflash_trt.runtime.request import Request, check_callbacks
 from dflash_trt.runtime.sampling import SamplingParams, generator_seed, greedy_tokens, probs_from_logits, sample
 from dflash_trt.runtime.stats import GenerationResult
 from dflash_trt.runtime.stop_text import StopText
@@ -245,8 +245,10 @@ class Engine:
 
         Raises:
             InvalidRequestError, PromptTooLongError: bad request (an empty prompt, a token id outside the
-                vocabulary: names the prompt), or an on_tokens that is not callable (nothing is generated); an
-                on_tokens that returns neither None nor a str (raised at that call).
+                vocabulary: names the prompt), or an on_tokens / on_finished that is not callable or cannot take
+                the arguments it would be called with (its `inspect.signature`: e.g. on_tokens(i, ids) for a
+                request with logprobs, which gets three; named, with a signature that fits) (nothing is generated);
+                an on_tokens that returns neither None nor a str (raised at that call).
             ConfigError: stop strings without `detokenize`, guided decoding without `grammars` (an Engine built
                 by hand: `dflash_trt.api.load_pipeline` sets both).
             DFlashError: mode "dflash" without a drafter; non-finite target logits; a call from the on_tokens
@@ -262,6 +264,7 @@ class Engine:
         reqs = self._requests(prompts, params)
         if not reqs:
             return []
+        check_callbacks(on_tokens, on_finished, (r.params for r in reqs))  # not a TypeError mid-generation
         if self._generating == threading.get_ident():
             raise DFlashError("generate was called from its own callback (on_tokens or on_finished), on the engine "
                               "it is running; collect what that call needs and call generate after it returns")

@@ -127,3 +127,66 @@ class Request:
             elif n - k <= len(self.prompt) and tuple(self.prompt[len(self.prompt) - (n - k):]) + tuple(self.out) == seq:
                 return True
         return False
+
+
+#: on_tokens' positional arguments, in the order `Request.emit` passes them
+ON_TOKENS_ARGS = ("prompt_index", "token_ids", "logprobs", "prompt_logprobs")
+
+
+def on_tokens_arg_counts(params: SamplingParams) -> dict[int, str]:
+    """How many positional arguments `Request.emit` calls a request's on_tokens with, each with the reason: 2
+    (prompt_index, token_ids); 3 with `params.logprobs` (their `TokenLogprob`s); 4 on the first call with
+    `params.prompt_logprobs` (the prompt's; the third None without logprobs)."""
+    counts = {3: "for a request with SamplingParams.logprobs"} if params.logprobs is not None else {2: ""}
+    if params.prompt_logprobs is not None:
+        counts[4] = "on its first call, for a request with SamplingParams.prompt_logprobs"
+    return counts
+
+
+def check_callbacks(on_tokens, on_finished, params) -> None:
+    """`check_arity` of `Engine.generate`'s callbacks (those that are callable; None and others are left to the
+    caller), for requests of `params` (SamplingParams; other items are skipped: `Engine.generate` refuses them).
+
+    Raises:
+        InvalidRequestError: as `check_arity`.
+    """
+    if callable(on_tokens):
+        counts: dict[int, str] = {}
+        for p in params:
+            if isinstance(p, SamplingParams):
+                counts.update(on_tokens_arg_counts(p))
+        check_arity("on_tokens", on_tokens, counts or {2: ""}, ON_TOKENS_ARGS)
+    if callable(on_finished):
+        check_arity("on_finished", on_finished, {2: ""}, ("prompt_index", "result"))
+
+
+def check_arity(name: str, fn, counts: dict[int, str], params: tuple[str, ...]) -> None:
+    """Refuse a callback `fn` (named `name`) that cannot be called with each number of positional arguments in
+    `counts` (count -> when it is called so, e.g. "for a request with ...", "" for always), before any work: a callback of the wrong arity
+    otherwise fails mid-generation with a bare TypeError. `params` names the arguments in order. A callable
+    whose signature Python cannot read (some builtins) is not checked.
+
+    Raises:
+        InvalidRequestError: naming the signature it has, the call it gets and a signature that takes them all.
+    """
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+
+    def fits(n: int) -> bool:
+        try:
+            sig.bind(*range(n))
+            return True
+        except TypeError:
+            return False
+
+    if all(fits(n) for n in counts):
+        return
+    calls = " and ".join(f"{name}({', '.join(params[:n])})" + (f" {when}" if when else "")
+                         for n, when in sorted(counts.items()))
+    fix = ", ".join(params[:2]) + (", *rest" if len(counts) > 1 or max(counts) > 2 else "")
+    raise InvalidRequestError(f"{name} takes {sig} but is called as {calls}; define it to take "
+                              f"{' and '.join(map(str, sorted(counts)))} positional arguments, e.g. def {name}({fix})")
