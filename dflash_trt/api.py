@@ -131,18 +131,21 @@ class Pipeline:
         """Token ids of a chat prompt with the target's chat template (generation prompt added).
 
         `message`: one user message's text, or a conversation: a list of OpenAI-style messages
-        ({"role": "system" | "user" | "assistant", "content": text or a list of text parts}).
+        ({"role": "system" | "user" | "assistant", "content": text or a list of text parts}). Any conversation is
+        taken, as OpenAI's chat API and `dflash-trt serve` take it: an empty user message ("" is the same as
+        [{"role": "user", "content": ""}]) or a system prompt alone is rendered as the template renders it (a
+        prompts file's conversation, where a blank one is a mistake in the file, needs a user message with text).
 
         Raises:
             ConfigError: the tokenizer has no chat template.
             InvalidRequestError: `message` is neither, holds a lone surrogate (`text.invalid_unicode`), or a message
-                of the list is malformed, or none is a user message with text (`parse_messages`; named by its index).
+                of the list is malformed (`parse_messages`; named by its index).
         """
         from dflash_trt.training.prompts import encode_prompt, parse_messages
 
         if isinstance(message, list):
             try:
-                messages = parse_messages({"messages": message}, "message")
+                messages = parse_messages({"messages": message}, "message", user_text=False)  # as the server
             except ConfigError as exc:
                 raise InvalidRequestError(str(exc)) from None
             if messages is None:

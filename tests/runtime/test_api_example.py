@@ -83,10 +83,16 @@ def test_pipeline_takes_conversations_and_vllms_sampling_params_keyword(smollm2_
     ids = pipe.encode_chat(talk)
     assert pipe.decode(ids).count("Be brief.") == 1 and pipe.decode(ids).endswith("Bye\nassistant\n")
     for bad, words in (([], "message is an empty list"), ([{"role": "robot", "content": "x"}], "message: message 1 has "
-                                                                                                 "role 'robot'"),
-                       ([{"role": "system", "content": "x"}], "no user message with text")):
+                                                                                                 "role 'robot'")):
         with pytest.raises(InvalidRequestError, match=words):
             pipe.encode_chat(bad)
+    # any conversation, as OpenAI's chat API and the server take it: an empty user message either way, a system
+    # prompt alone
+    empty = pipe.encode_chat("")
+    assert empty == pipe.encode_chat([{"role": "user", "content": ""}]) and pipe.decode(empty).endswith(
+        "user\n\nassistant\n")
+    assert pipe.decode(pipe.encode_chat([{"role": "system", "content": "Be brief."}])).endswith(
+        "Be brief.\nassistant\n")
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     [a] = pipe.generate(["Hi"], sampling_params=params)
     [b] = pipe.generate(["Hi"], params)
