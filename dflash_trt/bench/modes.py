@@ -44,7 +44,10 @@ class ModeRunner:
         if self._hf is None:
             from transformers import AutoModelForCausalLM
 
-            self._hf = AutoModelForCausalLM.from_pretrained(str(self.pipe.target_path), dtype=self.dtype).eval()
+            from dflash_trt.models.loading import no_transformers_bars
+
+            with no_transformers_bars():
+                self._hf = AutoModelForCausalLM.from_pretrained(str(self.pipe.target_path), dtype=self.dtype).eval()
             self._hf.to(self.pipe.engine.device)  # the same device as our modes
         return self._hf
 

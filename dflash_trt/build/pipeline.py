@@ -593,13 +593,16 @@ def _build_into(root: Path, out: Path, opts: BuildOptions, pre: dict, report: Bu
     from dflash_trt.build.quantize import tokenized_prompts
     from dflash_trt.build.readme import write_readmes
     from dflash_trt.build.schema import validate_with_tensorrt_llm
+    from dflash_trt.models.loading import no_transformers_bars
     from dflash_trt.out_folder import BUNDLE, publish_out
 
     tcfg, dcfg = pre["target"], pre["drafter"]
     state: dict = {}
 
     def load_and_quantize():
-        model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32).eval().to(opts.device)
+        with no_transformers_bars():
+            model = AutoModelForCausalLM.from_pretrained(str(opts.target), dtype=torch.float32)
+        model = model.eval().to(opts.device)
         state["calib"] = []
         items = pre["calib_items"]  # read in the check step
         if opts.calibrates:

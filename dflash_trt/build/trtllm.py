@@ -67,15 +67,18 @@ def export_target_hf(model, out: Path, source: Path) -> None:
     not scales (embedding, norms, unquantized layers) are then stored in bfloat16, the serving dtype.
     Unquantized models are cast to bfloat16 and saved with `save_pretrained`.
     """
+    from dflash_trt.models.loading import no_transformers_bars
+
     out.mkdir(parents=True, exist_ok=True)
     if any(hasattr(m, "weight_quantizer") for m in model.modules()):
         from modelopt.torch.export import export_hf_checkpoint
 
-        with torch.inference_mode():
+        with torch.inference_mode(), no_transformers_bars():
             export_hf_checkpoint(model, dtype=EXPORT_DTYPE, export_dir=str(out))
         _store_unquantized_as(out, EXPORT_DTYPE)
     else:
-        copy.deepcopy(model).to(EXPORT_DTYPE).save_pretrained(out, safe_serialization=True)
+        with no_transformers_bars():
+            copy.deepcopy(model).to(EXPORT_DTYPE).save_pretrained(out, safe_serialization=True)
     copy_tokenizer(source, out)
 
 

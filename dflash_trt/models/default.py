@@ -172,7 +172,7 @@ def default_target_path() -> Path:
     try:
         gguf = gguf_path()
         print(f"dflash-trt: converting the default model from {gguf.name} to {out} (once, about 30 s)...",
-              file=sys.stderr, flush=True)  # the progress bars that follow are transformers'
+              file=sys.stderr, flush=True)
         with cache_writes(out.parent):  # a full disk: one line; the half-written folder is removed below
             _convert_gguf(gguf, tmp)
             if out.exists():
@@ -185,6 +185,15 @@ def default_target_path() -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
+    """The default target's GGUF `gguf` dequantized by transformers and saved to `out` (HF safetensors), without
+    transformers' progress bars (`no_transformers_bars`: the line before it says what is happening)."""
+    from dflash_trt.models.loading import no_transformers_bars
+
+    with no_transformers_bars():
+        _convert_gguf_quietly(gguf, out)
+
+
+def _convert_gguf_quietly(gguf: Path, out: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM

@@ -9,6 +9,10 @@ Publishing: a finished output folder (a bundle, an exported or initialised draft
 temporary name and moved into place by `publish_folder`, which also gives it ordinary modes
 (`share_modes`): `tempfile.mkdtemp` makes 0700 folders and safetensors writes 0600 files, which a
 server running as another user (a Triton / trtllm-serve container) could not read.
+
+Where dflash-trt loads or saves with transformers itself (the default model's GGUF conversion, `build`'s export,
+`bench`'s HF modes), `no_transformers_bars` keeps transformers' own progress bars ("Loading weights", "Writing
+model shards") out of the command's output.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import json
 import os
 import shutil
 import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -269,3 +274,37 @@ def publish_folder(tmp: str | Path, out: str | Path) -> Path:
     else:
         old.unlink(missing_ok=True)
     return out
+
+
+@contextmanager
+def no_transformers_bars() -> Iterator[None]:
+    """Within the block, transformers' progress bars are off: those of `from_pretrained` ("Loading weights"),
+    `save_pretrained` ("Writing model shards") and Hugging Face Hub downloads (transformers' switch,
+    `transformers.utils.logging.disable_progress_bar`), and the GGUF reader's ("Converting and de-quantizing GGUF
+    tensors", which uses tqdm directly: its module's `tqdm` is replaced for the block). They are restored after
+    (left off where they were off, e.g. by HF_HUB_DISABLE_PROGRESS_BARS). dflash-trt's own bars (tqdm used
+    directly: training, data generation, bench) are unaffected. Not thread-safe (process-wide switches): for a
+    command's own loading and saving."""
+    import functools
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    gguf = sys.modules.get("transformers.modeling_gguf_pytorch_utils")  # imported by a GGUF load; lazily else
+    if gguf is None:
+        try:
+            import transformers.modeling_gguf_pytorch_utils as gguf
+        except ImportError:  # a transformers without it: no GGUF bar to silence
+            gguf = None
+    gguf_tqdm = getattr(gguf, "tqdm", None)
+    if gguf_tqdm is not None:
+        gguf.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf.tqdm = gguf_tqdm
+        if was_on:
+            hf_logging.enable_progress_bar()
