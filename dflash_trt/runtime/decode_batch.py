@@ -409,4 +409,4 @@ def _joined(parts: list | None):
         return None
     import torch
 
-    return torch.cat(parts) if parts else torch.zeros(0, 0)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else torch.zeros(0, 0)

@@ -225,7 +225,11 @@ class Engine:
                 (for streaming); stop checks have already been applied to them. For a request whose
                 params ask for logprobs it gets a third argument, their `TokenLogprob`s; for one whose params
                 ask for prompt_logprobs, its first call gets a fourth, the prompt's (one per prompt token,
-                None first), and the third is None if it asks for no logprobs. A non-empty string
+                None first), and the third is None if it asks for no logprobs. For one whose params ask for
+                generation logits it gets the keyword `logits`, the tokens' rows ([len(new_token_ids), V] float32,
+                CPU; as the result's `generation_logits`), and for one asking for context logits, its first call
+                gets the keyword `context_logits`, the prompt's ([prompt tokens, V], the result's tensor), so a
+                stream can send them with its tokens (TensorRT-LLM's streamed results carry them). A non-empty string
                 returned ends that request after these tokens with it as finish_reason (e.g. "stop"
                 for a stop string the caller found in the text, "abort" for a client gone); the
                 other requests of the batch go on.

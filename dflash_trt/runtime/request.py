@@ -75,7 +75,8 @@ class Request:
         """Append tokens in order (with their `logprobs` when the request asked for them, and their raw logits
         [len(tokens), V], the rows they were chosen from, when it asked for generation logits), applying every
         stop check to each (stop tokens, stop token sequences, max_tokens, the context's end, then the stop
-        strings); return how many were taken."""
+        strings); hand the tokens taken to `on_tokens` (with what the request asked for: `Engine.generate`);
+        return how many were taken."""
         taken = len(tokens)
         for n, tok in enumerate(tokens, 1):
             self.out.append(tok)
@@ -99,15 +100,25 @@ class Request:
             self.finish_reason, self.stop_reason = "stop", self.stop_text.matched
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:taken])
+        rows = None
         if self.generation_logits is not None:
-            self.generation_logits.append(logits[:taken].float().cpu())
+            rows = logits[:taken].float().cpu()
+            self.generation_logits.append(rows)
         if self.on_tokens is not None:
+            first = len(self.out) == taken
             args: tuple = (self.call_index, tokens[:taken])
-            if self.prompt_logprobs is not None and len(self.out) == taken:  # its first call: the prompt's too
+            if self.prompt_logprobs is not None and first:  # its first call: the prompt's too
                 args += (None if self.logprobs is None else logprobs[:taken], self.prompt_logprobs)
             elif self.logprobs is not None:
                 args += (logprobs[:taken],)
-            reason = self.on_tokens(*args)
+            extra = {}  # the logits asked for (`Engine.generate`'s on_tokens), as keywords
+            if rows is not None:
+                extra["logits"] = rows
+            if self.context_logits is not None and first:  # the whole prompt is read by its first token
+                if len(self.context_logits) > 1:  # joined once: the result takes this tensor as it is
+                    self.context_logits[:] = [torch.cat(self.context_logits)]
+                extra["context_logits"] = self.context_logits[0] if self.context_logits else torch.zeros(0, 0)
+            reason = self.on_tokens(*args, **extra)
             if reason is not None and not isinstance(reason, str):  # True / 1 became the finish_reason
                 raise InvalidRequestError(f"on_tokens returned {short_repr(reason)} ({type(reason).__name__}): return "
                                           "None to go on, or a finish reason string (e.g. 'stop') to end the request")

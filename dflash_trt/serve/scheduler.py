@@ -39,7 +39,10 @@ class Sequence:
     thread. `on_text(delta)` (streaming; None otherwise) gets text as it is decoded, and, when the params ask
     for logprobs, `on_text(delta, logprobs)`: the `TokenLogprob`s of the tokens whose text the sent deltas
     now hold whole and an earlier call did not carry (`StopText.sent_tokens`), so a chunk's tokens spell its
-    text; `rest_logprobs` has the ones left at the end (a stop string's last token among them); `on_done(result,
+    text; `rest_logprobs` has the ones left at the end (a stop string's last token among them). When the params
+    ask for generation logits, `on_text` gets the keyword `logits` too: those tokens' rows ([tokens, V] float32,
+    `SamplingParams.return_generation_logits`), the rest at the end from `rest_logits`; `context_logits` (params
+    ask for them): the prompt's [prompt tokens, V], set with its first tokens as `prompt_logprobs`. `on_done(result,
     error)` once, with the GenerationResult (its `text` the final text, stop strings applied, its
     `logprobs` cut there too) or the exception.
     `cancelled` (set from any thread) ends it at its next tokens with finish_reason "abort" (a sequence
@@ -63,6 +66,12 @@ class Sequence:
     logprobs_sent: int = 0  # how many of them went out with a delta
     # params.prompt_logprobs set: the prompt's (one per prompt token, None first), from its first tokens on
     prompt_logprobs: list | None = None
+    # params.return_generation_logits, streaming: the rows ([t, V] tensors) of the tokens received whose text has not
+    # gone out yet, and how many tokens' rows went out with a delta
+    logits_waiting: list = field(default_factory=list)
+    logits_sent: int = 0
+    # params.return_context_logits: the prompt's [prompt tokens, V], from its first tokens on
+    context_logits: object | None = None
     # the iterations (decode steps, numbered from 1 as GET /metrics numbers them) in which it was first scheduled
     # (the one that reports its prefill) and in which its last token came: TensorRT-LLM's first_iter / last_iter
     first_iter: int | None = None
@@ -71,13 +80,21 @@ class Sequence:
     # to params.stop_token_ids stop with stop_reason None, as vLLM's)
     stop_token_ids: tuple[int, ...] = ()
 
-    def on_tokens(self, ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None) -> str | None:
+    def on_tokens(self, ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None, *,
+                  logits=None, context_logits=None) -> str | None:
+        """The runtime's `on_tokens` (`Engine.generate`) for this sequence: its new token ids, with the logprobs,
+        prompt logprobs and logits its params ask for; returns a finish reason ("abort" when cancelled, "stop" at
+        a stop string) or None."""
         if prompt_logprobs is not None:
             self.prompt_logprobs = prompt_logprobs
+        if context_logits is not None:
+            self.context_logits = context_logits
         if self.cancelled:
             return "abort"
         if logprobs is not None:
             self.logprobs.extend(logprobs)
+        if logits is not None and self.on_text is not None:
+            self.logits_waiting.append(logits)
         if self.on_text is None and not self.text.stops:
             return None  # nothing to stream or to watch for: the text is decoded once, at the end
         reason = self.text.add(ids)
@@ -85,14 +102,38 @@ class Sequence:
             delta = self.text.delta()
             if delta:
                 self.sent_text = True
+                # the logits of the tokens whose text this delta completes (the rest wait for theirs)
+                extra = {"logits": self._take_logits()} if self.params.return_generation_logits else {}
                 if self.params.logprobs is None:
-                    self.on_text(delta)
+                    self.on_text(delta, **extra)
                 else:
                     # the logprobs of the tokens whose text this delta completes (the rest wait for theirs)
                     end = min(self.text.sent_tokens(self.logprobs_sent), len(self.logprobs))
-                    self.on_text(delta, self.logprobs[self.logprobs_sent : end])
+                    self.on_text(delta, self.logprobs[self.logprobs_sent : end], **extra)
                     self.logprobs_sent = max(self.logprobs_sent, end)
         return reason
+
+    def _take_logits(self):
+        """The generation logits rows [t, V] of the tokens whose text the sent deltas now hold whole and no earlier
+        delta carried (`StopText.sent_tokens`); afterwards sent."""
+        import torch
+
+        waiting = torch.cat(self.logits_waiting) if self.logits_waiting else torch.zeros(0, 0)
+        end = min(self.text.sent_tokens(self.logits_sent), self.logits_sent + len(waiting))
+        taken, rest = waiting[: end - self.logits_sent], waiting[end - self.logits_sent :]
+        self.logits_waiting = [rest] if len(rest) else []
+        self.logits_sent = max(self.logits_sent, end)
+        return taken
+
+    def rest_logits(self, result: GenerationResult):
+        """The finished result's generation logits rows [t, V] not sent with a delta yet (the last chunk's);
+        afterwards sent. None where the params asked for none."""
+        if result.generation_logits is None:
+            return None
+        rest = result.generation_logits[self.logits_sent :]
+        self.logits_sent += len(rest)
+        self.logits_waiting = []
+        return rest
 
     def rest_logprobs(self, result: GenerationResult) -> list:
         """The finished result's TokenLogprobs not sent with a delta yet (the last chunk's); afterwards sent."""
@@ -104,6 +145,7 @@ class Sequence:
         """Forget the text decoded so far (before running the sequence again from its prompt)."""
         self.text = StopText(self.text.decode, self.text.stops, self.text.token_aligned, self.text.min_tokens)
         self.logprobs, self.logprobs_sent, self.prompt_logprobs = [], 0, None
+        self.logits_waiting, self.logits_sent, self.context_logits = [], 0, None
 
 
 def _done(seq: Sequence, result: GenerationResult | None, error: BaseException | None) -> None:
@@ -283,7 +325,7 @@ class Scheduler:
             s.first_iter = self.iterations + 1
         try:
             ids = self._batch.add([s.prompt for s in live], [s.params for s in live],
-                                  lambda k, ids, *more: live[k].on_tokens(ids, *more))
+                                  lambda k, ids, *more, **logits: live[k].on_tokens(ids, *more, **logits))
         except Exception as exc:  # noqa: BLE001 - handed to each request, the thread keeps serving
             self._retry(live, exc)  # the batch is as it was
             return
@@ -342,7 +384,8 @@ class Scheduler:
         s.first_iter = self.iterations + 1
         try:
             self._batch = self._open_batch()
-            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, *more: s.on_tokens(ids, *more))
+            (rid,) = self._batch.add([s.prompt], [s.params], lambda k, ids, *more, **logits: s.on_tokens(
+                ids, *more, **logits))
             self._seqs[rid] = s
             self._finish()
             while self._seqs:

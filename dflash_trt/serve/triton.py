@@ -221,10 +221,18 @@ class TritonPythonModel:
             return [number(name, value, np.int32) for name, value in token_counts(
                 len(ids), counted[0] - sent, with_input and sent == 0, count_input, count_output).items()]
 
-        def on_text(delta, lps=None):
+        def logits_tensors(context, generation) -> list:
+            """context_logits / generation_logits where asked for (`logits_outputs`; streamed: the backend's shapes)."""
+            return [pb_utils.Tensor(name, value) for name, value in
+                    logits_outputs(context, generation, streamed=stream).items()]
+
+        def on_text(delta, lps=None, logits=None):
+            # streamed as the backend's executor streams them (`LlmRequest::createResult`): the prompt's logits in
+            # every response, each token's generation logits in the response that carries its text
             tokens = seq.text.sent_tokens(counted[0]) if count_output else 0
-            sender.send(pb_utils.InferenceResponse(output_tensors=[text_tensor("text_output", delta),
-                                                                   *log_prob_tensors(lps), *counts(tokens)]))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                text_tensor("text_output", delta), *log_prob_tensors(lps), *counts(tokens),
+                *logits_tensors(seq.context_logits, logits)]))
 
         def on_done(result, error):
             with self._live_lock:
@@ -247,10 +255,9 @@ class TritonPythonModel:
             if result.logprobs is not None:
                 tensors += log_prob_tensors(seq.rest_logprobs(result))
                 tensors.append(number("cum_log_probs", sum(lp.logprob for lp in result.logprobs), np.float32))
-            # streamed too: in this last response (the backend sends context_logits in every response and each
-            # response's slice of generation_logits)
-            tensors += [pb_utils.Tensor(name, value) for name, value in
-                        logits_outputs(result.context_logits, result.generation_logits).items()]
+            # streamed: the prompt's logits again, and those of the tokens this response's text completes
+            tensors += logits_tensors(result.context_logits,
+                                      seq.rest_logits(result) if stream else result.generation_logits)
             if perf:
                 tensors += [number(name, value, dtype) for name, (value, dtype)
                             in perf_metrics(result.metrics, seq.queue_time_s, arrival_ns).items()]

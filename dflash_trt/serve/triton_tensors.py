@@ -93,12 +93,13 @@ one token (this cache keeps tokens, not blocks). A request is
 refused with an error response under the OpenAI server's rules (`dflash_trt.serve.protocol`): a prompt
 that leaves no room in the context, `max_tokens` beyond it.
 return_context_logits and return_generation_logits BOOL [1] (default false) add context_logits FP32 [-1, -1] and
-generation_logits FP32 [-1, -1, -1] to the last response, the target's raw float32 logits (`logits_outputs`, with
+generation_logits FP32 [-1, -1, -1] to the response, the target's raw float32 logits (`logits_outputs`, with
 the tensorrt_llm model's shapes: [1, prompt tokens, V] at every prompt position; [1, 1, output tokens, V], each output
 token's row the logits it was chosen from, as the verify pass computed them): V floats a position (49,152 for
 SmolLM2), so a long prompt's context_logits is large, as in the backend; a request asking for context_logits reads
-its whole prompt (no cached prefix). Streamed, both come in the last response (the backend sends context_logits in
-every response and each response's slice of generation_logits).
+its whole prompt (no cached prefix). Streamed, as the backend's executor streams them (`LlmRequest::createResult`):
+context_logits in every response, and in each response the generation_logits of the tokens whose text it carries
+([1, tokens, 1, V], the executor's token-major slice; the slices add up to the whole answer's).
 The ensemble has no `stop` input (the tensorrt_llm model's BOOL that cancels a request by id): Triton's /generate
 takes a JSON "stop" as a request parameter, so "stop": [...] gets Triton's 400 "parameter 'stop' has invalid type",
 as the ensemble's /generate answers it; false passes, true is refused (`NEUTRAL_ASKS`), a string is told to go in
@@ -584,16 +585,22 @@ def word_token_ids(words, encode) -> tuple[tuple[int, ...], ...]:
     return tuple(ids for ids in (tuple(encode(w)) for w in words) if ids)
 
 
-def logits_outputs(context_logits, generation_logits) -> dict:
-    """The `context_logits` / `generation_logits` outputs of a finished request, as the TensorRT-LLM backend's
-    tensorrt_llm model sends them (its `convert_response`: a batch dimension first, generation logits per beam):
-    {name: float32 numpy array}: context_logits [1, prompt tokens, V], generation_logits [1, 1, output tokens, V]
-    (each output token's row: the logits it was chosen from). Each only where the request asked for it
-    (`GenerationResult.context_logits` / `generation_logits` not None) and it holds a token (Triton's JSON has no
-    empty arrays)."""
+def logits_outputs(context_logits, generation_logits, streamed: bool = False) -> dict:
+    """The `context_logits` / `generation_logits` outputs of a response, as the TensorRT-LLM backend's tensorrt_llm
+    model sends them (its `convert_response`; the executor's `LlmRequest::createResult`): {name: float32 numpy
+    array}: context_logits [1, prompt tokens, V]; generation_logits [1, 1, output tokens, V] (batch, beam, tokens),
+    each output token's row the logits it was chosen from, or, `streamed`, the rows of the tokens that response
+    carries as [1, tokens, 1, V] (the executor keeps a streamed request's generation logits token-major, [tokens,
+    beam, V], and the backend puts a batch dimension before them). Each only where the request asked for it (not
+    None) and it holds a token (Triton's JSON has no empty arrays).
+
+    Args:
+        context_logits: [prompt tokens, V] float tensor, or None. generation_logits: [tokens, V], or None.
+    """
     out = {}
     if context_logits is not None and context_logits.numel():
         out["context_logits"] = context_logits.float().numpy()[None]
     if generation_logits is not None and generation_logits.numel():
-        out["generation_logits"] = generation_logits.float().numpy()[None, None]
+        rows = generation_logits.float().numpy()
+        out["generation_logits"] = rows[None, :, None] if streamed else rows[None, None]
     return out

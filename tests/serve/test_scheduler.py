@@ -546,3 +546,57 @@ def test_a_request_joins_a_running_one_and_finishes_first(tmp_path, in_flight, c
     assert [s.requests for s in steps[:4]][: 4 if chunk else 1] == ([0, 0, 0, 1] if chunk else [1])
     assert sum(s.emitted_tokens for s in steps) == 120 + 6 - 2  # all but the two prefill tokens
     assert sum(s.context_tokens for s in steps) == len(long_p) + len(short_p)  # each prompt token once
+
+
+def test_streamed_generation_logits_go_with_the_text_of_their_tokens():
+    """A stream's generation logits go out with the delta that holds their token's text whole (a half character's
+    token waits for its other half, as its logprob does), the rest with `rest_logits`; the prompt's logits are set
+    with the first tokens (TensorRT-LLM's streamed results carry both)."""
+    import torch
+
+    rows, prompt_rows = torch.arange(4 * 3, dtype=torch.float32).reshape(4, 3), torch.ones(2, 3)
+    sent = []
+    seq = Sequence([0, 1], SamplingParams(max_tokens=8, return_context_logits=True, return_generation_logits=True),
+                   StopText(decode), lambda delta, logits=None: sent.append((delta, logits)), lambda r, e: None)
+    assert seq.on_tokens([0], logits=rows[:1], context_logits=prompt_rows) is None
+    assert seq.context_logits is prompt_rows and sent[-1][0] == "Hello" and torch.equal(sent[-1][1], rows[:1])
+    seq.on_tokens([7], logits=rows[1:2])  # the first half of "é": no delta, its logits wait
+    assert len(sent) == 1
+    seq.on_tokens([8, 4], logits=rows[2:4])
+    assert sent[-1][0] == "é." and torch.equal(sent[-1][1], rows[1:4])
+    result = GenerationResult([0, 7, 8, 4], "length", RequestMetrics(), generation_logits=rows)
+    assert seq.rest_logits(result).shape == (0, 3)  # all sent
+    seq.restart()
+    assert seq.rest_logits(result).shape == (4, 3) and seq.context_logits is None
+    plain = Sequence([0], SamplingParams(max_tokens=8), StopText(decode), lambda delta: sent.append((delta, None)),
+                     lambda r, e: None)
+    plain.on_tokens([0, 4])  # a request asking for no logits: on_text(delta) as before
+    assert sent[-1] == ("Hello.", None) and plain.rest_logits(GenerationResult([0, 4], "length", RequestMetrics())) is None
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ar"])
+def test_a_streams_logits_add_up_to_the_whole_answers(tmp_path, mode):
+    """With a real engine through the generation thread: the logits slices of a stream's deltas, then its rest, are
+    the generation logits of the same request answered whole; the prompt's logits are the whole answer's."""
+    import torch
+
+    from dflash_trt.runtime.decode_batch import DecodeBatch
+
+    engine = tiny_engine(tmp_path)
+    prompt = [5, 9, 13, 17]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, return_context_logits=True, return_generation_logits=True)
+    [whole] = engine.generate([prompt], params, mode=mode)
+    slices, done = [], []
+    sched = Scheduler(lambda: DecodeBatch(engine, mode), 8)
+    seq = Sequence(prompt, params, StopText(lambda ids: " ".join(map(str, ids))),
+                   lambda delta, logits=None: slices.append(logits), lambda r, e: done.append((r, e)))
+    sched.submit([seq])
+    wait_for(lambda: done)
+    sched.close()
+    [(result, error)] = done
+    assert error is None and result.token_ids == whole.token_ids and len(slices) > 1
+    slices.append(seq.rest_logits(result))
+    assert sum(len(s) for s in slices) == len(whole.token_ids) == 12
+    torch.testing.assert_close(torch.cat(slices), whole.generation_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(seq.context_logits, whole.context_logits, atol=1e-5, rtol=0)
+    assert seq.context_logits.shape == (len(prompt), 96)

@@ -820,6 +820,8 @@ def test_logits_outputs_have_the_backends_shapes():
 
     out = logits_outputs(torch.ones(5, 7), torch.zeros(3, 7))
     assert out["context_logits"].shape == (1, 5, 7) and out["generation_logits"].shape == (1, 1, 3, 7)
+    # streamed: the executor's token-major slice [tokens, beam, V] with the backend's batch dimension before it
+    assert logits_outputs(None, torch.zeros(2, 7), streamed=True)["generation_logits"].shape == (1, 2, 1, 7)
     assert out["context_logits"].dtype == out["generation_logits"].dtype == "float32"
     assert logits_outputs(None, None) == {} and logits_outputs(None, torch.zeros(0, 0)) == {}
 
@@ -827,7 +829,8 @@ def test_logits_outputs_have_the_backends_shapes():
 @pytest.mark.slow
 def test_logits_stop_and_bls_inputs_over_http(triton, smollm2_pipeline):
     """return_context_logits / return_generation_logits: the target's logits, those of one forward over the prompt
-    and the output (the engine's own prefill of them, float32), whole or streamed (in the last response);
+    and the output (the engine's own prefill of them, float32), whole or streamed (the prompt's in every response,
+    each token's in the response with its text, adding up to the whole answer's);
     "stop": [...] gets Triton's own 400 as the ensemble's /generate does ("stop" is no input of either), a string
     is told to go in stop_words; the BLS model's num_draft_tokens 0 passes."""
     import numpy as np
@@ -852,11 +855,17 @@ def test_logits_stop_and_bls_inputs_over_http(triton, smollm2_pipeline):
     context, generation = context.reshape(1, n, vocab), generation.reshape(1, 1, 6, vocab)
     torch.testing.assert_close(torch.from_numpy(context[0]), reference[:n], atol=2e-3, rtol=0)
     torch.testing.assert_close(torch.from_numpy(generation[0, 0]), reference[n - 1 : -1], atol=2e-3, rtol=0)
+    # streamed as the backend's executor streams them: the prompt's logits in every response, each token's in the
+    # response with its text (here one token a response: SmolLM2's tokens are whole characters)
     status, events = generate(triton, {**body, "stream": True}, stream=True)
     assert status == 200 and "".join(e["text_output"] for e in events) == ref.text
-    assert all("generation_logits" not in e for e in events[:-1])
-    torch.testing.assert_close(torch.tensor(events[-1]["generation_logits"]).reshape(6, vocab),
-                               torch.from_numpy(generation[0, 0]), atol=2e-3, rtol=0)
+    for e in events:
+        np.testing.assert_allclose(np.array(e["context_logits"], np.float32), context.reshape(-1), atol=1e-5, rtol=0)
+    slices = [np.array(e["generation_logits"], np.float32).reshape(-1, vocab) for e in events if "generation_logits" in e]
+    assert len(slices) > 1 and sum(map(len, slices)) == 6 and [len(s) for s in slices] == [
+        e["num_output_tokens"] for e in events if "generation_logits" in e]
+    torch.testing.assert_close(torch.from_numpy(np.concatenate(slices)), torch.from_numpy(generation[0, 0]),
+                               atol=2e-3, rtol=0)
     _, plain = generate(triton, {"text_input": prompt, "max_tokens": 2})
     assert "context_logits" not in plain and "generation_logits" not in plain
     status, out = generate(triton, {"text_input": prompt, "max_tokens": 2, "stop": ["\n"]})
