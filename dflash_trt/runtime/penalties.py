@@ -18,7 +18,8 @@ top-p and min-p (`sampling.probs_from_logits`):
    With `prompt_ignore_length` L, TensorRT-LLM's: the prompt's tokens from position L on count too).
 4. min_tokens: while fewer than min_tokens tokens are out, the request's stop tokens get -inf.
 5. bad_words: the last token of each bad word (a token id sequence) gets -inf where the output so far ends with
-   the rest of it (always, for a one-token word; vLLM's `NoBadWordsLogitsProcessor`, the prompt not read).
+   the rest of it (always, for a one-token word; vLLM's `NoBadWordsLogitsProcessor`, the prompt not read), or,
+   with `bad_words_read_prompt`, the prompt and the output together (TensorRT-LLM's `banBadWords` kernel).
 6. guided decoding: the tokens the request's grammar forbids get -inf (`dflash_trt.runtime.guided`).
 The logprobs a request asks for stay the raw target's (`dflash_trt.runtime.logprobs`).
 """
@@ -57,6 +58,8 @@ class LogitsPenalties:
         self.banned = torch.tensor(sorted({w[0] for w in words if len(w) == 1}), dtype=torch.int64)  # always
         self.bad_words = [w for w in words if len(w) > 1]  # banned after the rest of them
         self.bad_context = max((len(w) - 1 for w in self.bad_words), default=0)  # the history they read
+        # bad_words_read_prompt: the prompt's end, where a bad word may begin (TensorRT-LLM's scope)
+        self.bad_prompt = list(prompt[max(0, len(prompt) - self.bad_context):]) if params.bad_words_read_prompt else []
 
     @property
     def for_drafts(self) -> bool:
@@ -96,7 +99,7 @@ class LogitsPenalties:
         if len(self.banned):
             scores[:, self.banned.to(dev)] = float("-inf")
         for i, pre in enumerate(prefixes) if self.bad_words else ():
-            history = (out[-self.bad_context:] + pre)[-self.bad_context:]
+            history = (self.bad_prompt + out[-self.bad_context:] + pre)[-self.bad_context:]
             ends = [w[-1] for w in self.bad_words
                     if len(history) >= len(w) - 1 and tuple(history[len(history) - len(w) + 1:]) == w[:-1]]
             if ends:

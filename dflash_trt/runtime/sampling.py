@@ -47,8 +47,11 @@ class SamplingParams:
     output follows (structured output; after the other processing, before temperature), or None. bad_words:
     token id sequences the output never holds (vLLM's `bad_words`, TensorRT-LLM's `bad`): the last token of
     each cannot follow the rest of it (a one-token sequence: never chosen); matched in the output, not the
-    prompt (vLLM's scope); stored as a sorted tuple of tuples (`dflash_trt.runtime.penalties.bad_word_ids`
-    turns words into them).
+    prompt (vLLM's scope), unless bad_words_read_prompt; stored as a sorted tuple of tuples
+    (`dflash_trt.runtime.penalties.bad_word_ids` turns words into them). bad_words_read_prompt: True matches them
+    in the prompt and the output together, so a word may begin in the prompt and its last token is banned as the
+    first output token where the prompt ends with the rest of it (TensorRT-LLM's scope: its `banBadWords` kernel
+    reads the whole sequence; HF's `NoBadWordsLogitsProcessor` too); False (the default): the output only.
 
     stop: stop strings (a str or a list of them; vLLM's and TensorRT-LLM's `stop`, OpenAI's): the output ends
     with the token that completes the first one to appear in its text, and the result's text ends before it
@@ -91,6 +94,7 @@ class SamplingParams:
     guided: GuidedDecoding | None = None
     prompt_ignore_length: int | None = None
     bad_words: tuple[tuple[int, ...], ...] | None = None
+    bad_words_read_prompt: bool = False
     stop: tuple[str, ...] | None = None
     stop_token_sequences: tuple[tuple[int, ...], ...] | None = None
     return_context_logits: bool = False
@@ -153,7 +157,7 @@ class SamplingParams:
             set_(self, "stop", _stop_strings(self.stop) or None)
         if self.stop_token_sequences is not None:
             set_(self, "stop_token_sequences", _bad_words(self.stop_token_sequences, "stop_token_sequences") or None)
-        for name in ("return_context_logits", "return_generation_logits"):
+        for name in ("return_context_logits", "return_generation_logits", "bad_words_read_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.guided is not None:

@@ -161,7 +161,8 @@ class TritonPythonModel:
             bias = embedding_bias(vector("embedding_bias_words"), vector("embedding_bias_weights"),
                                   lambda word: self.pipe.tokenizer.encode(word, add_special_tokens=False))
             # as the backend's preprocessing tokenizes them (`word_token_ids`): the runtime stops where the prompt and
-            # output end with a stop word's tokens (kept in the output), and bans each bad word's last token after the rest
+            # output end with a stop word's tokens (kept in the output), and bans each bad word's last token where the
+            # prompt and output end with the rest (TensorRT-LLM's banBadWords reads the whole sequence)
             stop_ids, bad = [word_token_ids(words(name), lambda word: self.pipe.tokenizer.encode(
                 word, add_special_tokens=False)) for name in ("stop_words", "bad_words")]
         from dflash_trt.runtime.sampling import SamplingParams
@@ -182,6 +183,7 @@ class TritonPythonModel:
                                 frequency_penalty=float(scalar("frequency_penalty", 0.0)),
                                 min_tokens=min_tokens(scalar("min_tokens", None), scalar("min_length", None)),
                                 min_p=float(scalar("min_p", 0.0)), logit_bias=bias, bad_words=bad or None,
+                                bad_words_read_prompt=True,
                                 stop_token_sequences=stop_ids or None,
                                 return_context_logits=bool(scalar("return_context_logits", False)),
                                 return_generation_logits=bool(scalar("return_generation_logits", False)),

@@ -34,7 +34,10 @@ matches its `stop` strings on the text and cuts before them, as OpenAI does); ap
 (the TensorRT-LLM backend's name); repetition_penalty FP32 [1] (default 1 = off), presence_penalty and
 frequency_penalty FP32 [1] (default 0; over the output tokens, `dflash_trt.runtime.penalties`), bad_words STRING
 [-1] (the TensorRT-LLM backend's: token sequences the output never holds, each word tokenized as the backend's
-preprocessing does it, as written (`word_token_ids`: "Paris" does not ban " Paris"); an empty one means none),
+preprocessing does it, as written (`word_token_ids`: "Paris" does not ban " Paris"), a word's last token banned where
+the prompt and the output end with the rest of it, as TensorRT-LLM's banBadWords kernel reads the whole sequence (a
+word may begin in the prompt: "\nThe" after a chat prompt ending in "\n" bans "The" as the first token;
+`SamplingParams.bad_words_read_prompt`); an empty one means none),
 min_tokens
 INT32 [1] (default 0: no stop token or stop word ends the output before that many tokens; `min_length` INT32 [1],
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =

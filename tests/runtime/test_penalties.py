@@ -17,6 +17,7 @@ from transformers import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -89,8 +90,9 @@ def hf_processors(params: SamplingParams, prompt_len: int, stop_ids) -> LogitsPr
         procs.append(OutputPenalties(start, params.presence_penalty, params.frequency_penalty))
     if params.min_tokens:
         procs.append(MinNewTokensLengthLogitsProcessor(prompt_len, params.min_tokens, list(stop_ids)))
-    if params.bad_words:
-        procs.append(BadWordsInOutput(prompt_len, params.bad_words))
+    if params.bad_words:  # TensorRT-LLM's scope (the prompt read too) is HF's own
+        procs.append(NoBadWordsLogitsProcessor([list(w) for w in params.bad_words]) if params.bad_words_read_prompt
+                     else BadWordsInOutput(prompt_len, params.bad_words))
     return LogitsProcessorList(procs)
 
 
@@ -117,8 +119,12 @@ def test_prefixes_of_chains_and_trees():
     # (17 3), or only in the prompt (12 40: not matched); a word longer than the history
     SamplingParams(bad_words=[[2], [61], [5, 8], [9, 5, 17, 30], [17, 3, 11], [12, 40, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]),
     SamplingParams(bad_words=[[3, 3]], logit_bias={3: 5.0}, min_tokens=6, max_tokens=10),
+    # TensorRT-LLM's scope: words beginning in the prompt (12 40 5 9 5 17 | 33 at the first position, 9 12 40 ... 17 3
+    # | 44 through the drafts), one whose rest is the prompt's end only (12 40: not at any position), the ones above
+    SamplingParams(bad_words=[[12, 40, 5, 9, 5, 17, 33], [9, 12, 40, 5, 9, 5, 17, 17, 3, 44], [12, 40, 7], [5, 8],
+                              [17, 3, 11], [2]], bad_words_read_prompt=True),
 ], ids=["rep", "rep<1", "presence-frequency", "bias", "min_tokens", "all", "prompt-from-2", "prompt-whole-rep",
-        "prompt-beyond", "bad-words", "bad-words-bias"])
+        "prompt-beyond", "bad-words", "bad-words-bias", "bad-words-read-prompt"])
 def test_each_position_equals_hf_processors_on_its_own_history(params):
     gen = torch.Generator().manual_seed(0)
     vocab, prompt, out, drafts = 64, [3, 9, 9, 12, 40], [5, 9, 5, 17], [17, 3, 3, 60]
@@ -131,6 +137,11 @@ def test_each_position_equals_hf_processors_on_its_own_history(params):
         ref = procs(ids, logits[i : i + 1].clone())[0]
         assert torch.equal(ours[i], ref), i
     assert not torch.equal(ours, logits)  # it did something
+    if params.bad_words_read_prompt:  # the words that begin in the prompt are banned only where it is read
+        assert ours[0, 33] == ours[2, 44] == float("-inf")
+        output_only = LogitsPenalties(dataclasses.replace(params, bad_words_read_prompt=False), prompt, stop).apply(
+            logits, out, chain_prefixes(drafts, 0, len(drafts) + 1))
+        assert output_only[0, 33] == logits[0, 33] and output_only[2, 44] == logits[2, 44]
 
 
 def test_min_p_equals_hf_min_p_after_temperature_and_top_k():
@@ -165,6 +176,7 @@ def test_min_p_equals_hf_min_p_after_temperature_and_top_k():
     (dict(bad_words=[[1, -2]]), "; [1, -2] is not one"),
     (dict(bad_words=[5]), "; 5 is not a sequence of token ids"),
     (dict(bad_words=[["a"]]), "; ['a'] is not one"),
+    (dict(bad_words_read_prompt=1), "bad_words_read_prompt must be True or False, got 1"),
 ])
 def test_bad_values_are_named(kw, message):
     with pytest.raises(InvalidRequestError) as info:
@@ -226,6 +238,21 @@ def test_logit_bias_is_normalized_and_checked_against_the_vocabulary(smollm2_pip
 
 
 # ------------------------------------------------------------------------- greedy: Hugging Face's tokens
+
+def test_a_bad_word_may_begin_in_the_prompt_in_tensorrt_llms_scope(smollm2_pipeline):
+    """bad_words_read_prompt (TensorRT-LLM's banBadWords reads the whole sequence): a word made of the prompt's last
+    token and the plain answer's first bans that first token, in DFlash as in AR; without it (vLLM's scope, the
+    output only) the word never matches and the answer is the plain one."""
+    pipe = smollm2_pipeline
+    prompt = pipe.encode_chat(SHORT_CHAT)
+    [plain] = pipe.generate([prompt], SamplingParams(max_tokens=6), mode="ar")
+    word = [[prompt[-1], plain.token_ids[0]]]
+    [output_only] = pipe.generate([prompt], SamplingParams(max_tokens=6, bad_words=word), mode="dflash")
+    assert output_only.token_ids == plain.token_ids
+    [ar] = pipe.generate([prompt], SamplingParams(max_tokens=6, bad_words=word, bad_words_read_prompt=True), mode="ar")
+    [df] = pipe.generate([prompt], SamplingParams(max_tokens=6, bad_words=word, bad_words_read_prompt=True))
+    assert df.token_ids == ar.token_ids and ar.token_ids[0] != plain.token_ids[0]
+
 
 @pytest.fixture(scope="module")
 def hf_target(smollm2_path):

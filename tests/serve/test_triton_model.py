@@ -416,13 +416,14 @@ def test_min_p_and_embedding_bias_give_the_engines_tokens(triton, smollm2_pipeli
 @pytest.mark.slow
 def test_bad_words_give_the_engines_tokens(triton, smollm2_pipeline):
     """The TensorRT-LLM backend's bad_words (STRING [-1]): the answer is the engine's own with those words' token
-    sequences banned, each tokenized as written as the backend's preprocessing does (`word_token_ids`); "" means none,
-    as the backend's example request sends it."""
+    sequences banned, each tokenized as written as the backend's preprocessing does (`word_token_ids`) and matched
+    where it may begin in the prompt; "" means none, as the backend's example request sends it."""
     ids = smollm2_pipeline.encode_chat(QUESTION)
     body = {"text_input": QUESTION, "apply_chat_template": True, "max_tokens": 16}
     words = [" Paris", " capital of"]  # as written: the words' tokens after a space, as they appear in the answer
     bad = [smollm2_pipeline.tokenizer.encode(w, add_special_tokens=False) for w in words]
-    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, bad_words=bad), mode="ar")
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, bad_words=bad, bad_words_read_prompt=True),
+                                      mode="ar")
     [plain] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16), mode="ar")
     assert " Paris" in plain.text and " Paris" not in ref.text
     status, out = generate(triton, {**body, "bad_words": words})
@@ -431,6 +432,15 @@ def test_bad_words_give_the_engines_tokens(triton, smollm2_pipeline):
     assert status == 200 and out["text_output"] == plain.text, out
     status, out = generate(triton, {**body, "bad_words": ""})
     assert status == 200 and out["text_output"] == plain.text, out
+    # a word beginning in the prompt (TensorRT-LLM's banBadWords reads the whole sequence): the chat prompt ends in
+    # "\n", so "\nThe" bans the answer's first token, "The"
+    newline_the = smollm2_pipeline.tokenizer.encode("\nThe", add_special_tokens=False)
+    assert ids[-1] == newline_the[0] and plain.token_ids[0] == newline_the[1]
+    [ref] = smollm2_pipeline.generate([ids], SamplingParams(max_tokens=16, bad_words=[newline_the],
+                                                            bad_words_read_prompt=True), mode="ar")
+    assert ref.token_ids[0] != plain.token_ids[0]
+    status, out = generate(triton, {**body, "bad_words": ["\nThe"]})
+    assert status == 200 and out["text_output"] == ref.text, out
 
 
 @pytest.mark.slow
