@@ -43,7 +43,8 @@ INT32 [1] (default 0: no stop token or stop word ends the output before that man
 the TensorRT-LLM backend's older name, is the same input: give one, or both equal); min_p FP32 [1] (default 0 =
 off; as the OpenAI server's `min_p`); embedding_bias_words STRING [-1] with embedding_bias_weights FP32 [-1]
 (the TensorRT-LLM backend's logit bias: each word's tokens get its weight added to their logits, summed where
-words share a token, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object or array, "json_schema",
+words share a token, each word tokenized as the backend's preprocessing does it, with the tokenizer's special
+tokens: a BOS the tokenizer adds gets every word's weight too, `embedding_bias`); guided_decoding_guide_type STRING [1] ("json": any JSON object or array, "json_schema",
 "regex", "ebnf_grammar") with guided_decoding_guide STRING [1] (the schema, regex or grammar): the TensorRT-LLM
 backend's structured output (`guided_decoding`, `dflash_trt.runtime.guided`). The backend's inputs for what this
 model does anyway pass only at the values that ask for that (`ENSEMBLE_NEUTRAL`, as tensors or /generate JSON keys,
@@ -474,14 +475,18 @@ def check_unsupported_inputs(given: dict) -> None:
                                   f"{'them' if len(refused) > 1 else 'it'} empty")
 
 
-def embedding_bias(words, weights, encode) -> dict[int, float] | None:
+def embedding_bias(words, weights, tokenizer) -> dict[int, float] | None:
     """A request's logit bias from the TensorRT-LLM backend's `embedding_bias_words` / `embedding_bias_weights`
-    inputs: each word is tokenized (`encode(word)` -> token ids; no special tokens) and its weight added to
-    each of its tokens' logits, summed where words share a token (as the backend's preprocessing model builds
-    its EMBEDDING_BIAS row); an empty word adds nothing. None when neither input is given.
+    inputs, as the backend's preprocessing model builds its EMBEDDING_BIAS row (its `_get_embedding_bias`): each word
+    is tokenized with `tokenizer.encode(word)`, the tokenizer's special tokens ON (unlike the stop and bad words,
+    `word_token_ids`), and its weight added to each of its tokens' logits, once per occurrence, summed where words
+    share a token. So with a tokenizer that adds a BOS (Llama's), every word, an empty one too, adds its weight to
+    the BOS token's logit as well; with one that adds none (SmolLM2's), an empty word adds nothing. None when neither
+    input is given.
 
     Args:
         words: the words (str or UTF-8 bytes), or None. weights: one number per word, or None.
+        tokenizer: the target's (a Hugging Face tokenizer: `encode(text)` -> token ids).
     Raises:
         InvalidRequestError: one input given without the other, lengths that differ, a word that is not UTF-8, a
             weight that is not finite, or a token's sum outside [-100, 100] (`SamplingParams.logit_bias`' range),
@@ -507,7 +512,7 @@ def embedding_bias(words, weights, encode) -> dict[int, float] | None:
         if not math.isfinite(weight):
             raise InvalidRequestError(f"embedding_bias_weights: the weight of {word!r} is {weight}; give a finite "
                                       "number")
-        for token in (encode(word) if word else ()):
+        for token in tokenizer.encode(word):
             bias[token] = bias.get(token, 0.0) + weight
             if abs(bias[token]) > 100:
                 raise InvalidRequestError(f"embedding_bias_words: the token {token} of {word!r} gets a bias of "
@@ -575,17 +580,18 @@ def utf8_text(value, name: str) -> str:
         raise InvalidRequestError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); send it as UTF-8") from None
 
 
-def word_token_ids(words, encode) -> tuple[tuple[int, ...], ...]:
+def word_token_ids(words, tokenizer) -> tuple[tuple[int, ...], ...]:
     """The token id sequences of `words` as the TensorRT-LLM backend's preprocessing model makes them of its
-    stop_words / bad_words inputs (its `_to_word_list_format`): each word tokenized as written (`encode(word)`:
-    no special tokens, no space added before it), a word of no tokens left out.
+    stop_words / bad_words inputs (its `_to_word_list_format`): each word tokenized as written
+    (`tokenizer.encode(word, add_special_tokens=False)`: no BOS, no space added before it), a word of no tokens
+    left out.
 
     Args:
-        words: the words (str). encode: text -> token ids (the target tokenizer's, add_special_tokens=False).
+        words: the words (str). tokenizer: the target's (a Hugging Face tokenizer).
     Returns:
         the sequences, in order (for `SamplingParams.stop_token_sequences` / `bad_words`).
     """
-    return tuple(ids for ids in (tuple(encode(w)) for w in words) if ids)
+    return tuple(ids for ids in (tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words) if ids)
 
 
 def logits_outputs(context_logits, generation_logits, streamed: bool = False) -> dict:

@@ -164,15 +164,21 @@ def generate(server, body, stream=False):
     return r.status_code, events
 
 
+class Characters:
+    """A tokenizer whose tokens are characters (their code points), adding none of its own."""
+
+    @staticmethod
+    def encode(word, add_special_tokens=True):
+        return [ord(c) for c in word]
+
+
 def test_embedding_bias_sums_each_words_weight_over_its_tokens():
     """The TensorRT-LLM backend's embedding_bias_words / embedding_bias_weights as a logit bias: every token of a
     word gets its weight, words sharing a token add up, an empty word adds nothing; mistakes are refused by name."""
     from dflash_trt.errors import InvalidRequestError
     from dflash_trt.serve.triton_tensors import embedding_bias
 
-    def encode(word):
-        return [ord(c) for c in word]
-
+    encode = Characters()
     assert embedding_bias(None, None, encode) is None
     assert embedding_bias([b"ab", "b", ""], [1.5, -4.0, 99.0], encode) == {97: 1.5, 98: -2.5}
     for words, weights, message in (
@@ -814,13 +820,33 @@ def test_words_are_tokenized_as_the_backends_preprocessing_does(smollm2_pipeline
     def encode(word):
         return tok.encode(word, add_special_tokens=False)
 
-    assert word_token_ids(["of Fr", " of France", ""], encode) == (tuple(encode("of Fr")), tuple(encode(" of France")))
+    assert word_token_ids(["of Fr", " of France", ""], tok) == (tuple(encode("of Fr")), tuple(encode(" of France")))
     assert encode("of Fr")[0] != encode(" of France")[0]  # "of" is not " of": "of Fr" cannot stop "... of France"
     check_unsupported_inputs({"image_url_input": np.array([[b""]], dtype=object),
                               "image_bytes_input": np.zeros((1, 0, 0, 0, 0), np.uint8)})
     with pytest.raises(InvalidRequestError, match=re.escape("image_url_input: multimodal targets (the tensorrt_llm_bls "
                                                             "model's images and videos)")):
         check_unsupported_inputs({"image_url_input": np.array([[b"http://x/cat.png"]], dtype=object)})
+
+
+def test_words_with_a_tokenizer_that_adds_a_bos_are_tokenized_as_the_backends_preprocessing_does(smollm2_path):
+    """SmolLM2's tokenizer made to add its BOS (<|im_start|>, 1), as a Llama tokenizer adds one: the backend's
+    `_get_embedding_bias` tokenizes each embedding-bias word with `encode(word)` (special tokens on), so the BOS gets
+    every word's weight, an empty word's too; its `_to_word_list_format` tokenizes stop and bad words without them.
+    SmolLM2's own tokenizer adds none: the words' tokens alone."""
+    from transformers import AutoTokenizer
+
+    from dflash_trt.serve.triton_tensors import embedding_bias, word_token_ids
+
+    plain = AutoTokenizer.from_pretrained(smollm2_path)
+    with_bos = AutoTokenizer.from_pretrained(smollm2_path, add_bos_token=True)
+    paris, france = plain.encode(" Paris"), plain.encode(" France")
+    assert len(paris) == len(france) == 1 and with_bos.encode(" Paris") == [1, *paris]
+    assert embedding_bias([" Paris", " France", ""], [-5.0, 2.0, 0.5], with_bos) == {1: -2.5, paris[0]: -5.0,
+                                                                                     france[0]: 2.0}
+    assert embedding_bias([" Paris", " France", ""], [-5.0, 2.0, 0.5], plain) == {paris[0]: -5.0, france[0]: 2.0}
+    assert word_token_ids([" Paris", " of France"], with_bos) == word_token_ids([" Paris", " of France"], plain) == (
+        tuple(paris), tuple(plain.encode(" of France")))
 
 
 def test_logits_outputs_have_the_backends_shapes():
