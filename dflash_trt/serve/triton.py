@@ -163,7 +163,8 @@ class TritonPythonModel:
             # as the backend's preprocessing tokenizes them (`word_token_ids`): the runtime stops where the prompt and
             # output end with a stop word's tokens (kept in the output), and bans each bad word's last token where the
             # prompt and output end with the rest (TensorRT-LLM's banBadWords reads the whole sequence)
-            stop_ids, bad = [word_token_ids(words(name), self.pipe.tokenizer) for name in ("stop_words", "bad_words")]
+            stop_ids, bad = [word_token_ids(words(name), self.pipe.tokenizer, name) for name in ("stop_words",
+                                                                                                 "bad_words")]
         from dflash_trt.runtime.sampling import SamplingParams
 
         seed = renamed_input("seed", scalar("seed", None), "random_seed", scalar("random_seed", None))

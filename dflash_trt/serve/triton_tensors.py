@@ -580,7 +580,7 @@ def utf8_text(value, name: str) -> str:
         raise InvalidRequestError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); send it as UTF-8") from None
 
 
-def word_token_ids(words, tokenizer) -> tuple[tuple[int, ...], ...]:
+def word_token_ids(words, tokenizer, name: str) -> tuple[tuple[int, ...], ...]:
     """The token id sequences of `words` as the TensorRT-LLM backend's preprocessing model makes them of its
     stop_words / bad_words inputs (its `_to_word_list_format`): each word tokenized as written
     (`tokenizer.encode(word, add_special_tokens=False)`: no BOS, no space added before it), a word of no tokens
@@ -588,9 +588,19 @@ def word_token_ids(words, tokenizer) -> tuple[tuple[int, ...], ...]:
 
     Args:
         words: the words (str). tokenizer: the target's (a Hugging Face tokenizer).
+        name: the input they came in ("stop_words", "bad_words"), which an error names.
     Returns:
         the sequences, in order (for `SamplingParams.stop_token_sequences` / `bad_words`).
+    Raises:
+        InvalidRequestError: more than `dflash_trt.runtime.penalties.MAX_BAD_WORDS` words (each is matched at every
+            verify position), naming `name`; checked before any is tokenized.
     """
+    from dflash_trt.errors import InvalidRequestError
+    from dflash_trt.runtime.penalties import MAX_BAD_WORDS
+
+    words = list(words)
+    if len(words) > MAX_BAD_WORDS:
+        raise InvalidRequestError(f"{name} holds {len(words)} words; give at most {MAX_BAD_WORDS}")
     return tuple(ids for ids in (tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words) if ids)
 
 

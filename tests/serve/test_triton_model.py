@@ -276,7 +276,10 @@ def test_bad_requests_get_errors_and_the_model_keeps_serving(triton):
              ({"text_input": "hi", "temprature": 0.9}, "unknown field(s) ['temprature']: this model's inputs are "
                                                        "text_input, max_tokens"),
              ({"text_input": "hi", "max_tokens": 9000}, "max_tokens is 9000: 9001 > the target's context of 8192 "
-                                                         "tokens; ask for at most 8191 tokens")]
+                                                         "tokens; ask for at most 8191 tokens"),
+             # the runtime's limit named as the input sent (it named the runtime's stop_token_sequences)
+             ({"text_input": "hi", "stop_words": [f"w{i}" for i in range(1001)]},
+              "stop_words holds 1001 words; give at most 1000")]
     for body, words in cases:
         status, out = generate(triton, body)
         assert status != 200 and words in out["error"], (body, out)
@@ -820,8 +823,12 @@ def test_words_are_tokenized_as_the_backends_preprocessing_does(smollm2_pipeline
     def encode(word):
         return tok.encode(word, add_special_tokens=False)
 
-    assert word_token_ids(["of Fr", " of France", ""], tok) == (tuple(encode("of Fr")), tuple(encode(" of France")))
+    assert word_token_ids(["of Fr", " of France", ""], tok, "stop_words") == (tuple(encode("of Fr")), tuple(encode(" of France")))
     assert encode("of Fr")[0] != encode(" of France")[0]  # "of" is not " of": "of Fr" cannot stop "... of France"
+    for name in ("stop_words", "bad_words"):  # the runtime's limit, named as the input the request sent
+        assert len(word_token_ids([f"w{i}" for i in range(1000)], tok, name)) == 1000
+        with pytest.raises(InvalidRequestError, match=f"^{name} holds 1001 words; give at most 1000$"):
+            word_token_ids([f"w{i}" for i in range(1001)], tok, name)
     check_unsupported_inputs({"image_url_input": np.array([[b""]], dtype=object),
                               "image_bytes_input": np.zeros((1, 0, 0, 0, 0), np.uint8)})
     with pytest.raises(InvalidRequestError, match=re.escape("image_url_input: multimodal targets (the tensorrt_llm_bls "
@@ -845,8 +852,8 @@ def test_words_with_a_tokenizer_that_adds_a_bos_are_tokenized_as_the_backends_pr
     assert embedding_bias([" Paris", " France", ""], [-5.0, 2.0, 0.5], with_bos) == {1: -2.5, paris[0]: -5.0,
                                                                                      france[0]: 2.0}
     assert embedding_bias([" Paris", " France", ""], [-5.0, 2.0, 0.5], plain) == {paris[0]: -5.0, france[0]: 2.0}
-    assert word_token_ids([" Paris", " of France"], with_bos) == word_token_ids([" Paris", " of France"], plain) == (
-        tuple(paris), tuple(plain.encode(" of France")))
+    assert word_token_ids([" Paris", " of France"], with_bos, "bad_words") == word_token_ids(
+        [" Paris", " of France"], plain, "bad_words") == (tuple(paris), tuple(plain.encode(" of France")))
 
 
 def test_logits_outputs_have_the_backends_shapes():
