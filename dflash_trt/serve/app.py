@@ -548,6 +548,8 @@ def create_app(pipe, model_name: str, mode: str = "dflash", max_batch_size: int 
             text, lps = await asyncio.to_thread(echoed, i, r)  # a long prompt's tokens: off the event loop
             choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": r.finish_reason,
                             "stop_reason": r.stop_reason, "metrics": choice_metrics(s, r)})
+            if req.return_context_logits:  # trtllm-serve's: the prompt's [tokens][V] logits (V floats a token)
+                choices[-1]["context_logits"] = await asyncio.to_thread(r.context_logits.tolist)
         return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                 "choices": choices, "usage": usage(prompts, results)}
 

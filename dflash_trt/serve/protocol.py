@@ -193,8 +193,8 @@ class _Request(BaseModel):
         stream_options that set a field without stream (as OpenAI; an empty `{}` is taken, as trtllm-serve's and
         vLLM's check, `data.get("stream_options") and not data.get("stream")`, takes it)."""
         refuse_unless_off(self, {k: v for k, v in UNSUPPORTED.items() if k not in self.honoured}, HINTS)
-        refuse_unless_off(self, {**TRTLLM_DEFAULTS, "add_special_tokens": (None, self.special_tokens_default)},
-                          TRTLLM_HINTS)
+        refuse_unless_off(self, {**{k: v for k, v in TRTLLM_DEFAULTS.items() if k not in self.honoured},
+                                 "add_special_tokens": (None, self.special_tokens_default)}, TRTLLM_HINTS)
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise InvalidRequestError("stream_options is only allowed with stream: true")
 
@@ -353,7 +353,11 @@ TRTLLM_HINTS = {"add_special_tokens": "the prompt is tokenized as the endpoint's
                                       "tokenizer's special tokens, chat with the chat template's only",
                 "detokenize": "the answer is always text", "truncate_prompt_tokens": "shorten the prompt yourself",
                 "top_p_min": "use top_p", "lora_request": "no LoRA adapters are served",
-                "thinking_token_budget": "use max_tokens"}
+                "thinking_token_budget": "use max_tokens",
+                # trtllm-serve's ChatCompletionRequest has no such field; its CompletionRequest's gives each choice the
+                # prompt's logits (`CompletionRequest.return_context_logits`)
+                "return_context_logits": "chat completions return no logits, as trtllm-serve's; /v1/completions with "
+                                         "return_context_logits: true gives each choice the prompt's context_logits"}
 
 
 #: how deeply a request's fields may nest (a tool's parameters schema may nest MAX_JSON_DEPTH levels, inside its tool)
@@ -398,11 +402,15 @@ class CompletionRequest(_Request):
     """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids, or a list of
     lists of token ids (one completion per prompt, times n). `max_tokens` defaults to 16 (OpenAI)."""
 
-    honoured: ClassVar[tuple[str, ...]] = ("echo",)
+    honoured: ClassVar[tuple[str, ...]] = ("echo", "return_context_logits")
 
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     logprobs: int | None = Field(default=None, strict=True)
     echo: StrictBool = False
+    # trtllm-serve's: each choice of a whole (not streamed) answer gets `context_logits`, the target's raw logits at
+    # every position of its prompt ([prompt tokens][V] floats, its `completion_response_post_processor`); its stream
+    # chunks have no such field, so a stream is answered without them (and they are not computed)
+    return_context_logits: StrictBool = False
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -441,8 +449,11 @@ class CompletionRequest(_Request):
 
     def sampling_params(self, max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
                         seed_offset: int = 0, bad_words: tuple[tuple[int, ...], ...] | None = None) -> SamplingParams:
-        """`_Request.sampling_params`, with the prompt's logprobs asked for when `echo` and `logprobs` are set."""
+        """`_Request.sampling_params`, with the prompt's logprobs asked for when `echo` and `logprobs` are set, and its
+        context logits with `return_context_logits` (not streamed)."""
         params = super().sampling_params(max_tokens, eos_token_ids, vocab_size, seed_offset, bad_words)
+        if self.return_context_logits and not self.stream:
+            params = replace(params, return_context_logits=True)
         return replace(params, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else params
 
     def prompt_list(self) -> list[str | list[int]]:

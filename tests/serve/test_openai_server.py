@@ -918,3 +918,37 @@ def test_a_failed_generation_is_a_500_and_the_connection_stays_open(server, clie
     assert [r.getMessage() for r in failures] == ["dflash-trt: POST /v1/completions failed"] * 2
     assert all(r.exc_info and "injected" in str(r.exc_info[1]) for r in failures)
     assert [r.getMessage() for r in uvicorn_log.records if r.levelno >= logging.WARNING] == []
+
+
+def test_completions_return_context_logits_as_trtllm_serve(client, server, smollm2_pipeline):
+    """trtllm-serve's CompletionRequest.return_context_logits: each choice of a whole answer has `context_logits`, the
+    target's raw logits at every prompt position ([prompt tokens][V], the runtime's own), a stream none (its chunks
+    have no such field); its chat completions have no such field, so chat refuses true saying why and where to go."""
+    import openai
+    import torch
+
+    pipe = smollm2_pipeline
+    prompt = "The three primary colors are"
+    [ref] = pipe.generate([pipe.encode(prompt)], SamplingParams(max_tokens=3, return_context_logits=True), mode="ar")
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
+                                  extra_body={"return_context_logits": True})
+    got = torch.tensor(r.choices[0].model_extra["context_logits"])
+    assert got.shape == ref.context_logits.shape == (len(pipe.encode(prompt)), pipe.engine.target.config.vocab_size)
+    torch.testing.assert_close(got, ref.context_logits, atol=2e-3, rtol=0)
+    assert r.choices[0].text == ref.text
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    assert "context_logits" not in (plain.choices[0].model_extra or {})
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, stream=True,
+                                            extra_body={"return_context_logits": True}))
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+    assert all("context_logits" not in (c.choices[0].model_extra or {}) for c in chunks)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       extra_body={"return_context_logits": True})
+    assert info.value.body["param"] == "return_context_logits"
+    assert ("return_context_logits=True is not supported by this server (DFlash runtime); leave it out (chat "
+            "completions return no logits, as trtllm-serve's; /v1/completions with return_context_logits: true gives "
+            "each choice the prompt's context_logits)") in info.value.body["message"]
+    r = httpx.post(server[0] + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1,
+                                                        "return_context_logits": "yes"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_context_logits", r.text
