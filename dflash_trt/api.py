@@ -259,8 +259,8 @@ class Pipeline:
 
         user_on_tokens = on_tokens
 
-        def on_tokens_with_text(i: int, ids: list[int], *rest):
-            reason = user_on_tokens(i, ids, *rest) if user_on_tokens is not None else None
+        def on_tokens_with_text(i: int, ids: list[int], *rest, **logits):
+            reason = user_on_tokens(i, ids, *rest, **logits) if user_on_tokens is not None else None
             text = streams.get(i)
             if text is None:  # the engine checked params (a list of the prompts' length) before any tokens
                 p = params[i] if isinstance(params, (list, tuple)) else plist[0]

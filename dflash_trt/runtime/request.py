@@ -163,19 +163,23 @@ def check_callbacks(on_tokens, on_finished, params) -> None:
     """
     if callable(on_tokens):
         counts: dict[int, str] = {}
+        keywords: set[str] = set()  # the logits asked for come as keywords (`Request.emit`)
         for p in params:
             if isinstance(p, SamplingParams):
                 counts.update(on_tokens_arg_counts(p))
-        check_arity("on_tokens", on_tokens, counts or {2: ""}, ON_TOKENS_ARGS)
+                keywords.update(["logits"] if p.return_generation_logits else [])
+                keywords.update(["context_logits"] if p.return_context_logits else [])
+        check_arity("on_tokens", on_tokens, counts or {2: ""}, ON_TOKENS_ARGS, tuple(sorted(keywords)))
     if callable(on_finished):
         check_arity("on_finished", on_finished, {2: ""}, ("prompt_index", "result"))
 
 
-def check_arity(name: str, fn, counts: dict[int, str], params: tuple[str, ...]) -> None:
+def check_arity(name: str, fn, counts: dict[int, str], params: tuple[str, ...], keywords: tuple[str, ...] = ()) -> None:
     """Refuse a callback `fn` (named `name`) that cannot be called with each number of positional arguments in
-    `counts` (count -> when it is called so, e.g. "for a request with ...", "" for always), before any work: a callback of the wrong arity
-    otherwise fails mid-generation with a bare TypeError. `params` names the arguments in order. A callable
-    whose signature Python cannot read (some builtins) is not checked.
+    `counts` (count -> when it is called so, e.g. "for a request with ...", "" for always), each with the keyword
+    arguments `keywords` too (on_tokens' `logits` / `context_logits`), before any work: a callback of the wrong
+    arity otherwise fails mid-generation with a bare TypeError. `params` names the positional arguments in order.
+    A callable whose signature Python cannot read (some builtins) is not checked.
 
     Raises:
         InvalidRequestError: naming the signature it has, the call it gets and a signature that takes them all.
@@ -189,15 +193,17 @@ def check_arity(name: str, fn, counts: dict[int, str], params: tuple[str, ...]) 
 
     def fits(n: int) -> bool:
         try:
-            sig.bind(*range(n))
+            sig.bind(*range(n), **dict.fromkeys(keywords))
             return True
         except TypeError:
             return False
 
     if all(fits(n) for n in counts):
         return
-    calls = " and ".join(f"{name}({', '.join(params[:n])})" + (f" {when}" if when else "")
+    given = "".join(f", {k}=..." for k in keywords)
+    calls = " and ".join(f"{name}({', '.join(params[:n])}{given})" + (f" {when}" if when else "")
                          for n, when in sorted(counts.items()))
-    fix = ", ".join(params[:2]) + (", *rest" if len(counts) > 1 or max(counts) > 2 else "")
+    fix = ", ".join(params[:2]) + (", *rest" if len(counts) > 1 or max(counts) > 2 else "") + (
+        ", **logits" if keywords else "")
     raise InvalidRequestError(f"{name} takes {sig} but is called as {calls}; define it to take "
                               f"{' and '.join(map(str, sorted(counts)))} positional arguments, e.g. def {name}({fix})")

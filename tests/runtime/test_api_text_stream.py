@@ -5,6 +5,7 @@ whose arity does not fit the request refused before any work."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dflash_trt.errors import InvalidRequestError
 from dflash_trt.runtime.sampling import SamplingParams
@@ -112,3 +113,24 @@ def test_callbacks_of_the_wrong_arity_are_refused_before_any_work(smollm2_pipeli
     with pytest.raises(InvalidRequestError, match="define it to take 2 and 3 positional arguments"):
         pipe.generate(["Hi", "Hi"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=2, logprobs=0)],
                       on_tokens=two)
+
+
+def test_logits_keywords_reach_on_tokens_and_are_checked_before_any_work(smollm2_pipeline):
+    """A request asking for generation / context logits gets them in on_tokens as the keywords `logits` /
+    `context_logits` (also through the pipeline's on_text wrapper): a callback that cannot take them is refused
+    before any token, and the streamed rows join to the result's."""
+    pipe = smollm2_pipeline
+    params = SamplingParams(max_tokens=6, ignore_eos=True, return_generation_logits=True, return_context_logits=True)
+    with pytest.raises(InvalidRequestError, match=r"^on_tokens takes \(i, t\) but is called as on_tokens\(prompt_index, "
+                                                  r"token_ids, context_logits=\.\.\., logits=\.\.\.\);.*\*\*logits\)$"):
+        pipe.generate(["Hi"], params, on_tokens=lambda i, t: None, on_text=lambda i, d: None)
+    rows, contexts, texts = [], [], []
+
+    def on_tokens(i, t, logits=None, context_logits=None):
+        rows.append(logits)
+        contexts.append(context_logits)
+
+    [result] = pipe.generate(["Hi"], params, on_text=lambda i, d: texts.append(d), on_tokens=on_tokens)
+    assert torch.equal(torch.cat(rows), result.generation_logits) and rows[0].shape[1] == result.generation_logits.shape[1]
+    assert contexts[0] is not None and torch.equal(contexts[0], result.context_logits)
+    assert all(c is None for c in contexts[1:]) and "".join(texts) == result.text
