@@ -254,6 +254,7 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
     """
     from dflash_trt.models.checkpoints import KV_SCALE_SUFFIXES, kv_cache_fp8
     from dflash_trt.models.dequant import SCALE_SUFFIXES, quant_algo
+    from dflash_trt.models.loading import moe_layout_hint
 
     missing_fix, shape_fix = _WEIGHT_FIXES[what]
     found = _header_shapes(folder) if found is None else found
@@ -287,6 +288,9 @@ def _weight_shape_problems(folder: Path, expected: dict[str, list[int]], what: s
         key, got, shape = wrong[0]
         more = f" (and {count(len(wrong) - 1, 'more tensor')} of another shape)" if len(wrong) > 1 else ""
         problems.append(f"{what} weights: {key} has shape {got}, config.json implies {shape}{more}; {shape_fix}")
+    hint = moe_layout_hint([*unexpected, *missing, *(k for k, _, _ in wrong)])
+    if hint:  # the last problem says which config.json fields decide the experts' layout
+        problems[-1] += hint
     return problems
 
 

@@ -368,7 +368,8 @@ class TargetConfig:
         fixed_bias = model_type in ("qwen2", "mistral")
         gpt_oss = model_type == "gpt_oss"  # GptOssConfig's defaults: biased attention, eps 1e-5, theta 150000
         if heads % kv_heads:
-            raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+            raise ConfigError(f"{where}: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' "
+                              f"{kv_heads} (each KV head serves a whole group of query heads); fix it there")
         return cls(
             model_type=model_type,
             vocab_size=size("vocab_size"),

@@ -110,9 +110,12 @@ def _shard_problems(spec: ShardSpec, tp: int, vocab_size: int, intermediate_size
         problems.append(f"intermediate size {intermediate_size} is not divisible by tp {tp}")
     if vocab_size % tp:
         problems.append(f"vocab size {vocab_size} is not divisible by tp {tp}")
-    if nvfp4 and ((intermediate_size // tp) % 16 or (spec.num_attention_heads * spec.head_dim // tp) % 16):
-        problems.append(f"NVFP4 row-parallel shards must hold whole 16-element blocks: intermediate {intermediate_size}"
-                        f" / {tp} or attention width {spec.num_attention_heads * spec.head_dim} / {tp} is not a multiple of 16")
+    if nvfp4:
+        widths = (("intermediate", intermediate_size), ("attention width", spec.num_attention_heads * spec.head_dim))
+        bad = [f"{what} {n} / {tp} = {n / tp:g}" for what, n in widths if n % tp or (n // tp) % 16]
+        if bad:
+            problems.append("NVFP4 row-parallel shards must hold whole 16-element blocks: "
+                            f"{' and '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple of 16")
     return problems
 
 

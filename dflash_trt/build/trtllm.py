@@ -320,13 +320,19 @@ def check_trtllm_target(target: TargetConfig) -> None:
     if target.layer_types:
         field, off = ("sliding_window", "null") if target.model_type == "mistral" else ("use_sliding_window", "false")
         window, n = target.sliding_window, target.layer_types.count("sliding_attention")
+        why = {"qwen2": "the engine flow's config has no window field, and TensorRT-LLM's PyTorch Qwen2 model "
+                        "attends over every key",
+               "mistral": "the engine flow's config has no window field (TensorRT-LLM's PyTorch Mistral model applies "
+                          "it, but the bundle holds both)"}.get(
+            target.model_type, "the engine flow's config has no window field, and whether TensorRT-LLM's PyTorch "
+                               f"{target.model_type} model applies one is not checked here")
         raise ConfigError(f"the target attends through a sliding window of {window} positions on {n} of "
                           f"{target.num_hidden_layers} layers (config.json's {field}), which TensorRT-LLM's "
-                          "checkpoints cannot carry (the engine flow's config has no window field; TensorRT-LLM's "
-                          "PyTorch Qwen2 model attends over every key): run this target with dflash-trt generate / "
-                          f"serve, which apply the window exactly, or, if every prompt + answer fits in {window} "
-                          f"tokens (the window then masks nothing), build from a copy whose config.json sets {field} "
-                          f"{off}")
+                          f"checkpoints cannot carry ({why}): run this target with dflash-trt generate / serve, which "
+                          f"apply the window exactly, or, if every prompt + answer fits in {window} tokens (the window "
+                          f"then masks nothing), build from a copy whose config.json sets {field} {off} and "
+                          f"max_position_embeddings {window} (serve.yaml's max_seq_len comes from it, so TensorRT-LLM "
+                          "then refuses longer requests)")
 
 
 def engine_checkpoint_refusal(target: TargetConfig) -> str | None:

@@ -151,6 +151,22 @@ def check_finite(tensors: dict[str, torch.Tensor], what: str, folder: str | Path
                               f"conversion): retrain or re-export the {what}, or use another one")
 
 
+#: parameter-name parts of a mixture-of-experts MLP (Qwen3-MoE's experts and router, gpt-oss's)
+_MOE_PARTS = (".mlp.experts.", ".mlp.gate.", ".mlp.router.")
+
+
+def moe_layout_hint(keys: Iterable[str]) -> str:
+    """The config.json fields to check when any of `keys` (missing, unexpected or misshapen weights) belongs to a
+    mixture-of-experts MLP or to a dense MLP where experts might be ("" otherwise): which layers are sparse and
+    how many experts they have come from config.json, not from the weights."""
+    keys = list(keys)
+    if not any(part in k for k in keys for part in _MOE_PARTS):
+        return ""
+    return ("; for a mixture-of-experts target, config.json's num_experts (or num_local_experts), "
+            "moe_intermediate_size, mlp_only_layers and decoder_sparse_step must describe which layers hold "
+            "experts and how many: fix them there")
+
+
 def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, folder: str | Path,
                 ignore: Iterable[str] = ()) -> None:
     """Assign `tensors` to `module`'s parameters by name, strictly.
@@ -166,20 +182,24 @@ def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, 
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     ignore = set(ignore)
     missing = [k for k in expected if k not in tensors]
+    unexpected = [k for k in tensors if k not in expected and k not in ignore]
+    hint = moe_layout_hint([*missing, *unexpected])  # a dense MLP missing where the weights hold experts too
     if missing:
         shown = ", ".join(f"{k} {list(expected[k])}" for k in missing[:5])
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise CheckpointError(f"{what} checkpoint {folder}: missing key(s) {shown}{more}; the checkpoint does not match its config.json")
-    unexpected = [k for k in tensors if k not in expected and k not in ignore]
+        raise CheckpointError(f"{what} checkpoint {folder}: missing key(s) {shown}{more}; the checkpoint does not match "
+                              f"its config.json{hint}")
     if unexpected:
         raise CheckpointError(
             f"{what} checkpoint {folder}: unexpected key(s) {', '.join(unexpected[:5])}; "
             "the checkpoint has weights this architecture does not use (wrong model type or config?)"
+            + hint
         )
     for k, shape in expected.items():
         if tuple(tensors[k].shape) != shape:
             raise CheckpointError(
                 f"{what} checkpoint {folder}: key {k} has shape {list(tensors[k].shape)}, expected {list(shape)}"
+                + moe_layout_hint([k])
             )
     module.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
 

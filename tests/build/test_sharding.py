@@ -98,8 +98,13 @@ def test_kv_heads_fewer_than_ranks_are_replicated_and_reassemble():
 def test_indivisible_tp_is_refused_with_the_dimension_named():
     with pytest.raises(ConfigError, match="6 attention heads are not divisible by tp 4"):
         check_divisible(ShardSpec(4, 6, 3, 16), 49152, 192, 96)
-    with pytest.raises(ConfigError, match="NVFP4 row-parallel shards must hold whole 16-element blocks"):
+    with pytest.raises(ConfigError, match=r"NVFP4 row-parallel shards must hold whole 16-element blocks: intermediate "
+                                          r"120 / 3 = 40 is not a multiple of 16\."):
         check_divisible(ShardSpec(3, 9, 3, 16), 49152, 120, 144, nvfp4=True)
+    # only the width that fails is named (Qwen2.5-7B's shape at tp 8 also has 28 heads, named first)
+    with pytest.raises(ConfigError, match=r"NVFP4 row-parallel shards must hold whole 16-element blocks: attention "
+                                          r"width 448 / 8 = 56 is not a multiple of 16\."):
+        check_divisible(ShardSpec(8, 28, 4, 16), 49152, 1280, 448, nvfp4=True)
     # SmolLM2's shape (9 heads, 3 KV heads, intermediate 1536, vocab 49152): 9 divides the heads but not
     # the MLP or the vocabulary, and the message lists the sizes that fit
     with pytest.raises(ConfigError, match=r"intermediate size 1536 is not divisible by tp 9; vocab size 49152 is not "

@@ -115,10 +115,13 @@ def test_a_sliding_window_target_is_refused_before_anything_is_written(tmp_path,
     drafter = write_tiny_drafter(tmp_path / "drafter", target)
     with pytest.raises(ConfigError, match=r"sliding window of 64 positions on 4 of 4 layers \(config.json's "
                                           r"sliding_window\).*dflash-trt generate / serve.*fits in 64 tokens.*"
-                                          r"sets sliding_window null"):
+                                          r"sets sliding_window null and max_position_embeddings 64 \(serve.yaml's "
+                                          r"max_seq_len comes from it"):
         build_bundle(target, drafter, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    with pytest.raises(ConfigError, match="sliding window of 64 positions"):
+    with pytest.raises(ConfigError, match=r"sliding window of 64 positions.*\(the engine flow's config has no window "
+                                          r"field \(TensorRT-LLM's PyTorch Mistral model applies it, but the bundle "
+                                          r"holds both\)\)"):
         export_trtllm_checkpoint(model, tmp_path / "ckpt", 1, tmp_path, max_draft_len=3, max_seq_len=256)
     assert not (tmp_path / "ckpt").exists()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -150,6 +151,16 @@ def test_target_booleans_are_json_booleans():
     with pytest.raises(ConfigError, match=r"target config.json: 'tie_word_embeddings' must be true or false, got "
                                           r"'false' \(str\)"):
         TargetConfig.from_hf_config(dict(target, tie_word_embeddings="false"))
+
+
+def test_kv_heads_that_do_not_group_the_heads_are_named_with_the_file(tmp_path):
+    target = {"model_type": "qwen3", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 5}
+    (tmp_path / "config.json").write_text(json.dumps(target))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: 'num_attention_heads' 32 is "
+                                          r"not a multiple of 'num_key_value_heads' 5 \(each KV head serves a whole "
+                                          r"group of query heads\); fix it there$"):
+        TargetConfig.from_pretrained(tmp_path)
 
 
 def test_a_config_that_is_not_an_object_is_named(tmp_path):

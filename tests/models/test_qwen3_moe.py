@@ -4,6 +4,7 @@ Qwen3MoeForCausalLM (prefill and KV-cached decode steps), and lossless greedy DF
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -186,3 +187,23 @@ def test_a_checkpoint_missing_an_expert_is_named(tmp_path):
     with pytest.raises(CheckpointError, match=r"missing key\(s\) model.layers.2.mlp.experts.7.up_proj.weight \[32, 64\]"):
         load_target(folder)
     assert MOE_TINY["moe_intermediate_size"] == 32
+
+
+def test_a_config_that_misplaces_the_experts_names_the_fields_to_fix(tmp_path):
+    """mlp_only_layers naming a layer that holds experts: loading and `dflash-trt check` name the weights and the
+    config.json fields that decide which layers are sparse (they said only "wrong model type or config?")."""
+    from dflash_trt.compat import ERROR, check_checkpoints
+    from dflash_trt.errors import CheckpointError
+
+    _, folder = make_moe_model(tmp_path / "moe")
+    drafter = write_moe_drafter(tmp_path / "drafter", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "mlp_only_layers": [1, 2]}))  # layer 2 holds experts
+    fields = (r"for a mixture-of-experts target, config.json's num_experts \(or num_local_experts\), "
+              r"moe_intermediate_size, mlp_only_layers and decoder_sparse_step must describe which layers hold "
+              r"experts and how many: fix them there")
+    with pytest.raises(CheckpointError, match=r"missing key\(s\) model.layers.2.mlp.gate_proj.weight .*" + fields):
+        load_target(folder)
+    errors = [f.message for f in check_checkpoints(folder, drafter) if f.level == ERROR]
+    assert any(re.search(fields + "$", e) for e in errors), errors
+    assert any("unexpected key(s) model.layers.2.mlp.experts.0.down_proj.weight" in e for e in errors), errors
