@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from dflash_trt.runtime.engine import Engine
 
 MODES = ("dflash", "ar")
+#: Output tokens a request's KV cache rows hold room for when it is added (past its prompt, a block and one): a
+#: short answer never grows its caches, whatever its max_tokens; a longer one doubles them as it goes
+#: (`DecodeBatch._reserve`), so memory and time follow the tokens produced (vLLM's and TensorRT-LLM's paged caches
+#: also hand a request blocks as it decodes, not max_tokens' worth up front).
+INITIAL_OUTPUT_SLOTS = 64
 
 
 @dataclass
@@ -85,6 +90,12 @@ class DecodeBatch:
     A request's output does not depend on what else is in the batch or when it joined (each has its
     own RNG; greedy rows are computed independently), except that more requests than the proposer's
     `max_concurrency` make the step autoregressive (same greedy tokens, other samples).
+
+    KV cache sizing: a request's rows get room for its prompt and INITIAL_OUTPUT_SLOTS output tokens (fewer
+    where its max_tokens or the context leave fewer); before a step that could write past the caches' capacity,
+    both caches double (`_reserve`, capped at the most any row can need), and when requests leave they shrink
+    to twice what the others hold (`_room`). So memory and time follow the tokens produced, not max_tokens; the
+    outputs are the same bits as with caches sized for max_tokens up front (attention reads the same slots).
 
     Chunked prefill (`prefill_chunk`, TensorRT-LLM's `enable_chunked_prefill`): `add` only queues the
     new requests; each `step` first prefills the next `prefill_chunk` prompt positions of the requests
@@ -166,9 +177,9 @@ class DecodeBatch:
         for k, (i, r) in enumerate(zip(ids, reqs)):
             r.index, r.call_index, r.on_tokens, r.t0 = i, k, on_tokens, t0
         for r in reqs:  # KV slots it can write: its prompt, its tokens (up to the context), one block past them
-            r.capacity = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
+            r.max_slots = min(len(r.prompt) + r.params.max_tokens, eng.context_len) + self.block + 1
         hits = self._prefix_hits(reqs)
-        capacity = max(r.capacity for r in reqs)
+        capacity = max(self._initial_slots(r) for r in reqs)  # the caches grow as the outputs do (`_reserve`)
         cache = eng.target.new_cache(len(reqs), capacity)
         drafter_cache = None
         if mode == "dflash":
@@ -251,9 +262,9 @@ class DecodeBatch:
         if done:
             eng._emit_first(group.reqs, done, group.cache)
             rest = [j for j in range(len(lens)) if j not in done]
-            # each part keeps only the slots its own requests can write (the batch's caches grow no further)
-            cap_done = max(group.reqs[j].capacity for j in done)
-            cap_rest = max(group.reqs[j].capacity for j in rest)
+            # each part keeps only the slots its own requests got up front (the batch's caches grow as they decode)
+            cap_done = max(self._initial_slots(group.reqs[j]) for j in done)
+            cap_rest = max(self._initial_slots(group.reqs[j]) for j in rest)
             part = group.cache.take_rows(done, cap_done)
             group.cache.keep_rows(rest, cap_rest)
             drafter_part = None
@@ -307,7 +318,8 @@ class DecodeBatch:
                 self._prefilling.pop(0)
         if any(r.finish_reason for r in self.live):
             keep = [j for j, r in enumerate(self.live) if not r.finish_reason]
-            capacity = max((self.live[j].capacity for j in keep), default=0)  # what requests that left needed is freed
+            # the slots only requests that left needed are freed: the others keep twice what they hold (`_room`)
+            capacity = max((self._room(self.live[j]) for j in keep), default=0)
             self.cache.keep_rows(keep, capacity)
             if self._drafter_cache is not None:
                 self._drafter_cache.keep_rows(keep, capacity)
@@ -320,6 +332,7 @@ class DecodeBatch:
                              context_tokens=context[1], scheduled_requests=context[0], active_requests=active,
                              completed_requests=self._completed())
         before = [(r.metrics.drafted_tokens, r.metrics.accepted_tokens, len(r.out)) for r in self.live]
+        self._reserve()
         if mode == "dflash":
             eng.proposer.cache = self._drafter_cache
         eng._step(self.live, self.cache, mode, self.block)
@@ -341,6 +354,32 @@ class DecodeBatch:
                          context[1],
                          context[0] + sum(1 for r in self.live if r.index not in context[2]),
                          active, self._completed())
+
+    def _initial_slots(self, r: Request) -> int:
+        """The KV slots a request's cache rows get when it is added: its prompt, INITIAL_OUTPUT_SLOTS tokens (fewer
+        when its max_tokens or the context leave fewer), a block and one; `_reserve` adds more as it decodes."""
+        return min(r.max_slots, len(r.prompt) + INITIAL_OUTPUT_SLOTS + self.block + 1)
+
+    def _room(self, r: Request) -> int:
+        """The slots a running request keeps when the batch's caches shrink (requests left): twice what its next
+        decode step can write up to (its committed length and a block), at least what it got up front, at most
+        `max_slots` (so the row does not have to grow again at once)."""
+        return min(r.max_slots, max(self._initial_slots(r), 2 * (r.start + self.block)))
+
+    def _reserve(self) -> None:
+        """Before a decode step: grow the target's and the drafter's caches when a row's step could write past
+        their capacity (a verify pass writes slots start .. start + block - 1 of row r, a draft tree's nodes
+        included; the drafter's KV injection the same), to twice the capacity (at least what the step needs, at
+        most the largest `max_slots` of the rows: no row can use more). Amortized: each growth at least doubles
+        the slots, so growing to L slots copies fewer than L slots in all. A function of the rows' lengths and max_tokens only, so every
+        rank of a tensor-parallel target decides the same."""
+        need = max(r.start + self.block for r in self.live)
+        if need <= self.cache.capacity:
+            return
+        capacity = max(need, min(2 * self.cache.capacity, max(r.max_slots for r in self.live)))
+        self.cache.reserve(capacity)
+        if self._drafter_cache is not None:
+            self._drafter_cache.reserve(capacity)
 
     def _completed(self) -> int:
         """The requests finished since the last StepStats (taken already or not); from now on they count as

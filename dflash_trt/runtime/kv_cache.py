@@ -1,8 +1,13 @@
-"""KV caches that own their buffers, are written by absolute position and roll back in O(1).
+"""KV caches that own their buffers, are written by absolute position, roll back in O(1) and grow on demand.
 
 Both the target's cache and the drafter's context cache use `KVCache`: for the target a row holds
 the K/V of every token it has processed; for the drafter a row holds the projected context K/V
 (after k_norm and RoPE) of every committed token (DFlash paper sec. 3.2, "KV injection").
+
+A cache is sized for what its rows hold now plus some headroom, not for the most they could ever hold:
+its owner (`dflash_trt.runtime.decode_batch.DecodeBatch`) calls `reserve` before a step could write past
+the capacity (doubling it, up to what its rows can need at most) and `keep_rows` when rows leave, so memory
+follows the tokens actually produced, not `max_tokens`.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import torch
 
 
 class KVCache:
-    """Preallocated K/V buffers for `num_layers` layers.
+    """K/V buffers for `num_layers` layers, of `capacity` slots per row until `reserve` grows them.
 
     Buffers are [batch, kv_heads, capacity, head_dim]; slot j of a row holds the token at absolute
-    position j. `lengths[r]` is the number of committed positions of row r. Rollback is
+    position j. New slots are zeros (a masked slot that attention reads before anything was written there
+    must be finite: a masked NaN would still poison the weighted sum). `lengths[r]` is the number of committed positions of row r. Rollback is
     `set_length(r, n)`: a pointer move; slots >= n are stale and get overwritten by the next write
     at those positions before any attention reads them (attention masks by position).
     """
@@ -63,8 +69,7 @@ class KVCache:
             return
         if any(self.lengths[r] > capacity for r in rows):
             raise ValueError(f"cannot keep {capacity} slots of rows holding up to {max(self.lengths[r] for r in rows)}")
-        buffer = self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device))
-        self._set_buffer(buffer if capacity == self.capacity else buffer[:, :, :, :, :capacity].contiguous())
+        self._set_buffer(self._rows_copy(rows, capacity))
         self.lengths = [self.lengths[r] for r in rows]
         self.batch = len(rows)
         self.capacity = capacity
@@ -79,12 +84,32 @@ class KVCache:
         if any(self.lengths[r] > capacity for r in rows):
             raise ValueError(f"cannot take {capacity} slots of rows holding up to {max(self.lengths[r] for r in rows)}")
         part = copy.copy(self)
-        buffer = self.buffer.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.buffer.device))
-        part._set_buffer(buffer if capacity == self.capacity else buffer[:, :, :, :, :capacity].contiguous())
+        part._set_buffer(self._rows_copy(rows, capacity))
         part.lengths = [self.lengths[r] for r in rows]
         part.batch = len(rows)
         part.capacity = capacity
         return part
+
+    def _rows_copy(self, rows: list[int], capacity: int) -> torch.Tensor:
+        """A new contiguous buffer of `rows` (in that order) and their first `capacity` slots: one copy of only
+        those (gathering whole rows first, then cutting, copied a huge buffer twice)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.buffer.device)
+        return self.buffer[:, :, :, :, :capacity].index_select(2, index)
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for at least `capacity` slots per row: with fewer now, the buffers are replaced by zeroed
+        ones of exactly `capacity` slots into which the current slots (all of them: chunked prefill writes slots
+        before it commits them) are copied once; with as many or more, nothing happens. The caller picks the
+        growth (`DecodeBatch` doubles, capped at what its rows can need, so a row's slots are copied
+        O(log(length)) times in all). Views from `read` / `read_row` taken before are of the old buffers.
+
+        Raises:
+            ValueError: capacity < 0."""
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        if capacity > self.capacity:
+            self._set_buffer(_with_capacity(self.buffer, capacity))
+            self.capacity = capacity
 
     def append_rows(self, other: KVCache) -> None:
         """Append the rows of `other` (same layers, heads, head_dim, dtype and device) after this cache's

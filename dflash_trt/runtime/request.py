@@ -38,7 +38,9 @@ class Request:
     ngrams: NgramIndex | None = None  # prompt + out so far, for prompt-lookup drafts (dflash only)
     t0: float = 0.0  # time.perf_counter() when its prefill began
     first_logits: torch.Tensor | None = None  # [vocab] float32, between its prompt's last chunk and its first token
-    capacity: int = 0  # KV cache slots it needs at most (DecodeBatch)
+    # KV cache slots it can write at most: prompt + max_tokens (up to the context) + a block + 1; its rows get fewer
+    # up front and grow as it decodes (DecodeBatch)
+    max_slots: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token of `out` when params.logprobs is set
     # params.prompt_logprobs set: one per prompt token read so far (None for the first)
     prompt_logprobs: list[TokenLogprob | None] | None = None

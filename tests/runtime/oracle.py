@@ -54,6 +54,9 @@ class _RequestRows:
     def keep_rows(self, rows: list[int], capacity: int | None = None) -> None:
         self.requests = [self.requests[r] for r in rows]
 
+    def reserve(self, capacity: int) -> None:
+        pass  # holds no K/V
+
 
 def chat_references(pipe, chats: list[str], max_tokens: int) -> tuple:
     """(pipe, chat prompts, greedy AR completions of each decoded alone for exactly `max_tokens` tokens):
