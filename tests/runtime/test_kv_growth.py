@@ -6,7 +6,6 @@ max_tokens up front (INITIAL_OUTPUT_SLOTS made huge: the old sizing)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import dflash_trt.runtime.decode_batch as decode_batch
 from dflash_trt.config import TargetConfig
