@@ -31,10 +31,15 @@ def write_tiny_target(folder, smollm2_path, seed=0, model_type="llama", **overri
             elif ".q_norm." in name or ".k_norm." in name:
                 p.uniform_(0.5, 1.5)  # Qwen3's per-head q/k norms: not all ones, so a lost or mixed-up one shows
     model.save_pretrained(folder, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        if (smollm2_path / name).is_file():
-            shutil.copy2(smollm2_path / name, folder / name)
+    copy_tokenizer(smollm2_path, folder)
     return folder
+
+
+def copy_tokenizer(src, folder) -> None:
+    """Copy a model folder's tokenizer files (and generation_config.json) into `folder`, those it has."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, folder / name)
 
 
 def write_tiny_drafter(folder, target_folder, **changes):

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from tests.cli.family_cli_checks import check_generate_dflash_equals_ar, check_serve_answers_greedy
 from tests.conftest import run_main
 from tests.models.qwen3_moe_helpers import make_moe_model
 
@@ -49,31 +50,11 @@ def test_check_accepts_a_moe_target_and_names_a_missing_expert(monkeypatch, caps
 
 
 def test_generate_dflash_gives_the_autoregressive_tokens(monkeypatch, capsys, moe_pair):
-    target, drafter = moe_pair
-    common = ["generate", "--target", str(target), "--drafter", str(drafter), "--prompt", "def fibonacci(n):",
-              "--max-tokens", "16", "--min-tokens", "16", "--json", "--threads", "1"]
-    code, out, err = run_main(monkeypatch, capsys, *common, "--prompt-lookup", "3", "--draft-confidence", "0")
-    assert code == 0, err
-    spec = json.loads(out)
-    code, out, err = run_main(monkeypatch, capsys, *common, "--mode", "ar")
-    assert code == 0, err
-    assert spec["token_ids"] == json.loads(out)["token_ids"] and len(spec["token_ids"]) == 16
-    assert spec["metrics"]["verify_steps"] > 0
+    check_generate_dflash_equals_ar(monkeypatch, capsys, moe_pair)
 
 
 def test_serve_answers_with_the_targets_greedy_tokens(moe_pair):
-    from openai import OpenAI
-
-    from dflash_trt.api import load_pipeline
-    from tests.serve.test_openai_server import MODEL, ar_tokens, live_server
-
-    pipe = load_pipeline(*map(str, moe_pair), "float32")
-    with live_server(pipe) as (base, _app):
-        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-        r = client.completions.create(model=MODEL, prompt="The history of", max_tokens=12, temperature=0,
-                                      extra_body={"min_tokens": 12})
-    want, _ = ar_tokens(pipe, pipe.encode("The history of"), 12)
-    assert r.choices[0].text == pipe.decode(want) and r.usage.completion_tokens == len(want) == 12
+    check_serve_answers_greedy(moe_pair)
 
 
 def test_train_drafter_with_init_target_copies_the_attention_of_sparse_layers(tmp_path, moe_pair):

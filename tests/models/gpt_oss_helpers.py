@@ -7,6 +7,8 @@ import shutil
 
 import torch
 
+from tests.build.build_helpers import copy_tokenizer
+
 #: 4 layers alternating sliding (window 5: prompts of 20+ tokens span several) / full, 8 experts of width 32, top-2, YaRN RoPE as openai/gpt-oss-20b
 #: sets it (truncate false); tp 2 divides heads, KV heads and the experts
 GPT_OSS_TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
@@ -41,9 +43,7 @@ def make_gpt_oss_model(folder, seed: int = 0, tokenizer_from=None, **overrides):
                 p.normal_(0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer_from is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-            if (tokenizer_from / name).is_file():
-                shutil.copy2(tokenizer_from / name, folder / name)
+        copy_tokenizer(tokenizer_from, folder)
     return model, folder
 
 

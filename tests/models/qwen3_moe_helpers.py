@@ -3,9 +3,9 @@ save_pretrained), importable by a unique name from any test folder."""
 
 from __future__ import annotations
 
-import shutil
-
 import torch
+
+from tests.build.build_helpers import copy_tokenizer
 
 #: 4 layers (layer 1 dense: mlp_only_layers), 8 experts of width 32, top-2; tp 2 divides heads, KV heads,
 #: the dense MLP (96) and the experts (32)
@@ -34,9 +34,7 @@ def make_moe_model(folder, seed: int = 0, tokenizer_from=None, **overrides):
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer_from is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-            if (tokenizer_from / name).is_file():
-                shutil.copy2(tokenizer_from / name, folder / name)
+        copy_tokenizer(tokenizer_from, folder)
     return model, folder
 
 
