@@ -3,12 +3,12 @@ real `openai` client) and `train-drafter` (its default --init target copying the
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from tests.cli.family_cli_checks import check_generate_dflash_equals_ar, check_serve_answers_greedy
+from tests.cli.family_cli_checks import (check_generate_dflash_equals_ar, check_serve_answers_greedy,
+                                         check_train_drafter_from_a_moe_target)
 from tests.conftest import run_main
 from tests.models.qwen3_moe_helpers import make_moe_model
 
@@ -60,9 +60,6 @@ def test_serve_answers_with_the_targets_greedy_tokens(moe_pair):
 def test_train_drafter_with_init_target_copies_the_attention_of_sparse_layers(tmp_path, moe_pair):
     """--init target (the default) on a MoE target: each drafter layer takes its source layer's attention and norms;
     the experts have no dense copy, so the drafter's MLP starts with a zero down_proj."""
-    from click.testing import CliRunner
-
-    from dflash_trt.cli import cli
     from dflash_trt.models.checkpoints import load_drafter, load_target
     from dflash_trt.models.drafter import DFlashDrafter
     from dflash_trt.training.init import init_from_target
@@ -75,14 +72,4 @@ def test_train_drafter_with_init_target_copies_the_attention_of_sparse_layers(tm
     assert torch.equal(layer.self_attn.q_proj.weight, source.self_attn.q_proj.weight)
     assert torch.equal(layer.post_attention_layernorm.weight, source.post_attention_layernorm.weight)
     assert not layer.mlp.down_proj.weight.any() and layer.mlp.gate_proj.weight.any()
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):", "The sky is", "One two")))
-    out = tmp_path / "trained"
-    res = CliRunner().invoke(cli, ["train-drafter", "--target", str(target), "--out", str(out), "--prompts",
-                                   str(prompts), "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,2",
-                                   "--max-new-tokens", "8", "--mask-token-id", "16", "--anchors", "2",
-                                   "--max-steps", "2", "--draft-vocab-size", "64"])
-    assert res.exit_code == 0, res.output + repr(res.exception)
-    info = json.loads((out / "training.json").read_text())
-    assert info["steps"] == 2 and info["data"]["samples"] == 3 and info["init"]["mode"] == "target"
-    assert load_drafter(out).layers[0].mlp.down_proj.weight.any()  # trained from zero
+    check_train_drafter_from_a_moe_target(moe_pair, tmp_path)
