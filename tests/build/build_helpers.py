@@ -97,3 +97,12 @@ def top2_gap(pipe, ids: list[int]) -> float:
     """The target's top-1 minus top-2 next-token logit after `ids` (one prefill pass, float32)."""
     top = prompt_logits(pipe, ids)[-1].topk(2).values
     return float(top[0] - top[1])
+
+
+def drop_tensor(folder, key: str) -> None:
+    """Remove tensor `key` from `folder`'s single model.safetensors (a checkpoint missing one weight)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[key]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -162,14 +162,11 @@ def test_bad_gpt_oss_fields_are_named(change, words):
 
 
 def test_a_checkpoint_missing_a_sink_is_named(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     from dflash_trt.errors import CheckpointError
+    from tests.build.build_helpers import drop_tensor
 
     _, folder = make_gpt_oss_model(tmp_path / "gpt_oss")
-    tensors = load_file(folder / "model.safetensors")
-    del tensors["model.layers.3.self_attn.sinks"]
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    drop_tensor(folder, "model.layers.3.self_attn.sinks")
     with pytest.raises(CheckpointError, match=r"missing key\(s\) model.layers.3.self_attn.sinks \[4\]"):
         load_target(folder)
     cfg = json.loads((folder / "config.json").read_text())

@@ -176,14 +176,11 @@ def test_bad_moe_fields_are_named(tmp_path, change, words):
 
 
 def test_a_checkpoint_missing_an_expert_is_named(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     from dflash_trt.errors import CheckpointError
+    from tests.build.build_helpers import drop_tensor
 
     _, folder = make_moe_model(tmp_path / "moe")
-    tensors = load_file(folder / "model.safetensors")
-    del tensors["model.layers.2.mlp.experts.7.up_proj.weight"]
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    drop_tensor(folder, "model.layers.2.mlp.experts.7.up_proj.weight")
     with pytest.raises(CheckpointError, match=r"missing key\(s\) model.layers.2.mlp.experts.7.up_proj.weight \[32, 64\]"):
         load_target(folder)
     assert MOE_TINY["moe_intermediate_size"] == 32
